@@ -1,0 +1,182 @@
+//! `stale_read` (read-your-writes, monotonic reads): a read served below the client's floor.
+//!
+//! The check uses the state that *served* the read (the executing node's applied state),
+//! never the state the response returned, which a router may raise to its own global state.
+//! The cause is found by walking the read's states from client to server: the first hop
+//! where the state fell below the floor is where the guarantee broke.
+
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
+use serde_json::{Value, json};
+
+use crate::floor::{FloorContribution, FloorSource, floors};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        let call_floors = floors(&timeline.calls);
+        for (call, call_floor) in timeline.calls.iter().zip(call_floors) {
+            if call.op != Some(Op::Read) {
+                continue;
+            }
+            for attempt in &call.attempts {
+                let Some(served) = attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok)) else {
+                    continue;
+                };
+                // read-your-writes first: it is the stronger promise to the user.
+                let broken = [call_floor.writes, call_floor.reads].into_iter().flatten().find(|floor| {
+                    floor.state.saturating_sub(served) >= config.stale_read.min_states_behind.max(1)
+                });
+                if let Some(floor) = broken {
+                    anomalies.push(stale_read(timeline, call, attempt, served, &floor));
+                }
+            }
+        }
+    }
+    anomalies
+}
+
+fn stale_read(timeline: &ClientTimeline, call: &TimelineCall, attempt: &TimelineAttempt, served: i64, floor: &FloorContribution) -> Anomaly {
+    let guarantee = match floor.source {
+        FloorSource::Write => Guarantee::ReadYourWrites,
+        FloorSource::Read => Guarantee::MonotonicReads,
+    };
+    let floor_call = &timeline.calls[floor.call_index];
+    let floor_attempt = &floor_call.attempts[floor.attempt_index];
+    let node = attempt.served_by.as_deref().unwrap_or("an unknown node");
+    let role = attempt.served_role.as_deref().map(|role| format!(" ({role})")).unwrap_or_default();
+    let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
+    let what_set_floor = match floor.source {
+        FloorSource::Write => format!("its own write {} returned", method(floor_call)),
+        FloorSource::Read => format!("its earlier read {} was served at", method(floor_call)),
+    };
+    let summary = format!(
+        "client {} read {namespace} ({}) at state {served} on {node}{role}, {} states below the {} {what_set_floor}: {} broken",
+        timeline.client_id,
+        method(call),
+        floor.state - served,
+        floor.state,
+        guarantee.as_str().replace('_', "-"),
+    );
+    let spans: Vec<Value> = span_ids(attempt).into_iter().chain(span_ids(floor_attempt)).collect();
+    let evidence = json!({
+        "guarantee": guarantee.as_str(),
+        "floor": floor.state,
+        "served": served,
+        "states_behind": floor.state - served,
+        "carried": attempt.carried,
+        "router_carried": attempt.router_carried,
+        "router_state": attempt.router_state,
+        "returned": attempt.returned,
+        "committed": attempt.committed,
+        "served_by": attempt.served_by,
+        "served_role": attempt.served_role,
+        "target_node": attempt.target_node,
+        "router": attempt.router_node,
+        "read": operation(call, attempt),
+        "floor_set_by": operation(floor_call, floor_attempt),
+        "spans": spans,
+    });
+    Anomaly {
+        kind: AnomalyKind::StaleRead,
+        severity: Severity::Critical,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: attempt.served_by.clone(),
+        start_unix_nano: attempt.start_unix_nano,
+        end_unix_nano: attempt.end_unix_nano,
+        summary,
+        cause: cause(attempt, served, floor.state),
+        evidence,
+        fingerprint: fingerprint(timeline, call, attempt),
+    }
+}
+
+/// Walks the read's states from client to server and names the first hop below the floor.
+fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
+    let node = attempt.served_by.as_deref().unwrap_or("the serving node");
+    let router = attempt.router_node.as_deref().unwrap_or("the router");
+    if let Some(carried) = attempt.carried.filter(|carried| *carried < floor) {
+        return format!(
+            "carried-state regression: the client carried state {carried}, below the {floor} it had already seen, \
+             so no server could know to wait (state published after the call returned, HDFS-17156, or a stale \
+             router response overwrote a newer state, HDFS-16837)"
+        );
+    }
+    if let (Some(carried), Some(router_carried)) = (attempt.carried, attempt.router_carried)
+        && router_carried < carried
+    {
+        return format!(
+            "router dropped client state: {router} forwarded state {router_carried} to {node}, below the {carried} \
+             the client carried (the pool state was not advanced by the client's state, HDFS-16826)"
+        );
+    }
+    let required = attempt.router_carried.or(attempt.carried);
+    match required {
+        Some(required) if served < required => format!(
+            "{node} served the read at applied state {served} although the request carried {required}: it did not \
+             requeue the call until its applied state caught up"
+        ),
+        Some(_) => format!("{node} served at applied state {served}, below the client's floor {floor}"),
+        None => format!(
+            "{node} served at applied state {served}, {} states behind the client's floor {floor}; the request \
+             reported no carried state, so the server had nothing to wait for",
+            floor - served
+        ),
+    }
+}
+
+fn method(call: &TimelineCall) -> String {
+    call.rpc_method.clone().or_else(|| call.call_id.clone()).unwrap_or_else(|| "call".to_string())
+}
+
+fn operation(call: &TimelineCall, attempt: &TimelineAttempt) -> Value {
+    json!({
+        "call_id": call.call_id,
+        "op": call.op.as_ref().map(|op| op.as_str()),
+        "rpc_method": call.rpc_method,
+        "attempt": attempt.attempt,
+        "start_unix_nano": attempt.start_unix_nano,
+        "end_unix_nano": attempt.end_unix_nano,
+        "served": attempt.served,
+        "returned": attempt.returned,
+        "served_by": attempt.served_by,
+        "spans": span_ids(attempt),
+    })
+}
+
+/// The client, router and server spans of an attempt, as `{trace_id, span_id, service, node}`.
+fn span_ids(attempt: &TimelineAttempt) -> Vec<Value> {
+    std::iter::once(&attempt.client_span)
+        .chain(&attempt.router_spans)
+        .chain(&attempt.server_spans)
+        .map(|span| {
+            json!({
+                "trace_id": span.trace_id,
+                "span_id": span.span_id,
+                "service_name": span.service_name,
+                "node_id": span.node_id,
+            })
+        })
+        .collect()
+}
+
+/// One incident per read attempt: stable across analysis passes over more data.
+fn fingerprint(timeline: &ClientTimeline, call: &TimelineCall, attempt: &TimelineAttempt) -> String {
+    let read_id = match (&attempt.client_span.trace_id, &attempt.client_span.span_id) {
+        (Some(trace_id), Some(span_id)) => format!("{trace_id}/{span_id}"),
+        _ => format!(
+            "{}#{}@{}",
+            call.call_id.as_deref().unwrap_or(""),
+            attempt.attempt.unwrap_or_default(),
+            attempt.start_unix_nano
+        ),
+    };
+    format!(
+        "stale_read|{}|{}|{}|{read_id}",
+        timeline.cluster.as_deref().unwrap_or(""),
+        timeline.namespace.as_deref().unwrap_or(""),
+        timeline.client_id
+    )
+}

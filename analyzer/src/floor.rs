@@ -1,0 +1,102 @@
+//! The floor under each call of a session: what the client had already seen.
+//!
+//! read-your-writes: a read must be served at a state >= every state returned by the
+//! client's earlier writes. monotonic reads: >= the state that served its earlier reads.
+//! "Earlier" means completed (the client had the response) before the call started; calls
+//! that overlap are concurrent and order nothing.
+
+use lagscope_model::{Op, StateId, TimelineCall, UnixNanos};
+
+/// Which guarantee a contribution to the floor stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloorSource {
+    /// A state an earlier write returned (read-your-writes).
+    Write,
+    /// A state that served an earlier read (monotonic reads).
+    Read,
+}
+
+/// The call (and attempt) that raised the floor to `state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloorContribution {
+    pub state: StateId,
+    pub call_index: usize,
+    pub attempt_index: usize,
+    pub source: FloorSource,
+    /// When the client had the response.
+    pub completed_unix_nano: UnixNanos,
+}
+
+/// The two floors in force when a call started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallFloors {
+    pub writes: Option<FloorContribution>,
+    pub reads: Option<FloorContribution>,
+}
+
+impl CallFloors {
+    /// The higher of the two floors.
+    pub fn highest(&self) -> Option<FloorContribution> {
+        match (self.writes, self.reads) {
+            (Some(writes), Some(reads)) => Some(if reads.state > writes.state { reads } else { writes }),
+            (writes, reads) => writes.or(reads),
+        }
+    }
+
+    fn raise(&mut self, contribution: FloorContribution) {
+        let slot = match contribution.source {
+            FloorSource::Write => &mut self.writes,
+            FloorSource::Read => &mut self.reads,
+        };
+        if slot.is_none_or(|current| contribution.state > current.state) {
+            *slot = Some(contribution);
+        }
+    }
+}
+
+/// The floors in force at the start of each call. `calls` must be in client order (start).
+pub fn floors(calls: &[TimelineCall]) -> Vec<CallFloors> {
+    let mut contributions: Vec<FloorContribution> =
+        calls.iter().enumerate().filter_map(|(call_index, call)| contribution(call_index, call)).collect();
+    contributions.sort_by_key(|contribution| contribution.completed_unix_nano);
+
+    let mut result = Vec::with_capacity(calls.len());
+    let mut current = CallFloors::default();
+    let mut next = 0;
+    for call in calls {
+        while next < contributions.len() && contributions[next].completed_unix_nano <= call.start_unix_nano {
+            current.raise(contributions[next]);
+            next += 1;
+        }
+        result.push(current);
+    }
+    result
+}
+
+/// What a completed call adds to the floor: a write's returned state, a read's served state.
+fn contribution(call_index: usize, call: &TimelineCall) -> Option<FloorContribution> {
+    let (source, states): (FloorSource, Vec<(usize, Option<StateId>, UnixNanos)>) = match call.op.as_ref()? {
+        Op::Write => (
+            FloorSource::Write,
+            successful(call).map(|(index, attempt)| (index, attempt.returned, attempt.end_unix_nano)).collect(),
+        ),
+        Op::Read => (
+            FloorSource::Read,
+            successful(call).map(|(index, attempt)| (index, attempt.served, attempt.end_unix_nano)).collect(),
+        ),
+        _ => return None,
+    };
+    states
+        .into_iter()
+        .filter_map(|(attempt_index, state, completed)| {
+            Some(FloorContribution { state: state?, call_index, attempt_index, source, completed_unix_nano: completed })
+        })
+        .max_by_key(|contribution| contribution.state)
+}
+
+fn successful(call: &TimelineCall) -> impl Iterator<Item = (usize, &lagscope_model::TimelineAttempt)> {
+    call.attempts
+        .iter()
+        .enumerate()
+        .filter(|(_, attempt)| attempt.outcome == Some(lagscope_model::Outcome::Ok))
+}

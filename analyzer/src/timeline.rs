@@ -1,0 +1,243 @@
+//! Joins client, router and server spans into per-client timelines.
+//!
+//! A router or server span belongs to the client attempt it descends from through the trace
+//! context (parent span ids). A sender that propagates no trace context is joined by call id
+//! and client id, to the attempt nearest in time.
+
+use std::collections::{BTreeMap, HashMap};
+
+use lagscope_model::{
+    ClientTimeline, Component, Span, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos,
+};
+
+use crate::floor::floors;
+
+/// How far up a trace the join looks for the client attempt (client → router → server is
+/// three levels; instrumented libraries add a few more).
+const MAX_PARENT_HOPS: usize = 32;
+
+/// Builds the timeline of every (client, namespace) in `spans`, ordered by client id then
+/// namespace. Calls are in client order (start time), each with its attempts.
+pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
+    let client_attempts: Vec<usize> = (0..spans.len()).filter(|index| is_client_attempt(&spans[*index])).collect();
+    let hops = attach_hops(spans, &client_attempts);
+
+    // (client, namespace) -> call key -> attempt span indexes
+    let mut grouped: BTreeMap<(String, Option<String>), BTreeMap<CallKey, Vec<usize>>> = BTreeMap::new();
+    for &index in &client_attempts {
+        let span = &spans[index];
+        let client_id = span.call.client_id.clone().unwrap_or_default();
+        let key = match &span.call.call_id {
+            Some(call_id) => CallKey::Call(call_id.clone()),
+            None => CallKey::Lone(index),
+        };
+        grouped.entry((client_id, span.call.namespace.clone())).or_default().entry(key).or_default().push(index);
+    }
+
+    grouped
+        .into_iter()
+        .map(|((client_id, namespace), calls)| {
+            let mut timeline_calls: Vec<TimelineCall> = calls
+                .into_values()
+                .map(|mut attempt_indexes| {
+                    attempt_indexes.sort_by_key(|index| (spans[*index].call.attempt, spans[*index].start_unix_nano));
+                    build_call(spans, &attempt_indexes, &hops)
+                })
+                .collect();
+            timeline_calls.sort_by_key(|call| (call.start_unix_nano, call.end_unix_nano));
+            let first_span = calls_first_span(spans, &client_attempts, &client_id, &namespace);
+            let mut timeline = ClientTimeline {
+                client_id,
+                namespace,
+                cluster: first_span.and_then(|span| span.resource.cluster.clone()),
+                system: first_span.and_then(|span| span.resource.system.clone()),
+                calls: timeline_calls,
+            };
+            let call_floors = floors(&timeline.calls);
+            for (call, floor) in timeline.calls.iter_mut().zip(call_floors) {
+                call.floor = floor.highest().map(|contribution| contribution.state);
+            }
+            timeline
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum CallKey {
+    Call(String),
+    Lone(usize),
+}
+
+/// The router and server spans joined to each client attempt (by span index).
+#[derive(Debug, Default)]
+struct Hops {
+    by_attempt: HashMap<usize, Vec<usize>>,
+    join: HashMap<usize, TimelineJoin>,
+}
+
+fn is_client_attempt(span: &Span) -> bool {
+    span.call.client_id.is_some() && span.component() == Some(Component::Client)
+}
+
+fn attach_hops(spans: &[Span], client_attempts: &[usize]) -> Hops {
+    let mut by_id: HashMap<(&str, &str), usize> = HashMap::new();
+    for (index, span) in spans.iter().enumerate() {
+        if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
+            by_id.insert((trace_id, span_id), index);
+        }
+    }
+    let mut by_call: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    for &index in client_attempts {
+        let call = &spans[index].call;
+        if let (Some(client_id), Some(call_id)) = (&call.client_id, &call.call_id) {
+            by_call.entry((client_id, call_id)).or_default().push(index);
+        }
+    }
+    let is_client: Vec<bool> = {
+        let mut flags = vec![false; spans.len()];
+        for &index in client_attempts {
+            flags[index] = true;
+        }
+        flags
+    };
+
+    let mut hops = Hops::default();
+    for (index, span) in spans.iter().enumerate() {
+        if is_client[index] || !matches!(span.component(), Some(Component::Router | Component::Server)) {
+            continue;
+        }
+        let joined = ancestor_attempt(spans, &by_id, &is_client, index)
+            .map(|attempt| (attempt, TimelineJoin::TraceContext))
+            .or_else(|| nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId)));
+        if let Some((attempt, join)) = joined {
+            hops.by_attempt.entry(attempt).or_default().push(index);
+            hops.join.entry(attempt).or_insert(join);
+        }
+    }
+    hops
+}
+
+fn ancestor_attempt(
+    spans: &[Span],
+    by_id: &HashMap<(&str, &str), usize>,
+    is_client: &[bool],
+    index: usize,
+) -> Option<usize> {
+    let mut current = &spans[index];
+    for _ in 0..MAX_PARENT_HOPS {
+        let trace_id = current.trace_id.as_deref()?;
+        let parent_id = current.parent_span_id.as_deref()?;
+        let parent_index = *by_id.get(&(trace_id, parent_id))?;
+        if is_client[parent_index] {
+            return Some(parent_index);
+        }
+        current = &spans[parent_index];
+    }
+    None
+}
+
+fn nearest_attempt_of_call(spans: &[Span], by_call: &HashMap<(&str, &str), Vec<usize>>, span: &Span) -> Option<usize> {
+    let client_id = span.call.client_id.as_deref()?;
+    let call_id = span.call.call_id.as_deref()?;
+    let candidates = by_call.get(&(client_id, call_id))?;
+    candidates.iter().copied().min_by_key(|candidate| {
+        let attempt = &spans[*candidate];
+        let distance = distance_to(attempt.start_unix_nano, attempt.end_unix_nano, span.start_unix_nano);
+        // Same attempt number first, then nearest in time.
+        (attempt.call.attempt != span.call.attempt || span.call.attempt.is_none(), distance)
+    })
+}
+
+fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i64 {
+    if at < start {
+        start.saturating_sub(at)
+    } else if at > end {
+        at.saturating_sub(end)
+    } else {
+        0
+    }
+}
+
+fn build_call(spans: &[Span], attempt_indexes: &[usize], hops: &Hops) -> TimelineCall {
+    let attempts: Vec<TimelineAttempt> =
+        attempt_indexes.iter().map(|index| build_attempt(spans, *index, hops)).collect();
+    let first = &spans[attempt_indexes[0]];
+    TimelineCall {
+        call_id: first.call.call_id.clone(),
+        op: first.call.op.clone(),
+        rpc_method: first.call.rpc_method.clone(),
+        start_unix_nano: attempts.iter().map(|attempt| attempt.start_unix_nano).min().unwrap_or_default(),
+        end_unix_nano: attempts.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or_default(),
+        attempts,
+        floor: None,
+    }
+}
+
+fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
+    let client = &spans[index];
+    let joined: &[usize] = hops.by_attempt.get(&index).map_or(&[], Vec::as_slice);
+    let mut routers: Vec<&Span> = Vec::new();
+    let mut servers: Vec<&Span> = Vec::new();
+    for &hop in joined {
+        match spans[hop].component() {
+            Some(Component::Router) => routers.push(&spans[hop]),
+            Some(Component::Server) => servers.push(&spans[hop]),
+            _ => {}
+        }
+    }
+    routers.sort_by_key(|span| span.start_unix_nano);
+    servers.sort_by_key(|span| span.start_unix_nano);
+    // The execution that answered: the last successful server span, else the last one.
+    let server = servers.iter().rev().find(|span| span.is_ok()).or(servers.last()).copied();
+    // The router hop that led to it: its parent if the trace says so, else the last one.
+    let router = server
+        .and_then(|server| routers.iter().find(|router| router.span_id.is_some() && router.span_id == server.parent_span_id))
+        .or(routers.last())
+        .copied();
+    let call = &client.call;
+    TimelineAttempt {
+        attempt: call.attempt,
+        start_unix_nano: client.start_unix_nano,
+        end_unix_nano: client.end_unix_nano,
+        client_span: client.reference(),
+        router_spans: routers.iter().map(|span| span.reference()).collect(),
+        server_spans: servers.iter().map(|span| span.reference()).collect(),
+        join: hops.join.get(&index).copied().unwrap_or(TimelineJoin::ClientOnly),
+        target_node: call.target_node.clone(),
+        target_role: call.target_role.clone(),
+        router_node: router.and_then(|span| span.resource.node_id.clone()),
+        served_by: server.and_then(|span| span.resource.node_id.clone()),
+        served_role: server.and_then(|span| span.call.node_role.clone()),
+        carried: call.state.carried,
+        router_carried: router.and_then(|span| span.call.state.carried),
+        router_state: router.and_then(|span| span.call.state.router),
+        served: server.and_then(|span| span.call.state.served).or(call.state.served),
+        returned: call
+            .state
+            .returned
+            .or_else(|| router.and_then(|span| span.call.state.returned))
+            .or_else(|| server.and_then(|span| span.call.state.returned)),
+        committed: server.and_then(|span| span.call.state.committed).or(call.state.committed),
+        consistency: call.consistency.clone(),
+        follower_read: call.follower_read,
+        outcome: Some(if client.is_ok() { lagscope_model::Outcome::Ok } else { outcome_of(client) }),
+        error_type: call.error_type.clone(),
+        requeues: server.and_then(|span| span.call.requeues),
+    }
+}
+
+fn outcome_of(span: &Span) -> lagscope_model::Outcome {
+    span.call.outcome.clone().unwrap_or(lagscope_model::Outcome::Error)
+}
+
+fn calls_first_span<'a>(
+    spans: &'a [Span],
+    client_attempts: &[usize],
+    client_id: &str,
+    namespace: &Option<String>,
+) -> Option<&'a Span> {
+    client_attempts
+        .iter()
+        .map(|index| &spans[*index])
+        .find(|span| span.call.client_id.as_deref() == Some(client_id) && &span.call.namespace == namespace)
+}

@@ -1,0 +1,148 @@
+//! Captured OTLP JSON: a file holding one `Export*ServiceRequest`, or JSON lines of them as
+//! the OpenTelemetry Collector's file exporter writes them (traces, metrics and logs mixed).
+
+use lagscope_model::{Sample, Span};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::otlp::{Converted, samples_from_request, spans_from_request};
+
+/// Everything read from one or more captures.
+#[derive(Debug, Default)]
+pub struct Capture {
+    pub spans: Vec<Span>,
+    pub samples: Vec<Sample>,
+    /// Log records read. Logs are accepted; the detectors that use them arrive with the logs
+    /// pipeline.
+    pub log_records: usize,
+    /// Export requests read.
+    pub requests: usize,
+}
+
+/// What was wrong with a capture, and where (1-based line).
+#[derive(Debug, Error, PartialEq)]
+#[error("{source_name}:{line}: {message}")]
+pub struct CaptureError {
+    pub source_name: String,
+    pub line: usize,
+    pub message: String,
+}
+
+impl Capture {
+    /// Reads every export request in `text` (already decompressed), appending to `self`.
+    /// `source_name` names the input in error messages.
+    pub fn read_str(&mut self, source_name: &str, text: &str) -> Result<(), CaptureError> {
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        loop {
+            let offset = skip_whitespace(text, stream.byte_offset());
+            let line = line_of(text, offset);
+            let error = |message: String| CaptureError { source_name: source_name.to_string(), line, message };
+            let value = match stream.next() {
+                None => return Ok(()),
+                Some(Ok(value)) => value,
+                Some(Err(json_error)) => {
+                    return Err(CaptureError {
+                        source_name: source_name.to_string(),
+                        line: json_error.line().max(1),
+                        message: format!("invalid JSON: {json_error}"),
+                    });
+                }
+            };
+            self.read_request(value).map_err(error)?;
+            self.requests += 1;
+        }
+    }
+
+    fn read_request(&mut self, value: Value) -> Result<(), String> {
+        let Value::Object(object) = &value else {
+            return Err("expected a JSON object holding an OTLP export request".to_string());
+        };
+        if object.contains_key("resourceSpans") {
+            let request: ExportTraceServiceRequest = from_value(value, "ExportTraceServiceRequest")?;
+            self.spans.extend(accept_all(spans_from_request(&request))?);
+        } else if object.contains_key("resourceMetrics") {
+            let request: ExportMetricsServiceRequest = from_value(value, "ExportMetricsServiceRequest")?;
+            self.samples.extend(accept_all(samples_from_request(&request))?);
+        } else if object.contains_key("resourceLogs") {
+            let request: ExportLogsServiceRequest = from_value(value, "ExportLogsServiceRequest")?;
+            self.log_records += request
+                .resource_logs
+                .iter()
+                .flat_map(|resource| &resource.scope_logs)
+                .map(|scope| scope.log_records.len())
+                .sum::<usize>();
+        } else {
+            return Err("not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key"
+                .to_string());
+        }
+        Ok(())
+    }
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, String> {
+    serde_json::from_value(value).map_err(|error| format!("invalid {what}: {error}"))
+}
+
+/// In a capture every record must be readable: the first refusal is the error.
+fn accept_all<T>(converted: Converted<T>) -> Result<Vec<T>, String> {
+    match converted.rejection_message() {
+        Some(message) => Err(message),
+        None => Ok(converted.items),
+    }
+}
+
+fn skip_whitespace(text: &str, offset: usize) -> usize {
+    let rest = &text[offset.min(text.len())..];
+    offset + (rest.len() - rest.trim_start().len())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())].iter().filter(|byte| **byte == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPAN_LINE: &str = r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"lagscope.client.id","value":{"stringValue":"c1"}}]},"scopeSpans":[{"spans":[{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"getFileInfo","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{"key":"lagscope.state.carried","value":{"intValue":"42"}}]}]}]}]}"#;
+
+    #[test]
+    fn reads_json_lines_of_mixed_signals() {
+        let text = format!(
+            "{SPAN_LINE}\n{}\n{}\n",
+            r#"{"resourceMetrics":[{"scopeMetrics":[{"metrics":[{"name":"m","gauge":{"dataPoints":[{"asInt":"7","timeUnixNano":"5"}]}}]}]}]}"#,
+            r#"{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"body":{"stringValue":"x"}}]}]}]}"#,
+        );
+        let mut capture = Capture::default();
+        capture.read_str("c.jsonl", &text).expect("capture reads");
+        assert_eq!((capture.requests, capture.spans.len(), capture.samples.len(), capture.log_records), (3, 1, 1, 1));
+        assert_eq!(capture.spans[0].call.state.carried, Some(42));
+        assert_eq!(capture.samples[0].value.as_number(), Some(7.0));
+    }
+
+    #[test]
+    fn names_the_line_of_a_malformed_request() {
+        let text = format!("{SPAN_LINE}\n\n{{\"resourceSpans\": 5}}\n");
+        let error = Capture::default().read_str("c.jsonl", &text).expect_err("must fail");
+        assert_eq!(error.line, 3);
+        assert!(error.message.contains("invalid ExportTraceServiceRequest"), "{error}");
+    }
+
+    #[test]
+    fn names_the_line_of_broken_json() {
+        let error = Capture::default().read_str("c.jsonl", &format!("{SPAN_LINE}\n{{\"resourceSpans\": [\n")).expect_err("must fail");
+        assert!(error.line >= 2, "{error}");
+        assert!(error.message.starts_with("invalid JSON"), "{error}");
+    }
+
+    #[test]
+    fn refuses_a_wrongly_typed_convention_attribute() {
+        let text = SPAN_LINE.replace(r#"{"intValue":"42"}"#, r#"{"stringValue":"forty-two"}"#);
+        let error = Capture::default().read_str("c.jsonl", &text).expect_err("must fail");
+        assert!(error.message.contains("lagscope.state.carried"), "{error}");
+        assert!(error.message.contains("resourceSpans[0].scopeSpans[0].spans[0]"), "{error}");
+    }
+}

@@ -1,0 +1,79 @@
+//! The set of clients whose timelines changed since the live analyzer last looked.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lagscope_model::Span;
+use tokio::sync::Notify;
+
+/// Trace ids kept for resolution at most; beyond this the oldest marks are dropped (and
+/// counted), so a stalled analyzer cannot make ingest grow memory without bound.
+const MAX_PENDING_TRACES: usize = 100_000;
+
+/// Receivers mark what they committed; the live analyzer takes the marks in batches.
+/// Marks coalesce: a client ingested a thousand times before the analyzer wakes is analyzed
+/// once.
+#[derive(Debug, Default)]
+pub struct DirtyClients {
+    pending: Mutex<Pending>,
+    notify: Notify,
+    dropped_traces: AtomicU64,
+}
+
+/// What the analyzer should look at next.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// Client ids that had spans ingested.
+    pub clients: BTreeSet<String>,
+    /// Traces that had spans ingested without a client id (router and server hops); their
+    /// clients are looked up in the store.
+    pub traces: BTreeSet<String>,
+}
+
+impl DirtyClients {
+    /// Marks the clients (or, for spans naming none, the traces) of committed spans.
+    pub fn mark(&self, spans: &[Span]) {
+        if spans.is_empty() {
+            return;
+        }
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for span in spans {
+                match (&span.call.client_id, &span.trace_id) {
+                    (Some(client_id), _) => {
+                        pending.clients.insert(client_id.clone());
+                    }
+                    (None, Some(trace_id)) => {
+                        pending.traces.insert(trace_id.clone());
+                    }
+                    (None, None) => {}
+                }
+            }
+            while pending.traces.len() > MAX_PENDING_TRACES {
+                pending.traces.pop_first();
+                self.dropped_traces.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// Waits until something is marked, then takes every mark.
+    pub async fn take(&self) -> Pending {
+        loop {
+            let notified = self.notify.notified();
+            {
+                let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if !pending.clients.is_empty() || !pending.traces.is_empty() {
+                    return std::mem::take(&mut *pending);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Trace marks dropped because the analyzer fell behind.
+    pub fn dropped_traces(&self) -> u64 {
+        self.dropped_traces.load(Ordering::Relaxed)
+    }
+}

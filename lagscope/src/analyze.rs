@@ -1,0 +1,118 @@
+//! `lagscope analyze`: the detectors over captured OTLP JSON, offline.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use flate2::read::MultiGzDecoder;
+use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
+use lagscope_collector::capture::Capture;
+use lagscope_model::Anomaly;
+use serde_json::json;
+
+/// How `analyze` prints what it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Table,
+}
+
+/// What `analyze` read and found.
+#[derive(Debug)]
+pub struct Report {
+    pub requests: usize,
+    pub spans: usize,
+    pub samples: usize,
+    pub log_records: usize,
+    pub anomalies: Vec<Anomaly>,
+}
+
+/// Reads every capture, runs every detector, returns what was read and found.
+pub fn analyze_paths(paths: &[impl AsRef<Path>], config: &AnalyzerConfig) -> anyhow::Result<Report> {
+    if paths.is_empty() {
+        bail!("no capture given: pass one or more OTLP JSON files (.json, .jsonl, optionally .gz)");
+    }
+    let mut capture = Capture::default();
+    for path in paths {
+        let path = path.as_ref();
+        let text = read_capture(path)?;
+        capture.read_str(&path.display().to_string(), &text)?;
+    }
+    let (n_spans, n_samples) = (capture.spans.len(), capture.samples.len());
+    let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
+    Ok(Report {
+        requests: capture.requests,
+        spans: n_spans,
+        samples: n_samples,
+        log_records: capture.log_records,
+        anomalies: analyze(&input, config),
+    })
+}
+
+/// Reads a capture file whole, gunzipping `.gz` files.
+fn read_capture(path: &Path) -> anyhow::Result<String> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut bytes = Vec::new();
+    let gzipped = path.extension().is_some_and(|extension| extension == "gz");
+    let read = if gzipped {
+        MultiGzDecoder::new(file).read_to_end(&mut bytes)
+    } else {
+        std::io::BufReader::new(file).read_to_end(&mut bytes)
+    };
+    read.with_context(|| format!("cannot read {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|error| {
+        let offset = error.utf8_error().valid_up_to();
+        let line = error.as_bytes()[..offset].iter().filter(|byte| **byte == b'\n').count() + 1;
+        anyhow::anyhow!("{}:{line}: not UTF-8 text (byte {offset})", path.display())
+    })
+}
+
+/// Writes the anomalies as `{"anomalies":[...]}`.
+pub fn write_json(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, &json!({ "anomalies": anomalies }))?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Writes the anomalies as an aligned table, one per line.
+pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Result<()> {
+    let header = ["START", "KIND", "SEVERITY", "CLUSTER", "NAMESPACE", "CLIENT", "NODE", "SUMMARY"];
+    let rows: Vec<[String; 8]> = anomalies
+        .iter()
+        .map(|anomaly| {
+            [
+                rfc3339(anomaly.start_unix_nano),
+                anomaly.kind.as_str().to_string(),
+                anomaly.severity.as_str().to_string(),
+                anomaly.cluster.clone().unwrap_or_else(|| "-".to_string()),
+                anomaly.namespace.clone().unwrap_or_else(|| "-".to_string()),
+                anomaly.client_id.clone().unwrap_or_else(|| "-".to_string()),
+                anomaly.node_id.clone().unwrap_or_else(|| "-".to_string()),
+                anomaly.summary.clone(),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|title| title.len()).collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row.iter()).take(7) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(index, cell)| if index < 7 { format!("{cell:<width$}", width = widths[index]) } else { cell.to_string() })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for row in &rows {
+        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+fn rfc3339(unix_nano: i64) -> String {
+    jiff::Timestamp::from_nanosecond(i128::from(unix_nano)).map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
+}

@@ -1,0 +1,90 @@
+//! One configuration: defaults, then a TOML file, then `LAGSCOPE_*` environment variables,
+//! then command-line flags (the last two are resolved by clap and applied by the caller).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use lagscope_analyzer::AnalyzerConfig;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub live: LiveConfig,
+    pub analyzer: AnalyzerConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Where the embedded SQLite store keeps its file.
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API and `/metrics`.
+    pub listen: String,
+    /// Address of the OTLP/HTTP receiver.
+    pub otlp_http: String,
+    /// Largest OTLP request body accepted, after decompression.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./lagscope-data"),
+            listen: "127.0.0.1:8080".to_string(),
+            otlp_http: "127.0.0.1:4318".to_string(),
+            max_body_bytes: lagscope_collector::otlp::http::DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LiveConfig {
+    /// The most recent spans of one client that a live analysis pass reads.
+    pub max_spans_per_client: u32,
+}
+
+impl Default for LiveConfig {
+    fn default() -> Self {
+        Self { max_spans_per_client: 20_000 }
+    }
+}
+
+impl Config {
+    /// Parses a TOML configuration, naming the file and the offending key on error.
+    pub fn from_toml(source_name: &str, text: &str) -> anyhow::Result<Self> {
+        toml::from_str(text).with_context(|| format!("invalid configuration in {source_name}"))
+    }
+
+    /// Reads the file if given, else the defaults.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read configuration {}", path.display()))?;
+        Self::from_toml(&path.display().to_string(), &text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../config/lagscope.example.toml");
+
+    #[test]
+    fn the_example_configuration_parses_and_states_the_defaults() {
+        let config = Config::from_toml("lagscope.example.toml", EXAMPLE).expect("example parses");
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn a_misspelled_key_is_refused_by_name() {
+        let error = Config::from_toml("x.toml", "[server]\nlisten_addr = \"127.0.0.1:1\"\n").expect_err("must fail");
+        let message = format!("{error:#}");
+        assert!(message.contains("listen_addr"), "{message}");
+        assert!(message.contains("x.toml"), "{message}");
+    }
+}

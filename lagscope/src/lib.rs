@@ -1,0 +1,13 @@
+//! The `lagscope` binary's library half: configuration, the `serve` wiring (receivers, live
+//! analyzer, API over one store) and the offline `analyze` command.
+//!
+//! This crate wires; it holds no domain logic. Integration tests start the same [`Server`]
+//! the binary starts, in-process, on port 0.
+
+pub mod analyze;
+pub mod config;
+mod live;
+pub mod server;
+
+pub use config::Config;
+pub use server::Server;

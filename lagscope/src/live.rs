@@ -1,0 +1,73 @@
+//! The live analyzer: re-analyzes each client whose spans were just committed and stores
+//! what it finds. Same detectors as `lagscope analyze`, over the store instead of a file.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use lagscope_analyzer::{AnalysisInput, analyze};
+use lagscope_collector::DirtyClients;
+use lagscope_selfmetrics::SelfMetrics;
+use lagscope_store::{Store, TimeRange};
+use tokio::sync::watch;
+
+use crate::Config;
+
+pub async fn run_live_analyzer(
+    store: Arc<dyn Store>,
+    dirty: Arc<DirtyClients>,
+    metrics: Arc<SelfMetrics>,
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    loop {
+        let pending = tokio::select! {
+            pending = dirty.take() => pending,
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+        };
+        let started = Instant::now();
+        match analysis_pass(store.as_ref(), &metrics, &config, pending).await {
+            Ok(()) => metrics.analysis_passes.add(1),
+            Err(error) => {
+                // The data is committed; the next pass for these clients will find it again.
+                metrics.analysis_errors.add(1);
+                tracing::error!(%error, "live analysis pass failed");
+            }
+        }
+        metrics.analysis_latency.observe(started.elapsed());
+    }
+}
+
+async fn analysis_pass(
+    store: &dyn Store,
+    metrics: &SelfMetrics,
+    config: &Config,
+    pending: lagscope_collector::Pending,
+) -> Result<(), lagscope_store::StoreError> {
+    let mut clients: BTreeSet<String> = pending.clients;
+    let traces: Vec<String> = pending.traces.into_iter().collect();
+    clients.extend(store.clients_of_traces(&traces).await?);
+    for client_id in clients {
+        let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
+        let input = AnalysisInput::from_telemetry(&spans, Vec::new());
+        // Spans of shared traces bring in fragments of other clients' timelines: each
+        // client's anomalies come from its own, complete pass.
+        let anomalies: Vec<_> = analyze(&input, &config.analyzer)
+            .into_iter()
+            .filter(|anomaly| anomaly.client_id.as_deref() == Some(client_id.as_str()))
+            .collect();
+        if anomalies.is_empty() {
+            continue;
+        }
+        let outcome = store.upsert_anomalies(&anomalies, now_unix_nano()).await?;
+        metrics.anomalies_new.add(outcome.inserted.len() as u64);
+        for id in &outcome.inserted {
+            tracing::info!(anomaly_id = id, client = %client_id, "new anomaly");
+        }
+    }
+    Ok(())
+}
+
+fn now_unix_nano() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as i64)
+}

@@ -1,0 +1,97 @@
+//! Anomalies: what the analyzer reports, each explaining itself.
+
+use serde::{Deserialize, Serialize};
+
+use crate::UnixNanos;
+
+/// The anomaly catalogue. Its `as_str` names are a public contract (API, alerts, captures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnomalyKind {
+    /// A read served below what the session had already seen (or, across clients, staler
+    /// than the system's bound).
+    StaleRead,
+}
+
+impl AnomalyKind {
+    pub const ALL: &'static [AnomalyKind] = &[AnomalyKind::StaleRead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StaleRead => "stale_read",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|kind| kind.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for AnomalyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Info, Self::Warning, Self::Critical].into_iter().find(|severity| severity.as_str() == text)
+    }
+}
+
+/// The session guarantee a stale read broke (Terry et al., 1994), or the cross-client bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    ReadYourWrites,
+    MonotonicReads,
+    CrossClient,
+}
+
+impl Guarantee {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadYourWrites => "read_your_writes",
+            Self::MonotonicReads => "monotonic_reads",
+            Self::CrossClient => "cross_client",
+        }
+    }
+}
+
+/// One anomaly. `fingerprint` identifies the incident: the same anomaly found again (a later
+/// analysis pass, a replayed capture) has the same fingerprint and is reported once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Anomaly {
+    pub kind: AnomalyKind,
+    pub severity: Severity,
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub client_id: Option<String>,
+    pub node_id: Option<String>,
+    pub start_unix_nano: UnixNanos,
+    pub end_unix_nano: UnixNanos,
+    /// One line a person reads first.
+    pub summary: String,
+    /// The probable cause, drawn from the domain's failure table.
+    pub cause: String,
+    /// The events, states, nodes and window that prove it; at least the ids of the spans
+    /// involved (`spans`).
+    pub evidence: serde_json::Value,
+    pub fingerprint: String,
+}

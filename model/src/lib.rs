@@ -1,0 +1,29 @@
+//! lagscope's domain model: the vocabulary every other crate speaks.
+//!
+//! Spans (one per attempt, with the telemetry conventions' fields promoted), metric samples
+//! with their series labels, anomalies with their evidence, and per-client causal timelines.
+//! The attribute names of the public telemetry contract live in [`conventions`].
+//!
+//! This crate is pure data: it must never do I/O, spawn tasks or depend on tokio, sqlx, axum
+//! or tonic. Everything else in the workspace depends on it, never the other way round.
+
+pub mod anomaly;
+pub mod conventions;
+pub mod metric;
+pub mod span;
+pub mod timeline;
+
+pub use anomaly::{Anomaly, AnomalyKind, Guarantee, Severity};
+pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
+pub use span::{
+    Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind,
+    SpanLink, SpanRef, StateFields,
+};
+pub use timeline::{ClientTimeline, TimelineAttempt, TimelineCall, TimelineJoin};
+
+/// Nanoseconds since the Unix epoch, as OTLP counts time. Signed so that it maps onto SQL
+/// `INTEGER`/`BIGINT` without conversion; OTLP times fit until the year 2262.
+pub type UnixNanos = i64;
+
+/// A state identifier (HDFS txid, Raft index, sequence number). Larger is newer, per namespace.
+pub type StateId = i64;

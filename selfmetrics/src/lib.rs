@@ -1,0 +1,147 @@
+//! The service's own metrics: what it received, rejected and stored, how long the store
+//! took, what the analyzer found. Rendered in the Prometheus text exposition format for
+//! `GET /metrics`.
+//!
+//! Updating a metric is a few atomic operations and never blocks ingest; this crate does no
+//! I/O.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, amount: u64) {
+        self.0.fetch_add(amount, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const LATENCY_BOUNDS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+/// A latency histogram with fixed buckets.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; LATENCY_BOUNDS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl LatencyHistogram {
+    pub fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let separator = if labels.is_empty() { "" } else { "," };
+        for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {}", bucket.load(Ordering::Relaxed));
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// Everything the service counts about itself.
+#[derive(Debug, Default)]
+pub struct SelfMetrics {
+    pub spans_received: Counter,
+    pub spans_rejected: Counter,
+    pub spans_stored: Counter,
+    pub samples_received: Counter,
+    pub samples_rejected: Counter,
+    pub samples_stored: Counter,
+    /// Ingest commits (one per accepted request).
+    pub store_ingest_latency: LatencyHistogram,
+    pub analysis_passes: Counter,
+    pub analysis_errors: Counter,
+    pub analysis_latency: LatencyHistogram,
+    pub anomalies_new: Counter,
+    /// Receiver responses by signal and HTTP status.
+    responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
+}
+
+impl SelfMetrics {
+    pub fn count_response(&self, signal: &'static str, status: u16) {
+        let mut responses = self.responses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *responses.entry((signal, status)).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition of every metric, followed by `gauges` (name, help,
+    /// value) that the caller reads at scrape time.
+    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
+        let mut out = String::new();
+        let counters: [(&str, &str, &Counter); 9] = [
+            ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
+            ("lagscope_spans_rejected_total", "Spans refused (malformed, or breaking the conventions).", &self.spans_rejected),
+            ("lagscope_spans_stored_total", "Spans committed to the store.", &self.spans_stored),
+            ("lagscope_samples_received_total", "Metric data points received.", &self.samples_received),
+            ("lagscope_samples_rejected_total", "Metric data points refused.", &self.samples_rejected),
+            ("lagscope_samples_stored_total", "Metric data points committed to the store.", &self.samples_stored),
+            ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
+            ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
+            ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
+        ];
+        for (name, help, counter) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", counter.get());
+        }
+        let name = "lagscope_receiver_responses_total";
+        let _ = writeln!(out, "# HELP {name} Receiver responses by signal and HTTP status.\n# TYPE {name} counter");
+        let responses = self.responses.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        for ((signal, status), count) in responses {
+            let _ = writeln!(out, "{name}{{signal=\"{signal}\",code=\"{status}\"}} {count}");
+        }
+        let histograms = [
+            ("lagscope_store_ingest_seconds", "Time to commit one received batch to the store.", &self.store_ingest_latency),
+            ("lagscope_analysis_seconds", "Time of one live analysis pass.", &self.analysis_latency),
+        ];
+        for (name, help, histogram) in histograms {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            histogram.render(&mut out, name, "");
+        }
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histograms_and_gauges() {
+        let metrics = SelfMetrics::default();
+        metrics.spans_received.add(3);
+        metrics.count_response("traces", 200);
+        metrics.store_ingest_latency.observe(Duration::from_millis(3));
+        let text = metrics.render(&[("lagscope_store_spans", "Spans in the store.", 7.0)]);
+        assert!(text.contains("lagscope_spans_received_total 3\n"), "{text}");
+        assert!(text.contains("lagscope_receiver_responses_total{signal=\"traces\",code=\"200\"} 1\n"), "{text}");
+        assert!(text.contains("lagscope_store_ingest_seconds_bucket{le=\"0.0025\"} 0\n"), "{text}");
+        assert!(text.contains("lagscope_store_ingest_seconds_bucket{le=\"0.005\"} 1\n"), "{text}");
+        assert!(text.contains("lagscope_store_ingest_seconds_count 1\n"), "{text}");
+        assert!(text.contains("lagscope_store_spans 7\n"), "{text}");
+    }
+}

@@ -1,0 +1,13 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("cannot open the store at {path}: {source}")]
+    Open { path: String, source: sqlx::Error },
+    #[error("cannot apply the store's migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("store query failed: {0}")]
+    Query(#[from] sqlx::Error),
+    #[error("stored {what} is corrupt: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+}

@@ -1,0 +1,138 @@
+//! lagscope's storage: the [`Store`] trait every backend implements, and its embedded SQLite
+//! backend ([`SqliteStore`]).
+//!
+//! The trait is the contract between the store and everything above it (collectors, the
+//! live analyzer, the API): they never see SQL, rows or connections, only domain types.
+//! Backends must make [`Store::ingest`] atomic (all of a batch or none of it) and durable
+//! before it returns, because receivers acknowledge data on its return. Every value that
+//! reaches SQL is bound, never spliced into the statement text.
+
+mod error;
+mod sqlite;
+
+use async_trait::async_trait;
+use lagscope_model::{Anomaly, AnomalyKind, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
+use serde_json::Value;
+
+pub use error::StoreError;
+pub use sqlite::SqliteStore;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What one receiver request delivers: committed together or not at all.
+#[derive(Debug, Default, Clone)]
+pub struct IngestBatch {
+    pub spans: Vec<Span>,
+    pub samples: Vec<Sample>,
+}
+
+impl IngestBatch {
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty() && self.samples.is_empty()
+    }
+}
+
+/// What an ingest committed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IngestReceipt {
+    /// Spans written (a span re-sent with a trace and span id already stored is not written
+    /// twice, so that an exporter's retry after a lost response does no harm).
+    pub spans_written: u64,
+    pub samples_written: u64,
+}
+
+/// A half-open time range `[from, to)` in Unix nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    pub from: UnixNanos,
+    pub to: UnixNanos,
+}
+
+impl TimeRange {
+    pub const ALL: TimeRange = TimeRange { from: i64::MIN, to: i64::MAX };
+}
+
+/// Which anomalies to list. `None` means "any".
+#[derive(Debug, Default, Clone)]
+pub struct AnomalyFilter {
+    pub kind: Option<AnomalyKind>,
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub client_id: Option<String>,
+    /// Anomalies whose window ends at or after this time.
+    pub since: Option<UnixNanos>,
+    /// Anomalies whose window starts before this time.
+    pub until: Option<UnixNanos>,
+    /// Only anomalies with an id below this one (for paging, newest first).
+    pub before_id: Option<i64>,
+    pub limit: u32,
+}
+
+/// An anomaly as stored: with its id and when it was first and last reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredAnomaly {
+    pub id: i64,
+    pub anomaly: Anomaly,
+    pub first_seen_unix_nano: UnixNanos,
+    pub last_seen_unix_nano: UnixNanos,
+}
+
+/// What upserting anomalies changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct UpsertOutcome {
+    /// Ids of anomalies that were not stored before (new incidents).
+    pub inserted: Vec<i64>,
+    pub updated: u64,
+}
+
+/// One series with its samples in a time range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesSamples {
+    pub key: SeriesKey,
+    pub meta: SeriesMeta,
+    pub points: Vec<(UnixNanos, Option<f64>, Option<Value>)>,
+}
+
+/// Row counts, for health and the service's own metrics.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StoreStats {
+    pub spans: u64,
+    pub series: u64,
+    pub samples: u64,
+    pub anomalies: u64,
+}
+
+/// Where telemetry and anomalies live. SQLite today; PostgreSQL is a second implementation.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Commits a batch atomically and durably.
+    async fn ingest(&self, batch: &IngestBatch) -> Result<IngestReceipt>;
+
+    /// One client's spans whose start lies in `range`, plus every span sharing a trace with
+    /// them (the router and server hops), ordered by start time. At most `limit` of the
+    /// client's own spans are read, the most recent ones.
+    async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>>;
+
+    /// The client ids appearing in the given traces (for spans that name no client).
+    async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>>;
+
+    /// Stores anomalies, updating those whose fingerprint is already stored.
+    async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome>;
+
+    /// Anomalies matching the filter, newest first.
+    async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>>;
+
+    /// One anomaly by id.
+    async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>>;
+
+    /// The series of a metric whose labels include every `(label, value)` in `matchers`,
+    /// with their samples in `range`.
+    async fn series_samples(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+    ) -> Result<Vec<SeriesSamples>>;
+
+    async fn stats(&self) -> Result<StoreStats>;
+}

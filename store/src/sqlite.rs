@@ -1,0 +1,149 @@
+//! The embedded backend: one SQLite file in WAL mode.
+//!
+//! Writes go through a pool of exactly one connection, so that transactions never race for
+//! SQLite's single writer lock (which `busy_timeout` cannot resolve for lock upgrades); reads
+//! use their own pool and proceed concurrently with writes, as WAL allows.
+
+mod anomalies;
+mod samples;
+mod spans;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lagscope_model::{Anomaly, Span, UnixNanos};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::{
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats,
+    StoredAnomaly, TimeRange, UpsertOutcome,
+};
+
+static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// The file name of the database inside a data directory.
+pub const DATABASE_FILE: &str = "lagscope.sqlite";
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `lagscope.sqlite` in `data_dir` and applies migrations.
+    pub async fn open_dir(data_dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(data_dir).map_err(|error| StoreError::Open {
+            path: data_dir.display().to_string(),
+            source: sqlx::Error::Io(error),
+        })?;
+        Self::open_file(&data_dir.join(DATABASE_FILE)).await
+    }
+
+    /// Opens (creating if needed) the database file at `path` and applies migrations.
+    pub async fn open_file(path: &Path) -> Result<Self> {
+        let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
+        let options = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(open_error)?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a transaction is on disk when COMMIT returns, even across power loss;
+            // receivers acknowledge data only then.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(open_error)?;
+        MIGRATIONS.run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(open_error)?;
+        Ok(Self { writer, reader })
+    }
+
+    /// Closes both pools, checkpointing the WAL.
+    pub async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn ingest(&self, batch: &IngestBatch) -> Result<IngestReceipt> {
+        if batch.is_empty() {
+            return Ok(IngestReceipt::default());
+        }
+        let mut transaction = self.writer.begin().await?;
+        let spans_written = spans::insert(&mut transaction, &batch.spans).await?;
+        let samples_written = samples::insert(&mut transaction, &batch.samples).await?;
+        transaction.commit().await?;
+        Ok(IngestReceipt { spans_written, samples_written })
+    }
+
+    async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
+        spans::for_client(&self.reader, client_id, range, limit).await
+    }
+
+    async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {
+        spans::clients_of_traces(&self.reader, trace_ids).await
+    }
+
+    async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
+        let mut transaction = self.writer.begin().await?;
+        let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        transaction.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
+        anomalies::list(&self.reader, filter).await
+    }
+
+    async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>> {
+        anomalies::get(&self.reader, id).await
+    }
+
+    async fn series_samples(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+    ) -> Result<Vec<SeriesSamples>> {
+        samples::series_range(&self.reader, name, matchers, range).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        let (spans, series, samples, anomalies): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \
+             (SELECT count(*) FROM samples), (SELECT count(*) FROM anomalies)",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(StoreStats {
+            spans: spans as u64,
+            series: series as u64,
+            samples: samples as u64,
+            anomalies: anomalies as u64,
+        })
+    }
+}
+
+/// Renders JSON for a TEXT column.
+fn to_json_text<T: serde::Serialize>(value: &T) -> String {
+    // Serializing plain data (maps, vectors, numbers, strings) to a String cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+/// Parses a JSON TEXT column back, naming the column when it is corrupt.
+fn from_json_text<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|error| StoreError::Corrupt { what, detail: error.to_string() })
+}

@@ -1,0 +1,137 @@
+//! Anomaly rows, unique by fingerprint.
+
+use lagscope_model::{Anomaly, AnomalyKind, Severity, UnixNanos};
+use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+
+use super::{from_json_text, to_json_text};
+use crate::{AnomalyFilter, Result, StoreError, StoredAnomaly, UpsertOutcome};
+
+pub(super) async fn upsert(
+    transaction: &mut Transaction<'_, Sqlite>,
+    anomalies: &[Anomaly],
+    seen_at: UnixNanos,
+) -> Result<UpsertOutcome> {
+    let mut outcome = UpsertOutcome::default();
+    for anomaly in anomalies {
+        // `first_seen = last_seen` only on the row's first insert: that tells new from known.
+        let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
+            "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
+                 node_id, start_unix_nano, end_unix_nano, summary, cause, evidence,
+                 first_seen_unix_nano, last_seen_unix_nano)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (fingerprint) DO UPDATE SET
+                 severity = excluded.severity,
+                 node_id = excluded.node_id,
+                 start_unix_nano = min(anomalies.start_unix_nano, excluded.start_unix_nano),
+                 end_unix_nano = max(anomalies.end_unix_nano, excluded.end_unix_nano),
+                 summary = excluded.summary,
+                 cause = excluded.cause,
+                 evidence = excluded.evidence,
+                 last_seen_unix_nano = max(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
+             RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
+        )
+        .bind(&anomaly.fingerprint)
+        .bind(anomaly.kind.as_str())
+        .bind(anomaly.severity.as_str())
+        .bind(&anomaly.cluster)
+        .bind(&anomaly.namespace)
+        .bind(&anomaly.client_id)
+        .bind(&anomaly.node_id)
+        .bind(anomaly.start_unix_nano)
+        .bind(anomaly.end_unix_nano)
+        .bind(&anomaly.summary)
+        .bind(&anomaly.cause)
+        .bind(to_json_text(&anomaly.evidence))
+        .bind(seen_at)
+        .bind(seen_at)
+        .fetch_one(&mut **transaction)
+        .await?;
+        if first_seen == last_seen {
+            outcome.inserted.push(id);
+        } else {
+            outcome.updated += 1;
+        }
+    }
+    Ok(outcome)
+}
+
+pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
+    let rows: Vec<AnomalyRow> = sqlx::query_as(
+        "SELECT * FROM anomalies
+         WHERE (?1 IS NULL OR kind = ?1)
+           AND (?2 IS NULL OR cluster = ?2)
+           AND (?3 IS NULL OR namespace = ?3)
+           AND (?4 IS NULL OR client_id = ?4)
+           AND (?5 IS NULL OR end_unix_nano >= ?5)
+           AND (?6 IS NULL OR start_unix_nano < ?6)
+           AND (?7 IS NULL OR id < ?7)
+         ORDER BY id DESC
+         LIMIT ?8",
+    )
+    .bind(filter.kind.map(AnomalyKind::as_str))
+    .bind(&filter.cluster)
+    .bind(&filter.namespace)
+    .bind(&filter.client_id)
+    .bind(filter.since)
+    .bind(filter.until)
+    .bind(filter.before_id)
+    .bind(i64::from(filter.limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(AnomalyRow::into_stored).collect()
+}
+
+pub(super) async fn get(pool: &SqlitePool, id: i64) -> Result<Option<StoredAnomaly>> {
+    let row: Option<AnomalyRow> = sqlx::query_as("SELECT * FROM anomalies WHERE id = ?1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    row.map(AnomalyRow::into_stored).transpose()
+}
+
+#[derive(FromRow)]
+struct AnomalyRow {
+    id: i64,
+    fingerprint: String,
+    kind: String,
+    severity: String,
+    cluster: Option<String>,
+    namespace: Option<String>,
+    client_id: Option<String>,
+    node_id: Option<String>,
+    start_unix_nano: i64,
+    end_unix_nano: i64,
+    summary: String,
+    cause: String,
+    evidence: String,
+    first_seen_unix_nano: i64,
+    last_seen_unix_nano: i64,
+}
+
+impl AnomalyRow {
+    fn into_stored(self) -> Result<StoredAnomaly> {
+        let kind = AnomalyKind::parse(&self.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.kind", detail: self.kind.clone() })?;
+        let severity = Severity::parse(&self.severity)
+            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.severity", detail: self.severity.clone() })?;
+        Ok(StoredAnomaly {
+            id: self.id,
+            anomaly: Anomaly {
+                kind,
+                severity,
+                cluster: self.cluster,
+                namespace: self.namespace,
+                client_id: self.client_id,
+                node_id: self.node_id,
+                start_unix_nano: self.start_unix_nano,
+                end_unix_nano: self.end_unix_nano,
+                summary: self.summary,
+                cause: self.cause,
+                evidence: from_json_text("anomalies.evidence", &self.evidence)?,
+                fingerprint: self.fingerprint,
+            },
+            first_seen_unix_nano: self.first_seen_unix_nano,
+            last_seen_unix_nano: self.last_seen_unix_nano,
+        })
+    }
+}

@@ -1,0 +1,149 @@
+//! Series and sample rows.
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+use lagscope_model::{MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
+use serde_json::Value;
+use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+
+use super::{from_json_text, to_json_text};
+use crate::{Result, SeriesSamples, StoreError, TimeRange};
+
+/// Inserts samples, creating their series on first sight. A sample re-sent for the same
+/// series and time replaces the stored one.
+pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, samples: &[Sample]) -> Result<u64> {
+    let mut series_ids: BTreeMap<&SeriesKey, i64> = BTreeMap::new();
+    let mut written = 0;
+    for sample in samples {
+        let series_id = match series_ids.get(&sample.series) {
+            Some(id) => *id,
+            None => {
+                let id = upsert_series(transaction, &sample.series, &sample.meta).await?;
+                series_ids.insert(&sample.series, id);
+                id
+            }
+        };
+        let (value, distribution) = match &sample.value {
+            PointValue::Number(number) => (Some(*number).filter(|number| number.is_finite()), None),
+            PointValue::Distribution(point) => (None, Some(to_json_text(point))),
+        };
+        let result = sqlx::query(
+            "INSERT INTO samples (series_id, time_unix_nano, start_time_unix_nano, value, distribution)
+             VALUES (?, ?, ?, ?, ?)
+             ON CONFLICT (series_id, time_unix_nano) DO UPDATE SET
+                 start_time_unix_nano = excluded.start_time_unix_nano,
+                 value = excluded.value,
+                 distribution = excluded.distribution",
+        )
+        .bind(series_id)
+        .bind(sample.time_unix_nano)
+        .bind(sample.start_time_unix_nano)
+        .bind(value)
+        .bind(distribution)
+        .execute(&mut **transaction)
+        .await?;
+        written += result.rows_affected();
+    }
+    Ok(written)
+}
+
+async fn upsert_series(
+    transaction: &mut Transaction<'_, Sqlite>,
+    key: &SeriesKey,
+    meta: &SeriesMeta,
+) -> Result<i64> {
+    let (id,): (i64,) = sqlx::query_as(
+        "INSERT INTO series (name, labels, kind, unit, description, cluster, namespace, node_id)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (name, labels) DO UPDATE SET
+             kind = excluded.kind,
+             unit = coalesce(excluded.unit, series.unit),
+             description = coalesce(excluded.description, series.description)
+         RETURNING id",
+    )
+    .bind(&key.name)
+    .bind(to_json_text(&key.labels))
+    .bind(meta.kind.as_str())
+    .bind(&meta.unit)
+    .bind(&meta.description)
+    .bind(key.label(CLUSTER))
+    .bind(key.label(NAMESPACE))
+    .bind(key.label(NODE_ID))
+    .fetch_one(&mut **transaction)
+    .await?;
+    Ok(id)
+}
+
+#[derive(FromRow)]
+struct SeriesRow {
+    id: i64,
+    name: String,
+    labels: String,
+    kind: String,
+    unit: Option<String>,
+    description: Option<String>,
+}
+
+#[derive(FromRow)]
+struct SampleRow {
+    time_unix_nano: i64,
+    value: Option<f64>,
+    distribution: Option<String>,
+}
+
+pub(super) async fn series_range(
+    pool: &SqlitePool,
+    name: &str,
+    matchers: &[(String, String)],
+    range: TimeRange,
+) -> Result<Vec<SeriesSamples>> {
+    let matcher_object: BTreeMap<&str, &str> =
+        matchers.iter().map(|(label, value)| (label.as_str(), value.as_str())).collect();
+    // Every matcher must equal the series' label of the same key.
+    let series_rows: Vec<SeriesRow> = sqlx::query_as(
+        "SELECT id, name, labels, kind, unit, description FROM series
+         WHERE name = ?1
+           AND NOT EXISTS (
+               SELECT 1 FROM json_each(?2) AS wanted
+               WHERE json_extract(series.labels, '$.\"' || wanted.key || '\"') IS NOT wanted.value
+           )
+         ORDER BY id",
+    )
+    .bind(name)
+    .bind(to_json_text(&matcher_object))
+    .fetch_all(pool)
+    .await?;
+    let mut result = Vec::with_capacity(series_rows.len());
+    for row in series_rows {
+        let samples: Vec<SampleRow> = sqlx::query_as(
+            "SELECT time_unix_nano, value, distribution FROM samples
+             WHERE series_id = ?1 AND time_unix_nano >= ?2 AND time_unix_nano < ?3
+             ORDER BY time_unix_nano",
+        )
+        .bind(row.id)
+        .bind(range.from)
+        .bind(range.to)
+        .fetch_all(pool)
+        .await?;
+        let points = samples
+            .into_iter()
+            .map(|sample| {
+                let distribution: Option<Value> = sample
+                    .distribution
+                    .as_deref()
+                    .map(|text| from_json_text("samples.distribution", text))
+                    .transpose()?;
+                Ok((sample.time_unix_nano, sample.value, distribution))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let kind = MetricKind::parse(&row.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
+        result.push(SeriesSamples {
+            key: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
+            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
+            points,
+        });
+    }
+    Ok(result)
+}

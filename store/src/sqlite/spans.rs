@@ -1,0 +1,222 @@
+//! Span rows: written column by column, read back into domain spans.
+
+use lagscope_model::{
+    CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields,
+};
+use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+
+use super::{from_json_text, to_json_text};
+use crate::{Result, TimeRange};
+
+const INSERT: &str = "INSERT INTO spans (
+    trace_id, span_id, parent_span_id, name, kind, start_unix_nano, end_unix_nano,
+    status_code, status_message, service_name, system, cluster, component, node_id,
+    resource_attributes, scope_name, scope_version, scope_attributes, client_id, call_id,
+    attempt, namespace, op, rpc_method, target_node, target_role, node_role, consistency,
+    follower_read, state_carried, state_returned, state_served, state_committed, state_router,
+    outcome, error_type, requeues, retry_delay_ms, bytes, attributes, events, links
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+          ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (trace_id, span_id) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL DO NOTHING";
+
+/// Inserts spans; returns how many were new.
+pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[Span]) -> Result<u64> {
+    let mut written = 0;
+    for span in spans {
+        let resource = &span.resource;
+        let call = &span.call;
+        let result = sqlx::query(INSERT)
+            .bind(&span.trace_id)
+            .bind(&span.span_id)
+            .bind(&span.parent_span_id)
+            .bind(&span.name)
+            .bind(span.kind.to_otlp())
+            .bind(span.start_unix_nano)
+            .bind(span.end_unix_nano)
+            .bind(span.status_code)
+            .bind(&span.status_message)
+            .bind(&resource.service_name)
+            .bind(&resource.system)
+            .bind(&resource.cluster)
+            .bind(resource.component.as_ref().map(Component::as_str))
+            .bind(&resource.node_id)
+            .bind(to_json_text(&resource.attributes))
+            .bind(&span.scope_name)
+            .bind(&span.scope_version)
+            .bind(to_json_text(&span.scope_attributes))
+            .bind(&call.client_id)
+            .bind(&call.call_id)
+            .bind(call.attempt)
+            .bind(&call.namespace)
+            .bind(call.op.as_ref().map(Op::as_str))
+            .bind(&call.rpc_method)
+            .bind(&call.target_node)
+            .bind(&call.target_role)
+            .bind(&call.node_role)
+            .bind(&call.consistency)
+            .bind(call.follower_read)
+            .bind(call.state.carried)
+            .bind(call.state.returned)
+            .bind(call.state.served)
+            .bind(call.state.committed)
+            .bind(call.state.router)
+            .bind(call.outcome.as_ref().map(Outcome::as_str))
+            .bind(&call.error_type)
+            .bind(call.requeues)
+            .bind(call.retry_delay_ms)
+            .bind(call.bytes)
+            .bind(to_json_text(&span.attributes))
+            .bind(to_json_text(&span.events))
+            .bind(to_json_text(&span.links))
+            .execute(&mut **transaction)
+            .await?;
+        written += result.rows_affected();
+    }
+    Ok(written)
+}
+
+/// The client's spans in the range (the most recent `limit`), plus every span of their traces.
+pub(super) async fn for_client(
+    pool: &SqlitePool,
+    client_id: &str,
+    range: TimeRange,
+    limit: u32,
+) -> Result<Vec<Span>> {
+    let rows: Vec<SpanRow> = sqlx::query_as(
+        "WITH own AS (
+             SELECT id, trace_id FROM spans
+             WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3
+             ORDER BY start_unix_nano DESC LIMIT ?4
+         )
+         SELECT * FROM spans WHERE id IN (SELECT id FROM own)
+         UNION
+         SELECT * FROM spans
+         WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
+           AND trace_id IS NOT NULL AND span_id IS NOT NULL
+         ORDER BY start_unix_nano, id",
+    )
+    .bind(client_id)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(SpanRow::into_span).collect()
+}
+
+pub(super) async fn clients_of_traces(pool: &SqlitePool, trace_ids: &[String]) -> Result<Vec<String>> {
+    if trace_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let clients: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT client_id FROM spans
+         WHERE trace_id IN (SELECT value FROM json_each(?1))
+           AND trace_id IS NOT NULL AND span_id IS NOT NULL AND client_id IS NOT NULL",
+    )
+    .bind(to_json_text(&trace_ids))
+    .fetch_all(pool)
+    .await?;
+    Ok(clients.into_iter().map(|(client,)| client).collect())
+}
+
+/// A stored span, column for column. Private: the rest of the workspace sees [`Span`].
+#[derive(FromRow)]
+struct SpanRow {
+    trace_id: Option<String>,
+    span_id: Option<String>,
+    parent_span_id: Option<String>,
+    name: String,
+    kind: i32,
+    start_unix_nano: i64,
+    end_unix_nano: i64,
+    status_code: i32,
+    status_message: Option<String>,
+    service_name: Option<String>,
+    system: Option<String>,
+    cluster: Option<String>,
+    component: Option<String>,
+    node_id: Option<String>,
+    resource_attributes: String,
+    scope_name: Option<String>,
+    scope_version: Option<String>,
+    scope_attributes: String,
+    client_id: Option<String>,
+    call_id: Option<String>,
+    attempt: Option<i64>,
+    namespace: Option<String>,
+    op: Option<String>,
+    rpc_method: Option<String>,
+    target_node: Option<String>,
+    target_role: Option<String>,
+    node_role: Option<String>,
+    consistency: Option<String>,
+    follower_read: Option<bool>,
+    state_carried: Option<i64>,
+    state_returned: Option<i64>,
+    state_served: Option<i64>,
+    state_committed: Option<i64>,
+    state_router: Option<i64>,
+    outcome: Option<String>,
+    error_type: Option<String>,
+    requeues: Option<i64>,
+    retry_delay_ms: Option<i64>,
+    bytes: Option<i64>,
+    attributes: String,
+    events: String,
+    links: String,
+}
+
+impl SpanRow {
+    fn into_span(self) -> Result<Span> {
+        Ok(Span {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent_span_id: self.parent_span_id,
+            name: self.name,
+            kind: SpanKind::from_otlp(self.kind),
+            start_unix_nano: self.start_unix_nano,
+            end_unix_nano: self.end_unix_nano,
+            status_code: self.status_code,
+            status_message: self.status_message,
+            resource: ResourceFields {
+                service_name: self.service_name,
+                system: self.system,
+                cluster: self.cluster,
+                component: self.component.as_deref().map(Component::parse),
+                node_id: self.node_id,
+                attributes: from_json_text("spans.resource_attributes", &self.resource_attributes)?,
+            },
+            scope_name: self.scope_name,
+            scope_version: self.scope_version,
+            scope_attributes: from_json_text("spans.scope_attributes", &self.scope_attributes)?,
+            call: CallFields {
+                client_id: self.client_id,
+                call_id: self.call_id,
+                attempt: self.attempt,
+                namespace: self.namespace,
+                op: self.op.as_deref().map(Op::parse),
+                rpc_method: self.rpc_method,
+                target_node: self.target_node,
+                target_role: self.target_role,
+                node_role: self.node_role,
+                consistency: self.consistency,
+                follower_read: self.follower_read,
+                state: StateFields {
+                    carried: self.state_carried,
+                    returned: self.state_returned,
+                    served: self.state_served,
+                    committed: self.state_committed,
+                    router: self.state_router,
+                },
+                outcome: self.outcome.as_deref().map(Outcome::parse),
+                error_type: self.error_type,
+                requeues: self.requeues,
+                retry_delay_ms: self.retry_delay_ms,
+                bytes: self.bytes,
+            },
+            attributes: from_json_text("spans.attributes", &self.attributes)?,
+            events: from_json_text("spans.events", &self.events)?,
+            links: from_json_text("spans.links", &self.links)?,
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! The `/api/v1` routes and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use lagscope_analyzer::build_timelines;
+use lagscope_model::AnomalyKind;
+use lagscope_selfmetrics::SelfMetrics;
+use lagscope_store::{AnomalyFilter, Store, StoredAnomaly, TimeRange};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{ApiError, parse_time};
+
+/// Default and largest page of anomalies.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+/// The most of one client's spans a timeline request reads (the most recent ones).
+pub const MAX_TIMELINE_SPANS: u32 = 50_000;
+
+/// What the API reads.
+#[derive(Clone)]
+pub struct ApiState {
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<SelfMetrics>,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/anomalies", get(list_anomalies))
+        .route("/api/v1/anomalies/{id}", get(get_anomaly))
+        .route("/api/v1/clients/{client_id}/timeline", get(client_timeline))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let stats = state.store.stats().await?;
+    Ok(Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "store": {
+            "spans": stats.spans,
+            "series": stats.series,
+            "samples": stats.samples,
+            "anomalies": stats.anomalies,
+        },
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnomalyQuery {
+    kind: Option<String>,
+    cluster: Option<String>,
+    namespace: Option<String>,
+    client: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    limit: Option<String>,
+    /// Paging: only anomalies with an id below this (the previous page's `next_before`).
+    before: Option<String>,
+}
+
+async fn list_anomalies(
+    State(state): State<ApiState>,
+    query: Result<Query<AnomalyQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let kind = query
+        .kind
+        .as_deref()
+        .map(|text| {
+            AnomalyKind::parse(text).ok_or_else(|| {
+                let known: Vec<&str> = AnomalyKind::ALL.iter().map(|kind| kind.as_str()).collect();
+                ApiError::BadRequest(format!("parameter kind: unknown kind {text:?} (known: {})", known.join(", ")))
+            })
+        })
+        .transpose()?;
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_LIMIT,
+        Some(text) => text
+            .parse::<u32>()
+            .ok()
+            .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+            .ok_or_else(|| ApiError::BadRequest(format!("parameter limit: {text:?} is not a number from 1 to {MAX_LIMIT}")))?,
+    };
+    let before_id = query
+        .before
+        .as_deref()
+        .map(|text| text.parse::<i64>().map_err(|_| ApiError::BadRequest(format!("parameter before: {text:?} is not an anomaly id"))))
+        .transpose()?;
+    let filter = AnomalyFilter {
+        kind,
+        cluster: query.cluster,
+        namespace: query.namespace,
+        client_id: query.client,
+        since: optional_time("since", query.since.as_deref())?,
+        until: optional_time("until", query.until.as_deref())?,
+        before_id,
+        limit,
+    };
+    let anomalies = state.store.anomalies(&filter).await?;
+    let next_before = (anomalies.len() == limit as usize).then(|| anomalies.last().map(|last| last.id)).flatten();
+    Ok(Json(json!({
+        "anomalies": anomalies.iter().map(anomaly_json).collect::<Vec<_>>(),
+        "next_before": next_before,
+    })))
+}
+
+async fn get_anomaly(State(state): State<ApiState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id: i64 = id.parse().map_err(|_| ApiError::BadRequest(format!("anomaly id {id:?} is not a number")))?;
+    let stored = state.store.anomaly(id).await?.ok_or_else(|| ApiError::NotFound(format!("no anomaly with id {id}")))?;
+    Ok(Json(anomaly_json(&stored)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimelineQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn client_timeline(
+    State(state): State<ApiState>,
+    Path(client_id): Path<String>,
+    query: Result<Query<TimelineQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let range = TimeRange {
+        from: optional_time("from", query.from.as_deref())?.unwrap_or(i64::MIN),
+        to: optional_time("to", query.to.as_deref())?.unwrap_or(i64::MAX),
+    };
+    if range.from >= range.to {
+        return Err(ApiError::BadRequest("parameter from must be before to".to_string()));
+    }
+    let spans = state.store.client_spans(&client_id, range, MAX_TIMELINE_SPANS).await?;
+    let own_spans = spans.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id.as_str())).count();
+    let timelines: Vec<_> =
+        build_timelines(&spans).into_iter().filter(|timeline| timeline.client_id == client_id).collect();
+    if timelines.is_empty() {
+        return Err(ApiError::NotFound(format!("no spans of client {client_id:?} in the requested range")));
+    }
+    Ok(Json(json!({
+        "client_id": client_id,
+        "timelines": timelines,
+        "truncated": own_spans >= MAX_TIMELINE_SPANS as usize,
+    })))
+}
+
+async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&[]))
+}
+
+fn optional_time(name: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {
+    text.map(|text| parse_time(name, text).map_err(ApiError::BadRequest)).transpose()
+}
+
+/// An anomaly as the API shows it: the analyzer's fields plus its id and first/last report.
+pub fn anomaly_json(stored: &StoredAnomaly) -> Value {
+    let mut value = serde_json::to_value(&stored.anomaly).unwrap_or(Value::Null);
+    if let Value::Object(object) = &mut value {
+        let extra: BTreeMap<&str, Value> = BTreeMap::from([
+            ("id", json!(stored.id)),
+            ("first_seen_unix_nano", json!(stored.first_seen_unix_nano)),
+            ("last_seen_unix_nano", json!(stored.last_seen_unix_nano)),
+        ]);
+        for (key, field) in extra {
+            object.insert(key.to_string(), field);
+        }
+    }
+    value
+}
