@@ -1,0 +1,183 @@
+//! Data-driven analyzer tests: each `cases/NAME.spans` is a history of spans written one per
+//! line; `cases/NAME.expected` is the timelines and anomalies the analyzer must produce,
+//! compared whole. Regenerate with `UPDATE_EXPECT=1 cargo test -p lagscope-analyzer` and
+//! review the diff.
+//!
+//! A span line: `COMPONENT NODE START..END key=value ...` (times in milliseconds). Keys:
+//! client ns call attempt op method target target_role role consistency carried returned
+//! served committed router outcome error requeues trace span parent cluster.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
+use lagscope_model::{CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields};
+
+const BASE_MS: i64 = 1_764_435_600_000;
+
+#[test]
+fn every_case_matches_its_expected_output() {
+    let directory = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    let mut cases: Vec<_> = std::fs::read_dir(&directory)
+        .expect("cases directory")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "spans"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 8, "expected the case files, found {}", cases.len());
+    for case in cases {
+        let text = std::fs::read_to_string(&case).expect("case readable");
+        let spans = parse_spans(&case.display().to_string(), &text);
+        let actual = render(&spans);
+        expect_test::expect_file![case.with_extension("expected")].assert_eq(&actual);
+    }
+}
+
+fn parse_spans(name: &str, text: &str) -> Vec<Span> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
+        .map(|(index, line)| parse_span(line).unwrap_or_else(|error| panic!("{name}:{}: {error}", index + 1)))
+        .collect()
+}
+
+fn parse_span(line: &str) -> Result<Span, String> {
+    let mut words = line.split_whitespace();
+    let component = Component::parse(words.next().ok_or("missing component")?);
+    let node = words.next().ok_or("missing node")?;
+    let times = words.next().ok_or("missing START..END")?;
+    let (start, end) = times.split_once("..").ok_or("times must be START..END")?;
+    let millis = |text: &str| text.parse::<i64>().map_err(|_| format!("bad time {text:?}"));
+    let mut span = Span {
+        trace_id: None,
+        span_id: None,
+        parent_span_id: None,
+        name: "call".to_string(),
+        kind: match component {
+            Component::Client => SpanKind::Client,
+            _ => SpanKind::Server,
+        },
+        start_unix_nano: (BASE_MS + millis(start)?) * 1_000_000,
+        end_unix_nano: (BASE_MS + millis(end)?) * 1_000_000,
+        status_code: 0,
+        status_message: None,
+        resource: ResourceFields {
+            service_name: Some(format!("test-{component}")),
+            system: Some("hdfs-rbf".to_string()),
+            cluster: Some("prod".to_string()),
+            component: Some(component),
+            node_id: (node != "-").then(|| node.to_string()),
+            attributes: Default::default(),
+        },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: Default::default(),
+        call: CallFields::default(),
+        attributes: Default::default(),
+        events: Vec::new(),
+        links: Vec::new(),
+    };
+    for word in words {
+        let (key, value) = word.split_once('=').ok_or_else(|| format!("{word:?} is not key=value"))?;
+        let int = || value.parse::<i64>().map_err(|_| format!("{key}: {value:?} is not an integer"));
+        let text = Some(value.to_string());
+        let call = &mut span.call;
+        let state: &mut StateFields = &mut call.state;
+        match key {
+            "client" => call.client_id = text,
+            "ns" => call.namespace = text,
+            "call" => call.call_id = text,
+            "attempt" => call.attempt = Some(int()?),
+            "op" => call.op = Some(Op::parse(value)),
+            "method" => {
+                call.rpc_method = text;
+                span.name = value.to_string();
+            }
+            "target" => call.target_node = text,
+            "target_role" => call.target_role = text,
+            "role" => call.node_role = text,
+            "consistency" => call.consistency = text,
+            "carried" => state.carried = Some(int()?),
+            "returned" => state.returned = Some(int()?),
+            "served" => state.served = Some(int()?),
+            "committed" => state.committed = Some(int()?),
+            "router" => state.router = Some(int()?),
+            "outcome" => call.outcome = Some(Outcome::parse(value)),
+            "error" => call.error_type = text,
+            "requeues" => call.requeues = Some(int()?),
+            "trace" => span.trace_id = Some(format!("{:032x}", int()?)),
+            "span" => span.span_id = Some(format!("{:016x}", int()?)),
+            "parent" => span.parent_span_id = Some(format!("{:016x}", int()?)),
+            "cluster" => span.resource.cluster = text,
+            other => return Err(format!("unknown key {other:?}")),
+        }
+    }
+    Ok(span)
+}
+
+fn render(spans: &[Span]) -> String {
+    let input = AnalysisInput::from_telemetry(spans, Vec::new());
+    let mut out = String::new();
+    for timeline in &input.timelines {
+        let _ = writeln!(
+            out,
+            "timeline client={} ns={} cluster={}",
+            timeline.client_id,
+            timeline.namespace.as_deref().unwrap_or("-"),
+            timeline.cluster.as_deref().unwrap_or("-")
+        );
+        for call in &timeline.calls {
+            let _ = writeln!(
+                out,
+                "  call {} {} floor={}",
+                call.call_id.as_deref().unwrap_or("-"),
+                call.op.as_ref().map_or("-", |op| op.as_str()),
+                show(call.floor)
+            );
+            for attempt in &call.attempts {
+                let _ = writeln!(
+                    out,
+                    "    #{} {} {:?} target={} router={} served_by={} carried={} router_carried={} served={} returned={}",
+                    show(attempt.attempt),
+                    attempt.outcome.as_ref().map_or("-", |outcome| outcome.as_str()),
+                    attempt.join,
+                    attempt.target_node.as_deref().unwrap_or("-"),
+                    attempt.router_node.as_deref().unwrap_or("-"),
+                    attempt.served_by.as_deref().unwrap_or("-"),
+                    show(attempt.carried),
+                    show(attempt.router_carried),
+                    show(attempt.served),
+                    show(attempt.returned),
+                );
+            }
+        }
+    }
+    let anomalies = analyze(&input, &AnalyzerConfig::default());
+    let _ = writeln!(out, "anomalies: {}", anomalies.len());
+    for anomaly in anomalies {
+        let evidence = &anomaly.evidence;
+        let _ = writeln!(
+            out,
+            "{} {} client={} ns={} node={} t={}..{}ms\n  summary: {}\n  cause: {}\n  evidence: guarantee={} floor={} served={} floor_set_by={} spans={}",
+            anomaly.kind,
+            anomaly.severity.as_str(),
+            anomaly.client_id.as_deref().unwrap_or("-"),
+            anomaly.namespace.as_deref().unwrap_or("-"),
+            anomaly.node_id.as_deref().unwrap_or("-"),
+            anomaly.start_unix_nano / 1_000_000 - BASE_MS,
+            anomaly.end_unix_nano / 1_000_000 - BASE_MS,
+            anomaly.summary,
+            anomaly.cause,
+            evidence["guarantee"].as_str().unwrap_or("-"),
+            evidence["floor"],
+            evidence["served"],
+            evidence["floor_set_by"]["call_id"].as_str().unwrap_or("-"),
+            evidence["spans"].as_array().map_or(0, Vec::len),
+        );
+    }
+    out
+}
+
+fn show(value: Option<i64>) -> String {
+    value.map_or_else(|| "-".to_string(), |value| value.to_string())
+}
