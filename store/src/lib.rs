@@ -17,6 +17,11 @@ use serde_json::Value;
 pub use error::StoreError;
 pub use sqlite::SqliteStore;
 
+/// The file name of the SQLite database inside a data directory.
+pub fn sqlite_database_file() -> &'static str {
+    sqlite::DATABASE_FILE
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// What one receiver request delivers: committed together or not at all.

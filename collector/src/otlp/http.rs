@@ -208,7 +208,10 @@ impl Failure {
 
     fn decode(error: DecodeError, encoding: Encoding) -> Self {
         let status = match error {
-            DecodeError::UnsupportedContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            // RFC 9110 15.5.16: 415 covers an unsupported Content-Type or Content-Encoding.
+            DecodeError::UnsupportedContentType(_) | DecodeError::UnsupportedContentEncoding(_) => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             DecodeError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::BAD_REQUEST,
         };

@@ -1,0 +1,281 @@
+//! The store suite: every test is written once against the [`Store`] trait and instantiated
+//! per backend by `store_suite!` (as Quickwit's metastore suite is). A new backend adds one
+//! macro invocation and must pass all of it.
+
+use std::collections::BTreeMap;
+
+use lagscope_model::{
+    Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, MetricKind, Op, Outcome, PointValue, ResourceFields,
+    Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
+};
+use lagscope_store::{AnomalyFilter, IngestBatch, SqliteStore, Store, TimeRange};
+use serde_json::json;
+
+macro_rules! store_suite {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            use super::*;
+
+            macro_rules! case {
+                ($name:ident) => {
+                    #[tokio::test]
+                    async fn $name() {
+                        let (store, _guard) = $open.await;
+                        super::$name(&store).await;
+                    }
+                };
+            }
+
+            case!(spans_round_trip_with_every_attribute);
+            case!(a_resent_span_is_stored_once);
+            case!(client_spans_bring_their_traces_and_respect_range_and_limit);
+            case!(clients_of_traces_finds_the_client_of_a_hop);
+            case!(series_range_matches_labels_and_time);
+            case!(anomalies_are_unique_by_fingerprint_and_filterable);
+        }
+    };
+}
+
+async fn open_sqlite() -> (SqliteStore, tempfile::TempDir) {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open_dir(directory.path()).await.expect("store opens");
+    (store, directory)
+}
+
+store_suite!(sqlite, open_sqlite());
+
+const SECOND: i64 = 1_000_000_000;
+const T0: i64 = 1_764_435_600 * SECOND;
+
+fn span(client: Option<&str>, component: Component, trace: u8, span_id: u8, parent: Option<u8>, start: i64) -> Span {
+    Span {
+        trace_id: Some(format!("{trace:032x}")),
+        span_id: Some(format!("{span_id:016x}")),
+        parent_span_id: parent.map(|parent| format!("{parent:016x}")),
+        name: "getFileInfo".to_string(),
+        kind: SpanKind::Client,
+        start_unix_nano: start,
+        end_unix_nano: start + SECOND / 10,
+        status_code: 0,
+        status_message: None,
+        resource: ResourceFields {
+            service_name: Some("hdfs-client".to_string()),
+            component: Some(component),
+            ..ResourceFields::default()
+        },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: Default::default(),
+        call: CallFields { client_id: client.map(str::to_string), ..CallFields::default() },
+        attributes: Default::default(),
+        events: Vec::new(),
+        links: Vec::new(),
+    }
+}
+
+fn full_span() -> Span {
+    let mut full = span(Some("c1"), Component::Client, 1, 1, None, T0);
+    full.status_code = 2;
+    full.status_message = Some("boom".to_string());
+    full.resource = ResourceFields {
+        service_name: Some("hdfs-client".to_string()),
+        system: Some("hdfs-rbf".to_string()),
+        cluster: Some("prod".to_string()),
+        component: Some(Component::Client),
+        node_id: Some("host-7".to_string()),
+        attributes: json!({"host.name": "h7", "process.pid": 42}).as_object().cloned().unwrap_or_default(),
+    };
+    full.scope_name = Some("lagscope-test".to_string());
+    full.scope_version = Some("1.0".to_string());
+    full.scope_attributes = json!({"scope.attr": true}).as_object().cloned().unwrap_or_default();
+    full.call = CallFields {
+        client_id: Some("c1".to_string()),
+        call_id: Some("call-9".to_string()),
+        attempt: Some(2),
+        namespace: Some("ns1".to_string()),
+        op: Some(Op::Read),
+        rpc_method: Some("getFileInfo".to_string()),
+        target_node: Some("router-1".to_string()),
+        target_role: Some("observer".to_string()),
+        node_role: Some("observer".to_string()),
+        consistency: Some("OBSERVER".to_string()),
+        follower_read: Some(true),
+        state: StateFields { carried: Some(1), returned: Some(2), served: Some(3), committed: Some(4), router: Some(5) },
+        outcome: Some(Outcome::Other("throttled".to_string())),
+        error_type: Some("org.apache.hadoop.ipc.RetriableException".to_string()),
+        requeues: Some(6),
+        retry_delay_ms: Some(7),
+        bytes: Some(i64::MAX),
+    };
+    full.attributes = json!({"my.attr": "v", "my.list": [1, "two", 3.5], "my.map": {"k": null}})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    full.events = vec![SpanEvent {
+        time_unix_nano: T0 + 5,
+        name: "lagscope.failover".to_string(),
+        attributes: json!({"lagscope.failover.to": "nn2"}).as_object().cloned().unwrap_or_default(),
+    }];
+    full.links = vec![SpanLink {
+        trace_id: Some(format!("{:032x}", 9)),
+        span_id: Some(format!("{:016x}", 9)),
+        attributes: Default::default(),
+    }];
+    full
+}
+
+async fn spans_round_trip_with_every_attribute(store: &dyn Store) {
+    let original = full_span();
+    let receipt = store.ingest(&IngestBatch { spans: vec![original.clone()], samples: Vec::new() }).await.expect("ingest");
+    assert_eq!(receipt.spans_written, 1);
+    let read = store.client_spans("c1", TimeRange::ALL, 100).await.expect("read");
+    assert_eq!(read, vec![original]);
+}
+
+async fn a_resent_span_is_stored_once(store: &dyn Store) {
+    let batch = IngestBatch { spans: vec![full_span()], samples: Vec::new() };
+    store.ingest(&batch).await.expect("first");
+    let receipt = store.ingest(&batch).await.expect("second");
+    assert_eq!(receipt.spans_written, 0);
+    assert_eq!(store.stats().await.expect("stats").spans, 1);
+}
+
+async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn Store) {
+    let spans = vec![
+        span(Some("c1"), Component::Client, 1, 1, None, T0),
+        span(None, Component::Router, 1, 2, Some(1), T0 + 1),
+        span(None, Component::Server, 1, 3, Some(2), T0 + 2),
+        span(Some("c1"), Component::Client, 2, 4, None, T0 + 10 * SECOND),
+        span(None, Component::Server, 2, 5, Some(4), T0 + 10 * SECOND + 1),
+        span(Some("c2"), Component::Client, 3, 6, None, T0),
+    ];
+    store.ingest(&IngestBatch { spans, samples: Vec::new() }).await.expect("ingest");
+
+    let all = store.client_spans("c1", TimeRange::ALL, 100).await.expect("all");
+    let ids: Vec<_> = all.iter().map(|span| span.span_id.clone().unwrap_or_default()).collect();
+    assert_eq!(ids, ["0000000000000001", "0000000000000002", "0000000000000003", "0000000000000004", "0000000000000005"]);
+
+    let first_trace = store.client_spans("c1", TimeRange { from: T0, to: T0 + SECOND }, 100).await.expect("range");
+    assert_eq!(first_trace.len(), 3);
+
+    let latest_only = store.client_spans("c1", TimeRange::ALL, 1).await.expect("limit");
+    let ids: Vec<_> = latest_only.iter().map(|span| span.span_id.clone().unwrap_or_default()).collect();
+    assert_eq!(ids, ["0000000000000004", "0000000000000005"]);
+
+    assert!(store.client_spans("nobody", TimeRange::ALL, 100).await.expect("none").is_empty());
+}
+
+async fn clients_of_traces_finds_the_client_of_a_hop(store: &dyn Store) {
+    let spans = vec![
+        span(Some("c1"), Component::Client, 1, 1, None, T0),
+        span(None, Component::Server, 1, 2, Some(1), T0),
+        span(Some("c2"), Component::Client, 2, 3, None, T0),
+    ];
+    store.ingest(&IngestBatch { spans, samples: Vec::new() }).await.expect("ingest");
+    let clients = store.clients_of_traces(&[format!("{:032x}", 1), format!("{:032x}", 7)]).await.expect("clients");
+    assert_eq!(clients, ["c1"]);
+    assert!(store.clients_of_traces(&[]).await.expect("empty").is_empty());
+}
+
+fn sample(name: &str, labels: &[(&str, &str)], time: i64, value: PointValue, kind: MetricKind) -> Sample {
+    Sample {
+        series: SeriesKey {
+            name: name.to_string(),
+            labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect::<BTreeMap<_, _>>(),
+        },
+        meta: SeriesMeta { kind, unit: Some("1".to_string()), description: None },
+        time_unix_nano: time,
+        start_time_unix_nano: None,
+        value,
+    }
+}
+
+async fn series_range_matches_labels_and_time(store: &dyn Store) {
+    let applied = "lagscope.server.applied_state";
+    let obs1 = [("lagscope.node.id", "nn-obs1"), ("lagscope.namespace", "ns1")];
+    let obs2 = [("lagscope.node.id", "nn-obs2"), ("lagscope.namespace", "ns1")];
+    let samples = vec![
+        sample(applied, &obs1, T0, PointValue::Number(100.0), MetricKind::Gauge),
+        sample(applied, &obs1, T0 + SECOND, PointValue::Number(110.0), MetricKind::Gauge),
+        sample(applied, &obs1, T0 + 2 * SECOND, PointValue::Number(120.0), MetricKind::Gauge),
+        sample(applied, &obs2, T0, PointValue::Number(90.0), MetricKind::Gauge),
+        sample(
+            "rpc.latency",
+            &obs1,
+            T0,
+            PointValue::Distribution(HistogramPoint { count: 2, sum: Some(3.0), ..HistogramPoint::default() }),
+            MetricKind::Histogram,
+        ),
+    ];
+    let receipt = store.ingest(&IngestBatch { spans: Vec::new(), samples }).await.expect("ingest");
+    assert_eq!(receipt.samples_written, 5);
+
+    let matchers = vec![("lagscope.node.id".to_string(), "nn-obs1".to_string())];
+    let series = store
+        .series_samples(applied, &matchers, TimeRange { from: T0 + SECOND, to: T0 + 3 * SECOND })
+        .await
+        .expect("range");
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].key.label("lagscope.node.id"), Some("nn-obs1"));
+    let values: Vec<_> = series[0].points.iter().map(|point| point.1).collect();
+    assert_eq!(values, [Some(110.0), Some(120.0)]);
+
+    let both = store.series_samples(applied, &[], TimeRange::ALL).await.expect("all");
+    assert_eq!(both.len(), 2);
+    let none = store
+        .series_samples(applied, &[("lagscope.node.id".to_string(), "x\"' OR 1=1".to_string())], TimeRange::ALL)
+        .await
+        .expect("hostile matcher");
+    assert!(none.is_empty());
+
+    let histogram = store.series_samples("rpc.latency", &[], TimeRange::ALL).await.expect("histogram");
+    assert_eq!(histogram[0].meta.kind, MetricKind::Histogram);
+    assert_eq!(histogram[0].points[0].2.as_ref().map(|value| value["count"].clone()), Some(json!(2)));
+}
+
+fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {
+    Anomaly {
+        kind: AnomalyKind::StaleRead,
+        severity: Severity::Critical,
+        cluster: Some("prod".to_string()),
+        namespace: Some("ns1".to_string()),
+        client_id: Some(client.to_string()),
+        node_id: Some("nn-obs1".to_string()),
+        start_unix_nano: start,
+        end_unix_nano: start + SECOND,
+        summary: "stale".to_string(),
+        cause: "lag".to_string(),
+        evidence: json!({"guarantee": "read_your_writes", "floor": 120, "served": 110}),
+        fingerprint: fingerprint.to_string(),
+    }
+}
+
+async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {
+    let first = store
+        .upsert_anomalies(&[anomaly("a", "c1", T0), anomaly("b", "c2", T0 + 100 * SECOND)], T0)
+        .await
+        .expect("insert");
+    assert_eq!(first.inserted.len(), 2);
+    let again = store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + SECOND).await.expect("again");
+    assert!(again.inserted.is_empty());
+    assert_eq!(again.updated, 1);
+
+    let all = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("all");
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].anomaly.fingerprint, "b", "newest first");
+    assert_eq!(all[1].anomaly.evidence["floor"], json!(120));
+
+    let by_client = AnomalyFilter { client_id: Some("c1".to_string()), limit: 10, ..AnomalyFilter::default() };
+    assert_eq!(store.anomalies(&by_client).await.expect("client").len(), 1);
+    let late = AnomalyFilter { since: Some(T0 + 50 * SECOND), limit: 10, ..AnomalyFilter::default() };
+    let late = store.anomalies(&late).await.expect("since");
+    assert_eq!(late.iter().map(|stored| stored.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["b"]);
+    let early = AnomalyFilter { until: Some(T0 + 50 * SECOND), limit: 10, ..AnomalyFilter::default() };
+    assert_eq!(store.anomalies(&early).await.expect("until").len(), 1);
+    let page = AnomalyFilter { before_id: Some(all[0].id), limit: 10, ..AnomalyFilter::default() };
+    assert_eq!(store.anomalies(&page).await.expect("page")[0].id, all[1].id);
+
+    let fetched = store.anomaly(all[1].id).await.expect("get").expect("present");
+    assert_eq!(fetched.anomaly, anomaly("a", "c1", T0));
+    assert!(store.anomaly(9_999).await.expect("get").is_none());
+}
