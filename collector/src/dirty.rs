@@ -19,6 +19,8 @@ pub struct DirtyClients {
     pending: Mutex<Pending>,
     notify: Notify,
     dropped_traces: AtomicU64,
+    batches: AtomicU64,
+    taken_through: AtomicU64,
 }
 
 /// What the analyzer should look at next.
@@ -29,16 +31,20 @@ pub struct Pending {
     /// Traces that had spans ingested without a client id (router and server hops); their
     /// clients are looked up in the store.
     pub traces: BTreeSet<String>,
+    /// How many batches had been marked when these marks were taken: once they are analyzed,
+    /// every batch up to this one is.
+    pub through_batch: u64,
 }
 
 impl DirtyClients {
     /// Marks the clients (or, for spans naming none, the traces) of committed spans.
+    /// Every committed batch is marked, even one without spans, so that `through_batch`
+    /// counts batches.
     pub fn mark(&self, spans: &[Span]) {
-        if spans.is_empty() {
-            return;
-        }
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            pending.through_batch = self.batches.load(Ordering::Relaxed);
             for span in spans {
                 match (&span.call.client_id, &span.trace_id) {
                     (Some(client_id), _) => {
@@ -64,8 +70,12 @@ impl DirtyClients {
             let notified = self.notify.notified();
             {
                 let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if !pending.clients.is_empty() || !pending.traces.is_empty() {
-                    return std::mem::take(&mut *pending);
+                if pending.through_batch > self.taken_through.load(Ordering::Relaxed) {
+                    self.taken_through.store(pending.through_batch, Ordering::Relaxed);
+                    let through_batch = pending.through_batch;
+                    let taken = std::mem::take(&mut *pending);
+                    pending.through_batch = through_batch;
+                    return taken;
                 }
             }
             notified.await;

@@ -26,6 +26,7 @@ pub async fn run_live_analyzer(
             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         };
         let started = Instant::now();
+        let through_batch = pending.through_batch;
         match analysis_pass(store.as_ref(), &metrics, &config, pending).await {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
@@ -35,6 +36,7 @@ pub async fn run_live_analyzer(
             }
         }
         metrics.analysis_latency.observe(started.elapsed());
+        metrics.batches_analyzed.raise_to(through_batch);
     }
 }
 

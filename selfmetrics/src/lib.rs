@@ -25,6 +25,20 @@ impl Counter {
     }
 }
 
+/// A value that only moves up (the highest mark a worker has reached).
+#[derive(Debug, Default)]
+pub struct HighWaterMark(AtomicU64);
+
+impl HighWaterMark {
+    pub fn raise_to(&self, value: u64) {
+        self.0.fetch_max(value, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BOUNDS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
@@ -77,6 +91,10 @@ pub struct SelfMetrics {
     pub analysis_errors: Counter,
     pub analysis_latency: LatencyHistogram,
     pub anomalies_new: Counter,
+    /// Committed ingest batches handed to the live analyzer.
+    pub batches_marked: Counter,
+    /// How many of those the live analyzer has finished (all batches up to this one).
+    pub batches_analyzed: HighWaterMark,
     /// Receiver responses by signal and HTTP status.
     responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
 }
@@ -91,7 +109,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 9] = [
+        let counters: [(&str, &str, &Counter); 10] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             ("lagscope_spans_rejected_total", "Spans refused (malformed, or breaking the conventions).", &self.spans_rejected),
             ("lagscope_spans_stored_total", "Spans committed to the store.", &self.spans_stored),
@@ -101,6 +119,7 @@ impl SelfMetrics {
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
+            ("lagscope_analysis_batches_marked_total", "Committed batches handed to the live analyzer.", &self.batches_marked),
         ];
         for (name, help, counter) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", counter.get());
@@ -119,6 +138,12 @@ impl SelfMetrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
             histogram.render(&mut out, name, "");
         }
+        let name = "lagscope_analysis_batches_analyzed";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Committed batches the live analyzer has finished.\n# TYPE {name} gauge\n{name} {}",
+            self.batches_analyzed.get()
+        );
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }

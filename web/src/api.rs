@@ -52,6 +52,10 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "samples": stats.samples,
             "anomalies": stats.anomalies,
         },
+        "analysis": {
+            "batches_marked": state.metrics.batches_marked.get(),
+            "batches_analyzed": state.metrics.batches_analyzed.get(),
+        },
     })))
 }
 

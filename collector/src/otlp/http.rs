@@ -62,6 +62,7 @@ async fn traces(State(state): State<ReceiverState>, headers: HeaderMap, body: Bo
                 Err(failure) => failure.into_response(),
                 Ok(batch) => {
                     state.dirty.mark(&batch.spans);
+                    state.metrics.batches_marked.add(1);
                     let partial = (rejected > 0)
                         .then(|| ExportTracePartialSuccess { rejected_spans: rejected, error_message: message.clone() });
                     success(
