@@ -95,8 +95,5 @@ fn contribution(call_index: usize, call: &TimelineCall) -> Option<FloorContribut
 }
 
 fn successful(call: &TimelineCall) -> impl Iterator<Item = (usize, &lagscope_model::TimelineAttempt)> {
-    call.attempts
-        .iter()
-        .enumerate()
-        .filter(|(_, attempt)| attempt.outcome == Some(lagscope_model::Outcome::Ok))
+    call.attempts.iter().enumerate().filter(|(_, attempt)| attempt.outcome == Some(lagscope_model::Outcome::Ok))
 }

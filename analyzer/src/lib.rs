@@ -36,7 +36,11 @@ pub fn analyze(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies: Vec<Anomaly> =
         detectors::REGISTRY.iter().flat_map(|detector| (detector.detect)(input, config)).collect();
     anomalies.sort_by(|left, right| {
-        (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(right.start_unix_nano, right.kind, &right.fingerprint))
+        (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(
+            right.start_unix_nano,
+            right.kind,
+            &right.fingerprint,
+        ))
     });
     anomalies
 }

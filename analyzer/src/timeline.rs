@@ -6,9 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lagscope_model::{
-    ClientTimeline, Component, Span, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos,
-};
+use lagscope_model::{ClientTimeline, Component, Span, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
 use crate::floor::floors;
 
@@ -191,7 +189,9 @@ fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
     let server = servers.iter().rev().find(|span| span.is_ok()).or(servers.last()).copied();
     // The router hop that led to it: its parent if the trace says so, else the last one.
     let router = server
-        .and_then(|server| routers.iter().find(|router| router.span_id.is_some() && router.span_id == server.parent_span_id))
+        .and_then(|server| {
+            routers.iter().find(|router| router.span_id.is_some() && router.span_id == server.parent_span_id)
+        })
         .or(routers.last())
         .copied();
     let call = &client.call;

@@ -75,8 +75,9 @@ impl Capture {
                 .map(|scope| scope.log_records.len())
                 .sum::<usize>();
         } else {
-            return Err("not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key"
-                .to_string());
+            return Err(
+                "not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key".to_string()
+            );
         }
         Ok(())
     }
@@ -133,7 +134,9 @@ mod tests {
 
     #[test]
     fn names_the_line_of_broken_json() {
-        let error = Capture::default().read_str("c.jsonl", &format!("{SPAN_LINE}\n{{\"resourceSpans\": [\n")).expect_err("must fail");
+        let error = Capture::default()
+            .read_str("c.jsonl", &format!("{SPAN_LINE}\n{{\"resourceSpans\": [\n"))
+            .expect_err("must fail");
         assert!(error.line >= 2, "{error}");
         assert!(error.message.starts_with("invalid JSON"), "{error}");
     }

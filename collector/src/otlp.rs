@@ -53,7 +53,8 @@ pub struct Rejection {
 
 /// The resource's conventions promoted; every other resource attribute kept as sent.
 pub(crate) fn resource_fields(resource: Option<&Resource>) -> ResourceFields {
-    let mut attributes = resource.map(|resource| attributes::key_values_to_json(&resource.attributes)).unwrap_or_default();
+    let mut attributes =
+        resource.map(|resource| attributes::key_values_to_json(&resource.attributes)).unwrap_or_default();
     let mut take = |key: &str| match attributes.remove(key) {
         Some(serde_json::Value::String(text)) => Some(text),
         Some(serde_json::Value::Null) | None => None,

@@ -39,12 +39,19 @@ async fn harness(max_body_bytes: usize) -> Harness {
 }
 
 impl Harness {
-    async fn post(&self, path: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> (StatusCode, String, Vec<u8>) {
+    async fn post(
+        &self,
+        path: &str,
+        content_type: &str,
+        encoding: Option<&str>,
+        body: Vec<u8>,
+    ) -> (StatusCode, String, Vec<u8>) {
         let mut request = Request::post(path).header(header::CONTENT_TYPE, content_type);
         if let Some(encoding) = encoding {
             request = request.header(header::CONTENT_ENCODING, encoding);
         }
-        let response = self.router.clone().oneshot(request.body(Body::from(body)).expect("request")).await.expect("response");
+        let response =
+            self.router.clone().oneshot(request.body(Body::from(body)).expect("request")).await.expect("response");
         let status = response.status();
         let response_type = response
             .headers()
@@ -99,7 +106,8 @@ fn lagscope_span_request(carried: Value) -> Value {
 #[tokio::test]
 async fn the_official_json_examples_are_accepted_and_kept_whole() {
     let harness = harness(64 << 20).await;
-    let (status, content_type, body) = harness.post("/v1/traces", "application/json", None, example("trace.json")).await;
+    let (status, content_type, body) =
+        harness.post("/v1/traces", "application/json", None, example("trace.json")).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(content_type, "application/json");
     assert_eq!(json_body(&body), json!({}));
@@ -150,6 +158,9 @@ async fn a_span_breaking_the_conventions_is_rejected_alone() {
     assert_eq!(harness.stats().await.spans, 1);
 }
 
+/// path, content type, content encoding, body, expected status, expected message part
+type BadCase = (&'static str, &'static str, Option<&'static str>, Vec<u8>, StatusCode, &'static str);
+
 #[tokio::test]
 async fn malformed_bodies_are_refused_and_nothing_is_written() {
     let harness = harness(4096).await;
@@ -157,16 +168,72 @@ async fn malformed_bodies_are_refused_and_nothing_is_written() {
     let mut truncated_gzip = gzip(&valid);
     truncated_gzip.truncate(truncated_gzip.len() / 2);
     let gzip_bomb = gzip(&vec![b' '; 1 << 20]);
-    let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, StatusCode, &str)> = vec![
-        ("/v1/traces", "application/x-protobuf", None, b"\xff\xff\xff garbage".to_vec(), StatusCode::BAD_REQUEST, "invalid protobuf body"),
-        ("/v1/metrics", "application/x-protobuf", None, b"\x0a\x05\x0a".to_vec(), StatusCode::BAD_REQUEST, "invalid protobuf body"),
-        ("/v1/traces", "application/json", None, b"{\"resourceSpans\": [{\"scopeSpans\": [".to_vec(), StatusCode::BAD_REQUEST, "line 1 column"),
-        ("/v1/traces", "application/json", None, br#"{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}"#.to_vec(), StatusCode::BAD_REQUEST, "invalid OTLP JSON body"),
-        ("/v1/traces", "text/plain", None, valid.clone(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported content type"),
+    let cases: Vec<BadCase> = vec![
+        (
+            "/v1/traces",
+            "application/x-protobuf",
+            None,
+            b"\xff\xff\xff garbage".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid protobuf body",
+        ),
+        (
+            "/v1/metrics",
+            "application/x-protobuf",
+            None,
+            b"\x0a\x05\x0a".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid protobuf body",
+        ),
+        (
+            "/v1/traces",
+            "application/json",
+            None,
+            b"{\"resourceSpans\": [{\"scopeSpans\": [".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "line 1 column",
+        ),
+        (
+            "/v1/traces",
+            "application/json",
+            None,
+            br#"{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}"#.to_vec(),
+            StatusCode::BAD_REQUEST,
+            "invalid OTLP JSON body",
+        ),
+        (
+            "/v1/traces",
+            "text/plain",
+            None,
+            valid.clone(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported content type",
+        ),
         ("/v1/traces", "application/json", Some("gzip"), truncated_gzip, StatusCode::BAD_REQUEST, "invalid gzip body"),
-        ("/v1/traces", "application/json", Some("br"), valid.clone(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported content encoding"),
-        ("/v1/traces", "application/json", None, vec![b' '; 8192], StatusCode::PAYLOAD_TOO_LARGE, "exceeds the limit of 4096 bytes"),
-        ("/v1/traces", "application/json", Some("gzip"), gzip_bomb, StatusCode::PAYLOAD_TOO_LARGE, "exceeds the limit of 4096 bytes"),
+        (
+            "/v1/traces",
+            "application/json",
+            Some("br"),
+            valid.clone(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported content encoding",
+        ),
+        (
+            "/v1/traces",
+            "application/json",
+            None,
+            vec![b' '; 8192],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "exceeds the limit of 4096 bytes",
+        ),
+        (
+            "/v1/traces",
+            "application/json",
+            Some("gzip"),
+            gzip_bomb,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "exceeds the limit of 4096 bytes",
+        ),
     ];
     for (path, content_type, encoding, body, expected_status, expected_message) in cases {
         let (status, _, response) = harness.post(path, content_type, encoding, body).await;

@@ -102,7 +102,11 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
         cells
             .iter()
             .enumerate()
-            .map(|(index, cell)| if index < 7 { format!("{cell:<width$}", width = widths[index]) } else { cell.to_string() })
+            .map(
+                |(index, cell)| {
+                    if index < 7 { format!("{cell:<width$}", width = widths[index]) } else { cell.to_string() }
+                },
+            )
             .collect::<Vec<_>>()
             .join("  ")
     };
@@ -114,5 +118,6 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
 }
 
 fn rfc3339(unix_nano: i64) -> String {
-    jiff::Timestamp::from_nanosecond(i128::from(unix_nano)).map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
+    jiff::Timestamp::from_nanosecond(i128::from(unix_nano))
+        .map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
 }

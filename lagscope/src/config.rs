@@ -63,7 +63,8 @@ impl Config {
         let Some(path) = path else {
             return Ok(Self::default());
         };
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read configuration {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read configuration {}", path.display()))?;
         Self::from_toml(&path.display().to_string(), &text)
     }
 }

@@ -86,58 +86,144 @@ fn kv(key: &'static str, value: impl Into<opentelemetry::Value>) -> KeyValue {
 }
 
 /// A write returning `write_returned`, then a read the observer serves at `read_served`.
-fn export_write_then_read(endpoint: String, protocol: Protocol, client_id: &'static str, write_returned: i64, read_served: i64) {
+fn export_write_then_read(
+    endpoint: String,
+    protocol: Protocol,
+    client_id: &'static str,
+    write_returned: i64,
+    read_served: i64,
+) {
     let client = provider(&endpoint, protocol, "hdfs-client", "client", "app-host-1");
     let router = provider(&endpoint, protocol, "hdfs-router", "router", "router-1");
     let observer = provider(&endpoint, protocol, "hdfs-namenode", "server", "nn-observer-1");
     let active = provider(&endpoint, protocol, "hdfs-namenode", "server", "nn-active");
     let base = SystemTime::now() - Duration::from_secs(5);
     let common = |call: &'static str, op: &'static str| {
-        vec![kv("lagscope.client.id", client_id), kv("lagscope.call.id", call), kv("lagscope.namespace", "ns1"), kv("lagscope.op", op)]
+        vec![
+            kv("lagscope.client.id", client_id),
+            kv("lagscope.call.id", call),
+            kv("lagscope.namespace", "ns1"),
+            kv("lagscope.op", op),
+        ]
     };
     let with = |mut base_attributes: Vec<KeyValue>, more: Vec<KeyValue>| {
         base_attributes.extend(more);
         base_attributes
     };
-    emit_call(&client, &router, &active, base, [
-        Hop { name: "create", start_ms: 0, end_ms: 10, attributes: with(common("w-1", "write"), vec![
-            kv("rpc.method", "create"), kv("lagscope.attempt", 0), kv("lagscope.target.node", "router-1"),
-            kv("lagscope.state.carried", 100), kv("lagscope.state.returned", write_returned), kv("lagscope.outcome", "ok"),
-        ]) },
-        Hop { name: "create", start_ms: 1, end_ms: 9, attributes: vec![
-            kv("lagscope.client.id", client_id), kv("lagscope.namespace", "ns1"), kv("lagscope.state.carried", 100),
-            kv("lagscope.state.router", write_returned), kv("lagscope.target.node", "nn-active"),
-        ] },
-        Hop { name: "create", start_ms: 2, end_ms: 8, attributes: vec![
-            kv("lagscope.namespace", "ns1"), kv("lagscope.node.role", "active"),
-            kv("lagscope.state.served", write_returned), kv("lagscope.state.returned", write_returned),
-        ] },
-    ]);
-    emit_call(&client, &router, &observer, base, [
-        Hop { name: "getFileInfo", start_ms: 20, end_ms: 30, attributes: with(common("r-1", "read"), vec![
-            kv("rpc.method", "getFileInfo"), kv("lagscope.attempt", 0), kv("lagscope.target.node", "router-1"),
-            kv("lagscope.state.carried", write_returned), kv("lagscope.state.returned", write_returned), kv("lagscope.outcome", "ok"),
-        ]) },
-        Hop { name: "getFileInfo", start_ms: 21, end_ms: 29, attributes: vec![
-            kv("lagscope.client.id", client_id), kv("lagscope.namespace", "ns1"), kv("lagscope.state.carried", write_returned),
-            kv("lagscope.state.router", write_returned), kv("lagscope.target.node", "nn-observer-1"),
-        ] },
-        Hop { name: "getFileInfo", start_ms: 22, end_ms: 28, attributes: vec![
-            kv("lagscope.namespace", "ns1"), kv("lagscope.node.role", "observer"),
-            kv("lagscope.state.served", read_served), kv("lagscope.state.returned", read_served),
-            kv("lagscope.requeues", 0), kv("my.custom.attribute", "kept"),
-        ] },
-    ]);
+    emit_call(
+        &client,
+        &router,
+        &active,
+        base,
+        [
+            Hop {
+                name: "create",
+                start_ms: 0,
+                end_ms: 10,
+                attributes: with(
+                    common("w-1", "write"),
+                    vec![
+                        kv("rpc.method", "create"),
+                        kv("lagscope.attempt", 0),
+                        kv("lagscope.target.node", "router-1"),
+                        kv("lagscope.state.carried", 100),
+                        kv("lagscope.state.returned", write_returned),
+                        kv("lagscope.outcome", "ok"),
+                    ],
+                ),
+            },
+            Hop {
+                name: "create",
+                start_ms: 1,
+                end_ms: 9,
+                attributes: vec![
+                    kv("lagscope.client.id", client_id),
+                    kv("lagscope.namespace", "ns1"),
+                    kv("lagscope.state.carried", 100),
+                    kv("lagscope.state.router", write_returned),
+                    kv("lagscope.target.node", "nn-active"),
+                ],
+            },
+            Hop {
+                name: "create",
+                start_ms: 2,
+                end_ms: 8,
+                attributes: vec![
+                    kv("lagscope.namespace", "ns1"),
+                    kv("lagscope.node.role", "active"),
+                    kv("lagscope.state.served", write_returned),
+                    kv("lagscope.state.returned", write_returned),
+                ],
+            },
+        ],
+    );
+    emit_call(
+        &client,
+        &router,
+        &observer,
+        base,
+        [
+            Hop {
+                name: "getFileInfo",
+                start_ms: 20,
+                end_ms: 30,
+                attributes: with(
+                    common("r-1", "read"),
+                    vec![
+                        kv("rpc.method", "getFileInfo"),
+                        kv("lagscope.attempt", 0),
+                        kv("lagscope.target.node", "router-1"),
+                        kv("lagscope.state.carried", write_returned),
+                        kv("lagscope.state.returned", write_returned),
+                        kv("lagscope.outcome", "ok"),
+                    ],
+                ),
+            },
+            Hop {
+                name: "getFileInfo",
+                start_ms: 21,
+                end_ms: 29,
+                attributes: vec![
+                    kv("lagscope.client.id", client_id),
+                    kv("lagscope.namespace", "ns1"),
+                    kv("lagscope.state.carried", write_returned),
+                    kv("lagscope.state.router", write_returned),
+                    kv("lagscope.target.node", "nn-observer-1"),
+                ],
+            },
+            Hop {
+                name: "getFileInfo",
+                start_ms: 22,
+                end_ms: 28,
+                attributes: vec![
+                    kv("lagscope.namespace", "ns1"),
+                    kv("lagscope.node.role", "observer"),
+                    kv("lagscope.state.served", read_served),
+                    kv("lagscope.state.returned", read_served),
+                    kv("lagscope.requeues", 0),
+                    kv("my.custom.attribute", "kept"),
+                ],
+            },
+        ],
+    );
     for participant in [client, router, observer, active] {
         participant.shutdown().expect("exporter flushes");
     }
 }
 
-async fn export(server: &lagscope::Server, protocol: Protocol, client_id: &'static str, write_returned: i64, read_served: i64) {
+async fn export(
+    server: &lagscope::Server,
+    protocol: Protocol,
+    client_id: &'static str,
+    write_returned: i64,
+    read_served: i64,
+) {
     let endpoint = format!("http://{}/v1/traces", server.otlp_http_addr);
-    tokio::task::spawn_blocking(move || export_write_then_read(endpoint, protocol, client_id, write_returned, read_served))
-        .await
-        .expect("exporter thread");
+    tokio::task::spawn_blocking(move || {
+        export_write_then_read(endpoint, protocol, client_id, write_returned, read_served)
+    })
+    .await
+    .expect("exporter thread");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

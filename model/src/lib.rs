@@ -16,8 +16,8 @@ pub mod timeline;
 pub use anomaly::{Anomaly, AnomalyKind, Guarantee, Severity};
 pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
 pub use span::{
-    Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind,
-    SpanLink, SpanRef, StateFields,
+    Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, SpanRef,
+    StateFields,
 };
 pub use timeline::{ClientTimeline, TimelineAttempt, TimelineCall, TimelineJoin};
 

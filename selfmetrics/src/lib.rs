@@ -65,7 +65,8 @@ impl LatencyHistogram {
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let separator = if labels.is_empty() { "" } else { "," };
         for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
-            let _ = writeln!(out, "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {}", bucket.load(Ordering::Relaxed));
+            let _ =
+                writeln!(out, "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {}", bucket.load(Ordering::Relaxed));
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {count}");
@@ -111,7 +112,11 @@ impl SelfMetrics {
         let mut out = String::new();
         let counters: [(&str, &str, &Counter); 10] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
-            ("lagscope_spans_rejected_total", "Spans refused (malformed, or breaking the conventions).", &self.spans_rejected),
+            (
+                "lagscope_spans_rejected_total",
+                "Spans refused (malformed, or breaking the conventions).",
+                &self.spans_rejected,
+            ),
             ("lagscope_spans_stored_total", "Spans committed to the store.", &self.spans_stored),
             ("lagscope_samples_received_total", "Metric data points received.", &self.samples_received),
             ("lagscope_samples_rejected_total", "Metric data points refused.", &self.samples_rejected),
@@ -119,7 +124,11 @@ impl SelfMetrics {
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
-            ("lagscope_analysis_batches_marked_total", "Committed batches handed to the live analyzer.", &self.batches_marked),
+            (
+                "lagscope_analysis_batches_marked_total",
+                "Committed batches handed to the live analyzer.",
+                &self.batches_marked,
+            ),
         ];
         for (name, help, counter) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", counter.get());
@@ -131,7 +140,11 @@ impl SelfMetrics {
             let _ = writeln!(out, "{name}{{signal=\"{signal}\",code=\"{status}\"}} {count}");
         }
         let histograms = [
-            ("lagscope_store_ingest_seconds", "Time to commit one received batch to the store.", &self.store_ingest_latency),
+            (
+                "lagscope_store_ingest_seconds",
+                "Time to commit one received batch to the store.",
+                &self.store_ingest_latency,
+            ),
             ("lagscope_analysis_seconds", "Time of one live analysis pass.", &self.analysis_latency),
         ];
         for (name, help, histogram) in histograms {

@@ -17,8 +17,8 @@ use lagscope_model::{Anomaly, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats,
-    StoredAnomaly, TimeRange, UpsertOutcome,
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly,
+    TimeRange, UpsertOutcome,
 };
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -55,11 +55,8 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options.clone())
-            .await
-            .map_err(open_error)?;
+        let writer =
+            SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.map_err(open_error)?;
         MIGRATIONS.run(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)

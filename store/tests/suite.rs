@@ -100,7 +100,13 @@ fn full_span() -> Span {
         node_role: Some("observer".to_string()),
         consistency: Some("OBSERVER".to_string()),
         follower_read: Some(true),
-        state: StateFields { carried: Some(1), returned: Some(2), served: Some(3), committed: Some(4), router: Some(5) },
+        state: StateFields {
+            carried: Some(1),
+            returned: Some(2),
+            served: Some(3),
+            committed: Some(4),
+            router: Some(5),
+        },
         outcome: Some(Outcome::Other("throttled".to_string())),
         error_type: Some("org.apache.hadoop.ipc.RetriableException".to_string()),
         requeues: Some(6),
@@ -126,7 +132,8 @@ fn full_span() -> Span {
 
 async fn spans_round_trip_with_every_attribute(store: &dyn Store) {
     let original = full_span();
-    let receipt = store.ingest(&IngestBatch { spans: vec![original.clone()], samples: Vec::new() }).await.expect("ingest");
+    let receipt =
+        store.ingest(&IngestBatch { spans: vec![original.clone()], samples: Vec::new() }).await.expect("ingest");
     assert_eq!(receipt.spans_written, 1);
     let read = store.client_spans("c1", TimeRange::ALL, 100).await.expect("read");
     assert_eq!(read, vec![original]);
@@ -153,7 +160,10 @@ async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn
 
     let all = store.client_spans("c1", TimeRange::ALL, 100).await.expect("all");
     let ids: Vec<_> = all.iter().map(|span| span.span_id.clone().unwrap_or_default()).collect();
-    assert_eq!(ids, ["0000000000000001", "0000000000000002", "0000000000000003", "0000000000000004", "0000000000000005"]);
+    assert_eq!(
+        ids,
+        ["0000000000000001", "0000000000000002", "0000000000000003", "0000000000000004", "0000000000000005"]
+    );
 
     let first_trace = store.client_spans("c1", TimeRange { from: T0, to: T0 + SECOND }, 100).await.expect("range");
     assert_eq!(first_trace.len(), 3);

@@ -90,16 +90,17 @@ async fn list_anomalies(
         .transpose()?;
     let limit = match query.limit.as_deref() {
         None => DEFAULT_LIMIT,
-        Some(text) => text
-            .parse::<u32>()
-            .ok()
-            .filter(|limit| (1..=MAX_LIMIT).contains(limit))
-            .ok_or_else(|| ApiError::BadRequest(format!("parameter limit: {text:?} is not a number from 1 to {MAX_LIMIT}")))?,
+        Some(text) => text.parse::<u32>().ok().filter(|limit| (1..=MAX_LIMIT).contains(limit)).ok_or_else(|| {
+            ApiError::BadRequest(format!("parameter limit: {text:?} is not a number from 1 to {MAX_LIMIT}"))
+        })?,
     };
     let before_id = query
         .before
         .as_deref()
-        .map(|text| text.parse::<i64>().map_err(|_| ApiError::BadRequest(format!("parameter before: {text:?} is not an anomaly id"))))
+        .map(|text| {
+            text.parse::<i64>()
+                .map_err(|_| ApiError::BadRequest(format!("parameter before: {text:?} is not an anomaly id")))
+        })
         .transpose()?;
     let filter = AnomalyFilter {
         kind,
@@ -121,7 +122,8 @@ async fn list_anomalies(
 
 async fn get_anomaly(State(state): State<ApiState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let id: i64 = id.parse().map_err(|_| ApiError::BadRequest(format!("anomaly id {id:?} is not a number")))?;
-    let stored = state.store.anomaly(id).await?.ok_or_else(|| ApiError::NotFound(format!("no anomaly with id {id}")))?;
+    let stored =
+        state.store.anomaly(id).await?.ok_or_else(|| ApiError::NotFound(format!("no anomaly with id {id}")))?;
     Ok(Json(anomaly_json(&stored)))
 }
 

@@ -5,7 +5,9 @@
 //! The cause is found by walking the read's states from client to server: the first hop
 //! where the state fell below the floor is where the guarantee broke.
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
+use lagscope_model::{
+    Anomaly, AnomalyKind, ClientTimeline, Guarantee, Op, Outcome, Severity, TimelineAttempt, TimelineCall,
+};
 use serde_json::{Value, json};
 
 use crate::floor::{FloorContribution, FloorSource, floors};
@@ -24,9 +26,10 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     continue;
                 };
                 // read-your-writes first: it is the stronger promise to the user.
-                let broken = [call_floor.writes, call_floor.reads].into_iter().flatten().find(|floor| {
-                    floor.state.saturating_sub(served) >= config.stale_read.min_states_behind.max(1)
-                });
+                let broken = [call_floor.writes, call_floor.reads]
+                    .into_iter()
+                    .flatten()
+                    .find(|floor| floor.state.saturating_sub(served) >= config.stale_read.min_states_behind.max(1));
                 if let Some(floor) = broken {
                     anomalies.push(stale_read(timeline, call, attempt, served, &floor));
                 }
@@ -36,7 +39,13 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     anomalies
 }
 
-fn stale_read(timeline: &ClientTimeline, call: &TimelineCall, attempt: &TimelineAttempt, served: i64, floor: &FloorContribution) -> Anomaly {
+fn stale_read(
+    timeline: &ClientTimeline,
+    call: &TimelineCall,
+    attempt: &TimelineAttempt,
+    served: i64,
+    floor: &FloorContribution,
+) -> Anomaly {
     let guarantee = match floor.source {
         FloorSource::Write => Guarantee::ReadYourWrites,
         FloorSource::Read => Guarantee::MonotonicReads,

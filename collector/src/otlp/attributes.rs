@@ -30,10 +30,7 @@ pub fn any_value_to_json(value: Option<&AnyValue>) -> Value {
 
 /// Converts a list of OTLP key-values into a JSON object; a later duplicate key wins.
 pub fn key_values_to_json(key_values: &[KeyValue]) -> Attributes {
-    key_values
-        .iter()
-        .map(|key_value| (key_value.key.clone(), any_value_to_json(key_value.value.as_ref())))
-        .collect()
+    key_values.iter().map(|key_value| (key_value.key.clone(), any_value_to_json(key_value.value.as_ref()))).collect()
 }
 
 /// A typed attribute that had the wrong type, for the sender's error message.

@@ -63,8 +63,10 @@ async fn traces(State(state): State<ReceiverState>, headers: HeaderMap, body: Bo
                 Ok(batch) => {
                     state.dirty.mark(&batch.spans);
                     state.metrics.batches_marked.add(1);
-                    let partial = (rejected > 0)
-                        .then(|| ExportTracePartialSuccess { rejected_spans: rejected, error_message: message.clone() });
+                    let partial = (rejected > 0).then(|| ExportTracePartialSuccess {
+                        rejected_spans: rejected,
+                        error_message: message.clone(),
+                    });
                     success(
                         encoding,
                         ExportTraceServiceResponse { partial_success: partial }.encode_to_vec(),
@@ -125,7 +127,8 @@ where
         }
     })?;
     let content_encoding = header_text(headers, header::CONTENT_ENCODING);
-    let bytes = decompress(&body, content_encoding, state.max_body_bytes).map_err(|error| Failure::decode(error, encoding))?;
+    let bytes =
+        decompress(&body, content_encoding, state.max_body_bytes).map_err(|error| Failure::decode(error, encoding))?;
     let request = decode_message::<R>(&bytes, encoding).map_err(|error| Failure::decode(error, encoding))?;
     Ok((request, encoding))
 }

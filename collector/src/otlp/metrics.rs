@@ -18,16 +18,14 @@ const TEMPORALITY_DELTA: i32 = 1;
 pub fn samples_from_request(request: &ExportMetricsServiceRequest) -> Converted<Sample> {
     let mut converted = Converted::default();
     for (resource_index, resource_metrics) in request.resource_metrics.iter().enumerate() {
-        let resource_labels = labels_of(
-            resource_metrics.resource.as_ref().map_or(&[][..], |resource| &resource.attributes[..]),
-        );
+        let resource_labels =
+            labels_of(resource_metrics.resource.as_ref().map_or(&[][..], |resource| &resource.attributes[..]));
         for (scope_index, scope_metrics) in resource_metrics.scope_metrics.iter().enumerate() {
             let mut base_labels = resource_labels.clone();
             add_scope_labels(&mut base_labels, scope_metrics.scope.as_ref());
             for (metric_index, metric) in scope_metrics.metrics.iter().enumerate() {
-                let path = format!(
-                    "resourceMetrics[{resource_index}].scopeMetrics[{scope_index}].metrics[{metric_index}]"
-                );
+                let path =
+                    format!("resourceMetrics[{resource_index}].scopeMetrics[{scope_index}].metrics[{metric_index}]");
                 convert_metric(metric, &base_labels, &path, &mut converted);
             }
         }
@@ -35,9 +33,15 @@ pub fn samples_from_request(request: &ExportMetricsServiceRequest) -> Converted<
     converted
 }
 
-fn convert_metric(metric: &proto::Metric, base_labels: &BTreeMap<String, String>, path: &str, out: &mut Converted<Sample>) {
+fn convert_metric(
+    metric: &proto::Metric,
+    base_labels: &BTreeMap<String, String>,
+    path: &str,
+    out: &mut Converted<Sample>,
+) {
     let Some(data) = &metric.data else {
-        out.rejections.push(Rejection { path: path.to_string(), message: format!("metric {:?} has no data", metric.name) });
+        out.rejections
+            .push(Rejection { path: path.to_string(), message: format!("metric {:?} has no data", metric.name) });
         return;
     };
     let meta = |kind| SeriesMeta {
@@ -45,27 +49,35 @@ fn convert_metric(metric: &proto::Metric, base_labels: &BTreeMap<String, String>
         unit: Some(metric.unit.clone()).filter(|unit| !unit.is_empty()),
         description: Some(metric.description.clone()).filter(|text| !text.is_empty()),
     };
-    let mut push = |index: usize, attributes: &[KeyValue], start: u64, time: u64, kind, value: Result<PointValue, String>| {
-        let point_path = format!("{path}.dataPoints[{index}]");
-        let sample = value.and_then(|value| {
-            Ok(Sample {
-                series: SeriesKey { name: metric.name.clone(), labels: merged_labels(base_labels, attributes) },
-                meta: meta(kind),
-                time_unix_nano: unix_nanos(time, "timeUnixNano")?,
-                start_time_unix_nano: Some(unix_nanos(start, "startTimeUnixNano")?).filter(|start| *start != 0),
-                value,
-            })
-        });
-        match sample {
-            Ok(sample) => out.items.push(sample),
-            Err(message) => out.rejections.push(Rejection { path: point_path, message }),
-        }
-    };
+    let mut push =
+        |index: usize, attributes: &[KeyValue], start: u64, time: u64, kind, value: Result<PointValue, String>| {
+            let point_path = format!("{path}.dataPoints[{index}]");
+            let sample = value.and_then(|value| {
+                Ok(Sample {
+                    series: SeriesKey { name: metric.name.clone(), labels: merged_labels(base_labels, attributes) },
+                    meta: meta(kind),
+                    time_unix_nano: unix_nanos(time, "timeUnixNano")?,
+                    start_time_unix_nano: Some(unix_nanos(start, "startTimeUnixNano")?).filter(|start| *start != 0),
+                    value,
+                })
+            });
+            match sample {
+                Ok(sample) => out.items.push(sample),
+                Err(message) => out.rejections.push(Rejection { path: point_path, message }),
+            }
+        };
     match data {
         Data::Gauge(gauge) => {
             for (index, point) in gauge.data_points.iter().enumerate() {
                 let value = number_value(point, &metric.name);
-                push(index, &point.attributes, point.start_time_unix_nano, point.time_unix_nano, MetricKind::Gauge, value);
+                push(
+                    index,
+                    &point.attributes,
+                    point.start_time_unix_nano,
+                    point.time_unix_nano,
+                    MetricKind::Gauge,
+                    value,
+                );
             }
         }
         Data::Sum(sum) => {
@@ -90,7 +102,14 @@ fn convert_metric(metric: &proto::Metric, base_labels: &BTreeMap<String, String>
                     bucket_counts: point.bucket_counts.clone(),
                     ..HistogramPoint::default()
                 });
-                push(index, &point.attributes, point.start_time_unix_nano, point.time_unix_nano, MetricKind::Histogram, Ok(value));
+                push(
+                    index,
+                    &point.attributes,
+                    point.start_time_unix_nano,
+                    point.time_unix_nano,
+                    MetricKind::Histogram,
+                    Ok(value),
+                );
             }
         }
         Data::ExponentialHistogram(histogram) => {
@@ -128,10 +147,21 @@ fn convert_metric(metric: &proto::Metric, base_labels: &BTreeMap<String, String>
                 let value = PointValue::Distribution(HistogramPoint {
                     count: point.count,
                     sum: Some(point.sum),
-                    quantiles: point.quantile_values.iter().map(|quantile| (quantile.quantile, quantile.value)).collect(),
+                    quantiles: point
+                        .quantile_values
+                        .iter()
+                        .map(|quantile| (quantile.quantile, quantile.value))
+                        .collect(),
                     ..HistogramPoint::default()
                 });
-                push(index, &point.attributes, point.start_time_unix_nano, point.time_unix_nano, MetricKind::Summary, Ok(value));
+                push(
+                    index,
+                    &point.attributes,
+                    point.start_time_unix_nano,
+                    point.time_unix_nano,
+                    MetricKind::Summary,
+                    Ok(value),
+                );
             }
         }
     }

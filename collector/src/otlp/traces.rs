@@ -1,7 +1,9 @@
 //! OTLP trace requests to domain spans.
 
 use lagscope_model::conventions as conv;
-use lagscope_model::{CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, StateFields};
+use lagscope_model::{
+    CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, StateFields,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1 as proto;
 

@@ -82,10 +82,8 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Ve
 }
 
 pub(super) async fn get(pool: &SqlitePool, id: i64) -> Result<Option<StoredAnomaly>> {
-    let row: Option<AnomalyRow> = sqlx::query_as("SELECT * FROM anomalies WHERE id = ?1")
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
+    let row: Option<AnomalyRow> =
+        sqlx::query_as("SELECT * FROM anomalies WHERE id = ?1").bind(id).fetch_optional(pool).await?;
     row.map(AnomalyRow::into_stored).transpose()
 }
 

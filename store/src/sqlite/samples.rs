@@ -48,11 +48,7 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, samples: &
     Ok(written)
 }
 
-async fn upsert_series(
-    transaction: &mut Transaction<'_, Sqlite>,
-    key: &SeriesKey,
-    meta: &SeriesMeta,
-) -> Result<i64> {
+async fn upsert_series(transaction: &mut Transaction<'_, Sqlite>, key: &SeriesKey, meta: &SeriesMeta) -> Result<i64> {
     let (id,): (i64,) = sqlx::query_as(
         "INSERT INTO series (name, labels, kind, unit, description, cluster, namespace, node_id)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?)

@@ -1,8 +1,6 @@
 //! Span rows: written column by column, read back into domain spans.
 
-use lagscope_model::{
-    CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields,
-};
+use lagscope_model::{CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields};
 use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
 
 use super::{from_json_text, to_json_text};
@@ -76,12 +74,7 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
 }
 
 /// The client's spans in the range (the most recent `limit`), plus every span of their traces.
-pub(super) async fn for_client(
-    pool: &SqlitePool,
-    client_id: &str,
-    range: TimeRange,
-    limit: u32,
-) -> Result<Vec<Span>> {
+pub(super) async fn for_client(pool: &SqlitePool, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
     let rows: Vec<SpanRow> = sqlx::query_as(
         "WITH own AS (
              SELECT id, trace_id FROM spans

@@ -1,0 +1,117 @@
+//! `lagscope analyze` as a user runs it: the binary over capture files, golden output.
+//! Regenerate the golden files with `UPDATE_EXPECT=1 cargo test -p lagscope --test analyze_cli`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn lagscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lagscope")).args(args).output().expect("lagscope runs")
+}
+
+fn stdout_of(output: &Output) -> String {
+    assert!(output.status.success(), "lagscope failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
+}
+
+#[test]
+fn json_output_of_a_capture_matches_the_golden_file() {
+    let capture = fixture("hdfs-rbf-capture.jsonl");
+    let output = lagscope(&["analyze", "--format", "json", capture.to_str().expect("path")]);
+    let stdout = stdout_of(&output);
+    expect_test::expect_file!["fixtures/hdfs-rbf-capture.expected.json"].assert_eq(&stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("10 export requests") && stderr.contains("16 spans") && stderr.contains("2 anomalies"),
+        "{stderr}"
+    );
+
+    // The contract every consumer relies on.
+    let parsed: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let first = &parsed["anomalies"][0];
+    for field in [
+        "kind",
+        "severity",
+        "cluster",
+        "namespace",
+        "client_id",
+        "node_id",
+        "start_unix_nano",
+        "end_unix_nano",
+        "summary",
+        "cause",
+        "evidence",
+    ] {
+        assert!(first.get(field).is_some(), "field {field} missing from {first:#}");
+    }
+    assert_eq!(first["evidence"]["guarantee"], "read_your_writes");
+    assert_eq!(parsed["anomalies"][1]["evidence"]["guarantee"], "monotonic_reads");
+}
+
+#[test]
+fn table_output_of_a_capture_matches_the_golden_file() {
+    let capture = fixture("hdfs-rbf-capture.jsonl");
+    let stdout = stdout_of(&lagscope(&["analyze", capture.to_str().expect("path")]));
+    expect_test::expect_file!["fixtures/hdfs-rbf-capture.expected.txt"].assert_eq(&stdout);
+}
+
+#[test]
+fn a_gzipped_capture_and_a_single_pretty_printed_request_read_the_same() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(fixture("hdfs-rbf-capture.jsonl")).expect("fixture");
+    let gzipped = directory.path().join("capture.jsonl.gz");
+    let mut encoder =
+        flate2::write::GzEncoder::new(std::fs::File::create(&gzipped).expect("create"), flate2::Compression::fast());
+    encoder.write_all(text.as_bytes()).expect("write");
+    encoder.finish().expect("finish");
+    let plain = stdout_of(&lagscope(&[
+        "analyze",
+        "--format",
+        "json",
+        fixture("hdfs-rbf-capture.jsonl").to_str().expect("path"),
+    ]));
+    let from_gzip = stdout_of(&lagscope(&["analyze", "--format", "json", gzipped.to_str().expect("path")]));
+    assert_eq!(from_gzip, plain);
+
+    // Each line as its own pretty-printed file: the same requests, the same anomalies.
+    let mut paths = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let value: serde_json::Value = serde_json::from_str(line).expect("line");
+        let path = directory.path().join(format!("request-{index}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(&value).expect("pretty")).expect("write");
+        paths.push(path.to_str().expect("path").to_string());
+    }
+    let mut args = vec!["analyze", "--format", "json"];
+    args.extend(paths.iter().map(String::as_str));
+    assert_eq!(stdout_of(&lagscope(&args)), plain);
+}
+
+#[test]
+fn malformed_input_fails_with_the_file_and_line() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(fixture("hdfs-rbf-capture.jsonl")).expect("fixture");
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(3, r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"abc","spanId":"00"}]}]}]}"#);
+    let broken = directory.path().join("broken.jsonl");
+    std::fs::write(&broken, lines.join("\n")).expect("write");
+
+    let output = lagscope(&["analyze", broken.to_str().expect("path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("{}:4:", broken.display())), "{stderr}");
+    assert!(stderr.contains("invalid ExportTraceServiceRequest"), "{stderr}");
+
+    let truncated = directory.path().join("truncated.jsonl");
+    std::fs::write(&truncated, &text[..text.len() - 40]).expect("write");
+    let stderr = String::from_utf8_lossy(&lagscope(&["analyze", truncated.to_str().expect("path")]).stderr).to_string();
+    assert!(stderr.contains(&format!("{}:10:", truncated.display())) && stderr.contains("invalid JSON"), "{stderr}");
+
+    let missing = directory.path().join("missing.jsonl");
+    let output = lagscope(&["analyze", missing.to_str().expect("path")]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open"), "missing file is named");
+}
