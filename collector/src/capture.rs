@@ -36,9 +36,14 @@ impl Capture {
     /// `source_name` names the input in error messages.
     pub fn read_str(&mut self, source_name: &str, text: &str) -> Result<(), CaptureError> {
         let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        // Lines are counted incrementally: counting from the start for every request would
+        // make a long capture quadratic.
+        let mut line = 1;
+        let mut counted_to = 0;
         loop {
             let offset = skip_whitespace(text, stream.byte_offset());
-            let line = line_of(text, offset);
+            line += newlines(&text.as_bytes()[counted_to..offset]);
+            counted_to = offset;
             let error = |message: String| CaptureError { source_name: source_name.to_string(), line, message };
             let value = match stream.next() {
                 None => return Ok(()),
@@ -100,8 +105,8 @@ fn skip_whitespace(text: &str, offset: usize) -> usize {
     offset + (rest.len() - rest.trim_start().len())
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())].iter().filter(|byte| **byte == b'\n').count() + 1
+fn newlines(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|byte| **byte == b'\n').count()
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@
 
 pub mod analyze;
 pub mod config;
+pub mod eval;
 mod live;
 pub mod server;
+pub mod sim_cmd;
 
 pub use config::Config;
 pub use server::Server;

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use lagscope::analyze::{Format, analyze_paths, write_json, write_table};
 use lagscope::{Config, Server};
+use lagscope::{eval, sim_cmd};
 use tracing_subscriber::EnvFilter;
 
 /// lagscope: lag analytics and consistency checking for replicated storage systems.
@@ -43,6 +44,57 @@ enum Command {
         /// Capture files.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+    },
+    /// Simulate a scenario (see --list) and send its telemetry to a file or an OTLP endpoint.
+    #[command(group = clap::ArgGroup::new("target").args(["out", "otlp_http", "otlp_grpc"]))]
+    Sim {
+        /// Print the scenarios and exit.
+        #[arg(long)]
+        list: bool,
+        /// Scenario name.
+        #[arg(long, required_unless_present = "list")]
+        scenario: Option<String>,
+        /// Seed of the run: the same seed gives the same bytes.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Client sessions [default: the scenario's].
+        #[arg(long)]
+        clients: Option<usize>,
+        /// Simulated length, e.g. 60s, 2m [default: the scenario's].
+        #[arg(long)]
+        duration: Option<String>,
+        /// Client operations per second [default: the scenario's].
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Write OTLP JSON lines to this file.
+        #[arg(long, required_unless_present_any = ["list", "otlp_http", "otlp_grpc"])]
+        out: Option<PathBuf>,
+        /// Send OTLP/HTTP (protobuf) to this base URL, e.g. http://127.0.0.1:4318.
+        #[arg(long)]
+        otlp_http: Option<String>,
+        /// Send OTLP/gRPC to this endpoint, e.g. http://127.0.0.1:4317.
+        #[arg(long)]
+        otlp_grpc: Option<String>,
+        /// Write the run's ground truth (expected anomalies) to this JSON file.
+        #[arg(long)]
+        truth: Option<PathBuf>,
+        /// Pace the telemetry in real time (for demos) instead of as fast as possible.
+        #[arg(long)]
+        realtime: bool,
+    },
+    /// Run scenarios through the analyzer and score what it finds against their ground truth.
+    Eval {
+        /// A scenario name, or `all`.
+        #[arg(long, default_value = "all")]
+        scenario: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+        /// TOML configuration file; its [analyzer] section sets the detectors' thresholds.
+        #[arg(long, env = "LAGSCOPE_CONFIG")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -102,6 +154,56 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Json => write_json(&mut stdout, &report.anomalies),
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
+        }
+        Command::Sim { list, scenario, seed, clients, duration, rate, out, otlp_http, otlp_grpc, truth, realtime } => {
+            if list {
+                for info in lagscope_sim::scenarios() {
+                    println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
+                }
+                return Ok(());
+            }
+            let mut config = lagscope_sim::SimConfig::new(scenario.as_deref().unwrap_or_default());
+            config.seed = seed;
+            config.clients = clients;
+            config.rate = rate;
+            config.duration = duration.as_deref().map(sim_cmd::parse_duration).transpose()?;
+            if realtime {
+                config.start_unix_nano = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(lagscope_sim::DEFAULT_START_UNIX_NANO, |now| now.as_nanos() as i64);
+            }
+            let target = match (out, otlp_http, otlp_grpc) {
+                (Some(path), _, _) => sim_cmd::Target::JsonLines(path),
+                (_, Some(url), _) => sim_cmd::Target::OtlpHttp(url),
+                (_, _, Some(url)) => sim_cmd::Target::OtlpGrpc(url),
+                _ => {
+                    anyhow::bail!("say where the telemetry goes: --out FILE.jsonl, --otlp-http URL or --otlp-grpc URL")
+                }
+            };
+            let started = std::time::Instant::now();
+            let (run_truth, requests) = sim_cmd::run(&config, &target, realtime)?;
+            eprintln!(
+                "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
+                config.scenario,
+                requests,
+                run_truth.figures.get("spans").and_then(|value| value.as_u64()).unwrap_or(0),
+                run_truth.anomalies.len(),
+                started.elapsed().as_secs_f64()
+            );
+            if let Some(path) = truth {
+                let text = serde_json::to_string_pretty(&run_truth)?;
+                std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            Ok(())
+        }
+        Command::Eval { scenario, seed, format, config } => {
+            let config = Config::load(config.as_deref())?;
+            let names: Vec<String> = if scenario == "all" {
+                lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
+            } else {
+                vec![scenario]
+            };
+            eval::run(&names, seed, format == Format::Json, &config.analyzer)
         }
     }
 }

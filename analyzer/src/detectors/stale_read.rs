@@ -25,6 +25,12 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                 let Some(served) = attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok)) else {
                     continue;
                 };
+                let exempt = attempt.consistency.as_ref().is_some_and(|consistency| {
+                    config.stale_read.exempt_consistencies.iter().any(|exempt| exempt == consistency)
+                });
+                if exempt {
+                    continue;
+                }
                 // read-your-writes first: it is the stronger promise to the user.
                 let broken = [call_floor.writes, call_floor.reads]
                     .into_iter()

@@ -1,0 +1,137 @@
+//! `lagscope eval`: runs scenarios, feeds their telemetry to the analyzer through the same
+//! path as `lagscope analyze` (OTLP JSON lines → capture reader → detectors), and scores the
+//! anomalies against each run's ground truth.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+
+use anyhow::bail;
+use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, detectors};
+use lagscope_collector::capture::Capture;
+use lagscope_sim::score::{Found, KindScore, score};
+use lagscope_sim::{Request, SimConfig, Truth};
+use serde::Serialize;
+
+use crate::sim_cmd::json_line;
+
+/// One scenario's evaluation.
+#[derive(Debug, Serialize)]
+pub struct ScenarioScore {
+    pub scenario: String,
+    pub spans: usize,
+    pub anomalies_expected: usize,
+    pub anomalies_found: usize,
+    pub kinds: Vec<KindScore>,
+    pub figures: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ScenarioScore {
+    pub fn clean(&self) -> bool {
+        self.kinds.iter().all(|row| row.missed == 0 && row.false_positives == 0)
+    }
+}
+
+/// Runs one scenario through the analyzer and scores it.
+pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig) -> anyhow::Result<ScenarioScore> {
+    let mut requests: Vec<Request> = Vec::new();
+    let truth: Truth = lagscope_sim::run(config, &mut requests)?;
+    let mut lines = String::new();
+    for request in &requests {
+        lines.push_str(&json_line(request));
+        lines.push('\n');
+    }
+    let mut capture = Capture::default();
+    capture.read_str(&format!("{}.jsonl", config.scenario), &lines)?;
+    let n_spans = capture.spans.len();
+    let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
+    let anomalies = analyze(&input, analyzer);
+    let found: Vec<Found> = anomalies
+        .iter()
+        .map(|anomaly| Found {
+            kind: anomaly.kind.as_str().to_string(),
+            cluster: anomaly.cluster.clone(),
+            namespace: anomaly.namespace.clone(),
+            client_id: anomaly.client_id.clone(),
+            node_id: anomaly.node_id.clone(),
+            start_unix_nano: anomaly.start_unix_nano,
+            end_unix_nano: anomaly.end_unix_nano,
+        })
+        .collect();
+    Ok(ScenarioScore {
+        scenario: config.scenario.clone(),
+        spans: n_spans,
+        anomalies_expected: truth.anomalies.len(),
+        anomalies_found: found.len(),
+        kinds: score(&truth, &found),
+        figures: truth.figures.into_iter().collect(),
+    })
+}
+
+/// The kinds the analyzer has a detector for today.
+pub fn detected_kinds() -> BTreeSet<&'static str> {
+    detectors::REGISTRY.iter().map(|detector| detector.kind.as_str()).collect()
+}
+
+pub fn write_table(out: &mut impl Write, scores: &[ScenarioScore]) -> anyhow::Result<()> {
+    let detected = detected_kinds();
+    writeln!(
+        out,
+        "{:<36} {:<26} {:>8} {:>6} {:>6} {:>6}  {:>17}  {:>17}  note",
+        "SCENARIO", "KIND", "EXPECTED", "FOUND", "MISSED", "FALSE", "START ERR p50/max", "END ERR p50/max"
+    )?;
+    for scenario in scores {
+        if scenario.kinds.is_empty() {
+            writeln!(
+                out,
+                "{:<36} {:<26} {:>8} {:>6} {:>6} {:>6}  {:>17}  {:>17}  no anomaly expected, none found",
+                scenario.scenario, "-", 0, 0, 0, 0, "-", "-"
+            )?;
+            continue;
+        }
+        for row in &scenario.kinds {
+            let note = if !detected.contains(row.kind.as_str()) { "no detector yet" } else { "" };
+            writeln!(
+                out,
+                "{:<36} {:<26} {:>8} {:>6} {:>6} {:>6}  {:>17}  {:>17}  {note}",
+                scenario.scenario,
+                row.kind,
+                row.expected,
+                row.found,
+                row.missed,
+                row.false_positives,
+                errors(row.start_error_ms),
+                errors(row.end_error_ms),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn errors(value: Option<(f64, f64)>) -> String {
+    value.map_or_else(|| "-".to_string(), |(median, max)| format!("{median:.0}/{max:.0} ms"))
+}
+
+/// Runs the named scenarios (or all), prints the table or JSON, and fails if anything was
+/// missed or falsely reported.
+pub fn run(names: &[String], seed: u64, json: bool, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+    let mut scores = Vec::new();
+    for name in names {
+        let mut config = SimConfig::new(name);
+        config.seed = seed;
+        eprintln!("eval: running {name}");
+        scores.push(evaluate(&config, analyzer)?);
+    }
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut stdout, &scores)?;
+        writeln!(stdout)?;
+    } else {
+        write_table(&mut stdout, &scores)?;
+    }
+    let failing: Vec<&str> =
+        scores.iter().filter(|score| !score.clean()).map(|score| score.scenario.as_str()).collect();
+    if !failing.is_empty() {
+        bail!("{} of {} scenarios have missed or false anomalies: {}", failing.len(), scores.len(), failing.join(", "));
+    }
+    Ok(())
+}

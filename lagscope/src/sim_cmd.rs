@@ -1,0 +1,223 @@
+//! `lagscope sim`: runs a scenario and sends its telemetry to a file or an OTLP endpoint.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
+use prost::Message;
+
+/// Where the simulated telemetry goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    JsonLines(PathBuf),
+    OtlpHttp(String),
+    OtlpGrpc(String),
+}
+
+/// Encodes a request as one line of OTLP JSON, as the Collector's file exporter writes it.
+pub fn json_line(request: &Request) -> String {
+    let encoded = match request {
+        Request::Traces(request) => serde_json::to_string(request),
+        Request::Metrics(request) => serde_json::to_string(request),
+        Request::Logs(request) => serde_json::to_string(request),
+    };
+    // Serializing generated protobuf structs to a string cannot fail.
+    encoded.unwrap_or_default()
+}
+
+/// Writes JSON lines; remembers the first write error.
+struct JsonLinesSink<W: Write> {
+    out: W,
+    error: Option<std::io::Error>,
+    requests: u64,
+}
+
+impl<W: Write> Sink for JsonLinesSink<W> {
+    fn export(&mut self, _at: Nanos, request: Request) {
+        if self.error.is_some() {
+            return;
+        }
+        let mut line = json_line(&request);
+        line.push('\n');
+        match self.out.write_all(line.as_bytes()) {
+            Ok(()) => self.requests += 1,
+            Err(error) => self.error = Some(error),
+        }
+    }
+}
+
+/// Hands requests to the network sender, pacing them in real time when asked.
+struct ChannelSink {
+    sender: tokio::sync::mpsc::Sender<(Nanos, Request)>,
+    closed: bool,
+}
+
+impl Sink for ChannelSink {
+    fn export(&mut self, at: Nanos, request: Request) {
+        if !self.closed && self.sender.blocking_send((at, request)).is_err() {
+            // The sender stopped on an error; it reports it.
+            self.closed = true;
+        }
+    }
+}
+
+/// Runs the scenario into `target`; returns its truth and how many requests were sent.
+pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Result<(Truth, u64)> {
+    match target {
+        Target::JsonLines(path) => {
+            let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0 };
+            let truth = lagscope_sim::run(config, &mut sink)?;
+            if let Some(error) = sink.error {
+                return Err(error).with_context(|| format!("cannot write {}", path.display()));
+            }
+            sink.out.flush().with_context(|| format!("cannot write {}", path.display()))?;
+            Ok((truth, sink.requests))
+        }
+        Target::OtlpHttp(url) | Target::OtlpGrpc(url) => {
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            let (sender, receiver) = tokio::sync::mpsc::channel(256);
+            let grpc = matches!(target, Target::OtlpGrpc(_));
+            let url = url.trim_end_matches('/').to_string();
+            let sending = runtime.spawn(async move {
+                if grpc { send_grpc(url, receiver, realtime).await } else { send_http(url, receiver, realtime).await }
+            });
+            let config = config.clone();
+            let simulated = std::thread::spawn(move || {
+                let mut sink = ChannelSink { sender, closed: false };
+                lagscope_sim::run(&config, &mut sink)
+            });
+            let truth = simulated.join().map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
+            let sent = runtime.block_on(sending).context("the sender panicked")??;
+            Ok((truth, sent))
+        }
+    }
+}
+
+async fn pace(started: Instant, at: Nanos, realtime: bool) {
+    if realtime {
+        let due = started + Duration::from_nanos(at.max(0) as u64);
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
+async fn send_http(
+    base: String,
+    mut receiver: tokio::sync::mpsc::Receiver<(Nanos, Request)>,
+    realtime: bool,
+) -> anyhow::Result<u64> {
+    let base =
+        base.trim_end_matches("/v1/traces").trim_end_matches("/v1/metrics").trim_end_matches("/v1/logs").to_string();
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut sent = 0;
+    while let Some((at, request)) = receiver.recv().await {
+        pace(started, at, realtime).await;
+        let (path, body) = match &request {
+            Request::Traces(request) => ("/v1/traces", request.encode_to_vec()),
+            Request::Metrics(request) => ("/v1/metrics", request.encode_to_vec()),
+            Request::Logs(request) => ("/v1/logs", request.encode_to_vec()),
+        };
+        let url = format!("{base}{path}");
+        let mut attempt = 0;
+        loop {
+            let response = client
+                .post(&url)
+                .header("content-type", "application/x-protobuf")
+                .body(body.clone())
+                .send()
+                .await
+                .with_context(|| format!("cannot reach {url}"))?;
+            let status = response.status();
+            if status.is_success() {
+                break;
+            }
+            // OTLP/HTTP: only 429, 502, 503 and 504 may be retried, after Retry-After.
+            let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
+            if !retryable || attempt >= 8 {
+                let text = response.text().await.unwrap_or_default();
+                bail!("{url} answered {status}: {text}");
+            }
+            let wait = response
+                .headers()
+                .get("retry-after")
+                .and_then(|value| value.to_str().ok())
+                .and_then(|text| text.parse::<u64>().ok())
+                .map_or(Duration::from_millis(100 << attempt), Duration::from_secs);
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+        sent += 1;
+    }
+    Ok(sent)
+}
+
+async fn send_grpc(
+    endpoint: String,
+    mut receiver: tokio::sync::mpsc::Receiver<(Nanos, Request)>,
+    realtime: bool,
+) -> anyhow::Result<u64> {
+    use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+        .with_context(|| format!("invalid gRPC endpoint {endpoint}"))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {endpoint}"))?;
+    let mut traces = TraceServiceClient::new(channel.clone());
+    let mut metrics = MetricsServiceClient::new(channel.clone());
+    let mut logs = LogsServiceClient::new(channel);
+    let started = Instant::now();
+    let mut sent = 0;
+    while let Some((at, request)) = receiver.recv().await {
+        pace(started, at, realtime).await;
+        let result = match request {
+            Request::Traces(request) => traces.export(request).await.map(|_| ()),
+            Request::Metrics(request) => metrics.export(request).await.map(|_| ()),
+            Request::Logs(request) => logs.export(request).await.map(|_| ()),
+        };
+        result.map_err(|status| anyhow::anyhow!("{endpoint} refused an export: {status}"))?;
+        sent += 1;
+    }
+    Ok(sent)
+}
+
+/// Parses `500ms`, `60s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> anyhow::Result<Nanos> {
+    let text = text.trim();
+    let split = text.find(|character: char| !(character.is_ascii_digit() || character == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 =
+        number.parse().with_context(|| format!("invalid duration {text:?}: expected e.g. 500ms, 60s, 2m"))?;
+    let scale = match unit {
+        "ms" => 1e6,
+        "" | "s" => 1e9,
+        "m" => 60e9,
+        "h" => 3600e9,
+        other => bail!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"),
+    };
+    let nanos = value * scale;
+    if !(nanos > 0.0 && nanos < 1e18) {
+        bail!("invalid duration {text:?}: must be positive");
+    }
+    Ok(nanos as Nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("60s").expect("60s"), 60_000_000_000);
+        assert_eq!(parse_duration("2m").expect("2m"), 120_000_000_000);
+        assert_eq!(parse_duration("250ms").expect("ms"), 250_000_000);
+        assert_eq!(parse_duration("1.5").expect("bare"), 1_500_000_000);
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+}

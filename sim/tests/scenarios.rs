@@ -1,0 +1,107 @@
+//! Every scenario: deterministic bytes, and the figures its seed document reports.
+
+use lagscope_sim::{Request, SimConfig, Truth, run, scenarios};
+
+fn simulate(scenario: &str, seed: u64) -> (Vec<Request>, Truth) {
+    let mut config = SimConfig::new(scenario);
+    config.seed = seed;
+    let mut requests = Vec::new();
+    let truth = run(&config, &mut requests).unwrap_or_else(|error| panic!("{scenario}: {error}"));
+    (requests, truth)
+}
+
+fn encoded(requests: &[Request]) -> Vec<u8> {
+    use prost::Message;
+    requests
+        .iter()
+        .flat_map(|request| match request {
+            Request::Traces(request) => request.encode_to_vec(),
+            Request::Metrics(request) => request.encode_to_vec(),
+            Request::Logs(request) => request.encode_to_vec(),
+        })
+        .collect()
+}
+
+fn figure(truth: &Truth, name: &str) -> f64 {
+    truth
+        .figures
+        .get(name)
+        .and_then(|value| value.as_f64())
+        .unwrap_or_else(|| panic!("figure {name} missing: {:?}", truth.figures))
+}
+
+#[test]
+fn the_same_seed_gives_the_same_bytes_and_another_seed_other_bytes() {
+    for info in scenarios() {
+        let (first, first_truth) = simulate(info.name, 7);
+        let (second, second_truth) = simulate(info.name, 7);
+        assert!(!first.is_empty(), "{} emitted nothing", info.name);
+        assert_eq!(encoded(&first), encoded(&second), "{} is not deterministic", info.name);
+        assert_eq!(first_truth, second_truth, "{} truth is not deterministic", info.name);
+        let (other, _) = simulate(info.name, 8);
+        assert_ne!(encoded(&first), encoded(&other), "{} ignores its seed", info.name);
+    }
+}
+
+#[test]
+fn every_bug_has_a_fixed_twin_without_its_anomalies() {
+    for (bug, fixed) in [
+        ("hdfs-publish-race", "hdfs-publish-race-fixed"),
+        ("hdfs-stale-router-merge", "hdfs-stale-router-merge-fixed"),
+        ("hdfs-pool-not-advanced", "hdfs-pool-not-advanced-fixed"),
+        ("hdfs-no-namenodes", "hdfs-no-namenodes-fixed"),
+        ("ozone-follower-read-disabled", "ozone-follower-read-disabled-fixed"),
+        ("ozone-pinned-retry", "ozone-pinned-retry-fixed"),
+    ] {
+        let (_, bug_truth) = simulate(bug, 1);
+        let (_, fixed_truth) = simulate(fixed, 1);
+        assert!(!bug_truth.anomalies.is_empty(), "{bug} produced no anomaly");
+        assert!(fixed_truth.anomalies.is_empty(), "{fixed} produced {:?}", fixed_truth.anomalies.first());
+    }
+    let (_, healthy) = simulate("hdfs-observer-healthy", 1);
+    assert!(healthy.anomalies.is_empty(), "healthy: {:?}", healthy.anomalies.first());
+}
+
+#[test]
+fn the_hdfs_mechanisms_show_their_signatures() {
+    let (_, race) = simulate("hdfs-publish-race", 1);
+    assert!(race.count("carried_state_regression") > 0 && race.count("stale_read") > 0);
+    let (_, merge) = simulate("hdfs-stale-router-merge", 1);
+    assert!(merge.count("carried_state_regression") > 0, "HDFS-16837 must regress the carried state");
+    let (_, pool) = simulate("hdfs-pool-not-advanced", 1);
+    assert!(pool.count("router_state_dropped") > 0 && pool.count("stale_read") > 0);
+    assert_eq!(pool.count("carried_state_regression"), 0, "the client itself is right in HDFS-16826");
+    let (_, future) = simulate("hdfs-future-state", 1);
+    assert_eq!(future.count("untrusted_state"), 1);
+    let (_, storm) = simulate("hdfs-observer-lag-storm", 1);
+    assert_eq!((storm.count("requeue_storm"), storm.count("apply_lag")), (1, 1));
+    assert!(figure(&storm, "requeue_storm_seconds") >= 30.0);
+}
+
+#[test]
+fn no_namenodes_lasts_about_a_minute_and_one_exception_with_the_fix() {
+    // Seed 002: 11:52:44 to 11:53:46 (62 s), within the 5 s heartbeat granularity; one
+    // exception with the fix.
+    let (_, bug) = simulate("hdfs-no-namenodes", 1);
+    let window = figure(&bug, "router-1_no_namenodes_window_seconds");
+    assert!((window - 62.0).abs() <= 5.0, "window {window} s");
+    assert_eq!(bug.count("no_namenodes_window"), 1);
+    let (_, fixed) = simulate("hdfs-no-namenodes-fixed", 1);
+    assert_eq!(figure(&fixed, "router-1_no_namenodes_answers"), 1.0);
+}
+
+#[test]
+fn ozone_figures_match_hdds_17548() {
+    let (_, pinned) = simulate("ozone-pinned-retry", 1);
+    assert_eq!(figure(&pinned, "attempts_to_om2_hadoop_rpc"), 7.0);
+    assert_eq!(figure(&pinned, "attempts_to_om2_grpc"), 6.0);
+    let (_, pinned_fixed) = simulate("ozone-pinned-retry-fixed", 1);
+    assert_eq!(figure(&pinned_fixed, "attempts_to_om2_hadoop_rpc"), 1.0, "served at once by another OM");
+    let (_, disabled) = simulate("ozone-follower-read-disabled", 1);
+    assert_eq!(figure(&disabled, "unhinted_reads_after_rejection"), 5.0);
+    assert_eq!(figure(&disabled, "unhinted_reads_served_by_follower"), 0.0);
+    let (_, fixed) = simulate("ozone-follower-read-disabled-fixed", 1);
+    assert_eq!(figure(&fixed, "unhinted_reads_served_by_follower"), 5.0);
+    let (_, lag) = simulate("ozone-apply-lag", 1);
+    assert!(figure(&lag, "om3_peak_lag_states") > 10_000.0);
+}
