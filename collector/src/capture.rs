@@ -1,23 +1,21 @@
 //! Captured OTLP JSON: a file holding one `Export*ServiceRequest`, or JSON lines of them as
 //! the OpenTelemetry Collector's file exporter writes them (traces, metrics and logs mixed).
 
-use lagscope_model::{Sample, Span};
+use lagscope_model::{LogRecord, Sample, Span};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::otlp::{Converted, samples_from_request, spans_from_request};
+use crate::otlp::{Converted, logs_from_request, samples_from_request, spans_from_request};
 
 /// Everything read from one or more captures.
 #[derive(Debug, Default)]
 pub struct Capture {
     pub spans: Vec<Span>,
     pub samples: Vec<Sample>,
-    /// Log records read. Logs are accepted; the detectors that use them arrive with the logs
-    /// pipeline.
-    pub log_records: usize,
+    pub logs: Vec<LogRecord>,
     /// Export requests read.
     pub requests: usize,
 }
@@ -73,12 +71,7 @@ impl Capture {
             self.samples.extend(accept_all(samples_from_request(&request))?);
         } else if object.contains_key("resourceLogs") {
             let request: ExportLogsServiceRequest = from_value(value, "ExportLogsServiceRequest")?;
-            self.log_records += request
-                .resource_logs
-                .iter()
-                .flat_map(|resource| &resource.scope_logs)
-                .map(|scope| scope.log_records.len())
-                .sum::<usize>();
+            self.logs.extend(accept_all(logs_from_request(&request))?);
         } else {
             return Err(
                 "not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key".to_string()
@@ -124,7 +117,8 @@ mod tests {
         );
         let mut capture = Capture::default();
         capture.read_str("c.jsonl", &text).expect("capture reads");
-        assert_eq!((capture.requests, capture.spans.len(), capture.samples.len(), capture.log_records), (3, 1, 1, 1));
+        assert_eq!((capture.requests, capture.spans.len(), capture.samples.len(), capture.logs.len()), (3, 1, 1, 1));
+        assert_eq!(capture.logs[0].body_text(), "x");
         assert_eq!(capture.spans[0].call.state.carried, Some(42));
         assert_eq!(capture.samples[0].value.as_number(), Some(7.0));
     }

@@ -3,7 +3,10 @@
 
 mod attributes;
 pub mod decode;
+pub mod grpc;
 pub mod http;
+pub mod ingest;
+mod logs;
 mod metrics;
 mod traces;
 
@@ -12,6 +15,7 @@ use lagscope_model::{Component, ResourceFields, UnixNanos};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
 pub use attributes::any_value_to_json;
+pub use logs::logs_from_request;
 pub use metrics::samples_from_request;
 pub use traces::spans_from_request;
 

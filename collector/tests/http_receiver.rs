@@ -9,6 +9,7 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use lagscope_collector::DirtyClients;
 use lagscope_collector::otlp::http::{ReceiverState, router};
+use lagscope_collector::otlp::ingest::Ingestor;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store, StoreStats, TimeRange};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -29,12 +30,9 @@ async fn harness(max_body_bytes: usize) -> Harness {
     let directory = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open_dir(directory.path()).await.expect("store");
     let dirty = Arc::new(DirtyClients::default());
-    let router = router(ReceiverState {
-        store: Arc::new(store.clone()),
-        metrics: Arc::new(SelfMetrics::default()),
-        dirty: dirty.clone(),
-        max_body_bytes,
-    });
+    let ingestor =
+        Ingestor { store: Arc::new(store.clone()), metrics: Arc::new(SelfMetrics::default()), dirty: dirty.clone() };
+    let router = router(ReceiverState { ingestor, max_body_bytes });
     Harness { store, dirty, router, _directory: directory }
 }
 
@@ -124,6 +122,21 @@ async fn the_official_json_examples_are_accepted_and_kept_whole() {
     assert_eq!(counter[0].points[0].1, Some(5.0));
     let histogram = harness.store.series_samples("my.histogram", &[], TimeRange::ALL).await.expect("histogram");
     assert_eq!(histogram[0].points[0].2.as_ref().map(|point| point["bucket_counts"].clone()), Some(json!([1, 1])));
+}
+
+#[tokio::test]
+async fn the_official_log_examples_are_stored_with_body_and_attributes() {
+    let harness = harness(64 << 20).await;
+    for name in ["logs.json", "events.json"] {
+        let (status, _, body) = harness.post("/v1/logs", "application/json", None, example(name)).await;
+        assert_eq!(status, StatusCode::OK, "{name}: {}", String::from_utf8_lossy(&body));
+    }
+    let logs = harness.store.logs(TimeRange::ALL, 100).await.expect("logs");
+    assert_eq!(logs.len(), 2, "{logs:#?}");
+    assert!(logs.iter().any(|log| log.body_text() == "Example log record"), "{logs:#?}");
+    assert!(logs.iter().any(|log| log.event_name.is_some()), "the event keeps its name: {logs:#?}");
+    assert!(logs.iter().all(|log| log.resource.service_name.as_deref() == Some("my.service")));
+    assert!(logs.iter().all(|log| !log.attributes.is_empty()), "attributes kept: {logs:#?}");
 }
 
 #[tokio::test]

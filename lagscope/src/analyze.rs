@@ -44,7 +44,7 @@ pub fn analyze_paths(paths: &[impl AsRef<Path>], config: &AnalyzerConfig) -> any
         requests: capture.requests,
         spans: n_spans,
         samples: n_samples,
-        log_records: capture.log_records,
+        log_records: capture.logs.len(),
         anomalies: analyze(&input, config),
     })
 }

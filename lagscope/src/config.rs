@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub listen: String,
     /// Address of the OTLP/HTTP receiver.
     pub otlp_http: String,
+    /// Address of the OTLP/gRPC receiver.
+    pub otlp_grpc: String,
     /// Largest OTLP request body accepted, after decompression.
     pub max_body_bytes: usize,
 }
@@ -34,6 +36,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("./lagscope-data"),
             listen: "127.0.0.1:8080".to_string(),
             otlp_http: "127.0.0.1:4318".to_string(),
+            otlp_grpc: "127.0.0.1:4317".to_string(),
             max_body_bytes: lagscope_collector::otlp::http::DEFAULT_MAX_BODY_BYTES,
         }
     }

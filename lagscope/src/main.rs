@@ -31,6 +31,9 @@ enum Command {
         /// Address of the OTLP/HTTP receiver [default: 127.0.0.1:4318]; port 0 picks a free port.
         #[arg(long, env = "LAGSCOPE_OTLP_HTTP")]
         otlp_http: Option<String>,
+        /// Address of the OTLP/gRPC receiver [default: 127.0.0.1:4317]; port 0 picks a free port.
+        #[arg(long, env = "LAGSCOPE_OTLP_GRPC")]
+        otlp_grpc: Option<String>,
     },
     /// Run every detector over captured OTLP JSON (one export request per file, or JSON lines
     /// of them as the OpenTelemetry Collector's file exporter writes; .gz too).
@@ -114,7 +117,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { config, data_dir, listen, otlp_http } => {
+        Command::Serve { config, data_dir, listen, otlp_http, otlp_grpc } => {
             let mut config = Config::load(config.as_deref())?;
             if let Some(data_dir) = data_dir {
                 config.server.data_dir = data_dir;
@@ -125,13 +128,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(otlp_http) = otlp_http {
                 config.server.otlp_http = otlp_http;
             }
+            if let Some(otlp_grpc) = otlp_grpc {
+                config.server.otlp_grpc = otlp_grpc;
+            }
             let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             runtime.block_on(async {
                 let server = Server::start(&config).await?;
                 eprintln!(
-                    "lagscope: API on http://{}  OTLP/HTTP on http://{}  data in {}",
+                    "lagscope: API on http://{}  OTLP/HTTP on http://{}  OTLP/gRPC on {}  data in {}",
                     server.api_addr,
                     server.otlp_http_addr,
+                    server.otlp_grpc_addr,
                     config.server.data_dir.display()
                 );
                 server.run_until(shutdown_signal()).await

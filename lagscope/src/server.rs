@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use lagscope_collector::DirtyClients;
+use lagscope_collector::otlp::grpc;
 use lagscope_collector::otlp::http::{ReceiverState, router as otlp_router};
+use lagscope_collector::otlp::ingest::Ingestor;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store};
 use lagscope_web::{ApiState, router as api_router};
@@ -22,6 +24,7 @@ use crate::live::run_live_analyzer;
 pub struct Server {
     pub api_addr: SocketAddr,
     pub otlp_http_addr: SocketAddr,
+    pub otlp_grpc_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
     store: SqliteStore,
@@ -35,8 +38,10 @@ impl Server {
             .with_context(|| format!("cannot open the store in {}", config.server.data_dir.display()))?;
         let api_listener = bind(&config.server.listen, "the API (--listen)").await?;
         let otlp_listener = bind(&config.server.otlp_http, "the OTLP/HTTP receiver (--otlp-http)").await?;
+        let grpc_listener = bind(&config.server.otlp_grpc, "the OTLP/gRPC receiver (--otlp-grpc)").await?;
         let api_addr = api_listener.local_addr()?;
         let otlp_http_addr = otlp_listener.local_addr()?;
+        let otlp_grpc_addr = grpc_listener.local_addr()?;
 
         let shared_store: Arc<dyn Store> = Arc::new(store.clone());
         let metrics = Arc::new(SelfMetrics::default());
@@ -44,19 +49,20 @@ impl Server {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
 
-        let receiver = otlp_router(ReceiverState {
-            store: shared_store.clone(),
-            metrics: metrics.clone(),
-            dirty: dirty.clone(),
-            max_body_bytes: config.server.max_body_bytes,
-        });
+        let ingestor = Ingestor { store: shared_store.clone(), metrics: metrics.clone(), dirty: dirty.clone() };
+        let receiver =
+            otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });
         tasks.spawn(serve_http(otlp_listener, receiver, shutdown_rx.clone()));
+        let (traces, metrics_service, logs) = grpc::services(ingestor, config.server.max_body_bytes);
+        let grpc_router =
+            tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
+        tasks.spawn(serve_http(grpc_listener, grpc_router, shutdown_rx.clone()));
         let api = api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone() });
         tasks.spawn(serve_http(api_listener, api, shutdown_rx.clone()));
         tasks.spawn(run_live_analyzer(shared_store, dirty, metrics, config.clone(), shutdown_rx));
 
-        tracing::info!(%api_addr, %otlp_http_addr, data_dir = %config.server.data_dir.display(), "lagscope is serving");
-        Ok(Self { api_addr, otlp_http_addr, shutdown, tasks, store })
+        tracing::info!(%api_addr, %otlp_http_addr, %otlp_grpc_addr, data_dir = %config.server.data_dir.display(), "lagscope is serving");
+        Ok(Self { api_addr, otlp_http_addr, otlp_grpc_addr, shutdown, tasks, store })
     }
 
     /// Serves until `signal` completes, then shuts down cleanly.

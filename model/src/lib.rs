@@ -1,7 +1,7 @@
 //! lagscope's domain model: the vocabulary every other crate speaks.
 //!
 //! Spans (one per attempt, with the telemetry conventions' fields promoted), metric samples
-//! with their series labels, anomalies with their evidence, and per-client causal timelines.
+//! with their series labels, log records, anomalies with their evidence, and per-client causal timelines.
 //! The attribute names of the public telemetry contract live in [`conventions`].
 //!
 //! This crate is pure data: it must never do I/O, spawn tasks or depend on tokio, sqlx, axum
@@ -9,11 +9,13 @@
 
 pub mod anomaly;
 pub mod conventions;
+pub mod log;
 pub mod metric;
 pub mod span;
 pub mod timeline;
 
 pub use anomaly::{Anomaly, AnomalyKind, Guarantee, Severity};
+pub use log::LogRecord;
 pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
 pub use span::{
     Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, SpanRef,

@@ -86,6 +86,9 @@ pub struct SelfMetrics {
     pub samples_received: Counter,
     pub samples_rejected: Counter,
     pub samples_stored: Counter,
+    pub logs_received: Counter,
+    pub logs_rejected: Counter,
+    pub logs_stored: Counter,
     /// Ingest commits (one per accepted request).
     pub store_ingest_latency: LatencyHistogram,
     pub analysis_passes: Counter,
@@ -110,7 +113,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 10] = [
+        let counters: [(&str, &str, &Counter); 13] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -121,6 +124,9 @@ impl SelfMetrics {
             ("lagscope_samples_received_total", "Metric data points received.", &self.samples_received),
             ("lagscope_samples_rejected_total", "Metric data points refused.", &self.samples_rejected),
             ("lagscope_samples_stored_total", "Metric data points committed to the store.", &self.samples_stored),
+            ("lagscope_logs_received_total", "Log records received.", &self.logs_received),
+            ("lagscope_logs_rejected_total", "Log records refused.", &self.logs_rejected),
+            ("lagscope_logs_stored_total", "Log records committed to the store.", &self.logs_stored),
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),

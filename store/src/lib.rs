@@ -11,7 +11,7 @@ mod error;
 mod sqlite;
 
 use async_trait::async_trait;
-use lagscope_model::{Anomaly, AnomalyKind, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
+use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
 use serde_json::Value;
 
 pub use error::StoreError;
@@ -29,11 +29,12 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub struct IngestBatch {
     pub spans: Vec<Span>,
     pub samples: Vec<Sample>,
+    pub logs: Vec<LogRecord>,
 }
 
 impl IngestBatch {
     pub fn is_empty(&self) -> bool {
-        self.spans.is_empty() && self.samples.is_empty()
+        self.spans.is_empty() && self.samples.is_empty() && self.logs.is_empty()
     }
 }
 
@@ -44,6 +45,7 @@ pub struct IngestReceipt {
     /// twice, so that an exporter's retry after a lost response does no harm).
     pub spans_written: u64,
     pub samples_written: u64,
+    pub logs_written: u64,
 }
 
 /// A half-open time range `[from, to)` in Unix nanoseconds.
@@ -104,6 +106,7 @@ pub struct StoreStats {
     pub spans: u64,
     pub series: u64,
     pub samples: u64,
+    pub logs: u64,
     pub anomalies: u64,
 }
 
@@ -138,6 +141,9 @@ pub trait Store: Send + Sync + 'static {
         matchers: &[(String, String)],
         range: TimeRange,
     ) -> Result<Vec<SeriesSamples>>;
+
+    /// Log records whose time lies in `range`, oldest first, at most `limit`.
+    async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

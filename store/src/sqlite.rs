@@ -5,6 +5,7 @@
 //! use their own pool and proceed concurrently with writes, as WAL allows.
 
 mod anomalies;
+mod logs;
 mod samples;
 mod spans;
 
@@ -13,7 +14,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lagscope_model::{Anomaly, Span, UnixNanos};
+use lagscope_model::{Anomaly, LogRecord, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
@@ -82,8 +83,9 @@ impl Store for SqliteStore {
         let mut transaction = self.writer.begin().await?;
         let spans_written = spans::insert(&mut transaction, &batch.spans).await?;
         let samples_written = samples::insert(&mut transaction, &batch.samples).await?;
+        let logs_written = logs::insert(&mut transaction, &batch.logs).await?;
         transaction.commit().await?;
-        Ok(IngestReceipt { spans_written, samples_written })
+        Ok(IngestReceipt { spans_written, samples_written, logs_written })
     }
 
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
@@ -118,10 +120,14 @@ impl Store for SqliteStore {
         samples::series_range(&self.reader, name, matchers, range).await
     }
 
+    async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {
+        logs::range(&self.reader, range, limit).await
+    }
+
     async fn stats(&self) -> Result<StoreStats> {
-        let (spans, series, samples, anomalies): (i64, i64, i64, i64) = sqlx::query_as(
+        let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \
-             (SELECT count(*) FROM samples), (SELECT count(*) FROM anomalies)",
+             (SELECT count(*) FROM samples), (SELECT count(*) FROM logs), (SELECT count(*) FROM anomalies)",
         )
         .fetch_one(&self.reader)
         .await?;
@@ -129,6 +135,7 @@ impl Store for SqliteStore {
             spans: spans as u64,
             series: series as u64,
             samples: samples as u64,
+            logs: logs as u64,
             anomalies: anomalies as u64,
         })
     }

@@ -31,7 +31,7 @@ fn span_with_attribute() -> Span {
 async fn data_survives_reopening_and_attributes_stay_queryable() {
     let directory = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open_dir(directory.path()).await.expect("open");
-    store.ingest(&IngestBatch { spans: vec![span_with_attribute()], samples: Vec::new() }).await.expect("ingest");
+    store.ingest(&IngestBatch { spans: vec![span_with_attribute()], ..IngestBatch::default() }).await.expect("ingest");
     store.close().await;
 
     let reopened = SqliteStore::open_dir(directory.path()).await.expect("reopen");

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use lagscope_model::{
-    Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, MetricKind, Op, Outcome, PointValue, ResourceFields,
-    Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
+    Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, LogRecord, MetricKind, Op, Outcome, PointValue,
+    ResourceFields, Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
 };
 use lagscope_store::{AnomalyFilter, IngestBatch, SqliteStore, Store, TimeRange};
 use serde_json::json;
@@ -32,6 +32,7 @@ macro_rules! store_suite {
             case!(clients_of_traces_finds_the_client_of_a_hop);
             case!(series_range_matches_labels_and_time);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
+            case!(logs_round_trip_in_time_order);
         }
     };
 }
@@ -133,14 +134,14 @@ fn full_span() -> Span {
 async fn spans_round_trip_with_every_attribute(store: &dyn Store) {
     let original = full_span();
     let receipt =
-        store.ingest(&IngestBatch { spans: vec![original.clone()], samples: Vec::new() }).await.expect("ingest");
+        store.ingest(&IngestBatch { spans: vec![original.clone()], ..IngestBatch::default() }).await.expect("ingest");
     assert_eq!(receipt.spans_written, 1);
     let read = store.client_spans("c1", TimeRange::ALL, 100).await.expect("read");
     assert_eq!(read, vec![original]);
 }
 
 async fn a_resent_span_is_stored_once(store: &dyn Store) {
-    let batch = IngestBatch { spans: vec![full_span()], samples: Vec::new() };
+    let batch = IngestBatch { spans: vec![full_span()], ..IngestBatch::default() };
     store.ingest(&batch).await.expect("first");
     let receipt = store.ingest(&batch).await.expect("second");
     assert_eq!(receipt.spans_written, 0);
@@ -156,7 +157,7 @@ async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn
         span(None, Component::Server, 2, 5, Some(4), T0 + 10 * SECOND + 1),
         span(Some("c2"), Component::Client, 3, 6, None, T0),
     ];
-    store.ingest(&IngestBatch { spans, samples: Vec::new() }).await.expect("ingest");
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
 
     let all = store.client_spans("c1", TimeRange::ALL, 100).await.expect("all");
     let ids: Vec<_> = all.iter().map(|span| span.span_id.clone().unwrap_or_default()).collect();
@@ -181,7 +182,7 @@ async fn clients_of_traces_finds_the_client_of_a_hop(store: &dyn Store) {
         span(None, Component::Server, 1, 2, Some(1), T0),
         span(Some("c2"), Component::Client, 2, 3, None, T0),
     ];
-    store.ingest(&IngestBatch { spans, samples: Vec::new() }).await.expect("ingest");
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
     let clients = store.clients_of_traces(&[format!("{:032x}", 1), format!("{:032x}", 7)]).await.expect("clients");
     assert_eq!(clients, ["c1"]);
     assert!(store.clients_of_traces(&[]).await.expect("empty").is_empty());
@@ -217,7 +218,7 @@ async fn series_range_matches_labels_and_time(store: &dyn Store) {
             MetricKind::Histogram,
         ),
     ];
-    let receipt = store.ingest(&IngestBatch { spans: Vec::new(), samples }).await.expect("ingest");
+    let receipt = store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("ingest");
     assert_eq!(receipt.samples_written, 5);
 
     let matchers = vec![("lagscope.node.id".to_string(), "nn-obs1".to_string())];
@@ -288,4 +289,40 @@ async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {
     let fetched = store.anomaly(all[1].id).await.expect("get").expect("present");
     assert_eq!(fetched.anomaly, anomaly("a", "c1", T0));
     assert!(store.anomaly(9_999).await.expect("get").is_none());
+}
+
+fn log(time: i64, body: &str) -> LogRecord {
+    LogRecord {
+        time_unix_nano: time,
+        observed_time_unix_nano: Some(time + 1),
+        severity_number: 13,
+        severity_text: Some("WARN".to_string()),
+        body: json!(body),
+        event_name: None,
+        trace_id: Some(format!("{:032x}", 5)),
+        span_id: Some(format!("{:016x}", 6)),
+        resource: ResourceFields {
+            service_name: Some("hdfs-router".to_string()),
+            cluster: Some("prod".to_string()),
+            component: Some(Component::Router),
+            node_id: Some("router-1".to_string()),
+            ..ResourceFields::default()
+        },
+        scope_name: Some("org.apache.hadoop.hdfs.server.federation.router.RouterRpcClient".to_string()),
+        scope_version: None,
+        attributes: json!({"lagscope.namespace": "ns60", "thread": 7}).as_object().cloned().unwrap_or_default(),
+    }
+}
+
+async fn logs_round_trip_in_time_order(store: &dyn Store) {
+    let late = log(T0 + SECOND, "Cannot get available namenode for ns60 nn6002:8020 error: No namenodes available");
+    let early = log(T0, "Observer Node is too far behind: serverStateId = 1 clientStateId = 50000001");
+    let receipt = store
+        .ingest(&IngestBatch { logs: vec![late.clone(), early.clone()], ..IngestBatch::default() })
+        .await
+        .expect("ingest");
+    assert_eq!(receipt.logs_written, 2);
+    assert_eq!(store.logs(TimeRange::ALL, 10).await.expect("logs"), vec![early.clone(), late]);
+    assert_eq!(store.logs(TimeRange { from: T0, to: T0 + 1 }, 10).await.expect("range"), vec![early]);
+    assert_eq!(store.stats().await.expect("stats").logs, 2);
 }

@@ -50,6 +50,7 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "spans": stats.spans,
             "series": stats.series,
             "samples": stats.samples,
+            "logs": stats.logs,
             "anomalies": stats.anomalies,
         },
         "analysis": {

@@ -1,8 +1,7 @@
-//! The OTLP/HTTP receiver: `POST /v1/traces` and `POST /v1/metrics`, protobuf or JSON,
+//! The OTLP/HTTP receiver: `POST /v1/traces`, `/v1/metrics` and `/v1/logs`, protobuf or JSON,
 //! optionally gzipped. A 200 means every accepted record is committed to the store.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::future::Future;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -10,8 +9,9 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use lagscope_selfmetrics::SelfMetrics;
-use lagscope_store::{IngestBatch, Store};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
@@ -22,92 +22,95 @@ use prost::Message;
 use serde_json::json;
 
 use super::decode::{Encoding, decode_message, decompress};
-use super::{samples_from_request, spans_from_request};
-use crate::{DecodeError, DirtyClients};
+use super::ingest::{Accepted, Ingestor, StoreUnavailable};
+use crate::DecodeError;
 
 /// Default bound on a request body after decompression (the OTLP/HTTP size limit).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
-/// What the receiver needs: where to commit, what to count, whom to tell.
+/// What the receiver needs: the ingest path and its size limit.
 #[derive(Clone)]
 pub struct ReceiverState {
-    pub store: Arc<dyn Store>,
-    pub metrics: Arc<SelfMetrics>,
-    pub dirty: Arc<DirtyClients>,
+    pub ingestor: Ingestor,
     pub max_body_bytes: usize,
 }
 
 /// The OTLP/HTTP routes, ready to merge into a server's router.
 pub fn router(state: ReceiverState) -> Router {
     Router::new()
-        .route("/v1/traces", post(traces))
-        .route("/v1/metrics", post(metrics))
+        .route("/v1/traces", post(handle::<ExportTraceServiceRequest>))
+        .route("/v1/metrics", post(handle::<ExportMetricsServiceRequest>))
+        .route("/v1/logs", post(handle::<ExportLogsServiceRequest>))
         // The receiver reads the body itself to enforce its own limit with an OTLP answer.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
-async fn traces(State(state): State<ReceiverState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = receive::<ExportTraceServiceRequest>(&state, &headers, body).await;
-    let response = match outcome {
-        Err(failure) => failure.into_response(),
-        Ok((request, encoding)) => {
-            let converted = spans_from_request(&request);
-            state.metrics.spans_received.add((converted.items.len() + converted.rejections.len()) as u64);
-            state.metrics.spans_rejected.add(converted.rejections.len() as u64);
-            let rejected = converted.rejections.len() as i64;
-            let message = converted.rejection_message().unwrap_or_default();
-            let batch = IngestBatch { spans: converted.items, samples: Vec::new() };
-            match commit(&state, batch).await {
-                Err(failure) => failure.into_response(),
-                Ok(batch) => {
-                    state.dirty.mark(&batch.spans);
-                    state.metrics.batches_marked.add(1);
-                    let partial = (rejected > 0).then(|| ExportTracePartialSuccess {
-                        rejected_spans: rejected,
-                        error_message: message.clone(),
-                    });
-                    success(
-                        encoding,
-                        ExportTraceServiceResponse { partial_success: partial }.encode_to_vec(),
-                        partial_json("rejectedSpans", rejected, &message),
-                    )
-                }
-            }
-        }
-    };
-    state.metrics.count_response("traces", response.status().as_u16());
-    response
+/// What differs between the three OTLP signals on HTTP.
+trait Signal: Message + Default + serde::de::DeserializeOwned + Send + Sync + 'static {
+    const NAME: &'static str;
+    /// The partial-success field counting rejected records, in OTLP/JSON.
+    const REJECTED_FIELD: &'static str;
+    fn ingest(ingestor: &Ingestor, request: &Self) -> impl Future<Output = Result<Accepted, StoreUnavailable>> + Send;
+    fn protobuf_response(accepted: &Accepted) -> Vec<u8>;
 }
 
-async fn metrics(State(state): State<ReceiverState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = receive::<ExportMetricsServiceRequest>(&state, &headers, body).await;
-    let response = match outcome {
+impl Signal for ExportTraceServiceRequest {
+    const NAME: &'static str = "traces";
+    const REJECTED_FIELD: &'static str = "rejectedSpans";
+    fn ingest(ingestor: &Ingestor, request: &Self) -> impl Future<Output = Result<Accepted, StoreUnavailable>> + Send {
+        ingestor.traces(request)
+    }
+    fn protobuf_response(accepted: &Accepted) -> Vec<u8> {
+        let partial_success = (accepted.rejected > 0).then(|| ExportTracePartialSuccess {
+            rejected_spans: accepted.rejected,
+            error_message: accepted.message.clone(),
+        });
+        ExportTraceServiceResponse { partial_success }.encode_to_vec()
+    }
+}
+
+impl Signal for ExportMetricsServiceRequest {
+    const NAME: &'static str = "metrics";
+    const REJECTED_FIELD: &'static str = "rejectedDataPoints";
+    fn ingest(ingestor: &Ingestor, request: &Self) -> impl Future<Output = Result<Accepted, StoreUnavailable>> + Send {
+        ingestor.metrics(request)
+    }
+    fn protobuf_response(accepted: &Accepted) -> Vec<u8> {
+        let partial_success = (accepted.rejected > 0).then(|| ExportMetricsPartialSuccess {
+            rejected_data_points: accepted.rejected,
+            error_message: accepted.message.clone(),
+        });
+        ExportMetricsServiceResponse { partial_success }.encode_to_vec()
+    }
+}
+
+impl Signal for ExportLogsServiceRequest {
+    const NAME: &'static str = "logs";
+    const REJECTED_FIELD: &'static str = "rejectedLogRecords";
+    fn ingest(ingestor: &Ingestor, request: &Self) -> impl Future<Output = Result<Accepted, StoreUnavailable>> + Send {
+        ingestor.logs(request)
+    }
+    fn protobuf_response(accepted: &Accepted) -> Vec<u8> {
+        let partial_success = (accepted.rejected > 0).then(|| ExportLogsPartialSuccess {
+            rejected_log_records: accepted.rejected,
+            error_message: accepted.message.clone(),
+        });
+        ExportLogsServiceResponse { partial_success }.encode_to_vec()
+    }
+}
+
+async fn handle<S: Signal>(State(state): State<ReceiverState>, headers: HeaderMap, body: Body) -> Response {
+    let response = match receive::<S>(&state, &headers, body).await {
         Err(failure) => failure.into_response(),
-        Ok((request, encoding)) => {
-            let converted = samples_from_request(&request);
-            state.metrics.samples_received.add((converted.items.len() + converted.rejections.len()) as u64);
-            state.metrics.samples_rejected.add(converted.rejections.len() as u64);
-            let rejected = converted.rejections.len() as i64;
-            let message = converted.rejection_message().unwrap_or_default();
-            let batch = IngestBatch { spans: Vec::new(), samples: converted.items };
-            match commit(&state, batch).await {
-                Err(failure) => failure.into_response(),
-                Ok(_) => {
-                    let partial = (rejected > 0).then(|| ExportMetricsPartialSuccess {
-                        rejected_data_points: rejected,
-                        error_message: message.clone(),
-                    });
-                    success(
-                        encoding,
-                        ExportMetricsServiceResponse { partial_success: partial }.encode_to_vec(),
-                        partial_json("rejectedDataPoints", rejected, &message),
-                    )
-                }
+        Ok((request, encoding)) => match S::ingest(&state.ingestor, &request).await {
+            Err(StoreUnavailable) => Failure::unavailable().into_response(),
+            Ok(accepted) => {
+                success(encoding, S::protobuf_response(&accepted), partial_json(S::REJECTED_FIELD, &accepted))
             }
-        }
+        },
     };
-    state.metrics.count_response("metrics", response.status().as_u16());
+    state.ingestor.metrics.count_response(S::NAME, response.status().as_u16());
     response
 }
 
@@ -133,29 +136,6 @@ where
     Ok((request, encoding))
 }
 
-/// Commits a batch, timing the store. Returns the batch back for the caller's bookkeeping.
-async fn commit(state: &ReceiverState, batch: IngestBatch) -> Result<IngestBatch, Failure> {
-    let started = Instant::now();
-    match state.store.ingest(&batch).await {
-        Ok(receipt) => {
-            state.metrics.store_ingest_latency.observe(started.elapsed());
-            state.metrics.spans_stored.add(receipt.spans_written);
-            state.metrics.samples_stored.add(receipt.samples_written);
-            Ok(batch)
-        }
-        Err(error) => {
-            tracing::error!(%error, "store refused an ingest batch");
-            // Nothing was committed and the condition may pass: the sender should retry.
-            Err(Failure {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: "the store cannot commit data right now; retry later".to_string(),
-                encoding: Encoding::Json,
-                retry_after: Some(5),
-            })
-        }
-    }
-}
-
 fn is_length_limit(error: Box<dyn std::error::Error + Send + Sync>) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error.as_ref());
     while let Some(cause) = current {
@@ -171,11 +151,11 @@ fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     headers.get(name).and_then(|value| value.to_str().ok())
 }
 
-fn partial_json(field: &str, rejected: i64, message: &str) -> serde_json::Value {
-    if rejected == 0 {
+fn partial_json(field: &str, accepted: &Accepted) -> serde_json::Value {
+    if accepted.rejected == 0 {
         return json!({});
     }
-    json!({ "partialSuccess": { field: rejected.to_string(), "errorMessage": message } })
+    json!({ "partialSuccess": { field: accepted.rejected.to_string(), "errorMessage": accepted.message } })
 }
 
 fn success(encoding: Encoding, protobuf: Vec<u8>, json_body: serde_json::Value) -> Response {
@@ -208,6 +188,16 @@ struct Failure {
 impl Failure {
     fn new(status: StatusCode, message: String, encoding: Encoding) -> Self {
         Self { status, message, encoding, retry_after: None }
+    }
+
+    /// Nothing was committed and the condition may pass: the sender should retry.
+    fn unavailable() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the store cannot commit data right now; retry later".to_string(),
+            encoding: Encoding::Json,
+            retry_after: Some(5),
+        }
     }
 
     fn decode(error: DecodeError, encoding: Encoding) -> Self {

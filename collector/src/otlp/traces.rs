@@ -141,7 +141,7 @@ fn fill_from_span(resource: &mut ResourceFields, attributes: &lagscope_model::At
 }
 
 /// A trace or span id as lowercase hex; empty or all-zero ids mean "none" (OTLP's invalid id).
-fn hex_id(bytes: &[u8], length: usize, field: &str) -> Result<Option<String>, String> {
+pub(crate) fn hex_id(bytes: &[u8], length: usize, field: &str) -> Result<Option<String>, String> {
     if bytes.is_empty() || bytes.iter().all(|byte| *byte == 0) {
         return Ok(None);
     }

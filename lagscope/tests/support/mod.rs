@@ -13,6 +13,7 @@ pub async fn start_server(data_dir: &Path) -> Server {
     config.server.data_dir = data_dir.to_path_buf();
     config.server.listen = "127.0.0.1:0".to_string();
     config.server.otlp_http = "127.0.0.1:0".to_string();
+    config.server.otlp_grpc = "127.0.0.1:0".to_string();
     Server::start(&config).await.expect("server starts")
 }
 

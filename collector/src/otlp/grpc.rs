@@ -1,0 +1,120 @@
+//! The OTLP/gRPC receiver: TraceService, MetricsService and LogsService over one ingest path
+//! with OTLP/HTTP. OK means committed; rejected records come back as partial success.
+
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use tonic::codec::CompressionEncoding;
+use tonic::{Request, Response, Status};
+
+use super::ingest::{Accepted, Ingestor, StoreUnavailable};
+
+/// The three OTLP services, ready for `tonic::transport::Server::add_service` or
+/// `tonic::service::Routes`. `max_message_bytes` bounds a decoded request.
+pub fn services(
+    ingestor: Ingestor,
+    max_message_bytes: usize,
+) -> (TraceServiceServer<Receiver>, MetricsServiceServer<Receiver>, LogsServiceServer<Receiver>) {
+    let receiver = Receiver { ingestor };
+    (
+        TraceServiceServer::new(receiver.clone())
+            .accept_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(max_message_bytes),
+        MetricsServiceServer::new(receiver.clone())
+            .accept_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(max_message_bytes),
+        LogsServiceServer::new(receiver)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(max_message_bytes),
+    )
+}
+
+#[derive(Clone)]
+pub struct Receiver {
+    ingestor: Ingestor,
+}
+
+/// UNAVAILABLE is retryable in OTLP/gRPC: nothing was committed.
+fn unavailable(_: StoreUnavailable) -> Status {
+    Status::unavailable("the store cannot commit data right now; retry later")
+}
+
+fn respond<T>(
+    signal: &'static str,
+    metrics: &lagscope_selfmetrics::SelfMetrics,
+    result: Result<T, Status>,
+) -> Result<Response<T>, Status> {
+    // gRPC answers are counted with the HTTP status their code maps to.
+    let status = match &result {
+        Ok(_) => 200,
+        Err(status) if status.code() == tonic::Code::Unavailable => 503,
+        Err(_) => 400,
+    };
+    metrics.count_response(signal, status);
+    result.map(Response::new)
+}
+
+fn partial(accepted: &Accepted) -> Option<(i64, String)> {
+    (accepted.rejected > 0).then(|| (accepted.rejected, accepted.message.clone()))
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        let result = self.ingestor.traces(request.get_ref()).await.map_err(unavailable).map(|accepted| {
+            ExportTraceServiceResponse {
+                partial_success: partial(&accepted)
+                    .map(|(rejected_spans, error_message)| ExportTracePartialSuccess { rejected_spans, error_message }),
+            }
+        });
+        respond("traces", &self.ingestor.metrics, result)
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        request: Request<ExportMetricsServiceRequest>,
+    ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
+        let result = self.ingestor.metrics(request.get_ref()).await.map_err(unavailable).map(|accepted| {
+            ExportMetricsServiceResponse {
+                partial_success: partial(&accepted).map(|(rejected_data_points, error_message)| {
+                    ExportMetricsPartialSuccess { rejected_data_points, error_message }
+                }),
+            }
+        });
+        respond("metrics", &self.ingestor.metrics, result)
+    }
+}
+
+#[tonic::async_trait]
+impl LogsService for Receiver {
+    async fn export(
+        &self,
+        request: Request<ExportLogsServiceRequest>,
+    ) -> Result<Response<ExportLogsServiceResponse>, Status> {
+        let result = self.ingestor.logs(request.get_ref()).await.map_err(unavailable).map(|accepted| {
+            ExportLogsServiceResponse {
+                partial_success: partial(&accepted).map(|(rejected_log_records, error_message)| {
+                    ExportLogsPartialSuccess { rejected_log_records, error_message }
+                }),
+            }
+        });
+        respond("logs", &self.ingestor.metrics, result)
+    }
+}

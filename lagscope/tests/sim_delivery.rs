@@ -1,0 +1,94 @@
+//! The simulator's output reaches the collector over real protocols: OTLP/HTTP, OTLP/gRPC,
+//! and JSON lines read by `lagscope analyze`; every span, sample and log line arrives.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use lagscope::sim_cmd::{Target, run};
+use lagscope_sim::{SECOND, SimConfig, Truth};
+use support::{get_json, start_server, wait_until_analyzed};
+
+fn short(scenario: &str) -> SimConfig {
+    let mut config = SimConfig::new(scenario);
+    config.duration = Some(15 * SECOND);
+    config
+}
+
+/// Runs the simulator on its own thread (it drives its own runtime for the network).
+fn simulate(config: SimConfig, target: Target) -> (Truth, u64) {
+    std::thread::spawn(move || run(&config, &target, false)).join().expect("sim thread").expect("sim delivers")
+}
+
+fn spans_of(truth: &Truth) -> u64 {
+    truth.figures["spans"].as_u64().expect("span count")
+}
+
+async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target) {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let target = target_of(&server);
+    let (truth, requests) =
+        tokio::task::spawn_blocking(move || simulate(short("hdfs-pool-not-advanced"), target)).await.expect("join");
+    assert!(requests > 0);
+    wait_until_analyzed(&server).await;
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["store"]["spans"].as_u64(), Some(spans_of(&truth)), "{health}");
+    assert!(health["store"]["samples"].as_u64().unwrap_or(0) > 0, "{health}");
+    // Every stale read the truth names is found live.
+    let expected = truth.count("stale_read");
+    assert!(expected > 0, "the scenario must produce stale reads in 15 s");
+    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=1000").await;
+    assert_eq!(listed["anomalies"].as_array().map(Vec::len), Some(expected), "live stale reads vs truth");
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_http_everything_arrives_and_is_analyzed() {
+    delivered(|server| Target::OtlpHttp(format!("http://{}", server.otlp_http_addr))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_grpc_everything_arrives_and_is_analyzed() {
+    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_sent_over_http_are_stored() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    // The no-namenodes scenario logs the router's "Cannot get available namenode" lines.
+    tokio::task::spawn_blocking(move || simulate(short("hdfs-no-namenodes"), target)).await.expect("join");
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert!(health["store"]["logs"].as_u64().unwrap_or(0) > 0, "{health}");
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[test]
+fn json_lines_from_sim_are_read_by_analyze_with_the_same_stale_reads() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let out = directory.path().join("capture.jsonl");
+    let truth_path = directory.path().join("truth.json");
+    let binary = env!("CARGO_BIN_EXE_lagscope");
+    let status = Command::new(binary)
+        .args(["sim", "--scenario", "hdfs-publish-race", "--duration", "10s", "--seed", "3"])
+        .arg("--out")
+        .arg(&out)
+        .arg("--truth")
+        .arg(&truth_path)
+        .status()
+        .expect("sim runs");
+    assert!(status.success());
+    let truth: Truth = serde_json::from_str(&std::fs::read_to_string(&truth_path).expect("truth")).expect("truth JSON");
+    let output = Command::new(binary).args(["analyze", "--format", "json"]).arg(&out).output().expect("analyze runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let found = report["anomalies"]
+        .as_array()
+        .map_or(0, |anomalies| anomalies.iter().filter(|anomaly| anomaly["kind"] == "stale_read").count());
+    assert!(truth.count("stale_read") > 0);
+    assert_eq!(found, truth.count("stale_read"));
+    assert!(Path::new(&out).metadata().expect("file").len() > 0);
+}

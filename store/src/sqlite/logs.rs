@@ -1,0 +1,100 @@
+//! Log record rows.
+
+use lagscope_model::{Component, LogRecord, ResourceFields};
+use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+
+use super::{from_json_text, to_json_text};
+use crate::{Result, TimeRange};
+
+pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[LogRecord]) -> Result<u64> {
+    let mut written = 0;
+    for record in logs {
+        let resource = &record.resource;
+        let result = sqlx::query(
+            "INSERT INTO logs (time_unix_nano, observed_time_unix_nano, severity_number, severity_text, body,
+                 event_name, trace_id, span_id, service_name, system, cluster, component, node_id,
+                 resource_attributes, scope_name, scope_version, attributes)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(record.time_unix_nano)
+        .bind(record.observed_time_unix_nano)
+        .bind(record.severity_number)
+        .bind(&record.severity_text)
+        .bind(to_json_text(&record.body))
+        .bind(&record.event_name)
+        .bind(&record.trace_id)
+        .bind(&record.span_id)
+        .bind(&resource.service_name)
+        .bind(&resource.system)
+        .bind(&resource.cluster)
+        .bind(resource.component.as_ref().map(Component::as_str))
+        .bind(&resource.node_id)
+        .bind(to_json_text(&resource.attributes))
+        .bind(&record.scope_name)
+        .bind(&record.scope_version)
+        .bind(to_json_text(&record.attributes))
+        .execute(&mut **transaction)
+        .await?;
+        written += result.rows_affected();
+    }
+    Ok(written)
+}
+
+pub(super) async fn range(pool: &SqlitePool, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {
+    let rows: Vec<LogRow> = sqlx::query_as(
+        "SELECT * FROM logs WHERE time_unix_nano >= ?1 AND time_unix_nano < ?2 ORDER BY time_unix_nano, id LIMIT ?3",
+    )
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(LogRow::into_record).collect()
+}
+
+#[derive(FromRow)]
+struct LogRow {
+    time_unix_nano: i64,
+    observed_time_unix_nano: Option<i64>,
+    severity_number: i32,
+    severity_text: Option<String>,
+    body: String,
+    event_name: Option<String>,
+    trace_id: Option<String>,
+    span_id: Option<String>,
+    service_name: Option<String>,
+    system: Option<String>,
+    cluster: Option<String>,
+    component: Option<String>,
+    node_id: Option<String>,
+    resource_attributes: String,
+    scope_name: Option<String>,
+    scope_version: Option<String>,
+    attributes: String,
+}
+
+impl LogRow {
+    fn into_record(self) -> Result<LogRecord> {
+        Ok(LogRecord {
+            time_unix_nano: self.time_unix_nano,
+            observed_time_unix_nano: self.observed_time_unix_nano,
+            severity_number: self.severity_number,
+            severity_text: self.severity_text,
+            body: from_json_text("logs.body", &self.body)?,
+            event_name: self.event_name,
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            resource: ResourceFields {
+                service_name: self.service_name,
+                system: self.system,
+                cluster: self.cluster,
+                component: self.component.as_deref().map(Component::parse),
+                node_id: self.node_id,
+                attributes: from_json_text("logs.resource_attributes", &self.resource_attributes)?,
+            },
+            scope_name: self.scope_name,
+            scope_version: self.scope_version,
+            attributes: from_json_text("logs.attributes", &self.attributes)?,
+        })
+    }
+}
