@@ -8,6 +8,7 @@ pub mod analyze;
 pub mod config;
 pub mod eval;
 mod live;
+pub mod native_server;
 pub mod server;
 pub mod sim_cmd;
 

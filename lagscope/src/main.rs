@@ -84,6 +84,11 @@ enum Command {
         /// Pace the telemetry in real time (for demos) instead of as fast as possible.
         #[arg(long)]
         realtime: bool,
+        /// Also serve what the simulated nodes expose natively (Hadoop /jmx, Ozone OMMetrics,
+        /// Elasticsearch/OpenSearch node stats, Prometheus /metrics) on this address; keeps
+        /// serving after the run until Ctrl-C.
+        #[arg(long)]
+        serve_native: Option<String>,
     },
     /// Run scenarios through the analyzer and score what it finds against their ground truth.
     Eval {
@@ -162,7 +167,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
-        Command::Sim { list, scenario, seed, clients, duration, rate, out, otlp_http, otlp_grpc, truth, realtime } => {
+        Command::Sim {
+            list,
+            scenario,
+            seed,
+            clients,
+            duration,
+            rate,
+            out,
+            otlp_http,
+            otlp_grpc,
+            truth,
+            realtime,
+            serve_native,
+        } => {
             if list {
                 for info in lagscope_sim::scenarios() {
                     println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
@@ -187,8 +205,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     anyhow::bail!("say where the telemetry goes: --out FILE.jsonl, --otlp-http URL or --otlp-grpc URL")
                 }
             };
+            let native = serve_native.as_ref().map(|_| sim_cmd::NativeHandle::default());
+            let native_runtime = match (&serve_native, &native) {
+                (Some(address), Some(handle)) => Some(start_native_server(address, handle.clone())?),
+                _ => None,
+            };
             let started = std::time::Instant::now();
-            let (run_truth, requests) = sim_cmd::run(&config, &target, realtime)?;
+            let (run_truth, requests) = sim_cmd::run_with_native(&config, &target, realtime, native)?;
             eprintln!(
                 "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
                 config.scenario,
@@ -200,6 +223,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(path) = truth {
                 let text = serde_json::to_string_pretty(&run_truth)?;
                 std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            if let Some((runtime, address)) = native_runtime {
+                eprintln!("sim: the run is over; native endpoints stay up on http://{address} until Ctrl-C");
+                runtime.block_on(shutdown_signal());
             }
             Ok(())
         }
@@ -213,6 +240,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             eval::run(&names, seed, format == Format::Json, &config.analyzer)
         }
     }
+}
+
+/// Serves the native endpoints on their own runtime; returns it and the bound address.
+fn start_native_server(
+    address: &str,
+    handle: sim_cmd::NativeHandle,
+) -> anyhow::Result<(tokio::runtime::Runtime, std::net::SocketAddr)> {
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(address))
+        .with_context(|| format!("cannot listen on {address} for --serve-native"))?;
+    let bound = listener.local_addr()?;
+    runtime.spawn(async move {
+        if let Err(error) = axum::serve(listener, lagscope::native_server::router(handle)).await {
+            tracing::error!(%error, "native endpoint server failed");
+        }
+    });
+    eprintln!("sim: native endpoints on http://{bound}/ (Hadoop /jmx, node stats, Prometheus /metrics)");
+    Ok((runtime, bound))
 }
 
 /// Ctrl-C or SIGTERM.

@@ -2,9 +2,11 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use lagscope_sim::native::NativeState;
 use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use prost::Message;
 
@@ -63,13 +65,41 @@ impl Sink for ChannelSink {
     }
 }
 
+/// Shares the latest metric values with the native endpoints while passing requests on.
+struct Tee<'a> {
+    inner: &'a mut dyn Sink,
+    native: Option<NativeHandle>,
+}
+
+impl Sink for Tee<'_> {
+    fn export(&mut self, at: Nanos, request: Request) {
+        if let Some(native) = &self.native {
+            native.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).observe(&request);
+        }
+        self.inner.export(at, request);
+    }
+}
+
+/// The simulated nodes' native state, shared with `--serve-native`.
+pub type NativeHandle = Arc<Mutex<NativeState>>;
+
 /// Runs the scenario into `target`; returns its truth and how many requests were sent.
 pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Result<(Truth, u64)> {
+    run_with_native(config, target, realtime, None)
+}
+
+/// [`run`], also keeping `native` up to date for the native endpoints.
+pub fn run_with_native(
+    config: &SimConfig,
+    target: &Target,
+    realtime: bool,
+    native: Option<NativeHandle>,
+) -> anyhow::Result<(Truth, u64)> {
     match target {
         Target::JsonLines(path) => {
             let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
             let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0 };
-            let truth = lagscope_sim::run(config, &mut sink)?;
+            let truth = lagscope_sim::run(config, &mut Tee { inner: &mut sink, native })?;
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
@@ -87,7 +117,7 @@ pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Resul
             let config = config.clone();
             let simulated = std::thread::spawn(move || {
                 let mut sink = ChannelSink { sender, closed: false };
-                lagscope_sim::run(&config, &mut sink)
+                lagscope_sim::run(&config, &mut Tee { inner: &mut sink, native })
             });
             let truth = simulated.join().map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
             let sent = runtime.block_on(sending).context("the sender panicked")??;

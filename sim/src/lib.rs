@@ -9,8 +9,12 @@
 //! for byte. No I/O, no wall clock, no async runtime; sinks are the caller's.
 
 pub mod emit;
+mod es;
 mod hdfs;
+mod mixed;
+pub mod native;
 mod ozone;
+mod pulsar;
 mod rng;
 pub mod score;
 pub mod truth;
@@ -89,6 +93,9 @@ impl std::error::Error for SimError {}
 pub fn scenarios() -> Vec<ScenarioInfo> {
     let mut all = hdfs::SCENARIOS.to_vec();
     all.extend_from_slice(ozone::SCENARIOS);
+    all.extend_from_slice(es::SCENARIOS);
+    all.extend_from_slice(pulsar::SCENARIOS);
+    all.push(mixed::SCENARIO);
     all
 }
 
@@ -103,9 +110,17 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Result<Truth, SimError> {
     if config.duration.is_some_and(|duration| duration <= 0) {
         return Err(SimError::InvalidConfig("--duration must be positive".to_string()));
     }
-    let mut truth = if let Some(truth) = hdfs::run(config, sink) {
+    let mut truth = if config.scenario == mixed::SCENARIO.name {
+        let members: Vec<ScenarioInfo> =
+            scenarios().into_iter().filter(|info| info.name != mixed::SCENARIO.name).collect();
+        mixed::run(config, sink, &members)
+    } else if let Some(truth) = hdfs::run(config, sink) {
         truth
     } else if let Some(truth) = ozone::run(config, sink) {
+        truth
+    } else if let Some(truth) = es::run(config, sink) {
+        truth
+    } else if let Some(truth) = pulsar::run(config, sink) {
         truth
     } else {
         return Err(SimError::UnknownScenario(config.scenario.clone()));

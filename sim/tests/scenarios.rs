@@ -3,8 +3,13 @@
 use lagscope_sim::{Request, SimConfig, Truth, run, scenarios};
 
 fn simulate(scenario: &str, seed: u64) -> (Vec<Request>, Truth) {
+    simulate_for(scenario, seed, None)
+}
+
+fn simulate_for(scenario: &str, seed: u64, duration: Option<i64>) -> (Vec<Request>, Truth) {
     let mut config = SimConfig::new(scenario);
     config.seed = seed;
+    config.duration = duration;
     let mut requests = Vec::new();
     let truth = run(&config, &mut requests).unwrap_or_else(|error| panic!("{scenario}: {error}"));
     (requests, truth)
@@ -32,13 +37,14 @@ fn figure(truth: &Truth, name: &str) -> f64 {
 
 #[test]
 fn the_same_seed_gives_the_same_bytes_and_another_seed_other_bytes() {
+    let short = Some(30 * lagscope_sim::SECOND);
     for info in scenarios() {
-        let (first, first_truth) = simulate(info.name, 7);
-        let (second, second_truth) = simulate(info.name, 7);
+        let (first, first_truth) = simulate_for(info.name, 7, short);
+        let (second, second_truth) = simulate_for(info.name, 7, short);
         assert!(!first.is_empty(), "{} emitted nothing", info.name);
         assert_eq!(encoded(&first), encoded(&second), "{} is not deterministic", info.name);
         assert_eq!(first_truth, second_truth, "{} truth is not deterministic", info.name);
-        let (other, _) = simulate(info.name, 8);
+        let (other, _) = simulate_for(info.name, 8, short);
         assert_ne!(encoded(&first), encoded(&other), "{} ignores its seed", info.name);
     }
 }
@@ -104,4 +110,48 @@ fn ozone_figures_match_hdds_17548() {
     assert_eq!(figure(&fixed, "unhinted_reads_served_by_follower"), 5.0);
     let (_, lag) = simulate("ozone-apply-lag", 1);
     assert!(figure(&lag, "om3_peak_lag_states") > 10_000.0);
+}
+
+#[test]
+fn shard_level_accounting_rejects_about_six_times_fewer_primaries() {
+    // Seed 003: 6x more primary rejections with node-level than with shard-level limits.
+    let (_, node) = simulate("es-node-level-pressure", 1);
+    let (_, shard) = simulate("es-shard-level-pressure", 1);
+    let ratio = figure(&node, "primary_rejections") / figure(&shard, "primary_rejections");
+    assert!((4.5..=8.0).contains(&ratio), "ratio {ratio}");
+    assert!(figure(&node, "primary_rejections_logs_1") > 0.0, "node-level rejects the healthy shard too");
+    assert_eq!(figure(&shard, "primary_rejections_logs_1"), 0.0, "shard-level leaves the healthy shard alone");
+    assert_eq!((node.count("unfair_rejection"), shard.count("unfair_rejection")), (1, 0));
+    assert_eq!((node.count("shard_pressure"), shard.count("shard_pressure")), (1, 1));
+}
+
+#[test]
+fn pulsar_fails_over_only_with_a_health_probe() {
+    let (_, tcp) = simulate("pulsar-tcp-probe-half-dead", 1);
+    assert_eq!(tcp.count("blind_failover_probe"), 1);
+    assert_eq!(tcp.figures["switch_seconds"], serde_json::json!([]));
+    let (_, health) = simulate("pulsar-health-probe", 1);
+    assert!(health.anomalies.is_empty());
+    // Down at the 20 s probe, failover after failoverDelay (30 s), back after switchBackDelay
+    // (60 s) once the primary is healthy again at 110 s.
+    assert_eq!(health.figures["switch_seconds"], serde_json::json!([50.0, 170.0]));
+}
+
+#[test]
+fn mixed_runs_every_scenario_in_clusters_of_their_own() {
+    let mut config = SimConfig::new("mixed");
+    config.duration = Some(30 * lagscope_sim::SECOND);
+    let mut requests = Vec::new();
+    let truth = run(&config, &mut requests).expect("mixed runs");
+    let clusters: std::collections::BTreeSet<&str> =
+        truth.anomalies.iter().map(|anomaly| anomaly.cluster.as_str()).collect();
+    assert!(clusters.iter().all(|cluster| cluster.contains('.')), "{clusters:?}");
+    assert!(
+        clusters.contains("hdfs-publish-race.hdfs-prod") && clusters.contains("es-node-level-pressure.es-prod"),
+        "{clusters:?}"
+    );
+    assert!(truth.figures["spans"].as_u64().unwrap_or(0) > 10_000);
+    let mut again = Vec::new();
+    run(&config, &mut again).expect("mixed runs");
+    assert_eq!(encoded(&requests), encoded(&again), "mixed is deterministic");
 }

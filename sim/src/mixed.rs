@@ -1,0 +1,160 @@
+//! `mixed`: every scenario at once, each in a cluster of its own, plus background load; the
+//! demo and the load generator. `--clients` and `--rate` scale the background load.
+//!
+//! Each scenario runs on its own thread into a bounded channel; the streams are merged by
+//! simulated time (ties by scenario order), so the output is deterministic and memory stays
+//! bounded however long the run. Cluster names and client ids are prefixed with the
+//! scenario's name so that the scenarios do not mix: `hdfs-publish-race.hdfs-prod`.
+
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+
+use crate::emit::{Request, Sink};
+use crate::{Nanos, SECOND, ScenarioInfo, SimConfig, Truth};
+
+pub const SCENARIO: ScenarioInfo = ScenarioInfo {
+    name: "mixed",
+    system: "all",
+    summary: "every scenario at once across clusters, plus background HDFS load scaled by --clients and --rate",
+};
+
+/// Where the background load comes from.
+const BACKGROUND: &str = "hdfs-observer-healthy";
+
+struct ChannelSink(SyncSender<(Nanos, Request)>);
+
+impl Sink for ChannelSink {
+    fn export(&mut self, at: Nanos, request: Request) {
+        // The merger only stops reading when the process is going away.
+        let _ = self.0.send((at, request));
+    }
+}
+
+/// A member scenario: its name, its requests as they come, and its truth at the end.
+type Stream = (String, Receiver<(Nanos, Request)>, std::thread::JoinHandle<Truth>);
+
+pub fn run(config: &SimConfig, sink: &mut dyn Sink, members: &[ScenarioInfo]) -> Truth {
+    let duration = config.duration.unwrap_or(200 * SECOND);
+    let mut streams: Vec<Stream> = Vec::new();
+    let mut names: Vec<&str> = members.iter().map(|info| info.name).filter(|name| *name != BACKGROUND).collect();
+    names.push(BACKGROUND);
+    for (index, name) in names.iter().enumerate() {
+        let mut member = SimConfig::new(name);
+        member.seed = config.seed.wrapping_add(index as u64 * 7919);
+        member.start_unix_nano = config.start_unix_nano;
+        member.duration = Some(duration);
+        if *name == BACKGROUND {
+            member.clients = config.clients;
+            member.rate = config.rate;
+        }
+        let (sender, receiver) = sync_channel(64);
+        let prefix = name.to_string();
+        let handle = std::thread::spawn(move || {
+            let mut sink = ChannelSink(sender);
+            let mut truth = crate::run(&member, &mut sink).unwrap_or_default();
+            for anomaly in &mut truth.anomalies {
+                anomaly.cluster = format!("{prefix}.{}", anomaly.cluster);
+                anomaly.client_id = anomaly.client_id.take().map(|client| format!("{prefix}.{client}"));
+            }
+            truth
+        });
+        streams.push((name.to_string(), receiver, handle));
+    }
+    // k-way merge by simulated time.
+    let mut heads: Vec<Option<(Nanos, Request)>> =
+        streams.iter().map(|(_, receiver, _)| receiver.recv().ok()).collect();
+    loop {
+        let next = heads.iter().enumerate().filter_map(|(index, head)| head.as_ref().map(|(at, _)| (*at, index))).min();
+        let Some((_, index)) = next else { break };
+        if let Some((at, mut request)) = heads[index].take() {
+            rename(&mut request, &streams[index].0);
+            sink.export(at, request);
+        }
+        heads[index] = streams[index].1.recv().ok();
+    }
+    let mut truth = Truth {
+        start_unix_nano: config.start_unix_nano,
+        end_unix_nano: config.start_unix_nano + duration,
+        ..Truth::default()
+    };
+    let mut spans = 0;
+    for (name, _, handle) in streams {
+        let member = handle.join().unwrap_or_default();
+        spans += member.figures.get("spans").and_then(|value| value.as_u64()).unwrap_or(0);
+        truth.anomalies.extend(member.anomalies);
+        for (figure, value) in member.figures {
+            truth.figures.insert(format!("{name}.{figure}"), value);
+        }
+    }
+    truth.figure("spans", spans);
+    truth
+}
+
+/// Prefixes the cluster (resource) and client ids (span, metric and log attributes).
+fn rename(request: &mut Request, prefix: &str) {
+    let resources: Vec<&mut Vec<KeyValue>> = match request {
+        Request::Traces(request) => request
+            .resource_spans
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+        Request::Metrics(request) => request
+            .resource_metrics
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+        Request::Logs(request) => request
+            .resource_logs
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+    };
+    for attributes in resources {
+        prefix_value(attributes, "lagscope.cluster", prefix);
+    }
+    match request {
+        Request::Traces(request) => {
+            for span in request
+                .resource_spans
+                .iter_mut()
+                .flat_map(|item| &mut item.scope_spans)
+                .flat_map(|scope| &mut scope.spans)
+            {
+                prefix_value(&mut span.attributes, "lagscope.client.id", prefix);
+            }
+        }
+        Request::Metrics(request) => {
+            use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+            for metric in request
+                .resource_metrics
+                .iter_mut()
+                .flat_map(|item| &mut item.scope_metrics)
+                .flat_map(|scope| &mut scope.metrics)
+            {
+                let points: Vec<&mut Vec<KeyValue>> = match &mut metric.data {
+                    Some(Data::Gauge(gauge)) => {
+                        gauge.data_points.iter_mut().map(|point| &mut point.attributes).collect()
+                    }
+                    Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(|point| &mut point.attributes).collect(),
+                    _ => Vec::new(),
+                };
+                for attributes in points {
+                    prefix_value(attributes, "lagscope.client.id", prefix);
+                }
+            }
+        }
+        Request::Logs(_) => {}
+    }
+}
+
+fn prefix_value(attributes: &mut [KeyValue], key: &str, prefix: &str) {
+    for attribute in attributes.iter_mut().filter(|attribute| attribute.key == key) {
+        if let Some(AnyValue { value: Some(any_value::Value::StringValue(text)) }) = &mut attribute.value {
+            *text = format!("{prefix}.{text}");
+        }
+    }
+}
