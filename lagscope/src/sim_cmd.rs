@@ -34,12 +34,25 @@ struct JsonLinesSink<W: Write> {
     out: W,
     error: Option<std::io::Error>,
     requests: u64,
+    /// When pacing in real time: when the run started.
+    started: Option<Instant>,
 }
 
 impl<W: Write> Sink for JsonLinesSink<W> {
-    fn export(&mut self, _at: Nanos, request: Request) {
+    fn export(&mut self, at: Nanos, request: Request) {
         if self.error.is_some() {
             return;
+        }
+        if let Some(started) = self.started {
+            let due = started + Duration::from_nanos(at.max(0) as u64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            // A paced file is read as it grows (tail -f): hand each batch over at once.
+            if let Err(error) = self.out.flush() {
+                self.error = Some(error);
+                return;
+            }
         }
         let mut line = json_line(&request);
         line.push('\n');
@@ -98,7 +111,8 @@ pub fn run_with_native(
     match target {
         Target::JsonLines(path) => {
             let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-            let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0 };
+            let started = realtime.then(Instant::now);
+            let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0, started };
             let truth = lagscope_sim::run(config, &mut Tee { inner: &mut sink, native })?;
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));

@@ -92,3 +92,18 @@ fn json_lines_from_sim_are_read_by_analyze_with_the_same_stale_reads() {
     assert_eq!(found, truth.count("stale_read"));
     assert!(Path::new(&out).metadata().expect("file").len() > 0);
 }
+
+#[test]
+fn realtime_paces_the_run_on_the_wall_clock() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let mut config = SimConfig::new("hdfs-observer-healthy");
+    config.duration = Some(2 * SECOND);
+    let started = std::time::Instant::now();
+    run(&config, &Target::JsonLines(directory.path().join("paced.jsonl")), true).expect("paced run");
+    // Batches are flushed every simulated second: the last one is due at 2 s of wall time.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1900), "took {:?}", started.elapsed());
+    let paced = std::fs::read(directory.path().join("paced.jsonl")).expect("paced output");
+    run(&config, &Target::JsonLines(directory.path().join("fast.jsonl")), false).expect("fast run");
+    let fast = std::fs::read(directory.path().join("fast.jsonl")).expect("fast output");
+    assert_eq!(paced, fast, "pacing changes when, not what");
+}

@@ -126,7 +126,7 @@ pub fn hadoop_jmx(node: &str, state: &NodeState) -> Value {
         "tag.HAState": role,
         "tag.Hostname": node,
         "LastWrittenTransactionId": written,
-        "MillisSinceLastLoadedEdits": 0,
+        "MillisSinceLastLoadedEdits": number("lagscope.server.millis_since_last_applied"),
     }));
     beans.push(json!({
         "name": "Hadoop:service=NameNode,name=NameNodeInfo",
@@ -148,6 +148,7 @@ pub fn hadoop_jmx(node: &str, state: &NodeState) -> Value {
 
 /// Ozone Manager `/jmx` with OMMetrics and OMHAMetrics.
 pub fn ozone_jmx(node: &str, state: &NodeState) -> Value {
+    let number = |metric: &str| state.value(metric).unwrap_or(0.0) as i64;
     let role = state.label_of("lagscope.server.role", "lagscope.node.role").unwrap_or_else(|| "follower".to_string());
     json!({ "beans": [
         {
@@ -155,11 +156,11 @@ pub fn ozone_jmx(node: &str, state: &NodeState) -> Value {
             "modelerType": "OMMetrics",
             "tag.Context": "dfs",
             "tag.Hostname": node,
-            "NumLinearizableRead": 0,
+            "NumLinearizableRead": number("lagscope.ozone.linearizable_reads"),
             "NumLeaderSkipLinearizableRead": 0,
-            "NumFollowerReadLocalLeaseSuccess": 0,
-            "NumFollowerReadLocalLeaseFailLog": 0,
-            "NumFollowerReadLocalLeaseFailTime": 0,
+            "NumFollowerReadLocalLeaseSuccess": number("lagscope.ozone.local_lease_success"),
+            "NumFollowerReadLocalLeaseFailLog": number("lagscope.ozone.local_lease_fail_log"),
+            "NumFollowerReadLocalLeaseFailTime": number("lagscope.ozone.local_lease_fail_time"),
         },
         {
             "name": "Hadoop:service=OzoneManager,name=OMHAMetrics",
@@ -315,8 +316,29 @@ mod tests {
             assert!(text.contains(field), "{field} missing from {text}");
         }
         assert_eq!(observer["beans"][1]["tag.HAState"], "observer");
+        // nn-obs2's tailer stalls at 20 s: by 30 s it has not loaded edits for about 10 s.
+        let stalled = observer["beans"][1]["MillisSinceLastLoadedEdits"].as_i64().unwrap_or(0);
+        assert!((8_000..=11_000).contains(&stalled), "MillisSinceLastLoadedEdits {stalled}");
         let router = hadoop_jmx("router-1", &state.nodes["router-1"]).to_string();
         assert!(router.contains("FederationRPC") && router.contains("ProxyOpNoNamenodes"), "{router}");
         assert!(prometheus_text(&state).contains("lagscope_server_requeue_calls{"));
+    }
+}
+
+#[cfg(test)]
+mod ozone_tests {
+    use super::*;
+    use crate::{SimConfig, run};
+
+    #[test]
+    fn om_metrics_count_the_rejected_local_lease_read() {
+        let mut requests = Vec::new();
+        run(&SimConfig::new("ozone-follower-read-disabled"), &mut requests).expect("runs");
+        let mut state = NativeState::default();
+        requests.iter().for_each(|request| state.observe(request));
+        let om2 = ozone_jmx("om2", &state.nodes["om2"]);
+        assert_eq!(om2["beans"][0]["NumFollowerReadLocalLeaseFailTime"], 1);
+        assert!(om2["beans"][0]["NumLinearizableRead"].as_i64().unwrap_or(0) > 0);
+        assert_eq!(ozone_jmx("om1", &state.nodes["om1"])["beans"][1]["OzoneManagerHALeaderState"], 1);
     }
 }

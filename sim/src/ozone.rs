@@ -92,6 +92,11 @@ struct Ring {
     scenario: String,
     next_metrics: Nanos,
     calls: u64,
+    /// Per OM (OMMetrics): linearizable reads, LOCAL_LEASE reads served, refused for the
+    /// lease time.
+    linearizable_reads: [u64; 3],
+    local_lease_success: [u64; 3],
+    local_lease_fail_time: [u64; 3],
 }
 
 /// One read or write attempt as the model decided it.
@@ -131,6 +136,9 @@ impl Ring {
             scenario: config.scenario.clone(),
             next_metrics: 0,
             calls: 0,
+            linearizable_reads: [0; 3],
+            local_lease_success: [0; 3],
+            local_lease_fail_time: [0; 3],
         }
     }
 
@@ -188,6 +196,14 @@ impl Ring {
                 let mut role_attributes = service();
                 role_attributes.push(string("lagscope.node.role", role));
                 self.emitter.gauge(process, "lagscope.server.role", now, 1.0, role_attributes);
+                let counters = [
+                    ("lagscope.ozone.linearizable_reads", self.linearizable_reads[index]),
+                    ("lagscope.ozone.local_lease_success", self.local_lease_success[index]),
+                    ("lagscope.ozone.local_lease_fail_time", self.local_lease_fail_time[index]),
+                ];
+                for (name, total) in counters {
+                    self.emitter.counter(process, name, now, total as f64, service());
+                }
             }
             self.next_metrics += SECOND;
         }
@@ -228,6 +244,14 @@ impl Ring {
         client_span.events = attempt.events;
         let parent = self.emitter.span(attempt.client_process, client_span);
         let node_index = OMS.iter().position(|node| *node == attempt.target).unwrap_or(0);
+        if attempt.op == "read" {
+            match (attempt.consistency, &attempt.error) {
+                ("LINEARIZABLE_ALLOW_FOLLOWER", None) => self.linearizable_reads[node_index] += 1,
+                ("LOCAL_LEASE", None) => self.local_lease_success[node_index] += 1,
+                ("LOCAL_LEASE", Some((NOT_LEADER, _))) => self.local_lease_fail_time[node_index] += 1,
+                _ => {}
+            }
+        }
         let role = if attempt.target == self.leader_at(server_start) { "leader" } else { "follower" };
         let mut server_span =
             SpanSpec::new(format!("OzoneManagerProtocol/{}", attempt.method), Kind::Server, server_start, server_end);

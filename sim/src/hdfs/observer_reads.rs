@@ -90,6 +90,8 @@ struct Server {
     /// Index into the nameservice's observers; `None` for the active.
     observer: Option<usize>,
     counters: ServerCounters,
+    /// The applied state at the last metrics tick and when it last moved.
+    last_applied: (StateId, Nanos),
 }
 
 struct Model {
@@ -194,7 +196,10 @@ impl Model {
         .to_vec();
         for (node, namespace, observer) in nodes {
             let process = model.emitter.process(process_spec("hdfs-namenode", "server", node));
-            model.servers.insert(node, Server { process, namespace, observer, counters: ServerCounters::default() });
+            model.servers.insert(
+                node,
+                Server { process, namespace, observer, counters: ServerCounters::default(), last_applied: (0, 0) },
+            );
         }
         for node in ["router-1", "router-2"] {
             let process = model.emitter.process(process_spec("hdfs-router", "router", node));
@@ -643,7 +648,7 @@ impl Model {
     }
 
     fn emit_metrics(&mut self, at: Nanos) {
-        for server in self.servers.values() {
+        for server in self.servers.values_mut() {
             let namespace = &self.namespaces[server.namespace];
             let labels = || vec![string("lagscope.namespace", namespace.name)];
             let written = namespace.log.written_at(at);
@@ -652,6 +657,12 @@ impl Model {
                 None => ("active", written),
             };
             let process = server.process;
+            if applied != server.last_applied.0 {
+                server.last_applied = (applied, at);
+            }
+            // FSNamesystem's MillisSinceLastLoadedEdits: 0 on the active.
+            let since_loaded = if role == "active" { 0 } else { (at - server.last_applied.1) / crate::MILLISECOND };
+            self.emitter.gauge(process, "lagscope.server.millis_since_last_applied", at, since_loaded as f64, labels());
             self.emitter.gauge(process, "lagscope.server.applied_state", at, applied as f64, labels());
             if role == "active" {
                 self.emitter.gauge(process, "lagscope.server.committed_state", at, written as f64, labels());
