@@ -6,6 +6,37 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct AnalyzerConfig {
     pub stale_read: StaleReadConfig,
+    pub carried_state_regression: StatesBehindConfig,
+    pub router_state_dropped: StatesBehindConfig,
+    pub untrusted_state: UntrustedStateConfig,
+}
+
+/// A threshold in states below the expected one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatesBehindConfig {
+    /// Raise when the state is at least this many states below what it should be.
+    pub min_states_behind: i64,
+}
+
+impl Default for StatesBehindConfig {
+    fn default() -> Self {
+        Self { min_states_behind: 1 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UntrustedStateConfig {
+    /// How far beyond the highest reported committed state a carried state may be (writes in
+    /// flight, reports not yet sent) before it is untrusted.
+    pub margin_states: i64,
+}
+
+impl Default for UntrustedStateConfig {
+    fn default() -> Self {
+        Self { margin_states: 10_000 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,11 @@
 //! The detector catalogue. Each detector is one file with one function of the same
 //! signature; adding one is a new file and a line in [`REGISTRY`].
 
+mod carried_state_regression;
+mod evidence;
+mod router_state_dropped;
 mod stale_read;
+mod untrusted_state;
 
 use lagscope_model::{Anomaly, AnomalyKind};
 
@@ -13,4 +17,9 @@ pub struct Detector {
     pub detect: fn(&AnalysisInput, &AnalyzerConfig) -> Vec<Anomaly>,
 }
 
-pub const REGISTRY: &[Detector] = &[Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect }];
+pub const REGISTRY: &[Detector] = &[
+    Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect },
+    Detector { kind: AnomalyKind::CarriedStateRegression, detect: carried_state_regression::detect },
+    Detector { kind: AnomalyKind::RouterStateDropped, detect: router_state_dropped::detect },
+    Detector { kind: AnomalyKind::UntrustedState, detect: untrusted_state::detect },
+];

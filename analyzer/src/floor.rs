@@ -56,16 +56,53 @@ impl CallFloors {
 
 /// The floors in force at the start of each call. `calls` must be in client order (start).
 pub fn floors(calls: &[TimelineCall]) -> Vec<CallFloors> {
-    let mut contributions: Vec<FloorContribution> =
+    let contributions =
         calls.iter().enumerate().filter_map(|(call_index, call)| contribution(call_index, call)).collect();
-    contributions.sort_by_key(|contribution| contribution.completed_unix_nano);
+    sweep(calls, contributions, CallFloors::default(), CallFloors::raise)
+}
 
+/// The highest state any earlier completed call returned to the client, at the start of each
+/// call: what it has already seen, and so the least it should carry.
+pub fn seen_before(calls: &[TimelineCall]) -> Vec<Option<FloorContribution>> {
+    let contributions = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(call_index, call)| {
+            successful(call)
+                .filter_map(|(attempt_index, attempt)| {
+                    Some(FloorContribution {
+                        state: attempt.returned?,
+                        call_index,
+                        attempt_index,
+                        source: if call.op == Some(Op::Write) { FloorSource::Write } else { FloorSource::Read },
+                        completed_unix_nano: attempt.end_unix_nano,
+                    })
+                })
+                .max_by_key(|contribution| contribution.state)
+        })
+        .collect();
+    sweep(calls, contributions, None, |seen: &mut Option<FloorContribution>, contribution| {
+        if seen.is_none_or(|current| contribution.state > current.state) {
+            *seen = Some(contribution);
+        }
+    })
+}
+
+/// Walks the calls in client order, folding in each contribution once its call completed
+/// before the call at hand started.
+fn sweep<T: Copy>(
+    calls: &[TimelineCall],
+    mut contributions: Vec<FloorContribution>,
+    initial: T,
+    raise: impl Fn(&mut T, FloorContribution),
+) -> Vec<T> {
+    contributions.sort_by_key(|contribution| contribution.completed_unix_nano);
     let mut result = Vec::with_capacity(calls.len());
-    let mut current = CallFloors::default();
+    let mut current = initial;
     let mut next = 0;
     for call in calls {
         while next < contributions.len() && contributions[next].completed_unix_nano <= call.start_unix_nano {
-            current.raise(contributions[next]);
+            raise(&mut current, contributions[next]);
             next += 1;
         }
         result.push(current);

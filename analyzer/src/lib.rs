@@ -12,8 +12,8 @@ mod timeline;
 
 use lagscope_model::{Anomaly, ClientTimeline, Sample, Span};
 
-pub use config::{AnalyzerConfig, StaleReadConfig};
-pub use floor::{CallFloors, FloorContribution, FloorSource, floors};
+pub use config::{AnalyzerConfig, StaleReadConfig, StatesBehindConfig, UntrustedStateConfig};
+pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use timeline::build_timelines;
 
 /// What the detectors look at.

@@ -11,14 +11,28 @@ pub enum AnomalyKind {
     /// A read served below what the session had already seen (or, across clients, staler
     /// than the system's bound).
     StaleRead,
+    /// A request carried less than the client had already seen in that namespace.
+    CarriedStateRegression,
+    /// A router's request to a server carried less than the client's request.
+    RouterStateDropped,
+    /// A request carried a state beyond anything any server of the namespace reported.
+    UntrustedState,
 }
 
 impl AnomalyKind {
-    pub const ALL: &'static [AnomalyKind] = &[AnomalyKind::StaleRead];
+    pub const ALL: &'static [AnomalyKind] = &[
+        AnomalyKind::StaleRead,
+        AnomalyKind::CarriedStateRegression,
+        AnomalyKind::RouterStateDropped,
+        AnomalyKind::UntrustedState,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::StaleRead => "stale_read",
+            Self::CarriedStateRegression => "carried_state_regression",
+            Self::RouterStateDropped => "router_state_dropped",
+            Self::UntrustedState => "untrusted_state",
         }
     }
 

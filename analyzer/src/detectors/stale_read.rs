@@ -10,6 +10,7 @@ use lagscope_model::{
 };
 use serde_json::{Value, json};
 
+use super::evidence::{attempt_key, method, operation, span_ids};
 use crate::floor::{FloorContribution, FloorSource, floors};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -142,56 +143,13 @@ fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
     }
 }
 
-fn method(call: &TimelineCall) -> String {
-    call.rpc_method.clone().or_else(|| call.call_id.clone()).unwrap_or_else(|| "call".to_string())
-}
-
-fn operation(call: &TimelineCall, attempt: &TimelineAttempt) -> Value {
-    json!({
-        "call_id": call.call_id,
-        "op": call.op.as_ref().map(|op| op.as_str()),
-        "rpc_method": call.rpc_method,
-        "attempt": attempt.attempt,
-        "start_unix_nano": attempt.start_unix_nano,
-        "end_unix_nano": attempt.end_unix_nano,
-        "served": attempt.served,
-        "returned": attempt.returned,
-        "served_by": attempt.served_by,
-        "spans": span_ids(attempt),
-    })
-}
-
-/// The client, router and server spans of an attempt, as `{trace_id, span_id, service, node}`.
-fn span_ids(attempt: &TimelineAttempt) -> Vec<Value> {
-    std::iter::once(&attempt.client_span)
-        .chain(&attempt.router_spans)
-        .chain(&attempt.server_spans)
-        .map(|span| {
-            json!({
-                "trace_id": span.trace_id,
-                "span_id": span.span_id,
-                "service_name": span.service_name,
-                "node_id": span.node_id,
-            })
-        })
-        .collect()
-}
-
 /// One incident per read attempt: stable across analysis passes over more data.
 fn fingerprint(timeline: &ClientTimeline, call: &TimelineCall, attempt: &TimelineAttempt) -> String {
-    let read_id = match (&attempt.client_span.trace_id, &attempt.client_span.span_id) {
-        (Some(trace_id), Some(span_id)) => format!("{trace_id}/{span_id}"),
-        _ => format!(
-            "{}#{}@{}",
-            call.call_id.as_deref().unwrap_or(""),
-            attempt.attempt.unwrap_or_default(),
-            attempt.start_unix_nano
-        ),
-    };
     format!(
-        "stale_read|{}|{}|{}|{read_id}",
+        "stale_read|{}|{}|{}|{}",
         timeline.cluster.as_deref().unwrap_or(""),
         timeline.namespace.as_deref().unwrap_or(""),
-        timeline.client_id
+        timeline.client_id,
+        attempt_key(call, attempt)
     )
 }

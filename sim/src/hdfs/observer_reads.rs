@@ -56,7 +56,8 @@ struct Client {
     /// A write's response map not yet published into the context (HDFS-17156), and when it
     /// lands.
     unpublished: Option<(Nanos, States)>,
-    /// Truth: the highest state of each nameservice any response returned to this client.
+    /// Truth: the highest state of each nameservice that responses to calls on that
+    /// nameservice returned to this client (what its spans show it has seen).
     seen: States,
     /// Truth: read-your-writes and monotonic-reads floors.
     write_floor: States,
@@ -65,6 +66,8 @@ struct Client {
     last_write: Option<&'static str>,
     /// Truth: the window in which the client carried a state no server had.
     untrusted: Option<(Nanos, Nanos)>,
+    /// Whether the client's context was restored with a future state.
+    restored: bool,
 }
 
 struct Router {
@@ -233,6 +236,7 @@ impl Model {
                 ops: 0,
                 last_write: None,
                 untrusted: None,
+                restored: false,
             });
         }
         model
@@ -289,11 +293,11 @@ impl Model {
         self.publish_due(index, at);
         let ops = self.clients[index].ops;
         self.clients[index].ops += 1;
-        if self.bugs.future_state && index == 0 && at >= 10 * SECOND && self.clients[index].untrusted.is_none() {
+        if self.bugs.future_state && index == 0 && at >= 10 * SECOND && !self.clients[index].restored {
             // Restored from another cluster's checkpoint: a state no server of this one has.
             let future = self.namespaces[0].log.last() + FUTURE_STATE_JUMP;
             self.clients[index].state.insert("ns1", future);
-            self.clients[index].untrusted = Some((at, at));
+            self.clients[index].restored = true;
         }
         let (namespace, is_write) = match (self.read_after_write, self.clients[index].last_write) {
             (true, Some(namespace)) => (namespace, false),
@@ -538,11 +542,14 @@ impl Model {
         let untrusted = record.carried.is_some_and(|carried| carried > max_committed + TOO_FAR_AHEAD);
         self.truth.anomalies.extend(found);
         let client = &mut self.clients[record.client_index];
-        if untrusted && let Some(window) = &mut client.untrusted {
+        if untrusted {
+            let window = client.untrusted.get_or_insert((record.start, end));
             window.1 = end;
         }
-        if let Some(map) = response_map {
-            merge_max(&mut client.seen, map);
+        if response_map.is_some() {
+            if let Some(returned) = record.returned {
+                merge_max(&mut client.seen, &States::from([(namespace, returned)]));
+            }
             if record.is_write
                 && let Some(returned) = record.returned
             {

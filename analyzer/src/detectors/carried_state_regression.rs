@@ -1,0 +1,116 @@
+//! `carried_state_regression`: a request carried less than the client had already seen in
+//! that namespace. Latent: raised whether or not the read was served high enough, because
+//! the next read on a lagging observer will be stale.
+
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
+use serde_json::json;
+
+use super::evidence::{attempt_key, method, operation, span_ids};
+use crate::floor::{FloorContribution, seen_before};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+/// A state published this soon after the call that returned it ended is the HDFS-17156 race.
+const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        for (call_index, (call, seen)) in timeline.calls.iter().zip(seen_before(&timeline.calls)).enumerate() {
+            let Some(seen) = seen else { continue };
+            for attempt in &call.attempts {
+                let Some(carried) = attempt.carried else { continue };
+                if seen.state.saturating_sub(carried) < config.carried_state_regression.min_states_behind.max(1) {
+                    continue;
+                }
+                anomalies.push(regression(timeline, call_index, call, attempt, carried, &seen));
+            }
+        }
+    }
+    anomalies
+}
+
+fn regression(
+    timeline: &ClientTimeline,
+    call_index: usize,
+    call: &TimelineCall,
+    attempt: &TimelineAttempt,
+    carried: i64,
+    seen: &FloorContribution,
+) -> Anomaly {
+    let seen_call = &timeline.calls[seen.call_index];
+    let seen_attempt = &seen_call.attempts[seen.attempt_index];
+    let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
+    let cause = cause(timeline, call_index, attempt, carried, seen);
+    Anomaly {
+        kind: AnomalyKind::CarriedStateRegression,
+        severity: Severity::Warning,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: attempt.router_node.clone().or_else(|| attempt.target_node.clone()),
+        start_unix_nano: attempt.start_unix_nano,
+        end_unix_nano: attempt.end_unix_nano,
+        summary: format!(
+            "client {} sent {} to {namespace} carrying state {carried}, {} below the {} its {} {} had already returned",
+            timeline.client_id,
+            method(call),
+            seen.state - carried,
+            seen.state,
+            seen_call.op.as_ref().map_or("call", |op| op.as_str()),
+            method(seen_call),
+        ),
+        cause,
+        evidence: json!({
+            "carried": carried,
+            "seen": seen.state,
+            "states_behind": seen.state - carried,
+            "served": attempt.served,
+            "served_by": attempt.served_by,
+            "request": operation(call, attempt),
+            "seen_from": operation(seen_call, seen_attempt),
+            "spans": span_ids(attempt).into_iter().chain(span_ids(seen_attempt)).collect::<Vec<_>>(),
+        }),
+        fingerprint: format!(
+            "carried_state_regression|{}|{}|{}|{}",
+            timeline.cluster.as_deref().unwrap_or(""),
+            timeline.namespace.as_deref().unwrap_or(""),
+            timeline.client_id,
+            attempt_key(call, attempt)
+        ),
+    }
+}
+
+/// Which known bug the regression matches: a lower state adopted from a later response
+/// (HDFS-16837), or a state not yet published when the next call left (HDFS-17156).
+fn cause(
+    timeline: &ClientTimeline,
+    call_index: usize,
+    attempt: &TimelineAttempt,
+    carried: i64,
+    seen: &FloorContribution,
+) -> String {
+    let overwritten_by = timeline.calls[..call_index].iter().rev().find(|earlier| {
+        earlier.end_unix_nano <= attempt.start_unix_nano
+            && earlier.end_unix_nano >= seen.completed_unix_nano
+            && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
+    });
+    if let Some(earlier) = overwritten_by {
+        let router = earlier.attempts.iter().rev().find_map(|earlier_attempt| earlier_attempt.router_node.clone());
+        return format!(
+            "stale router response overwrote a newer state: {} answered {carried} after the client had seen {}, and the client \
+             kept the lower value instead of the maximum (HDFS-16837)",
+            router.as_deref().unwrap_or("a router"),
+            seen.state
+        );
+    }
+    let gap = attempt.start_unix_nano - seen.completed_unix_nano;
+    if (0..=PUBLISH_RACE_GAP_NANOS).contains(&gap) {
+        return format!(
+            "state published after the call returned: this request left {:.1} ms after the response carrying {} and did not \
+             carry it yet (HDFS-17156)",
+            gap as f64 / 1e6,
+            seen.state
+        );
+    }
+    format!("the client's state went back from {} to {carried} without a response that explains it", seen.state)
+}

@@ -1,0 +1,62 @@
+//! `router_state_dropped`: the router's request to a server carried less than the client's
+//! request did (HDFS-16826: a connection pool not advanced by the client's state).
+
+use lagscope_model::{Anomaly, AnomalyKind, Severity};
+use serde_json::json;
+
+use super::evidence::{attempt_key, method, operation, span_ids};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        for call in &timeline.calls {
+            for attempt in &call.attempts {
+                let (Some(carried), Some(forwarded)) = (attempt.carried, attempt.router_carried) else { continue };
+                if carried.saturating_sub(forwarded) < config.router_state_dropped.min_states_behind.max(1) {
+                    continue;
+                }
+                let router = attempt.router_node.as_deref().unwrap_or("the router");
+                let target = attempt.served_by.as_deref().unwrap_or("the server");
+                anomalies.push(Anomaly {
+                    kind: AnomalyKind::RouterStateDropped,
+                    severity: Severity::Warning,
+                    cluster: timeline.cluster.clone(),
+                    namespace: timeline.namespace.clone(),
+                    client_id: Some(timeline.client_id.clone()),
+                    node_id: attempt.router_node.clone(),
+                    start_unix_nano: attempt.start_unix_nano,
+                    end_unix_nano: attempt.end_unix_nano,
+                    summary: format!(
+                        "{router} forwarded {} for client {} to {target} with state {forwarded}, {} below the {carried} the client carried",
+                        method(call),
+                        timeline.client_id,
+                        carried - forwarded
+                    ),
+                    cause: format!(
+                        "router dropped client state: {router}'s connection pool to {target} was not advanced by the client's state \
+                         (HDFS-16826); a read there may be served below what the client has seen"
+                    ),
+                    evidence: json!({
+                        "carried": carried,
+                        "forwarded": forwarded,
+                        "states_behind": carried - forwarded,
+                        "router": attempt.router_node,
+                        "target": attempt.served_by,
+                        "served": attempt.served,
+                        "request": operation(call, attempt),
+                        "spans": span_ids(attempt),
+                    }),
+                    fingerprint: format!(
+                        "router_state_dropped|{}|{}|{}|{}",
+                        timeline.cluster.as_deref().unwrap_or(""),
+                        timeline.namespace.as_deref().unwrap_or(""),
+                        timeline.client_id,
+                        attempt_key(call, attempt)
+                    ),
+                });
+            }
+        }
+    }
+    anomalies
+}
