@@ -9,6 +9,50 @@ pub struct AnalyzerConfig {
     pub carried_state_regression: StatesBehindConfig,
     pub router_state_dropped: StatesBehindConfig,
     pub untrusted_state: UntrustedStateConfig,
+    pub pinned_retry: PinnedRetryConfig,
+    pub follower_read_disabled: FollowerReadDisabledConfig,
+    pub no_namenodes_window: NoNamenodesWindowConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PinnedRetryConfig {
+    /// Consecutive attempts to one node with the same rejection.
+    pub min_attempts: usize,
+}
+
+impl Default for PinnedRetryConfig {
+    fn default() -> Self {
+        Self { min_attempts: 3 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FollowerReadDisabledConfig {
+    /// Successful reads after the rejection, none of them on a follower, before it is "for good".
+    pub min_reads_after: usize,
+}
+
+impl Default for FollowerReadDisabledConfig {
+    fn default() -> Self {
+        Self { min_reads_after: 3 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NoNamenodesWindowConfig {
+    /// A window shorter than this is a failover blip, not an incident.
+    pub min_window_seconds: i64,
+    /// NoNamenodesAvailable answers further apart than this are separate windows.
+    pub max_gap_seconds: i64,
+}
+
+impl Default for NoNamenodesWindowConfig {
+    fn default() -> Self {
+        Self { min_window_seconds: 5, max_gap_seconds: 10 }
+    }
 }
 
 /// A threshold in states below the expected one.

@@ -3,6 +3,9 @@
 
 mod carried_state_regression;
 mod evidence;
+mod follower_read_disabled;
+mod no_namenodes_window;
+mod pinned_retry;
 mod router_state_dropped;
 mod stale_read;
 mod untrusted_state;
@@ -22,4 +25,7 @@ pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::CarriedStateRegression, detect: carried_state_regression::detect },
     Detector { kind: AnomalyKind::RouterStateDropped, detect: router_state_dropped::detect },
     Detector { kind: AnomalyKind::UntrustedState, detect: untrusted_state::detect },
+    Detector { kind: AnomalyKind::PinnedRetry, detect: pinned_retry::detect },
+    Detector { kind: AnomalyKind::FollowerReadDisabled, detect: follower_read_disabled::detect },
+    Detector { kind: AnomalyKind::NoNamenodesWindow, detect: no_namenodes_window::detect },
 ];

@@ -12,7 +12,10 @@ mod timeline;
 
 use lagscope_model::{Anomaly, ClientTimeline, Sample, Span};
 
-pub use config::{AnalyzerConfig, StaleReadConfig, StatesBehindConfig, UntrustedStateConfig};
+pub use config::{
+    AnalyzerConfig, FollowerReadDisabledConfig, NoNamenodesWindowConfig, PinnedRetryConfig, StaleReadConfig,
+    StatesBehindConfig, UntrustedStateConfig,
+};
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use timeline::build_timelines;
 

@@ -4,8 +4,8 @@
 //! review the diff.
 //!
 //! A span line: `COMPONENT NODE START..END key=value ...` (times in milliseconds). Keys:
-//! client ns call attempt op method target target_role role consistency carried returned
-//! served committed router outcome error requeues trace span parent cluster.
+//! client ns call attempt op method target target_role role consistency follower_read
+//! carried returned served committed router outcome error requeues trace span parent cluster.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -97,6 +97,7 @@ fn parse_span(line: &str) -> Result<Span, String> {
             "target_role" => call.target_role = text,
             "role" => call.node_role = text,
             "consistency" => call.consistency = text,
+            "follower_read" => call.follower_read = Some(value == "true"),
             "carried" => state.carried = Some(int()?),
             "returned" => state.returned = Some(int()?),
             "served" => state.served = Some(int()?),

@@ -17,6 +17,13 @@ pub enum AnomalyKind {
     RouterStateDropped,
     /// A request carried a state beyond anything any server of the namespace reported.
     UntrustedState,
+    /// Consecutive attempts of one call pinned to one node with the same rejection while
+    /// other nodes served.
+    PinnedRetry,
+    /// A client stopped using follower reads for good after one rejection.
+    FollowerReadDisabled,
+    /// A router answered NoNamenodesAvailable for a namespace continuously.
+    NoNamenodesWindow,
 }
 
 impl AnomalyKind {
@@ -25,6 +32,9 @@ impl AnomalyKind {
         AnomalyKind::CarriedStateRegression,
         AnomalyKind::RouterStateDropped,
         AnomalyKind::UntrustedState,
+        AnomalyKind::PinnedRetry,
+        AnomalyKind::FollowerReadDisabled,
+        AnomalyKind::NoNamenodesWindow,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -33,6 +43,9 @@ impl AnomalyKind {
             Self::CarriedStateRegression => "carried_state_regression",
             Self::RouterStateDropped => "router_state_dropped",
             Self::UntrustedState => "untrusted_state",
+            Self::PinnedRetry => "pinned_retry",
+            Self::FollowerReadDisabled => "follower_read_disabled",
+            Self::NoNamenodesWindow => "no_namenodes_window",
         }
     }
 

@@ -1,0 +1,119 @@
+//! `follower_read_disabled`: a client that served reads from followers stops for good after
+//! a follower rejected one read, and its later reads change consistency or go only to the
+//! leader (HDDS-17548 MC-1: `disableFollowerRead` is client-wide and never reset).
+
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
+use serde_json::json;
+
+use super::evidence::{attempt_key, span_ids};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    input
+        .timelines
+        .iter()
+        .filter_map(|timeline| disabled(timeline, config.follower_read_disabled.min_reads_after))
+        .collect()
+}
+
+fn on_follower(attempt: &TimelineAttempt) -> bool {
+    matches!(attempt.served_role.as_deref(), Some("follower" | "observer"))
+}
+
+/// A read served by a follower in the client's follower-read mode (`lagscope.follower_read`);
+/// systems without such a mode (HDFS observer reads) never count.
+fn served_by_follower(attempt: &TimelineAttempt) -> bool {
+    attempt.outcome == Some(Outcome::Ok) && on_follower(attempt) && attempt.follower_read == Some(true)
+}
+
+fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly> {
+    let reads: Vec<(&TimelineCall, &TimelineAttempt)> = timeline
+        .calls
+        .iter()
+        .filter(|call| call.op == Some(Op::Read))
+        .flat_map(|call| call.attempts.iter().map(move |attempt| (call, attempt)))
+        .collect();
+    // The last rejection by a follower after which no read is served by a follower again.
+    let last_follower_read = reads.iter().rposition(|(_, attempt)| served_by_follower(attempt));
+    let rejection_index = reads.iter().enumerate().rposition(|(index, (_, attempt))| {
+        attempt.outcome != Some(Outcome::Ok)
+            && on_follower(attempt)
+            && attempt.follower_read == Some(true)
+            && last_follower_read.is_none_or(|last| last < index)
+    })?;
+    let used_followers_before = reads[..rejection_index].iter().any(|(_, attempt)| served_by_follower(attempt));
+    let later: Vec<&TimelineAttempt> = reads[rejection_index + 1..]
+        .iter()
+        .filter(|(call, attempt)| {
+            attempt.outcome == Some(Outcome::Ok) && reads[rejection_index].0.call_id != call.call_id
+        })
+        .map(|(_, attempt)| *attempt)
+        .collect();
+    if !used_followers_before || later.len() < min_reads_after {
+        return None;
+    }
+    let (call, rejected) = reads[rejection_index];
+    let before_consistency = reads[..rejection_index]
+        .iter()
+        .rev()
+        .find(|(_, attempt)| served_by_follower(attempt))
+        .and_then(|(_, attempt)| attempt.consistency.clone());
+    let after_consistencies: Vec<String> = later
+        .iter()
+        .filter_map(|attempt| attempt.consistency.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let consistency_changed =
+        before_consistency.as_ref().is_some_and(|before| after_consistencies.iter().any(|after| after != before));
+    let node = rejected.served_by.clone();
+    let follower = node.as_deref().unwrap_or("a follower");
+    let last_end = later.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or(rejected.end_unix_nano);
+    Some(Anomaly {
+        kind: AnomalyKind::FollowerReadDisabled,
+        severity: Severity::Warning,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: node.clone(),
+        start_unix_nano: rejected.start_unix_nano,
+        end_unix_nano: last_end,
+        summary: format!(
+            "client {} stopped using follower reads after {follower} rejected a {} read: 0 of its {} later reads went to a follower{}",
+            timeline.client_id,
+            rejected.consistency.as_deref().unwrap_or("follower"),
+            later.len(),
+            if consistency_changed {
+                format!(
+                    ", and their consistency changed from {} to {}",
+                    before_consistency.as_deref().unwrap_or("-"),
+                    after_consistencies.join("/")
+                )
+            } else {
+                String::new()
+            }
+        ),
+        cause: format!(
+            "follower read disabled for the client's life: the {} answer from {follower} turned follower read off client-wide and \
+             nothing turns it back on (HDDS-17548 MC-1); unhinted reads now take the leader consistency",
+            rejected.error_type.as_deref().and_then(|error| error.rsplit('.').next()).unwrap_or("rejection"),
+        ),
+        evidence: json!({
+            "rejected_by": node,
+            "rejection_error": rejected.error_type,
+            "rejected_consistency": rejected.consistency,
+            "consistency_before": before_consistency,
+            "consistencies_after": after_consistencies,
+            "reads_after": later.len(),
+            "reads_after_on_followers": 0,
+            "spans": span_ids(rejected),
+        }),
+        fingerprint: format!(
+            "follower_read_disabled|{}|{}|{}|{}",
+            timeline.cluster.as_deref().unwrap_or(""),
+            timeline.namespace.as_deref().unwrap_or(""),
+            timeline.client_id,
+            attempt_key(call, rejected)
+        ),
+    })
+}

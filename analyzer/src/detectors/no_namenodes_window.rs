@@ -1,0 +1,167 @@
+//! `no_namenodes_window`: a router answers NoNamenodesAvailable for a namespace continuously
+//! for at least `min_window` (seed 002, HDFS-17166: the membership cache says "no active"
+//! after the failover finished, and every request goes to the real standby first).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lagscope_model::conventions::{CLUSTER, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE};
+use lagscope_model::{Anomaly, AnomalyKind, Outcome, Severity};
+use serde_json::json;
+
+use crate::{AnalysisInput, AnalyzerConfig};
+
+const NO_NAMENODES: &str = "NoNamenodesAvailableException";
+
+/// One router answer for a namespace.
+struct Answer<'a> {
+    start: i64,
+    end: i64,
+    no_namenodes: bool,
+    client: &'a str,
+    tried: Option<&'a str>,
+}
+
+type Key<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let settings = &config.no_namenodes_window;
+    let mut answers: BTreeMap<Key<'_>, Vec<Answer<'_>>> = BTreeMap::new();
+    for timeline in &input.timelines {
+        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
+            let Some(router) = attempt.router_node.as_deref() else { continue };
+            let no_namenodes = attempt.error_type.as_deref().is_some_and(|error| error.ends_with(NO_NAMENODES));
+            if !no_namenodes && attempt.outcome != Some(Outcome::Ok) {
+                continue;
+            }
+            answers.entry((timeline.cluster.as_deref(), timeline.namespace.as_deref(), router)).or_default().push(
+                Answer {
+                    start: attempt.start_unix_nano,
+                    end: attempt.end_unix_nano,
+                    no_namenodes,
+                    client: &timeline.client_id,
+                    tried: attempt.served_by.as_deref(),
+                },
+            );
+        }
+    }
+    let mut anomalies = Vec::new();
+    for ((cluster, namespace, router), mut list) in answers {
+        list.sort_by_key(|answer| answer.start);
+        let mut window: Vec<&Answer<'_>> = Vec::new();
+        let mut flush = |window: &mut Vec<&Answer<'_>>| {
+            if let (Some(first), Some(last)) = (window.first(), window.last())
+                && last.start - first.start >= settings.min_window_seconds * 1_000_000_000
+            {
+                anomalies.push(raise(input, cluster, namespace, router, window));
+            }
+            window.clear();
+        };
+        for answer in &list {
+            let gap_too_long =
+                window.last().is_some_and(|last| answer.start - last.start > settings.max_gap_seconds * 1_000_000_000);
+            if !answer.no_namenodes || gap_too_long {
+                flush(&mut window);
+            }
+            if answer.no_namenodes {
+                window.push(answer);
+            }
+        }
+        flush(&mut window);
+    }
+    anomalies
+}
+
+fn raise(
+    input: &AnalysisInput,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    router: &str,
+    window: &[&Answer<'_>],
+) -> Anomaly {
+    let (start, end) = (window[0].start, window[window.len() - 1].end);
+    let clients: BTreeSet<&str> = window.iter().map(|answer| answer.client).collect();
+    let mut tried: BTreeMap<&str, usize> = BTreeMap::new();
+    for node in window.iter().filter_map(|answer| answer.tried) {
+        *tried.entry(node).or_default() += 1;
+    }
+    let tried_first = tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| *node);
+    let active = active_reported(input, cluster, namespace, start, end);
+    let namespace_text = namespace.unwrap_or("the namespace");
+    let seconds = (window[window.len() - 1].start - window[0].start) as f64 / 1e9;
+    let cause = match &active {
+        Some(node) => format!(
+            "stale membership cache: {node} already reported ACTIVE while {router} kept answering NoNamenodesAvailable and sending \
+             every request to {} first; the router's cache still said 'no active' and it did not rotate the failing NameNode \
+             (HDFS-17166)",
+            tried_first.unwrap_or("a standby")
+        ),
+        None => format!(
+            "no NameNode of {namespace_text} reported ACTIVE in the window: the nameservice had no active (failover in progress)"
+        ),
+    };
+    Anomaly {
+        kind: AnomalyKind::NoNamenodesWindow,
+        severity: Severity::Critical,
+        cluster: cluster.map(str::to_string),
+        namespace: namespace.map(str::to_string),
+        client_id: None,
+        node_id: Some(router.to_string()),
+        start_unix_nano: start,
+        end_unix_nano: end,
+        summary: format!(
+            "{router} answered NoNamenodesAvailable for {namespace_text} for {seconds:.0} s ({} attempts, {} clients){}",
+            window.len(),
+            clients.len(),
+            active.as_ref().map_or(String::new(), |node| format!(" while {node} was ACTIVE"))
+        ),
+        cause,
+        evidence: json!({
+            "window_start_unix_nano": start,
+            "window_end_unix_nano": end,
+            "window_seconds": seconds,
+            "attempts": window.len(),
+            "clients_affected": clients,
+            "namenode_tried_first": tried_first,
+            "active_reported_by": active,
+        }),
+        fingerprint: format!(
+            "no_namenodes_window|{}|{}|{router}|{start}",
+            cluster.unwrap_or(""),
+            namespace.unwrap_or("")
+        ),
+    }
+}
+
+/// A NameNode of the namespace that reported ACTIVE during the window: its role metric, or a
+/// successful execution as the active.
+fn active_reported(
+    input: &AnalysisInput,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    start: i64,
+    end: i64,
+) -> Option<String> {
+    let from_metrics = input.samples.iter().find_map(|sample| {
+        let labels = &sample.series;
+        (labels.name == METRIC_ROLE
+            && labels.label(NODE_ROLE) == Some("active")
+            && labels.label(CLUSTER) == cluster
+            && labels.label(NAMESPACE) == namespace
+            && (start..=end).contains(&sample.time_unix_nano))
+        .then(|| labels.label(NODE_ID).map(str::to_string))
+        .flatten()
+    });
+    from_metrics.or_else(|| {
+        input
+            .timelines
+            .iter()
+            .filter(|timeline| timeline.cluster.as_deref() == cluster && timeline.namespace.as_deref() == namespace)
+            .flat_map(|timeline| timeline.calls.iter().flat_map(|call| &call.attempts))
+            .find(|attempt| {
+                attempt.outcome == Some(Outcome::Ok)
+                    && attempt.served_role.as_deref() == Some("active")
+                    && (start..=end).contains(&attempt.start_unix_nano)
+            })
+            .and_then(|attempt| attempt.served_by.clone())
+    })
+}

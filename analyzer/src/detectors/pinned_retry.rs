@@ -1,0 +1,134 @@
+//! `pinned_retry`: consecutive attempts of one call all go to the same server with the same
+//! rejection while another server of the namespace was serving (HDDS-17548 MC-4: LOCAL_LEASE
+//! reads retried only on a not-ready new leader).
+//!
+//! Only attempts a client sends to a server directly count: behind a router, the router
+//! picks the server and a stuck choice is the router's (see `no_namenodes_window`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt, TimelineCall};
+use serde_json::json;
+
+use super::evidence::{attempt_key, method, span_ids};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+/// (cluster, namespace) → (time, node) of every successful answer.
+type Served<'a> = BTreeMap<(Option<&'a str>, Option<&'a str>), Vec<(i64, &'a str)>>;
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let served = served_answers(input);
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        let key = (timeline.cluster.as_deref(), timeline.namespace.as_deref());
+        for call in &timeline.calls {
+            for run in pinned_runs(call, config.pinned_retry.min_attempts) {
+                let node = run[0].served_by.as_deref().unwrap_or_default();
+                let (start, end) = (run[0].start_unix_nano, run[run.len() - 1].end_unix_nano);
+                let others: BTreeSet<&str> = served
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(at, other)| *other != node && (start..=end).contains(at))
+                    .map(|(_, other)| *other)
+                    .collect();
+                if !others.is_empty() {
+                    anomalies.push(pinned(timeline, call, &run, node, &others));
+                }
+            }
+        }
+    }
+    anomalies
+}
+
+fn served_answers(input: &AnalysisInput) -> Served<'_> {
+    let mut served = Served::new();
+    for timeline in &input.timelines {
+        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
+            if let (Some(Outcome::Ok), Some(node)) = (&attempt.outcome, attempt.served_by.as_deref()) {
+                served
+                    .entry((timeline.cluster.as_deref(), timeline.namespace.as_deref()))
+                    .or_default()
+                    .push((attempt.end_unix_nano, node));
+            }
+        }
+    }
+    served
+}
+
+/// Runs of at least `min_attempts` consecutive refused attempts, sent straight to one server,
+/// refused the same way.
+fn pinned_runs(call: &TimelineCall, min_attempts: usize) -> Vec<Vec<&TimelineAttempt>> {
+    let mut runs: Vec<Vec<&TimelineAttempt>> = Vec::new();
+    let mut current: Vec<&TimelineAttempt> = Vec::new();
+    for attempt in &call.attempts {
+        let pinned_candidate =
+            attempt.outcome != Some(Outcome::Ok) && attempt.router_node.is_none() && attempt.served_by.is_some();
+        let continues = current
+            .last()
+            .is_some_and(|last| last.served_by == attempt.served_by && last.error_type == attempt.error_type);
+        if pinned_candidate && (current.is_empty() || continues) {
+            current.push(attempt);
+            continue;
+        }
+        if current.len() >= min_attempts {
+            runs.push(std::mem::take(&mut current));
+        }
+        current.clear();
+        if pinned_candidate {
+            current.push(attempt);
+        }
+    }
+    if current.len() >= min_attempts {
+        runs.push(current);
+    }
+    runs
+}
+
+fn pinned(
+    timeline: &ClientTimeline,
+    call: &TimelineCall,
+    run: &[&TimelineAttempt],
+    node: &str,
+    others: &BTreeSet<&str>,
+) -> Anomaly {
+    let error = run[0].error_type.as_deref().unwrap_or("the same error");
+    let short_error = error.rsplit('.').next().unwrap_or(error);
+    let others_text = others.iter().copied().collect::<Vec<_>>().join(", ");
+    Anomaly {
+        kind: AnomalyKind::PinnedRetry,
+        severity: Severity::Warning,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: Some(node.to_string()),
+        start_unix_nano: run[0].start_unix_nano,
+        end_unix_nano: run[run.len() - 1].end_unix_nano,
+        summary: format!(
+            "client {} retried {} {} times, every attempt to {node} answering {short_error}, while {others_text} served",
+            timeline.client_id,
+            method(call),
+            run.len(),
+        ),
+        cause: format!(
+            "pinned retry: the client's retry and failover choice kept selecting {node}; {others_text} could have served \
+             (a not-ready new leader retried as the believed leader, HDDS-17548 MC-4)"
+        ),
+        evidence: json!({
+            "attempts": run.len(),
+            "node": node,
+            "error_type": run[0].error_type,
+            "consistency": run[0].consistency,
+            "served_meanwhile_by": others,
+            "call_id": call.call_id,
+            "spans": run.iter().flat_map(|attempt| span_ids(attempt)).collect::<Vec<_>>(),
+        }),
+        fingerprint: format!(
+            "pinned_retry|{}|{}|{}|{}",
+            timeline.cluster.as_deref().unwrap_or(""),
+            timeline.namespace.as_deref().unwrap_or(""),
+            timeline.client_id,
+            attempt_key(call, run[0])
+        ),
+    }
+}
