@@ -12,6 +12,91 @@ pub struct AnalyzerConfig {
     pub pinned_retry: PinnedRetryConfig,
     pub follower_read_disabled: FollowerReadDisabledConfig,
     pub no_namenodes_window: NoNamenodesWindowConfig,
+    pub apply_lag: ApplyLagConfig,
+    pub requeue_storm: RequeueStormConfig,
+    pub shard_pressure: ShardPressureConfig,
+    pub unfair_rejection: UnfairRejectionConfig,
+    pub blind_failover_probe: BlindFailoverProbeConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShardPressureConfig {
+    /// Share of the limit that is yellow.
+    pub yellow_ratio: f64,
+    /// Share of the limit that is red (at the limit).
+    pub red_ratio: f64,
+    pub min_seconds: i64,
+}
+
+impl Default for ShardPressureConfig {
+    fn default() -> Self {
+        Self { yellow_ratio: 0.8, red_ratio: 0.99, min_seconds: 10 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UnfairRejectionConfig {
+    /// A rejected shard under this share of its own limit was not the one under pressure.
+    pub max_own_ratio: f64,
+    /// Another shard holding at least this share of the node's in-flight bytes was.
+    pub min_holder_share: f64,
+}
+
+impl Default for UnfairRejectionConfig {
+    fn default() -> Self {
+        Self { max_own_ratio: 0.2, min_holder_share: 0.5 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlindFailoverProbeConfig {
+    /// How long sends must keep failing without a failover while the probe says up.
+    pub min_seconds: i64,
+}
+
+impl Default for BlindFailoverProbeConfig {
+    fn default() -> Self {
+        Self { min_seconds: 30 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApplyLagConfig {
+    /// Behind committed by more than this many states is lagging.
+    pub max_lag_states: i64,
+    /// Not advancing while committed advances for this long is a stall; shorter episodes
+    /// are not reported.
+    pub min_seconds: i64,
+    /// Within this many states of committed counts as caught up (the episode ends).
+    pub caught_up_states: i64,
+}
+
+impl Default for ApplyLagConfig {
+    fn default() -> Self {
+        Self { max_lag_states: 10_000, min_seconds: 10, caught_up_states: 1_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequeueStormConfig {
+    /// Requeues per second that count as a storm.
+    pub min_requeues_per_second: f64,
+    /// Requeues per call processed in the same second: a server briefly behind a fresh write
+    /// requeues a call a few times; one that cannot catch up, hundreds of times.
+    pub min_requeues_per_processed_call: f64,
+    /// How long the rate must stay that high.
+    pub min_seconds: i64,
+}
+
+impl Default for RequeueStormConfig {
+    fn default() -> Self {
+        Self { min_requeues_per_second: 100.0, min_requeues_per_processed_call: 100.0, min_seconds: 30 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,13 +1,18 @@
 //! The detector catalogue. Each detector is one file with one function of the same
 //! signature; adding one is a new file and a line in [`REGISTRY`].
 
+mod apply_lag;
+mod blind_failover_probe;
 mod carried_state_regression;
 mod evidence;
 mod follower_read_disabled;
 mod no_namenodes_window;
 mod pinned_retry;
+mod requeue_storm;
 mod router_state_dropped;
+mod shard_pressure;
 mod stale_read;
+mod unfair_rejection;
 mod untrusted_state;
 
 use lagscope_model::{Anomaly, AnomalyKind};
@@ -28,4 +33,9 @@ pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::PinnedRetry, detect: pinned_retry::detect },
     Detector { kind: AnomalyKind::FollowerReadDisabled, detect: follower_read_disabled::detect },
     Detector { kind: AnomalyKind::NoNamenodesWindow, detect: no_namenodes_window::detect },
+    Detector { kind: AnomalyKind::ApplyLag, detect: apply_lag::detect },
+    Detector { kind: AnomalyKind::RequeueStorm, detect: requeue_storm::detect },
+    Detector { kind: AnomalyKind::ShardPressure, detect: shard_pressure::detect },
+    Detector { kind: AnomalyKind::UnfairRejection, detect: unfair_rejection::detect },
+    Detector { kind: AnomalyKind::BlindFailoverProbe, detect: blind_failover_probe::detect },
 ];

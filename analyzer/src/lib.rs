@@ -8,13 +8,14 @@
 mod config;
 pub mod detectors;
 mod floor;
+mod series;
 mod timeline;
 
 use lagscope_model::{Anomaly, ClientTimeline, Sample, Span};
 
 pub use config::{
-    AnalyzerConfig, FollowerReadDisabledConfig, NoNamenodesWindowConfig, PinnedRetryConfig, StaleReadConfig,
-    StatesBehindConfig, UntrustedStateConfig,
+    AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FollowerReadDisabledConfig, NoNamenodesWindowConfig,
+    PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig, UntrustedStateConfig,
 };
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use timeline::build_timelines;

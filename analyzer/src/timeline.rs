@@ -220,6 +220,7 @@ fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
         committed: server.and_then(|span| span.call.state.committed).or(call.state.committed),
         consistency: call.consistency.clone(),
         follower_read: call.follower_read,
+        server_address: client.attributes.get("server.address").and_then(|value| value.as_str()).map(str::to_string),
         outcome: Some(if client.is_ok() { lagscope_model::Outcome::Ok } else { outcome_of(client) }),
         error_type: call.error_type.clone(),
         requeues: server.and_then(|span| span.call.requeues),

@@ -3,7 +3,9 @@
 //! compared whole. Regenerate with `UPDATE_EXPECT=1 cargo test -p lagscope-analyzer` and
 //! review the diff.
 //!
-//! A span line: `COMPONENT NODE START..END key=value ...` (times in milliseconds). Keys:
+//! A metric line: `metric NAME NODE AT_SECONDS VALUE [gauge|counter] label=value ...` (the
+//! cluster is `prod`; `ns=` sets the namespace label). A span line:
+//! `COMPONENT NODE START..END key=value ...` (times in milliseconds). Keys:
 //! client ns call attempt op method target target_role role consistency follower_read
 //! carried returned served committed router outcome error requeues trace span parent cluster.
 
@@ -11,7 +13,12 @@ use std::fmt::Write;
 use std::path::Path;
 
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
-use lagscope_model::{CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields};
+use std::collections::BTreeMap;
+
+use lagscope_model::{
+    CallFields, Component, MetricKind, Op, Outcome, PointValue, ResourceFields, Sample, SeriesKey, SeriesMeta, Span,
+    SpanKind, StateFields,
+};
 
 const BASE_MS: i64 = 1_764_435_600_000;
 
@@ -27,18 +34,57 @@ fn every_case_matches_its_expected_output() {
     assert!(cases.len() >= 8, "expected the case files, found {}", cases.len());
     for case in cases {
         let text = std::fs::read_to_string(&case).expect("case readable");
-        let spans = parse_spans(&case.display().to_string(), &text);
-        let actual = render(&spans);
+        let (spans, samples) = parse_case(&case.display().to_string(), &text);
+        let actual = render(&spans, samples);
         expect_test::expect_file![case.with_extension("expected")].assert_eq(&actual);
     }
 }
 
-fn parse_spans(name: &str, text: &str) -> Vec<Span> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
-        .map(|(index, line)| parse_span(line).unwrap_or_else(|error| panic!("{name}:{}: {error}", index + 1)))
-        .collect()
+fn parse_case(name: &str, text: &str) -> (Vec<Span>, Vec<Sample>) {
+    let mut spans = Vec::new();
+    let mut samples = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let location = format!("{name}:{}", index + 1);
+        if let Some(rest) = line.strip_prefix("metric ") {
+            samples.push(parse_sample(rest).unwrap_or_else(|error| panic!("{location}: {error}")));
+        } else {
+            spans.push(parse_span(line).unwrap_or_else(|error| panic!("{location}: {error}")));
+        }
+    }
+    (spans, samples)
+}
+
+fn parse_sample(line: &str) -> Result<Sample, String> {
+    let mut words = line.split_whitespace();
+    let name = words.next().ok_or("missing metric name")?;
+    let node = words.next().ok_or("missing node")?;
+    let at: f64 = words.next().ok_or("missing time")?.parse().map_err(|_| "bad time")?;
+    let value: f64 = words.next().ok_or("missing value")?.parse().map_err(|_| "bad value")?;
+    let kind = match words.next().ok_or("missing kind")? {
+        "gauge" => MetricKind::Gauge,
+        "counter" => MetricKind::CumulativeCounter,
+        other => return Err(format!("unknown metric kind {other:?}")),
+    };
+    let mut labels = BTreeMap::from([
+        ("lagscope.cluster".to_string(), "prod".to_string()),
+        ("lagscope.node.id".to_string(), node.to_string()),
+    ]);
+    for word in words {
+        let (key, value) = word.split_once('=').ok_or_else(|| format!("{word:?} is not label=value"))?;
+        let key = if key == "ns" { "lagscope.namespace" } else { key };
+        labels.insert(key.to_string(), value.to_string());
+    }
+    Ok(Sample {
+        series: SeriesKey { name: name.to_string(), labels },
+        meta: SeriesMeta { kind, unit: None, description: None },
+        time_unix_nano: (BASE_MS * 1_000_000) + (at * 1e9) as i64,
+        start_time_unix_nano: None,
+        value: PointValue::Number(value),
+    })
 }
 
 fn parse_span(line: &str) -> Result<Span, String> {
@@ -110,14 +156,17 @@ fn parse_span(line: &str) -> Result<Span, String> {
             "span" => span.span_id = Some(format!("{:016x}", int()?)),
             "parent" => span.parent_span_id = Some(format!("{:016x}", int()?)),
             "cluster" => span.resource.cluster = text,
+            "address" => {
+                span.attributes.insert("server.address".to_string(), serde_json::Value::String(value.to_string()));
+            }
             other => return Err(format!("unknown key {other:?}")),
         }
     }
     Ok(span)
 }
 
-fn render(spans: &[Span]) -> String {
-    let input = AnalysisInput::from_telemetry(spans, Vec::new());
+fn render(spans: &[Span], samples: Vec<Sample>) -> String {
+    let input = AnalysisInput::from_telemetry(spans, samples);
     let mut out = String::new();
     for timeline in &input.timelines {
         let _ = writeln!(

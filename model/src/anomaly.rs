@@ -24,6 +24,16 @@ pub enum AnomalyKind {
     FollowerReadDisabled,
     /// A router answered NoNamenodesAvailable for a namespace continuously.
     NoNamenodesWindow,
+    /// A follower's applied state far behind committed, or stalled.
+    ApplyLag,
+    /// A server requeueing calls at a high rate for a long time.
+    RequeueStorm,
+    /// A shard's in-flight bytes near or at its limit.
+    ShardPressure,
+    /// Writes rejected for a shard whose own pressure was low.
+    UnfairRejection,
+    /// A failover probe saying "up" while the client's calls to that cluster fail.
+    BlindFailoverProbe,
 }
 
 impl AnomalyKind {
@@ -35,6 +45,11 @@ impl AnomalyKind {
         AnomalyKind::PinnedRetry,
         AnomalyKind::FollowerReadDisabled,
         AnomalyKind::NoNamenodesWindow,
+        AnomalyKind::ApplyLag,
+        AnomalyKind::RequeueStorm,
+        AnomalyKind::ShardPressure,
+        AnomalyKind::UnfairRejection,
+        AnomalyKind::BlindFailoverProbe,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +61,11 @@ impl AnomalyKind {
             Self::PinnedRetry => "pinned_retry",
             Self::FollowerReadDisabled => "follower_read_disabled",
             Self::NoNamenodesWindow => "no_namenodes_window",
+            Self::ApplyLag => "apply_lag",
+            Self::RequeueStorm => "requeue_storm",
+            Self::ShardPressure => "shard_pressure",
+            Self::UnfairRejection => "unfair_rejection",
+            Self::BlindFailoverProbe => "blind_failover_probe",
         }
     }
 

@@ -50,6 +50,10 @@ pub struct TimelineAttempt {
     pub committed: Option<StateId>,
     pub consistency: Option<String>,
     pub follower_read: Option<bool>,
+    /// The service address the client sent the attempt to (`server.address`), for clients
+    /// that pick among cluster URLs (failover).
+    #[serde(default)]
+    pub server_address: Option<String>,
     pub outcome: Option<Outcome>,
     pub error_type: Option<String>,
     pub requeues: Option<i64>,

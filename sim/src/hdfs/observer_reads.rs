@@ -85,6 +85,31 @@ struct ServerCounters {
     queue_ops: u64,
     processing_ops: u64,
     requeues: u64,
+    /// Requeues of calls still waiting, spread over their wait: (from, until, count). A
+    /// counter read mid-wait shows the requeues done so far, as the real one does.
+    waiting: Vec<(Nanos, Nanos, u64)>,
+}
+
+impl ServerCounters {
+    /// (requeues, queue ops) as the counters read at `at`.
+    fn read_at(&mut self, at: Nanos) -> (u64, u64) {
+        let mut done = 0;
+        let mut partial = 0;
+        self.waiting.retain(|&(from, until, count)| {
+            if until <= at {
+                done += count;
+                false
+            } else {
+                if at > from {
+                    partial += (count as i128 * (at - from) as i128 / (until - from) as i128) as u64;
+                }
+                true
+            }
+        });
+        self.requeues += done;
+        self.queue_ops += done;
+        (self.requeues + partial, self.queue_ops + partial)
+    }
 }
 
 struct Server {
@@ -465,8 +490,9 @@ impl Model {
             if request_state <= applied { Some(at) } else { observer.time_reaching(&namespace.log, request_state, at) };
         let waited_until = ready.unwrap_or(at + MAX_REQUEUE_WAIT);
         let requeues = (waited_until - at) / REQUEUE_INTERVAL;
-        server.counters.requeues += requeues as u64;
-        server.counters.queue_ops += requeues as u64;
+        if requeues > 0 {
+            server.counters.waiting.push((at, waited_until, requeues as u64));
+        }
         match ready {
             Some(ready_at) => {
                 server.counters.processing_ops += 1;
@@ -677,9 +703,10 @@ impl Model {
             let mut role_labels = labels();
             role_labels.push(string("lagscope.node.role", role));
             self.emitter.gauge(process, "lagscope.server.role", at, 1.0, role_labels);
+            let (requeues, queue_ops) = server.counters.read_at(at);
             let counters = &server.counters;
-            self.emitter.counter(process, "lagscope.server.requeue_calls", at, counters.requeues as f64, labels());
-            self.emitter.counter(process, "lagscope.server.rpc_queue_ops", at, counters.queue_ops as f64, labels());
+            self.emitter.counter(process, "lagscope.server.requeue_calls", at, requeues as f64, labels());
+            self.emitter.counter(process, "lagscope.server.rpc_queue_ops", at, queue_ops as f64, labels());
             self.emitter.counter(
                 process,
                 "lagscope.server.rpc_processing_ops",
@@ -762,7 +789,7 @@ impl Model {
             }
         }
         let requeues: BTreeMap<&str, u64> =
-            self.servers.iter().map(|(node, server)| (*node, server.counters.requeues)).collect();
+            self.servers.iter_mut().map(|(node, server)| (*node, server.counters.read_at(Nanos::MAX).0)).collect();
         self.truth.figure("requeues_per_server", serde_json::json!(requeues));
         self.truth.figure("spans", self.emitter.spans_emitted);
     }

@@ -1,0 +1,89 @@
+//! `unfair_rejection`: writes rejected for a shard whose own pressure was low while another
+//! shard on the same node held most of the node's in-flight bytes (seed 003: node-level
+//! limits punish healthy shards).
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMIT_BYTES, METRIC_SHARD_REJECTIONS};
+use lagscope_model::{Anomaly, AnomalyKind, Severity};
+use serde_json::json;
+
+use super::shard_pressure::{SHARD_ROLE, ratios};
+use crate::series::{rates, series_of, value_at};
+use crate::{AnalysisInput, AnalyzerConfig};
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let settings = &config.unfair_rejection;
+    let inflight = series_of(&input.samples, METRIC_SHARD_INFLIGHT_BYTES, &[SHARD_ROLE]);
+    let limits = series_of(&input.samples, METRIC_SHARD_LIMIT_BYTES, &[SHARD_ROLE]);
+    let mut anomalies = Vec::new();
+    for (key, rejections) in series_of(&input.samples, METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
+        let (scope, labels) = &key;
+        let own_ratio = ratios(inflight.get(&key).map_or(&Vec::new(), |points| points), limits.get(&key));
+        // The node's other shards (same cluster, node and role).
+        let others: Vec<_> = inflight
+            .iter()
+            .filter(|((other, other_labels), _)| {
+                other.cluster == scope.cluster
+                    && other.node == scope.node
+                    && other.namespace != scope.namespace
+                    && *other_labels == *labels
+            })
+            .collect();
+        let mut unfair: Vec<(i64, f64)> = Vec::new();
+        let mut holder: BTreeMap<String, f64> = BTreeMap::new();
+        for (at, rate) in rates(&rejections) {
+            if rate <= 0.0 {
+                continue;
+            }
+            let own = value_at(&own_ratio, at).unwrap_or(0.0);
+            let own_bytes = inflight.get(&key).and_then(|points| value_at(points, at)).unwrap_or(0.0);
+            let heaviest = others
+                .iter()
+                .filter_map(|((other, _), points)| Some((other.namespace.clone()?, value_at(points, at)?)))
+                .max_by(|left, right| left.1.total_cmp(&right.1));
+            let Some((other_shard, other_bytes)) = heaviest else { continue };
+            let node_bytes = own_bytes + others.iter().filter_map(|(_, points)| value_at(points, at)).sum::<f64>();
+            if own < settings.max_own_ratio && node_bytes > 0.0 && other_bytes / node_bytes >= settings.min_holder_share
+            {
+                unfair.push((at, rate));
+                *holder.entry(other_shard).or_default() += rate;
+            }
+        }
+        let (Some(first), Some(last)) = (unfair.first(), unfair.last()) else { continue };
+        let rejected: f64 = unfair.iter().map(|(_, rate)| rate).sum();
+        let shard = scope.namespace.as_deref().unwrap_or("a shard");
+        let node = scope.node.as_deref().unwrap_or("a node");
+        let heaviest = holder.iter().max_by(|left, right| left.1.total_cmp(right.1)).map(|(shard, _)| shard.clone());
+        anomalies.push(Anomaly {
+            kind: AnomalyKind::UnfairRejection,
+            severity: Severity::Warning,
+            cluster: scope.cluster.clone(),
+            namespace: scope.namespace.clone(),
+            client_id: None,
+            node_id: scope.node.clone(),
+            start_unix_nano: first.0,
+            end_unix_nano: last.0,
+            summary: format!(
+                "about {rejected:.0} {} writes to {shard} on {node} were rejected while {shard} itself was under {:.0}% of its limit; {} held the node's bytes",
+                labels[0],
+                settings.max_own_ratio * 100.0,
+                heaviest.as_deref().unwrap_or("another shard")
+            ),
+            cause: format!(
+                "unfair rejection: the node's indexing budget is shared by all its shards, so {}'s stuck operations rejected \
+                 {shard}'s healthy ones; shard-level accounting (OpenSearch shard indexing backpressure) isolates them",
+                heaviest.as_deref().unwrap_or("another shard")
+            ),
+            evidence: json!({
+                "role": labels[0],
+                "rejected": rejected,
+                "pressure_held_by": heaviest,
+                "window_seconds": (last.0 - first.0) as f64 / 1e9,
+                "spans": [],
+            }),
+            fingerprint: format!("unfair_rejection|{}|{shard}|{node}|{}|{}", scope.cluster.as_deref().unwrap_or(""), labels[0], first.0),
+        });
+    }
+    anomalies
+}

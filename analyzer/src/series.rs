@@ -1,0 +1,104 @@
+//! Metric samples grouped into series, for the detectors that read metrics.
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+use lagscope_model::{MetricKind, Sample};
+
+/// Where a series belongs: (cluster, namespace, node).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Scope {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub node: Option<String>,
+}
+
+/// The points of one series, oldest first: (time, value).
+pub type Points = Vec<(i64, f64)>;
+
+/// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
+/// numeric points only, sorted by time. Delta counters are accumulated into running totals.
+pub fn series_of(samples: &[Sample], name: &str, extra_labels: &[&str]) -> BTreeMap<(Scope, Vec<String>), Points> {
+    let mut series: BTreeMap<(Scope, Vec<String>), Points> = BTreeMap::new();
+    let mut delta: BTreeMap<(Scope, Vec<String>), bool> = BTreeMap::new();
+    for sample in samples.iter().filter(|sample| sample.series.name == name) {
+        let Some(value) = sample.value.as_number() else { continue };
+        let key = sample.series.label(NODE_ID);
+        let scope = Scope {
+            cluster: sample.series.label(CLUSTER).map(str::to_string),
+            namespace: sample.series.label(NAMESPACE).map(str::to_string),
+            node: key.map(str::to_string),
+        };
+        let extra: Vec<String> =
+            extra_labels.iter().map(|label| sample.series.label(label).unwrap_or_default().to_string()).collect();
+        delta.insert((scope.clone(), extra.clone()), sample.meta.kind == MetricKind::DeltaCounter);
+        series.entry((scope, extra)).or_default().push((sample.time_unix_nano, value));
+    }
+    for (key, points) in &mut series {
+        points.sort_by_key(|(time, _)| *time);
+        points.dedup_by_key(|(time, _)| *time);
+        if delta.get(key).copied().unwrap_or(false) {
+            let mut total = 0.0;
+            for point in points.iter_mut() {
+                total += point.1;
+                point.1 = total;
+            }
+        }
+    }
+    series
+}
+
+/// The latest value at or before `at`.
+pub fn value_at(points: &[(i64, f64)], at: i64) -> Option<f64> {
+    let index = points.partition_point(|(time, _)| *time <= at);
+    index.checked_sub(1).map(|index| points[index].1)
+}
+
+/// Per-second rates of a cumulative counter between consecutive points (resets count from 0).
+pub fn rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    points
+        .windows(2)
+        .filter_map(|pair| {
+            let ((previous_time, previous), (time, value)) = (pair[0], pair[1]);
+            let seconds = (time - previous_time) as f64 / 1e9;
+            if seconds <= 0.0 {
+                return None;
+            }
+            let increase = if value >= previous { value - previous } else { value };
+            Some((time, increase / seconds))
+        })
+        .collect()
+}
+
+/// Maximal runs of consecutive points for which `condition` holds, as (first, last) times,
+/// kept when they last at least `min_nanos`.
+pub fn runs(points: &[(i64, f64)], min_nanos: i64, condition: impl Fn(i64, f64) -> bool) -> Vec<(i64, i64)> {
+    let mut result = Vec::new();
+    let mut current: Option<(i64, i64)> = None;
+    for &(time, value) in points {
+        if condition(time, value) {
+            let run = current.get_or_insert((time, time));
+            run.1 = time;
+        } else if let Some(run) = current.take() {
+            result.push(run);
+        }
+    }
+    result.extend(current);
+    result.retain(|(start, end)| end - start >= min_nanos);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_runs() {
+        let points = vec![(0, 0.0), (1_000_000_000, 10.0), (2_000_000_000, 30.0), (3_000_000_000, 5.0)];
+        assert_eq!(rates(&points), vec![(1_000_000_000, 10.0), (2_000_000_000, 20.0), (3_000_000_000, 5.0)]);
+        assert_eq!(value_at(&points, 1_500_000_000), Some(10.0));
+        assert_eq!(value_at(&points, -1), None);
+        let high = runs(&rates(&points), 500_000_000, |_, rate| rate >= 10.0);
+        assert_eq!(high, vec![(1_000_000_000, 2_000_000_000)]);
+    }
+}
