@@ -17,6 +17,20 @@ pub struct AnalyzerConfig {
     pub shard_pressure: ShardPressureConfig,
     pub unfair_rejection: UnfairRejectionConfig,
     pub blind_failover_probe: BlindFailoverProbeConfig,
+    pub failover_flapping: FailoverFlappingConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailoverFlappingConfig {
+    /// The clients' switchBackDelay: switches closer together than this are flapping.
+    pub switch_back_delay_seconds: i64,
+}
+
+impl Default for FailoverFlappingConfig {
+    fn default() -> Self {
+        Self { switch_back_delay_seconds: 60 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

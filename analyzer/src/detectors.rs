@@ -5,6 +5,7 @@ mod apply_lag;
 mod blind_failover_probe;
 mod carried_state_regression;
 mod evidence;
+mod failover_flapping;
 mod follower_read_disabled;
 mod no_namenodes_window;
 mod pinned_retry;
@@ -38,4 +39,5 @@ pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::ShardPressure, detect: shard_pressure::detect },
     Detector { kind: AnomalyKind::UnfairRejection, detect: unfair_rejection::detect },
     Detector { kind: AnomalyKind::BlindFailoverProbe, detect: blind_failover_probe::detect },
+    Detector { kind: AnomalyKind::FailoverFlapping, detect: failover_flapping::detect },
 ];

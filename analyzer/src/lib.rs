@@ -14,8 +14,9 @@ mod timeline;
 use lagscope_model::{Anomaly, ClientTimeline, Sample, Span};
 
 pub use config::{
-    AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FollowerReadDisabledConfig, NoNamenodesWindowConfig,
-    PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig, UntrustedStateConfig,
+    AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FailoverFlappingConfig, FollowerReadDisabledConfig,
+    NoNamenodesWindowConfig, PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig,
+    UntrustedStateConfig,
 };
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use timeline::build_timelines;

@@ -34,6 +34,8 @@ pub enum AnomalyKind {
     UnfairRejection,
     /// A failover probe saying "up" while the client's calls to that cluster fail.
     BlindFailoverProbe,
+    /// A client switching clusters faster than its switch-back delay allows.
+    FailoverFlapping,
 }
 
 impl AnomalyKind {
@@ -50,6 +52,7 @@ impl AnomalyKind {
         AnomalyKind::ShardPressure,
         AnomalyKind::UnfairRejection,
         AnomalyKind::BlindFailoverProbe,
+        AnomalyKind::FailoverFlapping,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +69,7 @@ impl AnomalyKind {
             Self::ShardPressure => "shard_pressure",
             Self::UnfairRejection => "unfair_rejection",
             Self::BlindFailoverProbe => "blind_failover_probe",
+            Self::FailoverFlapping => "failover_flapping",
         }
     }
 
