@@ -2,9 +2,12 @@ use serde::{Deserialize, Serialize};
 
 /// Detector thresholds. Every field has a default; a config file overrides what it names and
 /// is refused if it names something unknown.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AnalyzerConfig {
+    /// A window anomaly whose window reaches within this many seconds of its cluster's
+    /// latest data is open (its condition still holds); otherwise resolved.
+    pub open_grace_seconds: i64,
     pub stale_read: StaleReadConfig,
     pub carried_state_regression: StatesBehindConfig,
     pub router_state_dropped: StatesBehindConfig,
@@ -151,6 +154,27 @@ pub struct NoNamenodesWindowConfig {
 impl Default for NoNamenodesWindowConfig {
     fn default() -> Self {
         Self { min_window_seconds: 5, max_gap_seconds: 10 }
+    }
+}
+
+impl Default for AnalyzerConfig {
+    fn default() -> Self {
+        Self {
+            open_grace_seconds: 5,
+            stale_read: StaleReadConfig::default(),
+            carried_state_regression: StatesBehindConfig::default(),
+            router_state_dropped: StatesBehindConfig::default(),
+            untrusted_state: UntrustedStateConfig::default(),
+            pinned_retry: PinnedRetryConfig::default(),
+            follower_read_disabled: FollowerReadDisabledConfig::default(),
+            no_namenodes_window: NoNamenodesWindowConfig::default(),
+            apply_lag: ApplyLagConfig::default(),
+            requeue_storm: RequeueStormConfig::default(),
+            shard_pressure: ShardPressureConfig::default(),
+            unfair_rejection: UnfairRejectionConfig::default(),
+            blind_failover_probe: BlindFailoverProbeConfig::default(),
+            failover_flapping: FailoverFlappingConfig::default(),
+        }
     }
 }
 

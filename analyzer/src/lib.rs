@@ -40,6 +40,7 @@ impl AnalysisInput {
 pub fn analyze(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies: Vec<Anomaly> =
         detectors::REGISTRY.iter().flat_map(|detector| (detector.detect)(input, config)).collect();
+    mark_open(input, &mut anomalies, config.open_grace_seconds * 1_000_000_000);
     anomalies.sort_by(|left, right| {
         (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(
             right.start_unix_nano,
@@ -48,4 +49,23 @@ pub fn analyze(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         ))
     });
     anomalies
+}
+
+/// A window anomaly is open while its window reaches the end of what its cluster has sent
+/// (within `grace`): the condition held at the last data seen. Otherwise it is resolved.
+fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], grace: i64) {
+    let mut latest: std::collections::BTreeMap<Option<&str>, i64> = std::collections::BTreeMap::new();
+    for timeline in &input.timelines {
+        let end = timeline.calls.iter().map(|call| call.end_unix_nano).max().unwrap_or(i64::MIN);
+        let entry = latest.entry(timeline.cluster.as_deref()).or_insert(i64::MIN);
+        *entry = (*entry).max(end);
+    }
+    for sample in &input.samples {
+        let entry = latest.entry(sample.series.label(lagscope_model::conventions::CLUSTER)).or_insert(i64::MIN);
+        *entry = (*entry).max(sample.time_unix_nano);
+    }
+    for anomaly in anomalies.iter_mut() {
+        let data_end = latest.get(&anomaly.cluster.as_deref()).copied().unwrap_or(i64::MIN);
+        anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;
+    }
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lagscope_model::Span;
+use lagscope_model::{Sample, Span};
 use tokio::sync::Notify;
 
 /// Trace ids kept for resolution at most; beyond this the oldest marks are dropped (and
@@ -31,6 +31,9 @@ pub struct Pending {
     /// Traces that had spans ingested without a client id (router and server hops); their
     /// clients are looked up in the store.
     pub traces: BTreeSet<String>,
+    /// (cluster, namespace) scopes that had spans or metric samples ingested: their node- and
+    /// namespace-level detectors run again.
+    pub scopes: BTreeSet<(Option<String>, Option<String>)>,
     /// How many batches had been marked when these marks were taken: once they are analyzed,
     /// every batch up to this one is.
     pub through_batch: u64,
@@ -41,11 +44,31 @@ impl DirtyClients {
     /// Every committed batch is marked, even one without spans, so that `through_batch`
     /// counts batches.
     pub fn mark(&self, spans: &[Span]) {
+        self.mark_batch(spans, &[]);
+    }
+
+    /// Marks a committed batch of spans and metric samples.
+    pub fn mark_batch(&self, spans: &[Span], samples: &[Sample]) {
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             self.batches.fetch_add(1, Ordering::Relaxed);
             pending.through_batch = self.batches.load(Ordering::Relaxed);
+            for sample in samples {
+                let scope = (
+                    sample.series.label(lagscope_model::conventions::CLUSTER).map(str::to_string),
+                    sample.series.label(lagscope_model::conventions::NAMESPACE).map(str::to_string),
+                );
+                if scope.0.is_some() && !pending.scopes.contains(&scope) {
+                    pending.scopes.insert(scope);
+                }
+            }
             for span in spans {
+                if span.resource.cluster.is_some() || span.call.namespace.is_some() {
+                    let scope = (span.resource.cluster.clone(), span.call.namespace.clone());
+                    if !pending.scopes.contains(&scope) {
+                        pending.scopes.insert(scope);
+                    }
+                }
                 match (&span.call.client_id, &span.trace_id) {
                     (Some(client_id), _) => {
                         pending.clients.insert(client_id.clone());

@@ -47,11 +47,15 @@ impl Default for ServerConfig {
 pub struct LiveConfig {
     /// The most recent spans of one client that a live analysis pass reads.
     pub max_spans_per_client: u32,
+    /// The most recent spans of one (cluster, namespace) that a namespace pass reads.
+    pub max_spans_per_scope: u32,
+    /// How far back from a scope's latest metric sample a namespace pass reads metrics.
+    pub scope_window_seconds: i64,
 }
 
 impl Default for LiveConfig {
     fn default() -> Self {
-        Self { max_spans_per_client: 20_000 }
+        Self { max_spans_per_client: 20_000, max_spans_per_scope: 50_000, scope_window_seconds: 900 }
     }
 }
 

@@ -46,6 +46,7 @@ async fn analysis_pass(
     config: &Config,
     pending: lagscope_collector::Pending,
 ) -> Result<(), lagscope_store::StoreError> {
+    let scopes = pending.scopes;
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
@@ -58,14 +59,39 @@ async fn analysis_pass(
             .into_iter()
             .filter(|anomaly| anomaly.client_id.as_deref() == Some(client_id.as_str()))
             .collect();
-        if anomalies.is_empty() {
-            continue;
-        }
-        let outcome = store.upsert_anomalies(&anomalies, now_unix_nano()).await?;
-        metrics.anomalies_new.add(outcome.inserted.len() as u64);
-        for id in &outcome.inserted {
-            tracing::info!(anomaly_id = id, client = %client_id, "new anomaly");
-        }
+        record(store, metrics, &anomalies).await?;
+    }
+    // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
+    // client's spans and the metrics of the scope: one pass per touched scope.
+    for (cluster, namespace) in scopes {
+        let spans = store
+            .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
+            .await?;
+        let samples = store
+            .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
+            .await?;
+        let input = AnalysisInput::from_telemetry(&spans, samples);
+        let anomalies: Vec<_> = analyze(&input, &config.analyzer)
+            .into_iter()
+            .filter(|anomaly| anomaly.client_id.is_none() || anomaly.kind.is_window())
+            .collect();
+        record(store, metrics, &anomalies).await?;
+    }
+    Ok(())
+}
+
+async fn record(
+    store: &dyn Store,
+    metrics: &SelfMetrics,
+    anomalies: &[lagscope_model::Anomaly],
+) -> Result<(), lagscope_store::StoreError> {
+    if anomalies.is_empty() {
+        return Ok(());
+    }
+    let outcome = store.upsert_anomalies(anomalies, now_unix_nano()).await?;
+    metrics.anomalies_new.add(outcome.inserted.len() as u64);
+    for id in &outcome.inserted {
+        tracing::info!(anomaly_id = id, "new anomaly");
     }
     Ok(())
 }

@@ -107,3 +107,37 @@ fn realtime_paces_the_run_on_the_wall_clock() {
     let fast = std::fs::read(directory.path().join("fast.jsonl")).expect("fast output");
     assert_eq!(paced, fast, "pacing changes when, not what");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_anomalies_open_live_and_resolve_when_the_condition_ends() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let url = format!("http://{}", server.otlp_http_addr);
+    // The first 30 s: router-1's NoNamenodesAvailable window (from 8 s) is still going on.
+    let mut first = SimConfig::new("hdfs-no-namenodes");
+    first.duration = Some(30 * SECOND);
+    let target = Target::OtlpHttp(url.clone());
+    tokio::task::spawn_blocking(move || simulate(first, target)).await.expect("join");
+    wait_until_analyzed(&server).await;
+    let (_, open) = get_json(&server, "/api/v1/anomalies?kind=no_namenodes_window").await;
+    let open = open["anomalies"].as_array().cloned().unwrap_or_default();
+    assert_eq!(open.len(), 1, "{open:#?}");
+    assert_eq!(open[0]["open"], true, "{:#}", open[0]);
+    assert_eq!(open[0]["node_id"], "router-1");
+    assert_eq!(open[0]["evidence"]["active_reported_by"], "nn6001", "{:#}", open[0]);
+
+    // The same run to its end (the first 30 s are the same bytes and are stored once): the
+    // cache reload at 68 s ends the window.
+    let target = Target::OtlpHttp(url);
+    tokio::task::spawn_blocking(move || simulate(SimConfig::new("hdfs-no-namenodes"), target)).await.expect("join");
+    wait_until_analyzed(&server).await;
+    let (_, resolved) = get_json(&server, "/api/v1/anomalies?kind=no_namenodes_window&status=resolved").await;
+    let resolved = resolved["anomalies"].as_array().cloned().unwrap_or_default();
+    assert_eq!(resolved.len(), 1, "{resolved:#?}");
+    assert_eq!(resolved[0]["id"], open[0]["id"], "the same incident, resolved");
+    let seconds = resolved[0]["evidence"]["window_seconds"].as_f64().unwrap_or(0.0);
+    assert!((55.0..=67.0).contains(&seconds), "window {seconds} s");
+    let (status, bad) = get_json(&server, "/api/v1/anomalies?status=maybe").await;
+    assert_eq!(status, 400, "{bad}");
+    server.shutdown().await.expect("clean shutdown");
+}

@@ -145,4 +145,15 @@ pub struct Anomaly {
     /// involved (`spans`).
     pub evidence: serde_json::Value,
     pub fingerprint: String,
+    /// A window anomaly whose condition still held at the end of the data seen so far; it is
+    /// resolved (false) once the data shows the condition ended. Point anomalies are never open.
+    #[serde(default)]
+    pub open: bool,
+}
+
+impl AnomalyKind {
+    /// Kinds that describe a window (a condition that holds for a while) rather than one event.
+    pub fn is_window(self) -> bool {
+        !matches!(self, Self::StaleRead | Self::CarriedStateRegression | Self::RouterStateDropped | Self::PinnedRetry)
+    }
 }

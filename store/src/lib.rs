@@ -72,6 +72,8 @@ pub struct AnomalyFilter {
     pub until: Option<UnixNanos>,
     /// Only anomalies with an id below this one (for paging, newest first).
     pub before_id: Option<i64>,
+    /// Only open (true) or only resolved (false) anomalies.
+    pub open: Option<bool>,
     pub limit: u32,
 }
 
@@ -120,6 +122,20 @@ pub trait Store: Send + Sync + 'static {
     /// them (the router and server hops), ordered by start time. At most `limit` of the
     /// client's own spans are read, the most recent ones.
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>>;
+
+    /// Spans of one (cluster, namespace) whose start lies in `range`, the most recent `limit`,
+    /// ordered by start time: what the namespace-level detectors look at.
+    async fn scope_spans(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>>;
+
+    /// Metric samples of one (cluster, namespace), plus the cluster's samples that name no
+    /// namespace, from `window` before the scope's latest sample on.
+    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>>;
 
     /// The client ids appearing in the given traces (for spans that name no client).
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>>;

@@ -14,7 +14,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lagscope_model::{Anomaly, LogRecord, Span, UnixNanos};
+use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
@@ -90,6 +90,20 @@ impl Store for SqliteStore {
 
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
         spans::for_client(&self.reader, client_id, range, limit).await
+    }
+
+    async fn scope_spans(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        spans::for_scope(&self.reader, cluster, namespace, range, limit).await
+    }
+
+    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
+        samples::for_scope(&self.reader, cluster, namespace, window).await
     }
 
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {

@@ -257,6 +257,7 @@ fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {
         summary: "stale".to_string(),
         cause: "lag".to_string(),
         evidence: json!({"guarantee": "read_your_writes", "floor": 120, "served": 110}),
+        open: false,
         fingerprint: fingerprint.to_string(),
     }
 }

@@ -72,6 +72,8 @@ struct AnomalyQuery {
     limit: Option<String>,
     /// Paging: only anomalies with an id below this (the previous page's `next_before`).
     before: Option<String>,
+    /// `open` (condition still holding) or `resolved`.
+    status: Option<String>,
 }
 
 async fn list_anomalies(
@@ -103,7 +105,16 @@ async fn list_anomalies(
                 .map_err(|_| ApiError::BadRequest(format!("parameter before: {text:?} is not an anomaly id")))
         })
         .transpose()?;
+    let open = match query.status.as_deref() {
+        None => None,
+        Some("open") => Some(true),
+        Some("resolved") => Some(false),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!("parameter status: {other:?} is neither open nor resolved")));
+        }
+    };
     let filter = AnomalyFilter {
+        open,
         kind,
         cluster: query.cluster,
         namespace: query.namespace,

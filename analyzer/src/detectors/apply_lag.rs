@@ -156,6 +156,7 @@ fn raise(scope: &Scope, episode: &Episode, committed: &Points, min_seconds: i64)
             "window_seconds": duration,
             "spans": [],
         }),
+        open: false,
         fingerprint: format!(
             "apply_lag|{}|{}|{}|{}",
             scope.cluster.as_deref().unwrap_or(""),

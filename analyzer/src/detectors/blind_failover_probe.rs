@@ -86,6 +86,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     "window_seconds": seconds,
                     "spans": span_ids(first),
                 }),
+                open: false,
                 fingerprint: format!(
                     "blind_failover_probe|{}|{}|{address}|{start}",
                     timeline.cluster.as_deref().unwrap_or(""),

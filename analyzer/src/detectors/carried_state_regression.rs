@@ -70,6 +70,7 @@ fn regression(
             "seen_from": operation(seen_call, seen_attempt),
             "spans": span_ids(attempt).into_iter().chain(span_ids(seen_attempt)).collect::<Vec<_>>(),
         }),
+        open: false,
         fingerprint: format!(
             "carried_state_regression|{}|{}|{}|{}",
             timeline.cluster.as_deref().unwrap_or(""),

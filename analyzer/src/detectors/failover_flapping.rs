@@ -66,6 +66,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                         "switch_times_unix_nano": run.iter().map(|switch| switch.0).collect::<Vec<_>>(),
                         "spans": run.iter().flat_map(|switch| span_ids(switch.3)).collect::<Vec<_>>(),
                     }),
+                    open: false,
                     fingerprint: format!(
                         "failover_flapping|{}|{}|{start}",
                         timeline.cluster.as_deref().unwrap_or(""),

@@ -108,6 +108,7 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
             "reads_after_on_followers": 0,
             "spans": span_ids(rejected),
         }),
+        open: false,
         fingerprint: format!(
             "follower_read_disabled|{}|{}|{}|{}",
             timeline.cluster.as_deref().unwrap_or(""),

@@ -124,6 +124,7 @@ fn raise(
             "namenode_tried_first": tried_first,
             "active_reported_by": active,
         }),
+        open: false,
         fingerprint: format!(
             "no_namenodes_window|{}|{}|{router}|{start}",
             cluster.unwrap_or(""),

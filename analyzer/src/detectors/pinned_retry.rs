@@ -123,6 +123,7 @@ fn pinned(
             "call_id": call.call_id,
             "spans": run.iter().flat_map(|attempt| span_ids(attempt)).collect::<Vec<_>>(),
         }),
+        open: false,
         fingerprint: format!(
             "pinned_retry|{}|{}|{}|{}",
             timeline.cluster.as_deref().unwrap_or(""),

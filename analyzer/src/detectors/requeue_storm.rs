@@ -63,6 +63,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     "window_seconds": seconds,
                     "spans": [],
                 }),
+                open: false,
                 fingerprint: format!(
                     "requeue_storm|{}|{}|{node}|{start}",
                     scope.cluster.as_deref().unwrap_or(""),

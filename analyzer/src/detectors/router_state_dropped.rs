@@ -47,6 +47,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                         "request": operation(call, attempt),
                         "spans": span_ids(attempt),
                     }),
+                    open: false,
                     fingerprint: format!(
                         "router_state_dropped|{}|{}|{}|{}",
                         timeline.cluster.as_deref().unwrap_or(""),

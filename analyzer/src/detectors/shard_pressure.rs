@@ -67,6 +67,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     "window_seconds": seconds,
                     "spans": [],
                 }),
+                open: false,
                 fingerprint: format!("shard_pressure|{}|{shard}|{node}|{role}|{start}", scope.cluster.as_deref().unwrap_or("")),
             });
         }

@@ -105,6 +105,7 @@ fn stale_read(
         summary,
         cause: cause(attempt, served, floor.state),
         evidence,
+        open: false,
         fingerprint: fingerprint(timeline, call, attempt),
     }
 }

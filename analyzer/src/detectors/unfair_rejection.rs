@@ -82,6 +82,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                 "window_seconds": (last.0 - first.0) as f64 / 1e9,
                 "spans": [],
             }),
+            open: false,
             fingerprint: format!("unfair_rejection|{}|{shard}|{node}|{}|{}", scope.cluster.as_deref().unwrap_or(""), labels[0], first.0),
         });
     }

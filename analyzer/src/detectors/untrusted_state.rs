@@ -134,6 +134,7 @@ fn window(
             "clients_affected_through_pools": victims,
             "spans": span_ids(first),
         }),
+        open: false,
         fingerprint: format!(
             "untrusted_state|{}|{}|{}|{}",
             timeline.cluster.as_deref().unwrap_or(""),

@@ -50,7 +50,10 @@ impl Ingestor {
         self.metrics.samples_received.add((converted.items.len() + converted.rejections.len()) as u64);
         self.metrics.samples_rejected.add(converted.rejections.len() as u64);
         let (accepted, samples) = split(converted);
-        self.commit(&IngestBatch { samples, ..IngestBatch::default() }).await?;
+        let batch = IngestBatch { samples, ..IngestBatch::default() };
+        self.commit(&batch).await?;
+        self.dirty.mark_batch(&[], &batch.samples);
+        self.metrics.batches_marked.add(1);
         Ok(accepted)
     }
 

@@ -17,8 +17,8 @@ pub(super) async fn upsert(
         let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
             "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
                  node_id, start_unix_nano, end_unix_nano, summary, cause, evidence,
-                 first_seen_unix_nano, last_seen_unix_nano)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                 first_seen_unix_nano, last_seen_unix_nano, open)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (fingerprint) DO UPDATE SET
                  severity = excluded.severity,
                  node_id = excluded.node_id,
@@ -27,6 +27,7 @@ pub(super) async fn upsert(
                  summary = excluded.summary,
                  cause = excluded.cause,
                  evidence = excluded.evidence,
+                 open = excluded.open,
                  last_seen_unix_nano = max(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
              RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
         )
@@ -44,6 +45,7 @@ pub(super) async fn upsert(
         .bind(to_json_text(&anomaly.evidence))
         .bind(seen_at)
         .bind(seen_at)
+        .bind(anomaly.open)
         .fetch_one(&mut **transaction)
         .await?;
         if first_seen == last_seen {
@@ -65,6 +67,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Ve
            AND (?5 IS NULL OR end_unix_nano >= ?5)
            AND (?6 IS NULL OR start_unix_nano < ?6)
            AND (?7 IS NULL OR id < ?7)
+           AND (?9 IS NULL OR open = ?9)
          ORDER BY id DESC
          LIMIT ?8",
     )
@@ -76,6 +79,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Ve
     .bind(filter.until)
     .bind(filter.before_id)
     .bind(i64::from(filter.limit))
+    .bind(filter.open)
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(AnomalyRow::into_stored).collect()
@@ -104,6 +108,7 @@ struct AnomalyRow {
     evidence: String,
     first_seen_unix_nano: i64,
     last_seen_unix_nano: i64,
+    open: bool,
 }
 
 impl AnomalyRow {
@@ -126,6 +131,7 @@ impl AnomalyRow {
                 summary: self.summary,
                 cause: self.cause,
                 evidence: from_json_text("anomalies.evidence", &self.evidence)?,
+                open: self.open,
                 fingerprint: self.fingerprint,
             },
             first_seen_unix_nano: self.first_seen_unix_nano,

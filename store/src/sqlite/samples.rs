@@ -143,3 +143,59 @@ pub(super) async fn series_range(
     }
     Ok(result)
 }
+
+#[derive(FromRow)]
+struct ScopeSampleRow {
+    name: String,
+    labels: String,
+    kind: String,
+    unit: Option<String>,
+    description: Option<String>,
+    time_unix_nano: i64,
+    start_time_unix_nano: Option<i64>,
+    value: Option<f64>,
+    distribution: Option<String>,
+}
+
+pub(super) async fn for_scope(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    window: i64,
+) -> Result<Vec<Sample>> {
+    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+        "WITH scope AS (
+             SELECT * FROM series WHERE cluster IS ?1 AND (namespace IS ?2 OR namespace IS NULL)
+         ),
+         latest AS (
+             SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
+         )
+         SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
+                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+         FROM samples JOIN scope ON scope.id = samples.series_id, latest
+         WHERE samples.time_unix_nano >= latest.at - ?3
+         ORDER BY samples.time_unix_nano",
+    )
+    .bind(cluster)
+    .bind(namespace)
+    .bind(window)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|row| {
+            let kind = MetricKind::parse(&row.kind)
+                .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
+            let value = match (&row.distribution, row.value) {
+                (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
+                (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
+            };
+            Ok(Sample {
+                series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
+                meta: SeriesMeta { kind, unit: row.unit, description: row.description },
+                time_unix_nano: row.time_unix_nano,
+                start_time_unix_nano: row.start_time_unix_nano,
+                value,
+            })
+        })
+        .collect()
+}

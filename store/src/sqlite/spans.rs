@@ -213,3 +213,27 @@ impl SpanRow {
         })
     }
 }
+
+pub(super) async fn for_scope(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    range: TimeRange,
+    limit: u32,
+) -> Result<Vec<Span>> {
+    let rows: Vec<SpanRow> = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT * FROM spans
+             WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
+             ORDER BY start_unix_nano DESC LIMIT ?5
+         ) ORDER BY start_unix_nano, id",
+    )
+    .bind(cluster)
+    .bind(namespace)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(SpanRow::into_span).collect()
+}
