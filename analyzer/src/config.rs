@@ -215,10 +215,18 @@ pub struct StaleReadConfig {
     /// promise no session guarantee, so they are not checked against the floor (their served
     /// state still raises it).
     pub exempt_consistencies: Vec<String>,
+    /// Per system (`lagscope.system`), how stale (seconds since newer data was committed) a
+    /// read may be across clients: HDFS RBF's observer state refresh period, Ozone's
+    /// LOCAL_LEASE lease time. Systems not listed are not checked across clients.
+    pub cross_client_bounds_seconds: std::collections::BTreeMap<String, i64>,
 }
 
 impl Default for StaleReadConfig {
     fn default() -> Self {
-        Self { min_states_behind: 1, exempt_consistencies: vec!["LOCAL_LEASE".to_string()] }
+        Self {
+            min_states_behind: 1,
+            exempt_consistencies: vec!["LOCAL_LEASE".to_string()],
+            cross_client_bounds_seconds: [("hdfs-rbf".to_string(), 15), ("ozone".to_string(), 5)].into_iter().collect(),
+        }
     }
 }

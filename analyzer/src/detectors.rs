@@ -13,6 +13,7 @@ mod requeue_storm;
 mod router_state_dropped;
 mod shard_pressure;
 mod stale_read;
+mod stale_read_cross_client;
 mod unfair_rejection;
 mod untrusted_state;
 
@@ -28,6 +29,7 @@ pub struct Detector {
 
 pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect },
+    Detector { kind: AnomalyKind::StaleRead, detect: stale_read_cross_client::detect },
     Detector { kind: AnomalyKind::CarriedStateRegression, detect: carried_state_regression::detect },
     Detector { kind: AnomalyKind::RouterStateDropped, detect: router_state_dropped::detect },
     Detector { kind: AnomalyKind::UntrustedState, detect: untrusted_state::detect },

@@ -1,0 +1,123 @@
+//! `stale_read` with guarantee `cross_client`: a read served at a state that newer committed
+//! data had replaced longer ago than the system's bound. Across clients nothing stronger is
+//! promised: HDFS RBF discovers others' writes within `observer.state.id.refresh.period`
+//! (15 s), Ozone's LOCAL_LEASE within the lease time (5 s). Staleness up to the bound is
+//! expected (the lag analytics report it); beyond it, this raises. Reads that already break a
+//! session guarantee are reported by `stale_read` as that.
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{CLUSTER, METRIC_COMMITTED_STATE, NAMESPACE};
+use lagscope_model::{Anomaly, AnomalyKind, Guarantee, Op, Outcome, Severity};
+use serde_json::json;
+
+use super::evidence::{attempt_key, method, operation, span_ids};
+use crate::floor::floors;
+use crate::{AnalysisInput, AnalyzerConfig};
+
+pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let bounds = &config.stale_read.cross_client_bounds_seconds;
+    if bounds.is_empty() {
+        return Vec::new();
+    }
+    let committed = committed_history(input);
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        let Some(bound) = timeline.system.as_deref().and_then(|system| bounds.get(system)).copied() else { continue };
+        let Some(history) = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone())) else { continue };
+        for (call, call_floor) in timeline.calls.iter().zip(floors(&timeline.calls)) {
+            if call.op != Some(Op::Read) {
+                continue;
+            }
+            for attempt in &call.attempts {
+                let Some(served) = attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok)) else { continue };
+                let session_broken =
+                    [call_floor.writes, call_floor.reads].into_iter().flatten().any(|floor| served < floor.state);
+                if session_broken {
+                    continue;
+                }
+                // When a state newer than the one served was first committed.
+                let newer = history.partition_point(|(_, state)| *state <= served);
+                let Some(&(replaced_at, newer_state)) = history.get(newer) else { continue };
+                let staleness = (attempt.end_unix_nano - replaced_at) as f64 / 1e9;
+                if staleness <= bound as f64 {
+                    continue;
+                }
+                let node = attempt.served_by.as_deref().unwrap_or("a node");
+                let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
+                anomalies.push(Anomaly {
+                    kind: AnomalyKind::StaleRead,
+                    severity: Severity::Warning,
+                    cluster: timeline.cluster.clone(),
+                    namespace: timeline.namespace.clone(),
+                    client_id: Some(timeline.client_id.clone()),
+                    node_id: attempt.served_by.clone(),
+                    start_unix_nano: attempt.start_unix_nano,
+                    end_unix_nano: attempt.end_unix_nano,
+                    summary: format!(
+                        "client {} read {namespace} ({}) on {node} at state {served}, {staleness:.1} s after newer data ({newer_state}) was committed: beyond the {bound} s bound across clients",
+                        timeline.client_id,
+                        method(call),
+                    ),
+                    cause: format!(
+                        "{node} served data older than the system's cross-client bound ({bound} s): it is lagging (see apply_lag) or \
+                         the bound's refresh did not happen (HDFS RBF: no call to the active within the refresh period)"
+                    ),
+                    evidence: json!({
+                        "guarantee": Guarantee::CrossClient.as_str(),
+                        "served": served,
+                        "floor": newer_state,
+                        "staleness_seconds": staleness,
+                        "bound_seconds": bound,
+                        "newer_state_committed_at_unix_nano": replaced_at,
+                        "served_by": attempt.served_by,
+                        "read": operation(call, attempt),
+                        "spans": span_ids(attempt),
+                    }),
+                    open: false,
+                    fingerprint: format!(
+                        "stale_read_cross_client|{}|{}|{}|{}",
+                        timeline.cluster.as_deref().unwrap_or(""),
+                        timeline.namespace.as_deref().unwrap_or(""),
+                        timeline.client_id,
+                        attempt_key(call, attempt)
+                    ),
+                });
+            }
+        }
+    }
+    anomalies
+}
+
+/// Per (cluster, namespace): (time, committed state) as servers reported it (their spans and
+/// `lagscope.server.committed_state`), made monotonic and sorted.
+fn committed_history(input: &AnalysisInput) -> BTreeMap<(Option<String>, Option<String>), Vec<(i64, i64)>> {
+    let mut history: BTreeMap<(Option<String>, Option<String>), Vec<(i64, i64)>> = BTreeMap::new();
+    for timeline in &input.timelines {
+        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
+            if let Some(committed) = attempt.committed {
+                history
+                    .entry((timeline.cluster.clone(), timeline.namespace.clone()))
+                    .or_default()
+                    .push((attempt.end_unix_nano, committed));
+            }
+        }
+    }
+    for sample in input.samples.iter().filter(|sample| sample.series.name == METRIC_COMMITTED_STATE) {
+        let Some(value) = sample.value.as_number() else { continue };
+        let key =
+            (sample.series.label(CLUSTER).map(str::to_string), sample.series.label(NAMESPACE).map(str::to_string));
+        history.entry(key).or_default().push((sample.time_unix_nano, value as i64));
+    }
+    for points in history.values_mut() {
+        points.sort_unstable();
+        // Keep the first time each higher state was seen.
+        let mut highest = i64::MIN;
+        points.retain(|(_, state)| {
+            let keep = *state > highest;
+            highest = highest.max(*state);
+            keep
+        });
+    }
+    history
+}
