@@ -5,6 +5,7 @@
 //! offline (`lagscope analyze` over a capture), so it is pure: no I/O, no clock, no async
 //! runtime. Given the same spans it returns the same anomalies, with the same fingerprints.
 
+mod committed;
 mod config;
 pub mod detectors;
 mod floor;

@@ -5,13 +5,11 @@
 //! expected (the lag analytics report it); beyond it, this raises. Reads that already break a
 //! session guarantee are reported by `stale_read` as that.
 
-use std::collections::BTreeMap;
-
-use lagscope_model::conventions::{CLUSTER, METRIC_COMMITTED_STATE, NAMESPACE};
 use lagscope_model::{Anomaly, AnomalyKind, Guarantee, Op, Outcome, Severity};
 use serde_json::json;
 
 use super::evidence::{attempt_key, method, operation, span_ids};
+use crate::committed::{committed_reports, first_seen};
 use crate::floor::floors;
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -20,7 +18,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     if bounds.is_empty() {
         return Vec::new();
     }
-    let committed = committed_history(input);
+    let committed = first_seen(committed_reports(input));
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
         let Some(bound) = timeline.system.as_deref().and_then(|system| bounds.get(system)).copied() else { continue };
@@ -87,37 +85,4 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         }
     }
     anomalies
-}
-
-/// Per (cluster, namespace): (time, committed state) as servers reported it (their spans and
-/// `lagscope.server.committed_state`), made monotonic and sorted.
-fn committed_history(input: &AnalysisInput) -> BTreeMap<(Option<String>, Option<String>), Vec<(i64, i64)>> {
-    let mut history: BTreeMap<(Option<String>, Option<String>), Vec<(i64, i64)>> = BTreeMap::new();
-    for timeline in &input.timelines {
-        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
-            if let Some(committed) = attempt.committed {
-                history
-                    .entry((timeline.cluster.clone(), timeline.namespace.clone()))
-                    .or_default()
-                    .push((attempt.end_unix_nano, committed));
-            }
-        }
-    }
-    for sample in input.samples.iter().filter(|sample| sample.series.name == METRIC_COMMITTED_STATE) {
-        let Some(value) = sample.value.as_number() else { continue };
-        let key =
-            (sample.series.label(CLUSTER).map(str::to_string), sample.series.label(NAMESPACE).map(str::to_string));
-        history.entry(key).or_default().push((sample.time_unix_nano, value as i64));
-    }
-    for points in history.values_mut() {
-        points.sort_unstable();
-        // Keep the first time each higher state was seen.
-        let mut highest = i64::MIN;
-        points.retain(|(_, state)| {
-            let keep = *state > highest;
-            highest = highest.max(*state);
-            keep
-        });
-    }
-    history
 }

@@ -3,17 +3,14 @@
 //! it through their connection pools (HDFS-16834's boundary: the pool, not the global state,
 //! is poisoned), so the evidence lists the pools and the other clients it reached.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use lagscope_model::conventions::{CLUSTER, METRIC_COMMITTED_STATE, NAMESPACE};
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
 use super::evidence::{attempt_key, span_ids};
+use crate::committed::committed_reports;
 use crate::{AnalysisInput, AnalyzerConfig};
-
-/// (cluster, namespace) → (time, committed state) reports, sorted by time.
-type CommittedReports = BTreeMap<(Option<String>, Option<String>), Vec<(i64, i64)>>;
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let reports = committed_reports(input);
@@ -41,29 +38,6 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         }
     }
     anomalies
-}
-
-/// Committed states servers reported: on their spans and as `lagscope.server.committed_state`.
-fn committed_reports(input: &AnalysisInput) -> CommittedReports {
-    let mut reports = CommittedReports::new();
-    for timeline in &input.timelines {
-        let key = (timeline.cluster.clone(), timeline.namespace.clone());
-        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
-            if let Some(committed) = attempt.committed {
-                reports.entry(key.clone()).or_default().push((attempt.end_unix_nano, committed));
-            }
-        }
-    }
-    for sample in input.samples.iter().filter(|sample| sample.series.name == METRIC_COMMITTED_STATE) {
-        let Some(value) = sample.value.as_number() else { continue };
-        let key =
-            (sample.series.label(CLUSTER).map(str::to_string), sample.series.label(NAMESPACE).map(str::to_string));
-        reports.entry(key).or_default().push((sample.time_unix_nano, value as i64));
-    }
-    for list in reports.values_mut() {
-        list.sort_unstable();
-    }
-    reports
 }
 
 /// One anomaly for the client's run of untrusted requests.
