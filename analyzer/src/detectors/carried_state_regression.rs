@@ -5,7 +5,7 @@
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
-use super::evidence::{attempt_key, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::floor::{FloorContribution, seen_before};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -71,13 +71,7 @@ fn regression(
             "spans": span_ids(attempt).into_iter().chain(span_ids(seen_attempt)).collect::<Vec<_>>(),
         }),
         open: false,
-        fingerprint: format!(
-            "carried_state_regression|{}|{}|{}|{}",
-            timeline.cluster.as_deref().unwrap_or(""),
-            timeline.namespace.as_deref().unwrap_or(""),
-            timeline.client_id,
-            attempt_key(call, attempt)
-        ),
+        fingerprint: attempt_fingerprint("carried_state_regression", timeline, call, attempt),
     }
 }
 

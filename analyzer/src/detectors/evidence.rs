@@ -1,7 +1,7 @@
 //! What every detector's evidence is made of: references to the spans, operations and
 //! attempts involved, in one shape across detectors.
 
-use lagscope_model::{TimelineAttempt, TimelineCall};
+use lagscope_model::{ClientTimeline, TimelineAttempt, TimelineCall};
 use serde_json::{Value, json};
 
 pub(crate) fn method(call: &TimelineCall) -> String {
@@ -51,4 +51,21 @@ pub(crate) fn attempt_key(call: &TimelineCall, attempt: &TimelineAttempt) -> Str
             attempt.start_unix_nano
         ),
     }
+}
+
+/// The fingerprint of an anomaly about one attempt of one client: stable across analysis
+/// passes, so a re-analysis updates the stored anomaly instead of adding one.
+pub(crate) fn attempt_fingerprint(
+    kind: &str,
+    timeline: &ClientTimeline,
+    call: &TimelineCall,
+    attempt: &TimelineAttempt,
+) -> String {
+    format!(
+        "{kind}|{}|{}|{}|{}",
+        timeline.cluster.as_deref().unwrap_or(""),
+        timeline.namespace.as_deref().unwrap_or(""),
+        timeline.client_id,
+        attempt_key(call, attempt)
+    )
 }

@@ -5,7 +5,7 @@
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
-use super::evidence::{attempt_key, span_ids};
+use super::evidence::{attempt_fingerprint, span_ids};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -109,12 +109,6 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
             "spans": span_ids(rejected),
         }),
         open: false,
-        fingerprint: format!(
-            "follower_read_disabled|{}|{}|{}|{}",
-            timeline.cluster.as_deref().unwrap_or(""),
-            timeline.namespace.as_deref().unwrap_or(""),
-            timeline.client_id,
-            attempt_key(call, rejected)
-        ),
+        fingerprint: attempt_fingerprint("follower_read_disabled", timeline, call, rejected),
     })
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
-use super::evidence::{attempt_key, method, span_ids};
+use super::evidence::{attempt_fingerprint, method, span_ids};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 /// (cluster, namespace) → (time, node) of every successful answer.
@@ -124,12 +124,6 @@ fn pinned(
             "spans": run.iter().flat_map(|attempt| span_ids(attempt)).collect::<Vec<_>>(),
         }),
         open: false,
-        fingerprint: format!(
-            "pinned_retry|{}|{}|{}|{}",
-            timeline.cluster.as_deref().unwrap_or(""),
-            timeline.namespace.as_deref().unwrap_or(""),
-            timeline.client_id,
-            attempt_key(call, run[0])
-        ),
+        fingerprint: attempt_fingerprint("pinned_retry", timeline, call, run[0]),
     }
 }

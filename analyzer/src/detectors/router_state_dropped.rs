@@ -4,7 +4,7 @@
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
-use super::evidence::{attempt_key, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -48,13 +48,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                         "spans": span_ids(attempt),
                     }),
                     open: false,
-                    fingerprint: format!(
-                        "router_state_dropped|{}|{}|{}|{}",
-                        timeline.cluster.as_deref().unwrap_or(""),
-                        timeline.namespace.as_deref().unwrap_or(""),
-                        timeline.client_id,
-                        attempt_key(call, attempt)
-                    ),
+                    fingerprint: attempt_fingerprint("router_state_dropped", timeline, call, attempt),
                 });
             }
         }

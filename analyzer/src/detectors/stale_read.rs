@@ -10,7 +10,7 @@ use lagscope_model::{
 };
 use serde_json::{Value, json};
 
-use super::evidence::{attempt_key, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::floor::{FloorContribution, FloorSource, floors};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -106,7 +106,7 @@ fn stale_read(
         cause: cause(attempt, served, floor.state),
         evidence,
         open: false,
-        fingerprint: fingerprint(timeline, call, attempt),
+        fingerprint: attempt_fingerprint("stale_read", timeline, call, attempt),
     }
 }
 
@@ -142,15 +142,4 @@ fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
             floor - served
         ),
     }
-}
-
-/// One incident per read attempt: stable across analysis passes over more data.
-fn fingerprint(timeline: &ClientTimeline, call: &TimelineCall, attempt: &TimelineAttempt) -> String {
-    format!(
-        "stale_read|{}|{}|{}|{}",
-        timeline.cluster.as_deref().unwrap_or(""),
-        timeline.namespace.as_deref().unwrap_or(""),
-        timeline.client_id,
-        attempt_key(call, attempt)
-    )
 }

@@ -8,7 +8,7 @@
 use lagscope_model::{Anomaly, AnomalyKind, Guarantee, Op, Outcome, Severity};
 use serde_json::json;
 
-use super::evidence::{attempt_key, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::committed::{committed_reports, first_seen};
 use crate::floor::floors;
 use crate::{AnalysisInput, AnalyzerConfig};
@@ -73,13 +73,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                         "spans": span_ids(attempt),
                     }),
                     open: false,
-                    fingerprint: format!(
-                        "stale_read_cross_client|{}|{}|{}|{}",
-                        timeline.cluster.as_deref().unwrap_or(""),
-                        timeline.namespace.as_deref().unwrap_or(""),
-                        timeline.client_id,
-                        attempt_key(call, attempt)
-                    ),
+                    fingerprint: attempt_fingerprint("stale_read_cross_client", timeline, call, attempt),
                 });
             }
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
-use super::evidence::{attempt_key, span_ids};
+use super::evidence::{attempt_fingerprint, span_ids};
 use crate::committed::committed_reports;
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -109,12 +109,6 @@ fn window(
             "spans": span_ids(first),
         }),
         open: false,
-        fingerprint: format!(
-            "untrusted_state|{}|{}|{}|{}",
-            timeline.cluster.as_deref().unwrap_or(""),
-            timeline.namespace.as_deref().unwrap_or(""),
-            timeline.client_id,
-            attempt_key(first_call, first)
-        ),
+        fingerprint: attempt_fingerprint("untrusted_state", timeline, first_call, first),
     })
 }
