@@ -8,6 +8,7 @@
 mod committed;
 mod config;
 pub mod detectors;
+mod enrich;
 mod floor;
 mod series;
 mod timeline;
@@ -19,6 +20,7 @@ pub use config::{
     NoNamenodesWindowConfig, PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig,
     UntrustedStateConfig,
 };
+pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use timeline::build_timelines;
 
@@ -32,7 +34,9 @@ pub struct AnalysisInput {
 impl AnalysisInput {
     /// Builds the timelines of every client in `spans`.
     pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>) -> Self {
-        Self { timelines: build_timelines(spans), samples }
+        let mut timelines = build_timelines(spans);
+        enrich(&mut timelines, &samples);
+        Self { timelines, samples }
     }
 }
 

@@ -224,6 +224,7 @@ fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
         outcome: Some(if client.is_ok() { lagscope_model::Outcome::Ok } else { outcome_of(client) }),
         error_type: call.error_type.clone(),
         requeues: server.and_then(|span| span.call.requeues),
+        reported: Default::default(),
     }
 }
 

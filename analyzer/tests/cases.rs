@@ -185,9 +185,23 @@ fn render(spans: &[Span], samples: Vec<Sample>) -> String {
                 show(call.floor)
             );
             for attempt in &call.attempts {
+                let reported = &attempt.reported;
+                let reported_text = if reported.node_role.is_some()
+                    || reported.node_applied.is_some()
+                    || reported.namespace_committed.is_some()
+                {
+                    format!(
+                        " reported(role={} applied={} committed={})",
+                        reported.node_role.as_deref().unwrap_or("-"),
+                        show(reported.node_applied),
+                        show(reported.namespace_committed)
+                    )
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     out,
-                    "    #{} {} {:?} target={} router={} served_by={} carried={} router_carried={} served={} returned={}",
+                    "    #{} {} {:?} target={} router={} served_by={} carried={} router_carried={} served={} returned={}{reported_text}",
                     show(attempt.attempt),
                     attempt.outcome.as_ref().map_or("-", |outcome| outcome.as_str()),
                     attempt.join,

@@ -41,6 +41,23 @@ async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target) {
     assert!(expected > 0, "the scenario must produce stale reads in 15 s");
     let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=1000").await;
     assert_eq!(listed["anomalies"].as_array().map(Vec::len), Some(expected), "live stale reads vs truth");
+    // The timeline says what the metrics said about the serving node at each attempt.
+    let (status, timeline) = get_json(&server, "/api/v1/clients/client-2/timeline").await;
+    assert_eq!(status, 200, "{timeline}");
+    let attempts: Vec<&serde_json::Value> = timeline["timelines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|timeline| timeline["calls"].as_array().into_iter().flatten())
+        .flat_map(|call| call["attempts"].as_array().into_iter().flatten())
+        .collect();
+    assert!(!attempts.is_empty());
+    assert!(
+        attempts.iter().any(|attempt| attempt["reported"]["node_role"] == "observer"
+            && attempt["reported"]["namespace_committed"].is_i64()),
+        "no attempt carries the metrics' view: {:#}",
+        attempts[0]
+    );
     server.shutdown().await.expect("clean shutdown");
 }
 

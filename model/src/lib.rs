@@ -21,7 +21,7 @@ pub use span::{
     Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, SpanRef,
     StateFields,
 };
-pub use timeline::{ClientTimeline, TimelineAttempt, TimelineCall, TimelineJoin};
+pub use timeline::{ClientTimeline, ReportedState, TimelineAttempt, TimelineCall, TimelineJoin};
 
 /// Nanoseconds since the Unix epoch, as OTLP counts time. Signed so that it maps onto SQL
 /// `INTEGER`/`BIGINT` without conversion; OTLP times fit until the year 2262.

@@ -57,6 +57,18 @@ pub struct TimelineAttempt {
     pub outcome: Option<Outcome>,
     pub error_type: Option<String>,
     pub requeues: Option<i64>,
+    /// What the metrics said at the attempt's start about the executing node and the
+    /// namespace: the role it reported, its applied state, the namespace's committed state.
+    #[serde(default)]
+    pub reported: ReportedState,
+}
+
+/// Node and namespace state known from metrics at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportedState {
+    pub node_role: Option<String>,
+    pub node_applied: Option<StateId>,
+    pub namespace_committed: Option<StateId>,
 }
 
 /// One logical call (all attempts sharing a call id).
