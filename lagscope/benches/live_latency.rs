@@ -1,0 +1,183 @@
+//! Live detection latency: time from sending the span that completes a stale read to the
+//! anomaly being listed by the API. `cargo bench -p lagscope --bench live_latency`.
+//!
+//! Each trial posts one OTLP/HTTP request holding a client's write and a later read served
+//! below it (client and server spans), then polls `GET /api/v1/anomalies?client=...` every
+//! 2 ms. Reported: median and p99 of that latency, next to the median acknowledgement time of
+//! the same requests (the baseline measured in the same run), idle and under background load
+//! (the simulator streaming `hdfs-observer-healthy` into the same server).
+
+use std::time::{Duration, Instant};
+
+use lagscope::sim_cmd::{Target, run};
+use lagscope::{Config, Server};
+use lagscope_sim::{SECOND, SimConfig};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
+
+const TRIALS: usize = 60;
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue { key: key.to_string(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.to_string()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+fn resource(component: &str, node: &str) -> Resource {
+    Resource {
+        attributes: vec![
+            text("service.name", "bench"),
+            text("lagscope.system", "hdfs-rbf"),
+            text("lagscope.cluster", "bench"),
+            text("lagscope.component", component),
+            text("lagscope.node.id", node),
+        ],
+        ..Resource::default()
+    }
+}
+
+fn span(trace: u64, id: u64, parent: u64, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
+    Span {
+        trace_id: [trace.to_be_bytes(), 7u64.to_be_bytes()].concat(),
+        span_id: id.to_be_bytes().to_vec(),
+        parent_span_id: if parent == 0 { Vec::new() } else { parent.to_be_bytes().to_vec() },
+        name: "call".to_string(),
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        attributes,
+        ..Span::default()
+    }
+}
+
+/// A write returning 1000 and a read served at 990: one read-your-writes stale read.
+fn stale_read_request(trial: usize) -> ExportTraceServiceRequest {
+    let client = format!("bench-{trial}");
+    let base =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |now| now.as_nanos() as u64);
+    let id = (trial as u64 + 1) * 100;
+    let call = |name: &str, op: &str| {
+        vec![
+            text("lagscope.client.id", &client),
+            text("lagscope.call.id", name),
+            text("lagscope.namespace", "ns1"),
+            text("lagscope.op", op),
+        ]
+    };
+    let mut write = call("w", "write");
+    write.push(int("lagscope.state.returned", 1000));
+    let mut read = call("r", "read");
+    read.push(int("lagscope.state.carried", 1000));
+    let clients = ResourceSpans {
+        resource: Some(resource("client", "bench-app")),
+        scope_spans: vec![ScopeSpans {
+            spans: vec![
+                span(id, id + 1, 0, base, base + 1_000_000, write),
+                span(id + 1, id + 3, 0, base + 2_000_000, base + 3_000_000, read),
+            ],
+            ..ScopeSpans::default()
+        }],
+        ..ResourceSpans::default()
+    };
+    let servers = ResourceSpans {
+        resource: Some(resource("server", "nn-obs1")),
+        scope_spans: vec![ScopeSpans {
+            spans: vec![
+                span(id, id + 2, id + 1, base + 100_000, base + 900_000, vec![int("lagscope.state.served", 1000)]),
+                span(
+                    id + 1,
+                    id + 4,
+                    id + 3,
+                    base + 2_100_000,
+                    base + 2_900_000,
+                    vec![int("lagscope.state.served", 990)],
+                ),
+            ],
+            ..ScopeSpans::default()
+        }],
+        ..ResourceSpans::default()
+    };
+    ExportTraceServiceRequest { resource_spans: vec![clients, servers] }
+}
+
+fn percentile(values: &mut [f64], quantile: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * quantile).round() as usize]
+}
+
+async fn trials(server: &Server, offset: usize) -> (Vec<f64>, Vec<f64>) {
+    let client = reqwest::Client::new();
+    let mut detect = Vec::new();
+    let mut ack = Vec::new();
+    for trial in offset..offset + TRIALS {
+        let body = stale_read_request(trial).encode_to_vec();
+        let started = Instant::now();
+        let response = client
+            .post(format!("http://{}/v1/traces", server.otlp_http_addr))
+            .header("content-type", "application/x-protobuf")
+            .body(body)
+            .send()
+            .await
+            .expect("post");
+        assert!(response.status().is_success());
+        ack.push(started.elapsed().as_secs_f64() * 1e3);
+        let url = format!("http://{}/api/v1/anomalies?client=bench-{trial}", server.api_addr);
+        loop {
+            let listed: serde_json::Value = client.get(&url).send().await.expect("api").json().await.expect("json");
+            if listed["anomalies"].as_array().is_some_and(|anomalies| !anomalies.is_empty()) {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "trial {trial}: no anomaly after 30 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        detect.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    (detect, ack)
+}
+
+fn report(label: &str, mut detect: Vec<f64>, mut ack: Vec<f64>) {
+    let (median, p99) = (percentile(&mut detect, 0.5), percentile(&mut detect, 0.99));
+    let ack_median = percentile(&mut ack, 0.5);
+    println!(
+        "{label:<28} trials {TRIALS}  detect p50 {median:7.1} ms  p99 {p99:7.1} ms  max {:7.1} ms  ack p50 {ack_median:6.1} ms  detect/ack {:.1}x",
+        detect[detect.len() - 1],
+        median / ack_median
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let mut config = Config::default();
+    config.server.data_dir = directory.path().to_path_buf();
+    config.server.listen = "127.0.0.1:0".to_string();
+    config.server.otlp_http = "127.0.0.1:0".to_string();
+    config.server.otlp_grpc = "127.0.0.1:0".to_string();
+    let server = Server::start(&config).await.expect("server");
+
+    let (detect, ack) = trials(&server, 0).await;
+    report("idle", detect, ack);
+
+    // Under load: the simulator streams a healthy HDFS cluster into the same server.
+    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    let _load = std::thread::spawn(move || {
+        let mut sim = SimConfig::new("hdfs-observer-healthy");
+        sim.clients = Some(40);
+        sim.rate = Some(400.0);
+        sim.duration = Some(120 * SECOND);
+        run(&sim, &target, true)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (detect, ack) = trials(&server, 1_000).await;
+    report("under load (400 ops/s sim)", detect, ack);
+    // The load thread paces in real time; the process ends here.
+    std::process::exit(0);
+}
