@@ -155,6 +155,31 @@ impl Store for SqliteStore {
     }
 }
 
+/// The resource columns spans and log records share.
+#[derive(sqlx::FromRow)]
+struct ResourceRow {
+    service_name: Option<String>,
+    system: Option<String>,
+    cluster: Option<String>,
+    component: Option<String>,
+    node_id: Option<String>,
+    resource_attributes: String,
+}
+
+impl ResourceRow {
+    /// `what` names the table in a corruption error.
+    fn into_fields(self, what: &'static str) -> Result<lagscope_model::ResourceFields> {
+        Ok(lagscope_model::ResourceFields {
+            service_name: self.service_name,
+            system: self.system,
+            cluster: self.cluster,
+            component: self.component.as_deref().map(lagscope_model::Component::parse),
+            node_id: self.node_id,
+            attributes: from_json_text(what, &self.resource_attributes)?,
+        })
+    }
+}
+
 /// Renders JSON for a TEXT column.
 fn to_json_text<T: serde::Serialize>(value: &T) -> String {
     // Serializing plain data (maps, vectors, numbers, strings) to a String cannot fail.

@@ -1,9 +1,9 @@
 //! Log record rows.
 
-use lagscope_model::{Component, LogRecord, ResourceFields};
+use lagscope_model::{Component, LogRecord};
 use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
 
-use super::{from_json_text, to_json_text};
+use super::{ResourceRow, from_json_text, to_json_text};
 use crate::{Result, TimeRange};
 
 pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[LogRecord]) -> Result<u64> {
@@ -62,12 +62,8 @@ struct LogRow {
     event_name: Option<String>,
     trace_id: Option<String>,
     span_id: Option<String>,
-    service_name: Option<String>,
-    system: Option<String>,
-    cluster: Option<String>,
-    component: Option<String>,
-    node_id: Option<String>,
-    resource_attributes: String,
+    #[sqlx(flatten)]
+    resource: ResourceRow,
     scope_name: Option<String>,
     scope_version: Option<String>,
     attributes: String,
@@ -84,14 +80,7 @@ impl LogRow {
             event_name: self.event_name,
             trace_id: self.trace_id,
             span_id: self.span_id,
-            resource: ResourceFields {
-                service_name: self.service_name,
-                system: self.system,
-                cluster: self.cluster,
-                component: self.component.as_deref().map(Component::parse),
-                node_id: self.node_id,
-                attributes: from_json_text("logs.resource_attributes", &self.resource_attributes)?,
-            },
+            resource: self.resource.into_fields("logs.resource_attributes")?,
             scope_name: self.scope_name,
             scope_version: self.scope_version,
             attributes: from_json_text("logs.attributes", &self.attributes)?,

@@ -1,9 +1,9 @@
 //! Span rows: written column by column, read back into domain spans.
 
-use lagscope_model::{CallFields, Component, Op, Outcome, ResourceFields, Span, SpanKind, StateFields};
+use lagscope_model::{CallFields, Component, Op, Outcome, Span, SpanKind, StateFields};
 use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
 
-use super::{from_json_text, to_json_text};
+use super::{ResourceRow, from_json_text, to_json_text};
 use crate::{Result, TimeRange};
 
 const INSERT: &str = "INSERT INTO spans (
@@ -124,12 +124,8 @@ struct SpanRow {
     end_unix_nano: i64,
     status_code: i32,
     status_message: Option<String>,
-    service_name: Option<String>,
-    system: Option<String>,
-    cluster: Option<String>,
-    component: Option<String>,
-    node_id: Option<String>,
-    resource_attributes: String,
+    #[sqlx(flatten)]
+    resource: ResourceRow,
     scope_name: Option<String>,
     scope_version: Option<String>,
     scope_attributes: String,
@@ -171,14 +167,7 @@ impl SpanRow {
             end_unix_nano: self.end_unix_nano,
             status_code: self.status_code,
             status_message: self.status_message,
-            resource: ResourceFields {
-                service_name: self.service_name,
-                system: self.system,
-                cluster: self.cluster,
-                component: self.component.as_deref().map(Component::parse),
-                node_id: self.node_id,
-                attributes: from_json_text("spans.resource_attributes", &self.resource_attributes)?,
-            },
+            resource: self.resource.into_fields("spans.resource_attributes")?,
             scope_name: self.scope_name,
             scope_version: self.scope_version,
             scope_attributes: from_json_text("spans.scope_attributes", &self.scope_attributes)?,
