@@ -5,7 +5,6 @@ use lagscope_model::{LogRecord, Sample, Span};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use serde_json::Value;
 use thiserror::Error;
 
 use crate::otlp::{Converted, logs_from_request, samples_from_request, spans_from_request};
@@ -33,7 +32,7 @@ impl Capture {
     /// Reads every export request in `text` (already decompressed), appending to `self`.
     /// `source_name` names the input in error messages.
     pub fn read_str(&mut self, source_name: &str, text: &str) -> Result<(), CaptureError> {
-        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<AnyRequest>();
         // Lines are counted incrementally: counting from the start for every request would
         // make a long capture quadratic.
         let mut line = 1;
@@ -43,46 +42,93 @@ impl Capture {
             line += newlines(&text.as_bytes()[counted_to..offset]);
             counted_to = offset;
             let error = |message: String| CaptureError { source_name: source_name.to_string(), line, message };
-            let value = match stream.next() {
+            let request = match stream.next() {
                 None => return Ok(()),
-                Some(Ok(value)) => value,
+                Some(Ok(request)) => request,
                 Some(Err(json_error)) => {
+                    let message = if json_error.is_data() {
+                        json_error.to_string()
+                    } else {
+                        format!("invalid JSON: {json_error}")
+                    };
                     return Err(CaptureError {
                         source_name: source_name.to_string(),
                         line: json_error.line().max(1),
-                        message: format!("invalid JSON: {json_error}"),
+                        message,
                     });
                 }
             };
-            self.read_request(value).map_err(error)?;
+            self.read_request(request).map_err(error)?;
             self.requests += 1;
         }
     }
 
-    fn read_request(&mut self, value: Value) -> Result<(), String> {
-        let Value::Object(object) = &value else {
-            return Err("expected a JSON object holding an OTLP export request".to_string());
-        };
-        if object.contains_key("resourceSpans") {
-            let request: ExportTraceServiceRequest = from_value(value, "ExportTraceServiceRequest")?;
-            self.spans.extend(accept_all(spans_from_request(&request))?);
-        } else if object.contains_key("resourceMetrics") {
-            let request: ExportMetricsServiceRequest = from_value(value, "ExportMetricsServiceRequest")?;
-            self.samples.extend(accept_all(samples_from_request(&request))?);
-        } else if object.contains_key("resourceLogs") {
-            let request: ExportLogsServiceRequest = from_value(value, "ExportLogsServiceRequest")?;
-            self.logs.extend(accept_all(logs_from_request(&request))?);
-        } else {
-            return Err(
-                "not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key".to_string()
-            );
+    fn read_request(&mut self, request: AnyRequest) -> Result<(), String> {
+        match request {
+            AnyRequest::Traces(request) => self.spans.extend(accept_all(spans_from_request(&request))?),
+            AnyRequest::Metrics(request) => self.samples.extend(accept_all(samples_from_request(&request))?),
+            AnyRequest::Logs(request) => self.logs.extend(accept_all(logs_from_request(&request))?),
         }
         Ok(())
     }
 }
 
-fn from_value<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, String> {
-    serde_json::from_value(value).map_err(|error| format!("invalid {what}: {error}"))
+/// One export request of any signal, recognised by its key and decoded straight into its
+/// type (no intermediate JSON tree: captures run to hundreds of megabytes).
+enum AnyRequest {
+    Traces(ExportTraceServiceRequest),
+    Metrics(ExportMetricsServiceRequest),
+    Logs(ExportLogsServiceRequest),
+}
+
+impl<'de> serde::Deserialize<'de> for AnyRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RequestVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for RequestVisitor {
+            type Value = AnyRequest;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                formatter.write_str("a JSON object holding an OTLP export request")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<AnyRequest, A::Error> {
+                use serde::de::Error;
+                let mut request = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    let invalid = |what: &str, error: A::Error| A::Error::custom(format!("invalid {what}: {error}"));
+                    match key.as_str() {
+                        "resourceSpans" => {
+                            let resource_spans =
+                                map.next_value().map_err(|error| invalid("ExportTraceServiceRequest", error))?;
+                            request = Some(AnyRequest::Traces(ExportTraceServiceRequest { resource_spans }));
+                        }
+                        "resourceMetrics" => {
+                            let resource_metrics =
+                                map.next_value().map_err(|error| invalid("ExportMetricsServiceRequest", error))?;
+                            request = Some(AnyRequest::Metrics(ExportMetricsServiceRequest { resource_metrics }));
+                        }
+                        "resourceLogs" => {
+                            let resource_logs =
+                                map.next_value().map_err(|error| invalid("ExportLogsServiceRequest", error))?;
+                            request = Some(AnyRequest::Logs(ExportLogsServiceRequest { resource_logs }));
+                        }
+                        // Unknown fields are ignored, as OTLP/JSON requires.
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                request.ok_or_else(|| {
+                    A::Error::custom(
+                        "not an OTLP export request: expected a resourceSpans, resourceMetrics or resourceLogs key",
+                    )
+                })
+            }
+        }
+
+        deserializer.deserialize_map(RequestVisitor)
+    }
 }
 
 /// In a capture every record must be readable: the first refusal is the error.
@@ -137,7 +183,7 @@ mod tests {
             .read_str("c.jsonl", &format!("{SPAN_LINE}\n{{\"resourceSpans\": [\n"))
             .expect_err("must fail");
         assert!(error.line >= 2, "{error}");
-        assert!(error.message.starts_with("invalid JSON"), "{error}");
+        assert!(error.message.contains("EOF while parsing"), "{error}");
     }
 
     #[test]

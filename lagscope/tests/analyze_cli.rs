@@ -108,7 +108,10 @@ fn malformed_input_fails_with_the_file_and_line() {
     let truncated = directory.path().join("truncated.jsonl");
     std::fs::write(&truncated, &text[..text.len() - 40]).expect("write");
     let stderr = String::from_utf8_lossy(&lagscope(&["analyze", truncated.to_str().expect("path")]).stderr).to_string();
-    assert!(stderr.contains(&format!("{}:10:", truncated.display())) && stderr.contains("invalid JSON"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:10:", truncated.display())) && stderr.contains("EOF while parsing"),
+        "{stderr}"
+    );
 
     let missing = directory.path().join("missing.jsonl");
     let output = lagscope(&["analyze", missing.to_str().expect("path")]);
