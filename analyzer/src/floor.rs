@@ -54,6 +54,41 @@ impl CallFloors {
     }
 }
 
+/// A read attempt that was served, with the floors in force when its call started.
+pub struct ServedRead<'a> {
+    pub call: &'a TimelineCall,
+    pub floors: CallFloors,
+    pub attempt: &'a lagscope_model::TimelineAttempt,
+    pub served: StateId,
+}
+
+impl ServedRead<'_> {
+    /// Whether the read broke read-your-writes or monotonic reads by at least `min_behind`.
+    pub fn broken_floor(&self, min_behind: StateId) -> Option<FloorContribution> {
+        // read-your-writes first: it is the stronger promise to the user.
+        [self.floors.writes, self.floors.reads]
+            .into_iter()
+            .flatten()
+            .find(|floor| floor.state.saturating_sub(self.served) >= min_behind.max(1))
+    }
+}
+
+/// Every successful read attempt of a timeline's calls that reports the state that served it,
+/// in client order.
+pub fn served_reads(calls: &[TimelineCall]) -> Vec<ServedRead<'_>> {
+    calls
+        .iter()
+        .zip(floors(calls))
+        .filter(|(call, _)| call.op == Some(Op::Read))
+        .flat_map(|(call, call_floors)| {
+            call.attempts.iter().filter_map(move |attempt| {
+                let served = attempt.served.filter(|_| attempt.outcome == Some(lagscope_model::Outcome::Ok))?;
+                Some(ServedRead { call, floors: call_floors, attempt, served })
+            })
+        })
+        .collect()
+}
+
 /// The floors in force at the start of each call. `calls` must be in client order (start).
 pub fn floors(calls: &[TimelineCall]) -> Vec<CallFloors> {
     let contributions =

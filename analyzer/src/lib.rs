@@ -13,7 +13,7 @@ mod floor;
 mod series;
 mod timeline;
 
-use lagscope_model::{Anomaly, ClientTimeline, Sample, Span};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span};
 
 pub use config::{
     AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FailoverFlappingConfig, FollowerReadDisabledConfig,
@@ -43,8 +43,20 @@ impl AnalysisInput {
 /// Runs every detector, returning their anomalies ordered by start time, then kind, then
 /// fingerprint (a stable order for output and golden files).
 pub fn analyze(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut anomalies: Vec<Anomaly> =
-        detectors::REGISTRY.iter().flat_map(|detector| (detector.detect)(input, config)).collect();
+    analyze_kinds(input, config, |_| true)
+}
+
+/// [`analyze`] with only the detectors whose kind `wanted` accepts.
+pub fn analyze_kinds(
+    input: &AnalysisInput,
+    config: &AnalyzerConfig,
+    wanted: impl Fn(AnomalyKind) -> bool,
+) -> Vec<Anomaly> {
+    let mut anomalies: Vec<Anomaly> = detectors::REGISTRY
+        .iter()
+        .filter(|detector| wanted(detector.kind))
+        .flat_map(|detector| (detector.detect)(input, config))
+        .collect();
     mark_open(input, &mut anomalies, config.open_grace_seconds * 1_000_000_000);
     anomalies.sort_by(|left, right| {
         (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(

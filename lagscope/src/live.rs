@@ -5,8 +5,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use lagscope_analyzer::{AnalysisInput, analyze};
+use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds};
 use lagscope_collector::DirtyClients;
+use lagscope_model::AnomalyKind;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{Store, TimeRange};
 use tokio::sync::watch;
@@ -71,10 +72,8 @@ async fn analysis_pass(
             .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
             .await?;
         let input = AnalysisInput::from_telemetry(&spans, samples);
-        let anomalies: Vec<_> = analyze(&input, &config.analyzer)
-            .into_iter()
-            .filter(|anomaly| anomaly.client_id.is_none() || anomaly.kind.is_window())
-            .collect();
+        // Only the window kinds: the per-attempt ones were found by the client passes.
+        let anomalies = analyze_kinds(&input, &config.analyzer, AnomalyKind::is_window);
         record(store, metrics, &anomalies).await?;
     }
     Ok(())

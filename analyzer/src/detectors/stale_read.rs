@@ -5,41 +5,25 @@
 //! The cause is found by walking the read's states from client to server: the first hop
 //! where the state fell below the floor is where the guarantee broke.
 
-use lagscope_model::{
-    Anomaly, AnomalyKind, ClientTimeline, Guarantee, Op, Outcome, Severity, TimelineAttempt, TimelineCall,
-};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
 use serde_json::{Value, json};
 
 use super::evidence::{attempt_fingerprint, method, operation, span_ids};
-use crate::floor::{FloorContribution, FloorSource, floors};
+use crate::floor::{FloorContribution, FloorSource, served_reads};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
-        let call_floors = floors(&timeline.calls);
-        for (call, call_floor) in timeline.calls.iter().zip(call_floors) {
-            if call.op != Some(Op::Read) {
+        for read in served_reads(&timeline.calls) {
+            let exempt = read.attempt.consistency.as_ref().is_some_and(|consistency| {
+                config.stale_read.exempt_consistencies.iter().any(|exempt| exempt == consistency)
+            });
+            if exempt {
                 continue;
             }
-            for attempt in &call.attempts {
-                let Some(served) = attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok)) else {
-                    continue;
-                };
-                let exempt = attempt.consistency.as_ref().is_some_and(|consistency| {
-                    config.stale_read.exempt_consistencies.iter().any(|exempt| exempt == consistency)
-                });
-                if exempt {
-                    continue;
-                }
-                // read-your-writes first: it is the stronger promise to the user.
-                let broken = [call_floor.writes, call_floor.reads]
-                    .into_iter()
-                    .flatten()
-                    .find(|floor| floor.state.saturating_sub(served) >= config.stale_read.min_states_behind.max(1));
-                if let Some(floor) = broken {
-                    anomalies.push(stale_read(timeline, call, attempt, served, &floor));
-                }
+            if let Some(floor) = read.broken_floor(config.stale_read.min_states_behind) {
+                anomalies.push(stale_read(timeline, read.call, read.attempt, read.served, &floor));
             }
         }
     }

@@ -5,12 +5,12 @@
 //! expected (the lag analytics report it); beyond it, this raises. Reads that already break a
 //! session guarantee are reported by `stale_read` as that.
 
-use lagscope_model::{Anomaly, AnomalyKind, Guarantee, Op, Outcome, Severity};
+use lagscope_model::{Anomaly, AnomalyKind, Guarantee, Severity};
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::committed::{committed_reports, first_seen};
-use crate::floor::floors;
+use crate::floor::served_reads;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -23,27 +23,21 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     for timeline in &input.timelines {
         let Some(bound) = timeline.system.as_deref().and_then(|system| bounds.get(system)).copied() else { continue };
         let Some(history) = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone())) else { continue };
-        for (call, call_floor) in timeline.calls.iter().zip(floors(&timeline.calls)) {
-            if call.op != Some(Op::Read) {
+        for read in served_reads(&timeline.calls) {
+            let (call, attempt, served) = (read.call, read.attempt, read.served);
+            if read.broken_floor(1).is_some() {
                 continue;
             }
-            for attempt in &call.attempts {
-                let Some(served) = attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok)) else { continue };
-                let session_broken =
-                    [call_floor.writes, call_floor.reads].into_iter().flatten().any(|floor| served < floor.state);
-                if session_broken {
-                    continue;
-                }
-                // When a state newer than the one served was first committed.
-                let newer = history.partition_point(|(_, state)| *state <= served);
-                let Some(&(replaced_at, newer_state)) = history.get(newer) else { continue };
-                let staleness = (attempt.end_unix_nano - replaced_at) as f64 / 1e9;
-                if staleness <= bound as f64 {
-                    continue;
-                }
-                let node = attempt.served_by.as_deref().unwrap_or("a node");
-                let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
-                anomalies.push(Anomaly {
+            // When a state newer than the one served was first committed.
+            let newer = history.partition_point(|(_, state)| *state <= served);
+            let Some(&(replaced_at, newer_state)) = history.get(newer) else { continue };
+            let staleness = (attempt.end_unix_nano - replaced_at) as f64 / 1e9;
+            if staleness <= bound as f64 {
+                continue;
+            }
+            let node = attempt.served_by.as_deref().unwrap_or("a node");
+            let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
+            anomalies.push(Anomaly {
                     kind: AnomalyKind::StaleRead,
                     severity: Severity::Warning,
                     cluster: timeline.cluster.clone(),
@@ -75,7 +69,6 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     open: false,
                     fingerprint: attempt_fingerprint("stale_read_cross_client", timeline, call, attempt),
                 });
-            }
         }
     }
     anomalies

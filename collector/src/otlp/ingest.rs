@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lagscope_selfmetrics::SelfMetrics;
+use lagscope_selfmetrics::{Counter, SelfMetrics};
 use lagscope_store::{IngestBatch, Store};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -35,8 +35,7 @@ pub struct StoreUnavailable;
 impl Ingestor {
     pub async fn traces(&self, request: &ExportTraceServiceRequest) -> Result<Accepted, StoreUnavailable> {
         let converted = spans_from_request(request);
-        self.metrics.spans_received.add((converted.items.len() + converted.rejections.len()) as u64);
-        self.metrics.spans_rejected.add(converted.rejections.len() as u64);
+        count(&converted, &self.metrics.spans_received, &self.metrics.spans_rejected);
         let (accepted, spans) = split(converted);
         let batch = IngestBatch { spans, ..IngestBatch::default() };
         self.commit(&batch).await?;
@@ -47,8 +46,7 @@ impl Ingestor {
 
     pub async fn metrics(&self, request: &ExportMetricsServiceRequest) -> Result<Accepted, StoreUnavailable> {
         let converted = samples_from_request(request);
-        self.metrics.samples_received.add((converted.items.len() + converted.rejections.len()) as u64);
-        self.metrics.samples_rejected.add(converted.rejections.len() as u64);
+        count(&converted, &self.metrics.samples_received, &self.metrics.samples_rejected);
         let (accepted, samples) = split(converted);
         let batch = IngestBatch { samples, ..IngestBatch::default() };
         self.commit(&batch).await?;
@@ -59,8 +57,7 @@ impl Ingestor {
 
     pub async fn logs(&self, request: &ExportLogsServiceRequest) -> Result<Accepted, StoreUnavailable> {
         let converted = logs_from_request(request);
-        self.metrics.logs_received.add((converted.items.len() + converted.rejections.len()) as u64);
-        self.metrics.logs_rejected.add(converted.rejections.len() as u64);
+        count(&converted, &self.metrics.logs_received, &self.metrics.logs_rejected);
         let (accepted, logs) = split(converted);
         self.commit(&IngestBatch { logs, ..IngestBatch::default() }).await?;
         Ok(accepted)
@@ -82,6 +79,11 @@ impl Ingestor {
             }
         }
     }
+}
+
+fn count<T>(converted: &Converted<T>, received: &Counter, rejected: &Counter) {
+    received.add((converted.items.len() + converted.rejections.len()) as u64);
+    rejected.add(converted.rejections.len() as u64);
 }
 
 fn split<T>(converted: Converted<T>) -> (Accepted, Vec<T>) {

@@ -1,16 +1,16 @@
 //! Log record rows.
 
-use lagscope_model::{Component, LogRecord};
+use lagscope_model::LogRecord;
 use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
 
-use super::{ResourceRow, from_json_text, to_json_text};
+use super::{ResourceRow, bind_resource, from_json_text, to_json_text};
 use crate::{Result, TimeRange};
 
 pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[LogRecord]) -> Result<u64> {
     let mut written = 0;
     for record in logs {
         let resource = &record.resource;
-        let result = sqlx::query(
+        let head = sqlx::query(
             "INSERT INTO logs (time_unix_nano, observed_time_unix_nano, severity_number, severity_text, body,
                  event_name, trace_id, span_id, service_name, system, cluster, component, node_id,
                  resource_attributes, scope_name, scope_version, attributes)
@@ -23,18 +23,13 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[Lo
         .bind(to_json_text(&record.body))
         .bind(&record.event_name)
         .bind(&record.trace_id)
-        .bind(&record.span_id)
-        .bind(&resource.service_name)
-        .bind(&resource.system)
-        .bind(&resource.cluster)
-        .bind(resource.component.as_ref().map(Component::as_str))
-        .bind(&resource.node_id)
-        .bind(to_json_text(&resource.attributes))
-        .bind(&record.scope_name)
-        .bind(&record.scope_version)
-        .bind(to_json_text(&record.attributes))
-        .execute(&mut **transaction)
-        .await?;
+        .bind(&record.span_id);
+        let result = bind_resource(head, resource)
+            .bind(&record.scope_name)
+            .bind(&record.scope_version)
+            .bind(to_json_text(&record.attributes))
+            .execute(&mut **transaction)
+            .await?;
         written += result.rows_affected();
     }
     Ok(written)

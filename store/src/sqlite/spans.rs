@@ -1,9 +1,9 @@
 //! Span rows: written column by column, read back into domain spans.
 
-use lagscope_model::{CallFields, Component, Op, Outcome, Span, SpanKind, StateFields};
+use lagscope_model::{CallFields, Op, Outcome, Span, SpanKind, StateFields};
 use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
 
-use super::{ResourceRow, from_json_text, to_json_text};
+use super::{ResourceRow, bind_resource, from_json_text, to_json_text};
 use crate::{Result, TimeRange};
 
 const INSERT: &str = "INSERT INTO spans (
@@ -23,7 +23,7 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
     for span in spans {
         let resource = &span.resource;
         let call = &span.call;
-        let result = sqlx::query(INSERT)
+        let head = sqlx::query(INSERT)
             .bind(&span.trace_id)
             .bind(&span.span_id)
             .bind(&span.parent_span_id)
@@ -32,13 +32,8 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
             .bind(span.start_unix_nano)
             .bind(span.end_unix_nano)
             .bind(span.status_code)
-            .bind(&span.status_message)
-            .bind(&resource.service_name)
-            .bind(&resource.system)
-            .bind(&resource.cluster)
-            .bind(resource.component.as_ref().map(Component::as_str))
-            .bind(&resource.node_id)
-            .bind(to_json_text(&resource.attributes))
+            .bind(&span.status_message);
+        let result = bind_resource(head, resource)
             .bind(&span.scope_name)
             .bind(&span.scope_version)
             .bind(to_json_text(&span.scope_attributes))
