@@ -11,7 +11,7 @@ mod no_namenodes_window;
 mod pinned_retry;
 mod requeue_storm;
 mod router_state_dropped;
-mod shard_pressure;
+pub(crate) mod shard_pressure;
 mod stale_read;
 mod stale_read_cross_client;
 mod unfair_rejection;

@@ -10,6 +10,7 @@ mod config;
 pub mod detectors;
 mod enrich;
 mod floor;
+mod lag;
 mod series;
 mod timeline;
 
@@ -22,6 +23,7 @@ pub use config::{
 };
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
+pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows};
 pub use timeline::build_timelines;
 
 /// What the detectors look at.

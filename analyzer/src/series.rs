@@ -58,16 +58,21 @@ pub fn value_at(points: &[(i64, f64)], at: i64) -> Option<f64> {
 pub fn rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
     points
         .windows(2)
-        .filter_map(|pair| {
-            let ((previous_time, previous), (time, value)) = (pair[0], pair[1]);
-            let seconds = (time - previous_time) as f64 / 1e9;
-            if seconds <= 0.0 {
-                return None;
-            }
-            let increase = if value >= previous { value - previous } else { value };
-            Some((time, increase / seconds))
+        .zip(increases(points))
+        .filter_map(|(pair, (time, increase))| {
+            let seconds = (time - pair[0].0) as f64 / 1e9;
+            (seconds > 0.0).then(|| (time, increase / seconds))
         })
         .collect()
+}
+
+/// How much a cumulative counter grew between consecutive points, at the later point's time
+/// (a reset counts from 0).
+pub fn increases(points: &[(i64, f64)]) -> impl Iterator<Item = (i64, f64)> + '_ {
+    points.windows(2).map(|pair| {
+        let ((_, previous), (time, value)) = (pair[0], pair[1]);
+        (time, if value >= previous { value - previous } else { value })
+    })
 }
 
 /// Maximal runs of consecutive points for which `condition` holds, as (first, last) times,

@@ -29,15 +29,7 @@ pub struct Report {
 
 /// Reads every capture, runs every detector, returns what was read and found.
 pub fn analyze_paths(paths: &[impl AsRef<Path>], config: &AnalyzerConfig) -> anyhow::Result<Report> {
-    if paths.is_empty() {
-        bail!("no capture given: pass one or more OTLP JSON files (.json, .jsonl, optionally .gz)");
-    }
-    let mut capture = Capture::default();
-    for path in paths {
-        let path = path.as_ref();
-        let text = read_capture(path)?;
-        capture.read_str(&path.display().to_string(), &text)?;
-    }
+    let capture = read_captures(paths)?;
     let (n_spans, n_samples) = (capture.spans.len(), capture.samples.len());
     let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
     Ok(Report {
@@ -47,6 +39,20 @@ pub fn analyze_paths(paths: &[impl AsRef<Path>], config: &AnalyzerConfig) -> any
         log_records: capture.logs.len(),
         anomalies: analyze(&input, config),
     })
+}
+
+/// Reads capture files (OTLP JSON requests or JSON lines of them, optionally gzipped).
+pub fn read_captures(paths: &[impl AsRef<Path>]) -> anyhow::Result<Capture> {
+    if paths.is_empty() {
+        bail!("no capture given: pass one or more OTLP JSON files (.json, .jsonl, optionally .gz)");
+    }
+    let mut capture = Capture::default();
+    for path in paths {
+        let path = path.as_ref();
+        let text = read_capture(path)?;
+        capture.read_str(&path.display().to_string(), &text)?;
+    }
+    Ok(capture)
 }
 
 /// Reads a capture file whole, gunzipping `.gz` files.

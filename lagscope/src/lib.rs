@@ -1,5 +1,5 @@
 //! The `lagscope` binary's library half: configuration, the `serve` wiring (receivers, live
-//! analyzer, API over one store) and the offline `analyze` command.
+//! analyzer, API over one store) and the offline commands (`analyze`, `eval`, `export`).
 //!
 //! This crate wires; it holds no domain logic. Integration tests start the same [`Server`]
 //! the binary starts, in-process, on port 0.
@@ -7,6 +7,7 @@
 pub mod analyze;
 pub mod config;
 pub mod eval;
+pub mod export;
 mod live;
 pub mod native_server;
 pub mod server;

@@ -90,6 +90,36 @@ enum Command {
         #[arg(long)]
         serve_native: Option<String>,
     },
+    /// Export lag analytics (per-read staleness, apply lag, rejections, their per-step
+    /// percentiles) and the spans they came from as Parquet, from the store or from captures.
+    Export {
+        /// Directory to write the Parquet files into (created if missing).
+        #[arg(long, value_name = "DIR")]
+        parquet: PathBuf,
+        /// Directory of the embedded store to read [default: ./lagscope-data].
+        #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]
+        data_dir: PathBuf,
+        /// Only this cluster.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Only this namespace.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Start of the range (RFC 3339 or Unix seconds) [default: the data's first].
+        #[arg(long)]
+        from: Option<String>,
+        /// End of the range, exclusive [default: the data's last].
+        #[arg(long)]
+        to: Option<String>,
+        /// Bucket width of the aggregates: seconds, or 30s, 5m, 1h [default: the whole range].
+        #[arg(long)]
+        step: Option<String>,
+        /// The most spans (and samples) read from the store.
+        #[arg(long, default_value_t = 5_000_000)]
+        max_spans: u32,
+        /// Capture files to read instead of the store.
+        captures: Vec<PathBuf>,
+    },
     /// Run scenarios through the analyzer and score what it finds against their ground truth.
     Eval {
         /// A scenario name, or `all`.
@@ -122,6 +152,25 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {
+            let time = |name: &str, text: Option<String>| {
+                text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
+            };
+            let request = lagscope::export::ExportRequest {
+                dir: parquet.clone(),
+                captures,
+                data_dir,
+                cluster,
+                namespace,
+                from: time("--from", from)?,
+                to: time("--to", to)?,
+                step_seconds: step.as_deref().map(lagscope_web::parse_step).transpose().map_err(anyhow::Error::msg)?,
+                max_spans,
+            };
+            let report = lagscope::export::export(&request)?;
+            lagscope::export::print_report(&report, &parquet);
+            Ok(())
+        }
         Command::Serve { config, data_dir, listen, otlp_http, otlp_grpc } => {
             let mut config = Config::load(config.as_deref())?;
             if let Some(data_dir) = data_dir {

@@ -57,7 +57,8 @@ impl Server {
         let grpc_router =
             tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
         tasks.spawn(serve_http(grpc_listener, grpc_router, shutdown_rx.clone()));
-        let api = api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone() });
+        let api =
+            api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
         tasks.spawn(serve_http(api_listener, api, shutdown_rx.clone()));
         tasks.spawn(run_live_analyzer(shared_store, dirty, metrics, config.clone(), shutdown_rx));
 
@@ -112,4 +113,9 @@ async fn serve_http(listener: TcpListener, router: Router, mut shutdown: watch::
         })
         .await
         .context("http server failed")
+}
+
+/// Lag analytics for the API: the analytics crate's polars aggregation.
+fn lag_aggregator() -> lagscope_web::LagAggregator {
+    std::sync::Arc::new(|rows, query| lagscope_analytics::aggregate(rows, query).map_err(|error| error.to_string()))
 }

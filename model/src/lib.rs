@@ -9,12 +9,14 @@
 
 pub mod anomaly;
 pub mod conventions;
+pub mod lag;
 pub mod log;
 pub mod metric;
 pub mod span;
 pub mod timeline;
 
 pub use anomaly::{Anomaly, AnomalyKind, Guarantee, Severity};
+pub use lag::{ApplyLagBucket, LagQuery, LagReport, Percentiles, ReadStalenessBucket, RejectionBucket};
 pub use log::LogRecord;
 pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
 pub use span::{

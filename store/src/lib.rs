@@ -137,6 +137,26 @@ pub trait Store: Send + Sync + 'static {
     /// namespace, from `window` before the scope's latest sample on.
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>>;
 
+    /// Spans of `cluster`/`namespace` (`None` = any) whose start lies in `range`, the oldest
+    /// `limit`, ordered by start time: what lag analytics and exports read.
+    async fn spans_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>>;
+
+    /// Metric samples of `cluster`/`namespace` (`None` = any; a namespace also takes the
+    /// series that name none) whose time lies in `range`, the oldest `limit`, oldest first.
+    async fn samples_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Sample>>;
+
     /// The client ids appearing in the given traces (for spans that name no client).
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>>;
 

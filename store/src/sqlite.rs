@@ -106,6 +106,26 @@ impl Store for SqliteStore {
         samples::for_scope(&self.reader, cluster, namespace, window).await
     }
 
+    async fn spans_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        spans::in_range(&self.reader, cluster, namespace, range, limit).await
+    }
+
+    async fn samples_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Sample>> {
+        samples::in_range(&self.reader, cluster, namespace, range, limit).await
+    }
+
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {
         spans::clients_of_traces(&self.reader, trace_ids).await
     }

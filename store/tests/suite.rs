@@ -33,6 +33,7 @@ macro_rules! store_suite {
             case!(series_range_matches_labels_and_time);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
             case!(logs_round_trip_in_time_order);
+            case!(range_reads_filter_scope_time_and_limit);
         }
     };
 }
@@ -326,4 +327,78 @@ async fn logs_round_trip_in_time_order(store: &dyn Store) {
     assert_eq!(store.logs(TimeRange::ALL, 10).await.expect("logs"), vec![early.clone(), late]);
     assert_eq!(store.logs(TimeRange { from: T0, to: T0 + 1 }, 10).await.expect("range"), vec![early]);
     assert_eq!(store.stats().await.expect("stats").logs, 2);
+}
+
+async fn range_reads_filter_scope_time_and_limit(store: &dyn Store) {
+    let in_scope = |client: &str, trace: u8, start: i64, cluster: &str, namespace: &str| {
+        let mut span = span(Some(client), Component::Client, trace, trace, None, start);
+        span.resource.cluster = Some(cluster.to_string());
+        span.call.namespace = Some(namespace.to_string());
+        span
+    };
+    let spans = vec![
+        in_scope("a", 1, T0, "c1", "ns1"),
+        in_scope("a", 2, T0 + SECOND, "c1", "ns1"),
+        in_scope("b", 3, T0 + 2 * SECOND, "c1", "ns2"),
+        in_scope("c", 4, T0 + 3 * SECOND, "c2", "ns1"),
+    ];
+    let applied = "lagscope.server.applied_state";
+    let samples = vec![
+        sample(
+            applied,
+            &[("lagscope.cluster", "c1"), ("lagscope.namespace", "ns1")],
+            T0,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            applied,
+            &[("lagscope.cluster", "c1"), ("lagscope.namespace", "ns2")],
+            T0,
+            PointValue::Number(2.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            "lagscope.probe.up",
+            &[("lagscope.cluster", "c1")],
+            T0 + SECOND,
+            PointValue::Number(3.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            applied,
+            &[("lagscope.cluster", "c2"), ("lagscope.namespace", "ns1")],
+            T0,
+            PointValue::Number(4.0),
+            MetricKind::Gauge,
+        ),
+    ];
+    store.ingest(&IngestBatch { spans, samples, ..IngestBatch::default() }).await.expect("ingest");
+    let starts = |spans: Vec<Span>| spans.iter().map(|span| (span.start_unix_nano - T0) / SECOND).collect::<Vec<_>>();
+
+    let all = store.spans_in_range(None, None, TimeRange::ALL, 100).await.expect("all");
+    assert_eq!(starts(all), [0, 1, 2, 3]);
+    let c1 = store.spans_in_range(Some("c1"), None, TimeRange::ALL, 100).await.expect("c1");
+    assert_eq!(starts(c1), [0, 1, 2]);
+    let ns1 = store.spans_in_range(None, Some("ns1"), TimeRange::ALL, 100).await.expect("ns1");
+    assert_eq!(starts(ns1), [0, 1, 3]);
+    let window = store
+        .spans_in_range(Some("c1"), Some("ns1"), TimeRange { from: T0 + SECOND, to: T0 + 10 * SECOND }, 100)
+        .await
+        .expect("window");
+    assert_eq!(starts(window), [1]);
+    let limited = store.spans_in_range(None, None, TimeRange::ALL, 2).await.expect("limited");
+    assert_eq!(starts(limited), [0, 1], "the oldest first");
+    let hostile = store.spans_in_range(Some("c1' OR 1=1 --"), None, TimeRange::ALL, 100).await.expect("hostile");
+    assert!(hostile.is_empty());
+
+    let values =
+        |samples: Vec<Sample>| samples.iter().filter_map(|sample| sample.value.as_number()).collect::<Vec<_>>();
+    let c1_ns1 = store.samples_in_range(Some("c1"), Some("ns1"), TimeRange::ALL, 100).await.expect("samples");
+    assert_eq!(values(c1_ns1), [1.0, 3.0], "the namespace's series and the cluster's series without one");
+    let c1 = store.samples_in_range(Some("c1"), None, TimeRange::ALL, 100).await.expect("samples");
+    assert_eq!(c1.len(), 3);
+    let later =
+        store.samples_in_range(None, None, TimeRange { from: T0 + SECOND, to: i64::MAX }, 100).await.expect("samples");
+    assert_eq!(values(later), [3.0]);
 }

@@ -31,6 +31,8 @@ const TIMELINE_METRICS_WINDOW: i64 = 3_600 * 1_000_000_000;
 pub struct ApiState {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<SelfMetrics>,
+    /// Aggregates lag analytics (`None`: `/api/v1/lag` answers 503).
+    pub lag: Option<crate::LagAggregator>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -39,6 +41,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/anomalies", get(list_anomalies))
         .route("/api/v1/anomalies/{id}", get(get_anomaly))
         .route("/api/v1/clients/{client_id}/timeline", get(client_timeline))
+        .route("/api/v1/lag", get(crate::lag::lag))
         .route("/metrics", get(metrics))
         .with_state(state)
 }

@@ -12,8 +12,12 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error")]
     Internal(#[from] lagscope_store::StoreError),
+    #[error("internal error")]
+    Analysis(String),
 }
 
 impl IntoResponse for ApiError {
@@ -21,6 +25,11 @@ impl IntoResponse for ApiError {
         let status = match &self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Analysis(error) => {
+                tracing::error!(%error, "lag analytics failed");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::Internal(error) => {
                 tracing::error!(%error, "api request failed");
                 StatusCode::INTERNAL_SERVER_ERROR

@@ -1,4 +1,4 @@
-//! lagscope's HTTP API: anomalies, client timelines, health and the service's own metrics.
+//! lagscope's HTTP API: anomalies, client timelines, lag analytics, health and the service's own metrics.
 //!
 //! Handlers read through the [`Store`](lagscope_store::Store) trait and the analyzer's pure
 //! functions; they never write telemetry. Every parameter is validated and answered with a
@@ -6,8 +6,10 @@
 
 mod api;
 mod error;
+mod lag;
 mod time_param;
 
 pub use api::{ApiState, router};
 pub use error::ApiError;
+pub use lag::{LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, load_lag_rows, parse_step};
 pub use time_param::parse_time;

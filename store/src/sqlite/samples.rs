@@ -181,21 +181,52 @@ pub(super) async fn for_scope(
     .bind(window)
     .fetch_all(pool)
     .await?;
-    rows.into_iter()
-        .map(|row| {
-            let kind = MetricKind::parse(&row.kind)
-                .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
-            let value = match (&row.distribution, row.value) {
-                (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
-                (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
-            };
-            Ok(Sample {
-                series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
-                meta: SeriesMeta { kind, unit: row.unit, description: row.description },
-                time_unix_nano: row.time_unix_nano,
-                start_time_unix_nano: row.start_time_unix_nano,
-                value,
-            })
+    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+}
+
+/// Samples of series in `cluster`/`namespace` (`None` = any; a namespace also matches series
+/// that name none) whose time lies in `range`, oldest first, at most `limit`.
+pub(super) async fn in_range(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    range: TimeRange,
+    limit: u32,
+) -> Result<Vec<Sample>> {
+    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+         FROM samples JOIN series ON series.id = samples.series_id
+         WHERE (?1 IS NULL OR series.cluster = ?1)
+           AND (?2 IS NULL OR series.namespace = ?2 OR series.namespace IS NULL)
+           AND samples.time_unix_nano >= ?3 AND samples.time_unix_nano < ?4
+         ORDER BY samples.time_unix_nano LIMIT ?5",
+    )
+    .bind(cluster)
+    .bind(namespace)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+}
+
+impl ScopeSampleRow {
+    fn into_sample(self) -> Result<Sample> {
+        let row = self;
+        let kind = MetricKind::parse(&row.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
+        let value = match (&row.distribution, row.value) {
+            (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
+            (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
+        };
+        Ok(Sample {
+            series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
+            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
+            time_unix_nano: row.time_unix_nano,
+            start_time_unix_nano: row.start_time_unix_nano,
+            value,
         })
-        .collect()
+    }
 }

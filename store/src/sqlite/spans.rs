@@ -221,3 +221,28 @@ pub(super) async fn for_scope(
     .await?;
     rows.into_iter().map(SpanRow::into_span).collect()
 }
+
+/// Spans in `cluster`/`namespace` (`None` = any) whose start lies in `range`, oldest first,
+/// at most `limit`.
+pub(super) async fn in_range(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    range: TimeRange,
+    limit: u32,
+) -> Result<Vec<Span>> {
+    let rows: Vec<SpanRow> = sqlx::query_as(
+        "SELECT * FROM spans
+         WHERE (?1 IS NULL OR cluster = ?1) AND (?2 IS NULL OR namespace = ?2)
+           AND start_unix_nano >= ?3 AND start_unix_nano < ?4
+         ORDER BY start_unix_nano, id LIMIT ?5",
+    )
+    .bind(cluster)
+    .bind(namespace)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(SpanRow::into_span).collect()
+}

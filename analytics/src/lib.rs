@@ -1,0 +1,322 @@
+//! Aggregate lag analytics with polars, and their Parquet export.
+//!
+//! The analyzer extracts the raw rows (one per served read, applied-state report and rejection
+//! count: [`LagRows`]); this crate turns them into data frames, buckets them by namespace, node
+//! and time step and takes percentiles ([`aggregate`]), and writes both the rows and the
+//! aggregates as Parquet ([`export_parquet`]). It is the only crate that depends on polars,
+//! which is most of a release build: the collector, store and API build and test without it.
+
+use std::path::{Path, PathBuf};
+
+use lagscope_analyzer::LagRows;
+use lagscope_model::{ApplyLagBucket, LagQuery, LagReport, Percentiles, ReadStalenessBucket, RejectionBucket, Span};
+use polars::prelude::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyticsError {
+    #[error("polars: {0}")]
+    Polars(#[from] PolarsError),
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+pub type Result<T> = std::result::Result<T, AnalyticsError>;
+
+const GROUP: [&str; 3] = ["cluster", "namespace", "node"];
+
+/// The raw rows as data frames (times as `i64` nanoseconds since the epoch).
+pub struct LagFrames {
+    pub reads: DataFrame,
+    pub apply: DataFrame,
+    pub rejections: DataFrame,
+}
+
+impl LagFrames {
+    pub fn new(rows: &LagRows) -> Result<Self> {
+        let reads = &rows.reads;
+        let apply = &rows.apply;
+        let rejections = &rows.rejections;
+        Ok(Self {
+            reads: df!(
+                "cluster" => reads.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+                "namespace" => reads.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+                "node" => reads.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+                "role" => reads.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
+                "client_id" => reads.iter().map(|row| row.client_id.clone()).collect::<Vec<_>>(),
+                "time_unix_nano" => reads.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+                "served" => reads.iter().map(|row| row.served).collect::<Vec<_>>(),
+                "committed" => reads.iter().map(|row| row.committed).collect::<Vec<_>>(),
+                "behind_states" => reads.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
+                "behind_seconds" => reads.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
+            )?,
+            apply: df!(
+                "cluster" => apply.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+                "namespace" => apply.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+                "node" => apply.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+                "time_unix_nano" => apply.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+                "applied" => apply.iter().map(|row| row.applied).collect::<Vec<_>>(),
+                "committed" => apply.iter().map(|row| row.committed).collect::<Vec<_>>(),
+                "behind_states" => apply.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
+                "behind_seconds" => apply.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
+            )?,
+            rejections: df!(
+                "cluster" => rejections.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+                "namespace" => rejections.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+                "node" => rejections.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+                "role" => rejections.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
+                "time_unix_nano" => rejections.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+                "rejections" => rejections.iter().map(|row| row.rejections).collect::<Vec<_>>(),
+            )?,
+        })
+    }
+}
+
+/// The aggregates of a query, as data frames (one row per group and bucket).
+pub struct LagAggregates {
+    pub reads: DataFrame,
+    pub apply: DataFrame,
+    pub rejections: DataFrame,
+}
+
+impl LagAggregates {
+    pub fn new(frames: &LagFrames, query: &LagQuery) -> Result<Self> {
+        let reads = scoped(frames.reads.clone(), query)?
+            .group_by(bucketed(&GROUP))
+            .agg([
+                len().cast(DataType::UInt64).alias("reads"),
+                col("behind_states").gt(lit(0)).sum().cast(DataType::UInt64).alias("stale_reads"),
+                col("behind_states").count().cast(DataType::UInt64).alias("compared"),
+                percentiles("behind_states"),
+                percentiles("behind_seconds"),
+            ])
+            .sort(bucketed_names(&GROUP), SortMultipleOptions::default())
+            .collect()?;
+        let apply = scoped(frames.apply.clone(), query)?
+            .group_by(bucketed(&GROUP))
+            .agg([
+                len().cast(DataType::UInt64).alias("reports"),
+                percentiles("behind_states"),
+                percentiles("behind_seconds"),
+            ])
+            .sort(bucketed_names(&GROUP), SortMultipleOptions::default())
+            .collect()?;
+        let rejection_group = ["cluster", "namespace", "node", "role"];
+        let rejections = scoped(frames.rejections.clone(), query)?
+            .group_by(bucketed(&rejection_group))
+            .agg([col("rejections").sum()])
+            .sort(bucketed_names(&rejection_group), SortMultipleOptions::default())
+            .collect()?;
+        Ok(Self {
+            reads: reads.unnest(["behind_states", "behind_seconds"], None)?,
+            apply: apply.unnest(["behind_states", "behind_seconds"], None)?,
+            rejections,
+        })
+    }
+}
+
+/// Rows in the query's scope and range, with the start of their bucket as `bucket_unix_nano`.
+fn scoped(frame: DataFrame, query: &LagQuery) -> Result<LazyFrame> {
+    let mut keep =
+        col("time_unix_nano").gt_eq(lit(query.from_unix_nano)).and(col("time_unix_nano").lt(lit(query.to_unix_nano)));
+    if let Some(cluster) = &query.cluster {
+        keep = keep.and(col("cluster").eq(lit(cluster.as_str())));
+    }
+    if let Some(namespace) = &query.namespace {
+        keep = keep.and(col("namespace").eq(lit(namespace.as_str())));
+    }
+    // Bucketed here rather than in an expression: integer floor division needs polars'
+    // `round_series` feature, which needs `timezones` (see the stack notes).
+    let buckets: Vec<Option<i64>> =
+        frame.column("time_unix_nano")?.i64()?.iter().map(|time| time.map(|time| query.bucket_of(time))).collect();
+    let mut frame = frame;
+    frame.with_column(Column::new("bucket_unix_nano".into(), buckets))?;
+    Ok(frame.lazy().filter(keep))
+}
+
+fn bucketed(group: &[&str]) -> Vec<Expr> {
+    group.iter().map(|name| col(*name)).chain([col("bucket_unix_nano")]).collect()
+}
+
+fn bucketed_names(group: &[&str]) -> Vec<PlSmallStr> {
+    group.iter().map(|name| PlSmallStr::from(*name)).chain([PlSmallStr::from("bucket_unix_nano")]).collect()
+}
+
+/// p50, p99 and max of a column as a struct column named after it (`NAME.p50`... once
+/// unnested: fields `NAME_p50`, `NAME_p99`, `NAME_max`).
+fn percentiles(name: &str) -> Expr {
+    let value = col(name).cast(DataType::Float64);
+    as_struct(vec![
+        value.clone().quantile(lit(0.5), QuantileMethod::Linear).alias(format!("{name}_p50")),
+        value.clone().quantile(lit(0.99), QuantileMethod::Linear).alias(format!("{name}_p99")),
+        value.max().alias(format!("{name}_max")),
+    ])
+    .alias(name)
+}
+
+/// Aggregates the rows for `query` into the API's report.
+pub fn aggregate(rows: &LagRows, query: &LagQuery) -> Result<LagReport> {
+    let aggregates = LagAggregates::new(&LagFrames::new(rows)?, query)?;
+    let reads = &aggregates.reads;
+    let apply = &aggregates.apply;
+    let rejections = &aggregates.rejections;
+    Ok(LagReport {
+        query: query.clone(),
+        reads: (0..reads.height())
+            .map(|row| {
+                Ok(ReadStalenessBucket {
+                    cluster: text(reads, "cluster", row)?,
+                    namespace: text(reads, "namespace", row)?,
+                    node: text(reads, "node", row)?,
+                    bucket_start_unix_nano: integer(reads, "bucket_unix_nano", row)?.unwrap_or(query.from_unix_nano),
+                    reads: count(reads, "reads", row)?,
+                    stale_reads: count(reads, "stale_reads", row)?,
+                    behind_states: spread(reads, "behind_states", row)?,
+                    behind_seconds: spread(reads, "behind_seconds", row)?,
+                })
+            })
+            .collect::<Result<_>>()?,
+        apply_lag: (0..apply.height())
+            .filter_map(|row| {
+                let bucket = || -> Result<Option<ApplyLagBucket>> {
+                    let (Some(states), Some(seconds)) =
+                        (spread(apply, "behind_states", row)?, spread(apply, "behind_seconds", row)?)
+                    else {
+                        return Ok(None);
+                    };
+                    Ok(Some(ApplyLagBucket {
+                        cluster: text(apply, "cluster", row)?,
+                        namespace: text(apply, "namespace", row)?,
+                        node: text(apply, "node", row)?,
+                        bucket_start_unix_nano: integer(apply, "bucket_unix_nano", row)?
+                            .unwrap_or(query.from_unix_nano),
+                        reports: count(apply, "reports", row)?,
+                        behind_states: states,
+                        behind_seconds: seconds,
+                    }))
+                };
+                bucket().transpose()
+            })
+            .collect::<Result<_>>()?,
+        rejections: (0..rejections.height())
+            .map(|row| {
+                Ok(RejectionBucket {
+                    cluster: text(rejections, "cluster", row)?,
+                    namespace: text(rejections, "namespace", row)?,
+                    node: text(rejections, "node", row)?,
+                    role: text(rejections, "role", row)?.unwrap_or_default(),
+                    bucket_start_unix_nano: integer(rejections, "bucket_unix_nano", row)?
+                        .unwrap_or(query.from_unix_nano),
+                    rejections: float(rejections, "rejections", row)?.unwrap_or(0.0),
+                })
+            })
+            .collect::<Result<_>>()?,
+    })
+}
+
+fn text(frame: &DataFrame, name: &str, row: usize) -> Result<Option<String>> {
+    Ok(frame.column(name)?.str()?.get(row).map(str::to_string))
+}
+
+fn integer(frame: &DataFrame, name: &str, row: usize) -> Result<Option<i64>> {
+    Ok(frame.column(name)?.cast(&DataType::Int64)?.i64()?.get(row))
+}
+
+fn float(frame: &DataFrame, name: &str, row: usize) -> Result<Option<f64>> {
+    Ok(frame.column(name)?.cast(&DataType::Float64)?.f64()?.get(row))
+}
+
+fn count(frame: &DataFrame, name: &str, row: usize) -> Result<u64> {
+    Ok(frame.column(name)?.u64()?.get(row).unwrap_or(0))
+}
+
+fn spread(frame: &DataFrame, name: &str, row: usize) -> Result<Option<Percentiles>> {
+    let field = |suffix: &str| float(frame, &format!("{name}_{suffix}"), row);
+    Ok(match (field("p50")?, field("p99")?, field("max")?) {
+        (Some(p50), Some(p99), Some(max)) => Some(Percentiles { p50, p99, max }),
+        _ => None,
+    })
+}
+
+/// Spans as a flat frame: one row per span, the telemetry conventions' fields as columns
+/// (times as `i64` nanoseconds; events, links and other attributes are left out).
+pub fn spans_frame(spans: &[Span]) -> Result<DataFrame> {
+    let text =
+        |field: fn(&Span) -> Option<&str>| spans.iter().map(|span| field(span).map(str::to_string)).collect::<Vec<_>>();
+    let number = |field: fn(&Span) -> Option<i64>| spans.iter().map(field).collect::<Vec<_>>();
+    Ok(df!(
+        "trace_id" => text(|span| span.trace_id.as_deref()),
+        "span_id" => text(|span| span.span_id.as_deref()),
+        "parent_span_id" => text(|span| span.parent_span_id.as_deref()),
+        "name" => text(|span| Some(span.name.as_str())),
+        "start_unix_nano" => number(|span| Some(span.start_unix_nano)),
+        "end_unix_nano" => number(|span| Some(span.end_unix_nano)),
+        "status_code" => number(|span| Some(i64::from(span.status_code))),
+        "service_name" => text(|span| span.resource.service_name.as_deref()),
+        "system" => text(|span| span.resource.system.as_deref()),
+        "cluster" => text(|span| span.resource.cluster.as_deref()),
+        "component" => text(|span| span.resource.component.as_ref().map(|component| component.as_str())),
+        "node_id" => text(|span| span.resource.node_id.as_deref()),
+        "client_id" => text(|span| span.call.client_id.as_deref()),
+        "call_id" => text(|span| span.call.call_id.as_deref()),
+        "attempt" => number(|span| span.call.attempt),
+        "namespace" => text(|span| span.call.namespace.as_deref()),
+        "op" => text(|span| span.call.op.as_ref().map(|op| op.as_str())),
+        "rpc_method" => text(|span| span.call.rpc_method.as_deref()),
+        "target_node" => text(|span| span.call.target_node.as_deref()),
+        "target_role" => text(|span| span.call.target_role.as_deref()),
+        "node_role" => text(|span| span.call.node_role.as_deref()),
+        "consistency" => text(|span| span.call.consistency.as_deref()),
+        "state_carried" => number(|span| span.call.state.carried),
+        "state_returned" => number(|span| span.call.state.returned),
+        "state_served" => number(|span| span.call.state.served),
+        "state_committed" => number(|span| span.call.state.committed),
+        "state_router" => number(|span| span.call.state.router),
+        "outcome" => text(|span| span.call.outcome.as_ref().map(|outcome| outcome.as_str())),
+        "error_type" => text(|span| span.call.error_type.as_deref()),
+        "requeues" => number(|span| span.call.requeues),
+    )?)
+}
+
+/// Writes the spans as `spans.parquet` in `dir` (see [`spans_frame`]).
+pub fn export_spans_parquet(dir: &Path, spans: &[Span]) -> Result<Exported> {
+    std::fs::create_dir_all(dir).map_err(|source| AnalyticsError::Io { path: dir.to_path_buf(), source })?;
+    write_frame(&dir.join("spans.parquet"), spans_frame(spans)?, "start_unix_nano")
+}
+
+/// One file [`export_parquet`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    pub path: PathBuf,
+    pub rows: usize,
+}
+
+/// Writes the raw rows (`reads.parquet`, `apply_lag.parquet`, `rejections.parquet`) and the
+/// aggregates of `query` (`reads_by_step.parquet`, `apply_lag_by_step.parquet`,
+/// `rejections_by_step.parquet`) into `dir`, creating it. Times are written as UTC
+/// nanosecond timestamps.
+pub fn export_parquet(dir: &Path, rows: &LagRows, query: &LagQuery) -> Result<Vec<Exported>> {
+    std::fs::create_dir_all(dir).map_err(|source| AnalyticsError::Io { path: dir.to_path_buf(), source })?;
+    let frames = LagFrames::new(rows)?;
+    let aggregates = LagAggregates::new(&frames, query)?;
+    let files = [
+        ("reads.parquet", frames.reads, "time_unix_nano"),
+        ("apply_lag.parquet", frames.apply, "time_unix_nano"),
+        ("rejections.parquet", frames.rejections, "time_unix_nano"),
+        ("reads_by_step.parquet", aggregates.reads, "bucket_unix_nano"),
+        ("apply_lag_by_step.parquet", aggregates.apply, "bucket_unix_nano"),
+        ("rejections_by_step.parquet", aggregates.rejections, "bucket_unix_nano"),
+    ];
+    files.into_iter().map(|(name, frame, time)| write_frame(&dir.join(name), frame, time)).collect()
+}
+
+/// Writes `frame` with its `time` column (nanoseconds) as a timestamp column `time`/`bucket`.
+fn write_frame(path: &Path, frame: DataFrame, time: &str) -> Result<Exported> {
+    let timestamp = time.trim_end_matches("_unix_nano");
+    let mut frame = frame
+        .lazy()
+        .with_column(col(time).cast(DataType::Datetime(TimeUnit::Nanoseconds, Some(TimeZone::UTC))).alias(timestamp))
+        .collect()?;
+    let file = std::fs::File::create(path).map_err(|source| AnalyticsError::Io { path: path.to_path_buf(), source })?;
+    ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).finish(&mut frame)?;
+    Ok(Exported { path: path.to_path_buf(), rows: frame.height() })
+}

@@ -1,0 +1,181 @@
+//! The raw rows of lag analytics: one per served read, per applied-state report and per
+//! rejection count. The aggregation (percentiles per namespace, node and time step) lives in
+//! `lagscope-analytics`, which keeps polars out of everything else.
+//!
+//! "Behind" is measured against the namespace's committed state known at that moment (the
+//! highest any server reported on a span or as `lagscope.server.committed_state`), in states
+//! and in seconds: how long before the moment the first state the node did not have was
+//! already committed. Both are 0 when the node was current.
+
+use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
+use serde::Serialize;
+
+use crate::AnalysisInput;
+use crate::committed::{NamespaceKey, committed_reports, first_seen};
+use crate::detectors::shard_pressure::SHARD_ROLE;
+use crate::floor::served_reads;
+use crate::series::{increases, series_of};
+
+/// A read a server served, and how far behind the namespace it was.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReadLag {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    /// The node that served it (or was sent it, when no server span says).
+    pub node: Option<String>,
+    pub role: Option<String>,
+    pub client_id: String,
+    pub time_unix_nano: i64,
+    pub served: i64,
+    /// The namespace's committed state known when the read completed, if any was reported.
+    pub committed: Option<i64>,
+    pub behind_states: Option<i64>,
+    pub behind_seconds: Option<f64>,
+}
+
+/// A follower's applied state at one report, against the namespace's committed state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApplyLagPoint {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub node: Option<String>,
+    pub time_unix_nano: i64,
+    pub applied: i64,
+    pub committed: i64,
+    pub behind_states: i64,
+    pub behind_seconds: f64,
+}
+
+/// Rejections a shard counted for one role between two reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RejectionCount {
+    pub cluster: Option<String>,
+    /// The shard (`index/shard`) or other namespace the counter belongs to.
+    pub namespace: Option<String>,
+    pub node: Option<String>,
+    pub role: String,
+    pub time_unix_nano: i64,
+    pub rejections: f64,
+}
+
+/// Every row of lag analytics the input holds.
+#[derive(Debug, Default, Clone, PartialEq, Serialize)]
+pub struct LagRows {
+    pub reads: Vec<ReadLag>,
+    pub apply: Vec<ApplyLagPoint>,
+    pub rejections: Vec<RejectionCount>,
+}
+
+pub fn lag_rows(input: &AnalysisInput) -> LagRows {
+    let committed = first_seen(committed_reports(input));
+    LagRows { reads: read_lags(input, &committed), apply: apply_lags(input, &committed), rejections: rejections(input) }
+}
+
+fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {
+    let mut rows = Vec::new();
+    for timeline in &input.timelines {
+        let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
+        let known = committed.get(&key).map(Vec::as_slice).unwrap_or_default();
+        for read in served_reads(&timeline.calls) {
+            let at = read.attempt.end_unix_nano;
+            let (committed, behind_states, behind_seconds) = match behind(known, at, read.served) {
+                Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
+                None => (None, None, None),
+            };
+            rows.push(ReadLag {
+                cluster: timeline.cluster.clone(),
+                namespace: timeline.namespace.clone(),
+                node: read.attempt.served_by.clone().or_else(|| read.attempt.target_node.clone()),
+                role: read
+                    .attempt
+                    .served_role
+                    .clone()
+                    .or_else(|| read.attempt.reported.node_role.clone())
+                    .or_else(|| read.attempt.target_role.clone()),
+                client_id: timeline.client_id.clone(),
+                time_unix_nano: at,
+                served: read.served,
+                committed,
+                behind_states,
+                behind_seconds,
+            });
+        }
+    }
+    rows.sort_by(|left, right| (left.time_unix_nano, &left.client_id).cmp(&(right.time_unix_nano, &right.client_id)));
+    rows
+}
+
+fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {
+    let mut rows = Vec::new();
+    for ((scope, _), points) in series_of(&input.samples, METRIC_APPLIED_STATE, &[]) {
+        let key: NamespaceKey = (scope.cluster.clone(), scope.namespace.clone());
+        let Some(known) = committed.get(&key) else { continue };
+        for (at, applied) in points {
+            let applied = applied as i64;
+            let Some((committed, behind_states, behind_seconds)) = behind(known, at, applied) else { continue };
+            rows.push(ApplyLagPoint {
+                cluster: scope.cluster.clone(),
+                namespace: scope.namespace.clone(),
+                node: scope.node.clone(),
+                time_unix_nano: at,
+                applied,
+                committed,
+                behind_states,
+                behind_seconds,
+            });
+        }
+    }
+    rows.sort_by(|left, right| (left.time_unix_nano, &left.node).cmp(&(right.time_unix_nano, &right.node)));
+    rows
+}
+
+fn rejections(input: &AnalysisInput) -> Vec<RejectionCount> {
+    let mut rows = Vec::new();
+    for ((scope, labels), points) in series_of(&input.samples, METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
+        for (at, count) in increases(&points).filter(|(_, count)| *count > 0.0) {
+            rows.push(RejectionCount {
+                cluster: scope.cluster.clone(),
+                namespace: scope.namespace.clone(),
+                node: scope.node.clone(),
+                role: labels[0].clone(),
+                time_unix_nano: at,
+                rejections: count,
+            });
+        }
+    }
+    rows.sort_by(|left, right| (left.time_unix_nano, &left.namespace).cmp(&(right.time_unix_nano, &right.namespace)));
+    rows
+}
+
+/// Against the first-seen committed states of a namespace (sorted by time, rising): the
+/// committed state known at `at`, and how far `state` was behind it in states and seconds.
+fn behind(first_seen: &[(i64, i64)], at: i64, state: i64) -> Option<(i64, i64, f64)> {
+    let known = first_seen.partition_point(|(time, _)| *time <= at);
+    let (_, committed) = *first_seen.get(known.checked_sub(1)?)?;
+    if committed <= state {
+        return Some((committed, 0, 0.0));
+    }
+    // The first report of a state above `state`: from then on the node was behind.
+    let missed = first_seen[..known].partition_point(|(_, reported)| *reported <= state);
+    let since = first_seen[missed].0;
+    Some((committed, committed - state, (at - since).max(0) as f64 / 1e9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::behind;
+
+    #[test]
+    fn behind_measures_states_and_time_since_the_first_missed_commit() {
+        let known = [(1_000_000_000, 10), (2_000_000_000, 20), (5_000_000_000, 30)];
+        // Before anything was reported: nothing to compare with.
+        assert_eq!(behind(&known, 500_000_000, 5), None);
+        // Current, and ahead (reports arrive late): 0 behind.
+        assert_eq!(behind(&known, 2_500_000_000, 20), Some((20, 0, 0.0)));
+        assert_eq!(behind(&known, 2_500_000_000, 25), Some((20, 0, 0.0)));
+        // Served 15 at 6 s: committed 30; 20 was committed at 2 s, so 4 s behind.
+        assert_eq!(behind(&known, 6_000_000_000, 15), Some((30, 15, 4.0)));
+        // Served 20 at 6 s: 30 committed at 5 s, 1 s behind.
+        assert_eq!(behind(&known, 6_000_000_000, 20), Some((30, 10, 1.0)));
+    }
+}

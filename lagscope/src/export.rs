@@ -1,0 +1,129 @@
+//! `lagscope export --parquet DIR`: lag analytics (raw rows and per-step aggregates) and the
+//! spans they came from, as Parquet files for notebooks, DuckDB, Spark or polars.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
+use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
+use lagscope_model::{LagQuery, Span};
+use lagscope_store::{SqliteStore, Store, TimeRange};
+
+/// What to export and where from.
+#[derive(Debug, Clone)]
+pub struct ExportRequest {
+    pub dir: PathBuf,
+    /// Capture files to read; empty: read the store in `data_dir`.
+    pub captures: Vec<PathBuf>,
+    pub data_dir: PathBuf,
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub from: Option<i64>,
+    pub to: Option<i64>,
+    pub step_seconds: Option<i64>,
+    /// The most spans (and samples) read from the store.
+    pub max_spans: u32,
+}
+
+/// What an export read and wrote.
+#[derive(Debug)]
+pub struct ExportReport {
+    pub source: String,
+    pub spans: usize,
+    pub samples: usize,
+    pub truncated: bool,
+    pub files: Vec<Exported>,
+}
+
+pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
+    let range = TimeRange { from: request.from.unwrap_or(i64::MIN), to: request.to.unwrap_or(i64::MAX) };
+    anyhow::ensure!(range.from < range.to, "--from must be before --to");
+    let (source, spans, samples, truncated) = if request.captures.is_empty() {
+        read_store(request, range)?
+    } else {
+        let capture = crate::analyze::read_captures(&request.captures)?;
+        let in_scope = |cluster: Option<&str>, namespace: Option<&str>| {
+            request.cluster.as_deref().is_none_or(|wanted| cluster == Some(wanted))
+                && request.namespace.as_deref().is_none_or(|wanted| namespace.is_none_or(|name| name == wanted))
+        };
+        let spans: Vec<Span> = capture
+            .spans
+            .into_iter()
+            .filter(|span| in_scope(span.resource.cluster.as_deref(), span.call.namespace.as_deref()))
+            .filter(|span| span.call.namespace.is_some() || request.namespace.is_none())
+            .filter(|span| span.start_unix_nano >= range.from && span.start_unix_nano < range.to)
+            .collect();
+        let samples = capture
+            .samples
+            .into_iter()
+            .filter(|sample| {
+                in_scope(
+                    sample.series.label(lagscope_model::conventions::CLUSTER),
+                    sample.series.label(lagscope_model::conventions::NAMESPACE),
+                )
+            })
+            .filter(|sample| sample.time_unix_nano >= range.from && sample.time_unix_nano < range.to)
+            .collect();
+        let names: Vec<String> = request.captures.iter().map(|path| path.display().to_string()).collect();
+        (names.join(", "), spans, samples, false)
+    };
+    let (n_spans, n_samples) = (spans.len(), samples.len());
+    let input = AnalysisInput::from_telemetry(&spans, samples);
+    let rows = lag_rows(&input);
+    let query = query_for(request, &rows, &spans);
+    let mut files = export_parquet(&request.dir, &rows, &query)?;
+    files.push(export_spans_parquet(&request.dir, &spans)?);
+    Ok(ExportReport { source, spans: n_spans, samples: n_samples, truncated, files })
+}
+
+type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
+
+fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telemetry> {
+    let file = request.data_dir.join(lagscope_store::sqlite_database_file());
+    anyhow::ensure!(file.exists(), "no store at {} (pass --data-dir, or capture files)", file.display());
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let store = SqliteStore::open_dir(&request.data_dir)
+            .await
+            .with_context(|| format!("cannot open the store in {}", request.data_dir.display()))?;
+        let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
+        let spans = store.spans_in_range(cluster, namespace, range, request.max_spans).await?;
+        let samples = store.samples_in_range(cluster, namespace, range, request.max_spans).await?;
+        let truncated = spans.len() >= request.max_spans as usize || samples.len() >= request.max_spans as usize;
+        Ok((file.display().to_string(), spans, samples, truncated))
+    })
+}
+
+/// The query the aggregates are cut by: the requested range, or the data's own.
+fn query_for(request: &ExportRequest, rows: &LagRows, spans: &[Span]) -> LagQuery {
+    let times = rows
+        .reads
+        .iter()
+        .map(|row| row.time_unix_nano)
+        .chain(rows.apply.iter().map(|row| row.time_unix_nano))
+        .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
+        .chain(spans.iter().map(|span| span.start_unix_nano));
+    let (first, last) = times.fold((i64::MAX, i64::MIN), |(first, last), time| (first.min(time), last.max(time)));
+    let from = request.from.unwrap_or(if first == i64::MAX { 0 } else { first });
+    let to = request.to.unwrap_or(if last == i64::MIN { from + 1 } else { last.saturating_add(1) });
+    LagQuery {
+        cluster: request.cluster.clone(),
+        namespace: request.namespace.clone(),
+        from_unix_nano: from,
+        to_unix_nano: to.max(from + 1),
+        step_seconds: request.step_seconds,
+    }
+}
+
+/// Prints what was written, one file per line.
+pub fn print_report(report: &ExportReport, dir: &Path) {
+    eprintln!("read {} spans and {} samples from {}", report.spans, report.samples, report.source);
+    if report.truncated {
+        eprintln!("warning: the read limit was reached; raise --max-spans or narrow --from/--to");
+    }
+    for file in &report.files {
+        println!("{}\t{} rows", file.path.display(), file.rows);
+    }
+    eprintln!("wrote {} files to {}", report.files.len(), dir.display());
+}

@@ -1,0 +1,143 @@
+//! Lag analytics end to end: simulated telemetry over OTLP/HTTP into the server, aggregated
+//! at `GET /api/v1/lag`, and exported from the same store as Parquet by `lagscope export`.
+
+mod support;
+
+use std::process::Command;
+
+use lagscope::sim_cmd::{Target, run};
+use lagscope_sim::{SECOND, SimConfig, Truth};
+use polars::prelude::*;
+use serde_json::Value;
+use support::{get_json, start_server, wait_until_analyzed};
+
+fn simulate(scenario: &str, seconds: i64, target: Target) -> Truth {
+    let mut config = SimConfig::new(scenario);
+    config.duration = Some(seconds * SECOND);
+    std::thread::spawn(move || run(&config, &target, false)).join().expect("sim thread").expect("sim delivers").0
+}
+
+fn sum(rows: &Value, field: &str) -> f64 {
+    rows.as_array().into_iter().flatten().filter_map(|row| row[field].as_f64()).sum()
+}
+
+fn parquet(path: &std::path::Path) -> DataFrame {
+    ParquetReader::new(std::fs::File::open(path).expect("parquet file")).finish().expect("valid parquet")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_is_aggregated_served_and_exported() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let http = format!("http://{}", server.otlp_http_addr);
+    let (first, second) = (Target::OtlpHttp(http.clone()), Target::OtlpHttp(http));
+    let (stale, _) = tokio::task::spawn_blocking(move || {
+        (simulate("hdfs-pool-not-advanced", 20, first), simulate("es-node-level-pressure", 40, second))
+    })
+    .await
+    .expect("join");
+    wait_until_analyzed(&server).await;
+
+    // Where the data lies: around the stale reads the live analyzer found.
+    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=1000").await;
+    let anomalies = listed["anomalies"].as_array().expect("anomalies");
+    assert_eq!(anomalies.len(), stale.count("stale_read"));
+    let at = anomalies[0]["start_unix_nano"].as_i64().expect("start") / SECOND;
+    let (from, to) = (at - 300, at + 300);
+
+    let (status, whole) = get_json(&server, &format!("/api/v1/lag?from={from}&to={to}")).await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["input"]["truncated"], false);
+    let reads = &whole["reads"];
+    let observers: Vec<&Value> =
+        reads.as_array().expect("reads").iter().filter(|row| row["node"].as_str().is_some()).collect();
+    assert!(observers.len() >= 2, "one distribution per serving node: {reads:#}");
+    // Every read-your-writes stale read was served below a state the namespace had committed.
+    assert!(sum(reads, "stale_reads") >= anomalies.len() as f64, "{reads:#}");
+    assert!(
+        observers
+            .iter()
+            .any(|row| row["behind_states"]["max"].as_f64() > Some(0.0)
+                && row["behind_seconds"]["max"].as_f64() > Some(0.0)),
+        "{reads:#}"
+    );
+    for row in &observers {
+        let states = &row["behind_states"];
+        assert!(states["p50"].as_f64() <= states["p99"].as_f64() && states["p99"].as_f64() <= states["max"].as_f64());
+    }
+    // The Elasticsearch node rejected primary writes on the healthy shard too.
+    let rejections = whole["rejections"].as_array().expect("rejections");
+    let shards: std::collections::BTreeSet<&str> = rejections
+        .iter()
+        .filter(|row| row["role"] == "primary" && row["rejections"].as_f64() > Some(0.0))
+        .filter_map(|row| row["namespace"].as_str())
+        .collect();
+    assert!(shards.len() >= 2, "{rejections:#?}");
+
+    // Buckets partition the range: per-step counts add up to the whole range's.
+    let (status, stepped) = get_json(&server, &format!("/api/v1/lag?from={from}&to={to}&step=10s")).await;
+    assert_eq!(status, 200, "{stepped}");
+    assert!(stepped["reads"].as_array().map(Vec::len) > reads.as_array().map(Vec::len));
+    assert_eq!(sum(&stepped["reads"], "reads"), sum(reads, "reads"));
+    assert_eq!(sum(&stepped["rejections"], "rejections"), sum(&whole["rejections"], "rejections"));
+    // A scope narrows it.
+    let (_, one) = get_json(&server, &format!("/api/v1/lag?from={from}&to={to}&cluster=es-prod")).await;
+    assert!(one["reads"].as_array().is_some_and(|rows| rows.iter().all(|row| row["cluster"] == "es-prod")), "{one}");
+
+    for (query, names) in [
+        (format!("from={to}&to={from}"), "from"),
+        (format!("from={from}&to={to}&step=0"), "step"),
+        (format!("from={from}&to={to}&step=5x"), "step"),
+        (format!("from=0&to={to}&step=1s"), "buckets"),
+        ("from=yesterday".to_string(), "yesterday"),
+        ("nodes=1".to_string(), "nodes"),
+    ] {
+        let (status, body) = get_json(&server, &format!("/api/v1/lag?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body["error"].as_str().is_some_and(|error| error.contains(names)), "{query}: {body}");
+    }
+    server.shutdown().await.expect("clean shutdown");
+
+    // The same store, exported.
+    let out = directory.path().join("parquet");
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["export", "--parquet"])
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(directory.path())
+        .args(["--from", &from.to_string(), "--to", &to.to_string(), "--step", "10s"])
+        .output()
+        .expect("lagscope export runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("wrote 7 files"), "{stderr}");
+    let exported_reads = parquet(&out.join("reads.parquet"));
+    assert_eq!(exported_reads.height() as f64, sum(reads, "reads"));
+    let exported_stale =
+        exported_reads.column("behind_states").expect("column").i64().expect("i64").iter().flatten().filter(|b| *b > 0);
+    assert_eq!(exported_stale.count() as f64, sum(reads, "stale_reads"));
+    let by_step = parquet(&out.join("reads_by_step.parquet"));
+    assert_eq!(by_step.height(), stepped["reads"].as_array().map_or(0, Vec::len));
+    let spans = parquet(&out.join("spans.parquet"));
+    assert_eq!(spans.height() as u64, whole["input"]["spans"].as_u64().expect("spans"));
+    let rejected: f64 = parquet(&out.join("rejections.parquet"))
+        .column("rejections")
+        .expect("column")
+        .f64()
+        .expect("f64")
+        .iter()
+        .flatten()
+        .sum();
+    assert_eq!(rejected, sum(&whole["rejections"], "rejections"));
+
+    // Bad arguments name themselves.
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["export", "--parquet"])
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(directory.path().join("missing"))
+        .output()
+        .expect("lagscope export runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no store at"), "{:?}", output);
+}

@@ -1,0 +1,159 @@
+//! `GET /api/v1/lag`: aggregate lag analytics over a scope and time range.
+//!
+//! The store gives the range's spans and samples, the analyzer turns them into raw lag rows,
+//! and the injected [`LagAggregator`] (polars, in `lagscope-analytics`; injected so that this
+//! crate builds without polars) buckets them and takes percentiles, off the async runtime.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
+use lagscope_model::{LagQuery, LagReport};
+use lagscope_store::{Store, StoreError, TimeRange};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{ApiError, ApiState, parse_time};
+
+/// Aggregates raw lag rows for a query (the analytics crate's `aggregate`).
+pub type LagAggregator = Arc<dyn Fn(&LagRows, &LagQuery) -> Result<LagReport, String> + Send + Sync>;
+
+/// The most spans, and samples, one lag request reads (the oldest of the range first).
+pub const MAX_LAG_SPANS: u32 = 500_000;
+pub const MAX_LAG_SAMPLES: u32 = 500_000;
+/// The most buckets per group one request may ask for.
+pub const MAX_BUCKETS: i64 = 10_000;
+/// The range when none is given: the last hour.
+const DEFAULT_RANGE: i64 = 3_600 * 1_000_000_000;
+
+/// Raw lag rows of a scope and range read from the store, and whether a read limit cut them.
+pub struct LoadedRows {
+    pub rows: LagRows,
+    pub spans: usize,
+    pub samples: usize,
+    pub truncated: bool,
+}
+
+/// Reads the scope's spans and samples in the query's range and extracts the raw lag rows.
+pub async fn load_lag_rows(
+    store: &dyn Store,
+    query: &LagQuery,
+    max_spans: u32,
+    max_samples: u32,
+) -> Result<LoadedRows, StoreError> {
+    let range = TimeRange { from: query.from_unix_nano, to: query.to_unix_nano };
+    let (cluster, namespace) = (query.cluster.as_deref(), query.namespace.as_deref());
+    let spans = store.spans_in_range(cluster, namespace, range, max_spans).await?;
+    let samples = store.samples_in_range(cluster, namespace, range, max_samples).await?;
+    let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
+    let (n_spans, n_samples) = (spans.len(), samples.len());
+    let rows = tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples)))
+        .await
+        .map_err(|error| StoreError::Corrupt { what: "lag rows", detail: error.to_string() })?;
+    Ok(LoadedRows { rows, spans: n_spans, samples: n_samples, truncated })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LagParams {
+    cluster: Option<String>,
+    namespace: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    /// Bucket width: seconds, or a number with `s`, `m`, `h` or `d`.
+    step: Option<String>,
+}
+
+pub(crate) async fn lag(
+    State(state): State<ApiState>,
+    params: Result<Query<LagParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let to = match params.to.as_deref() {
+        Some(text) => parse_time("to", text).map_err(ApiError::BadRequest)?,
+        None => jiff::Timestamp::now().as_nanosecond() as i64,
+    };
+    let from = match params.from.as_deref() {
+        Some(text) => parse_time("from", text).map_err(ApiError::BadRequest)?,
+        None => to.saturating_sub(DEFAULT_RANGE),
+    };
+    if from >= to {
+        return Err(ApiError::BadRequest("parameter from must be before to".to_string()));
+    }
+    let step_seconds = params.step.as_deref().map(parse_step).transpose().map_err(ApiError::BadRequest)?;
+    if let Some(step) = step_seconds {
+        let buckets = (to - from) / step.saturating_mul(1_000_000_000);
+        if buckets > MAX_BUCKETS {
+            return Err(ApiError::BadRequest(format!(
+                "parameter step: {step} s makes {buckets} buckets over the range, more than {MAX_BUCKETS}"
+            )));
+        }
+    }
+    let query = LagQuery {
+        cluster: params.cluster.filter(|text| !text.is_empty()),
+        namespace: params.namespace.filter(|text| !text.is_empty()),
+        from_unix_nano: from,
+        to_unix_nano: to,
+        step_seconds,
+    };
+    let Some(aggregate) = state.lag.clone() else {
+        return Err(ApiError::Unavailable("lag analytics are not enabled in this build".to_string()));
+    };
+    let loaded = load_lag_rows(state.store.as_ref(), &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES).await?;
+    let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded)))
+        .await
+        .map_err(|error| ApiError::Analysis(error.to_string()))?
+        .map_err(ApiError::Analysis)?;
+    let (report, loaded) = report;
+    let mut value = serde_json::to_value(&report).map_err(|error| ApiError::Analysis(error.to_string()))?;
+    if let Value::Object(object) = &mut value {
+        object.insert(
+            "input".to_string(),
+            json!({ "spans": loaded.spans, "samples": loaded.samples, "truncated": loaded.truncated }),
+        );
+    }
+    Ok(Json(value))
+}
+
+/// `30` or `30s`, `5m`, `1h`, `1d`: a whole number of seconds, at least 1.
+pub fn parse_step(text: &str) -> Result<i64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(index) => text.split_at(index),
+        None => (text, "s"),
+    };
+    let multiplier = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("parameter step: {text:?} is not a duration (use seconds, or 30s, 5m, 1h, 1d)")),
+    };
+    let value: i64 = number
+        .parse()
+        .map_err(|_| format!("parameter step: {text:?} is not a duration (use seconds, or 30s, 5m, 1h, 1d)"))?;
+    match value.checked_mul(multiplier) {
+        Some(seconds) if (1..=366 * 86_400).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("parameter step: {text:?} must be between 1 s and 366 d")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_step;
+
+    #[test]
+    fn steps_parse_with_units_and_name_the_bad_ones() {
+        assert_eq!(parse_step("30"), Ok(30));
+        assert_eq!(parse_step("30s"), Ok(30));
+        assert_eq!(parse_step("5m"), Ok(300));
+        assert_eq!(parse_step("1h"), Ok(3_600));
+        assert_eq!(parse_step("2d"), Ok(172_800));
+        for bad in ["0", "-5", "5x", "m", "", "1.5m", "99999999999999999999"] {
+            let error = parse_step(bad).expect_err(bad);
+            assert!(error.contains("step"), "{error}");
+        }
+    }
+}
