@@ -20,8 +20,8 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
     let client_attempts: Vec<usize> = (0..spans.len()).filter(|index| is_client_attempt(&spans[*index])).collect();
     let hops = attach_hops(spans, &client_attempts);
 
-    // (client, namespace) -> call key -> attempt span indexes
-    let mut grouped: BTreeMap<(String, Option<String>), BTreeMap<CallKey, Vec<usize>>> = BTreeMap::new();
+    // (client, namespace) -> (its first attempt span, call key -> attempt span indexes)
+    let mut grouped: BTreeMap<(String, Option<String>), (usize, BTreeMap<CallKey, Vec<usize>>)> = BTreeMap::new();
     for &index in &client_attempts {
         let span = &spans[index];
         let client_id = span.call.client_id.clone().unwrap_or_default();
@@ -29,12 +29,14 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
             Some(call_id) => CallKey::Call(call_id.clone()),
             None => CallKey::Lone(index),
         };
-        grouped.entry((client_id, span.call.namespace.clone())).or_default().entry(key).or_default().push(index);
+        let (_, calls) =
+            grouped.entry((client_id, span.call.namespace.clone())).or_insert_with(|| (index, BTreeMap::new()));
+        calls.entry(key).or_default().push(index);
     }
 
     grouped
         .into_iter()
-        .map(|((client_id, namespace), calls)| {
+        .map(|((client_id, namespace), (first_index, calls))| {
             let mut timeline_calls: Vec<TimelineCall> = calls
                 .into_values()
                 .map(|mut attempt_indexes| {
@@ -43,7 +45,7 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
                 })
                 .collect();
             timeline_calls.sort_by_key(|call| (call.start_unix_nano, call.end_unix_nano));
-            let first_span = calls_first_span(spans, &client_attempts, &client_id, &namespace);
+            let first_span = Some(&spans[first_index]);
             let mut timeline = ClientTimeline {
                 client_id,
                 namespace,
@@ -230,16 +232,4 @@ fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
 
 fn outcome_of(span: &Span) -> lagscope_model::Outcome {
     span.call.outcome.clone().unwrap_or(lagscope_model::Outcome::Error)
-}
-
-fn calls_first_span<'a>(
-    spans: &'a [Span],
-    client_attempts: &[usize],
-    client_id: &str,
-    namespace: &Option<String>,
-) -> Option<&'a Span> {
-    client_attempts
-        .iter()
-        .map(|index| &spans[*index])
-        .find(|span| span.call.client_id.as_deref() == Some(client_id) && &span.call.namespace == namespace)
 }

@@ -2,12 +2,13 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use flate2::read::MultiGzDecoder;
-use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
+use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze_kinds};
 use lagscope_collector::capture::Capture;
-use lagscope_model::Anomaly;
+use lagscope_model::{Anomaly, AnomalyKind};
 use serde_json::json;
 
 /// How `analyze` prints what it found.
@@ -25,19 +26,46 @@ pub struct Report {
     pub samples: usize,
     pub log_records: usize,
     pub anomalies: Vec<Anomaly>,
+    /// Wall time of each stage: reading and decoding, building timelines, the detectors.
+    pub timings: Timings,
+}
+
+/// How long each stage of an offline analysis took, in seconds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Timings {
+    pub read: f64,
+    pub timelines: f64,
+    pub detectors: f64,
 }
 
 /// Reads every capture, runs every detector, returns what was read and found.
 pub fn analyze_paths(paths: &[impl AsRef<Path>], config: &AnalyzerConfig) -> anyhow::Result<Report> {
+    analyze_paths_kinds(paths, config, &[])
+}
+
+/// [`analyze_paths`] with only the detectors of `kinds` (empty: all).
+pub fn analyze_paths_kinds(
+    paths: &[impl AsRef<Path>],
+    config: &AnalyzerConfig,
+    kinds: &[AnomalyKind],
+) -> anyhow::Result<Report> {
+    let started = Instant::now();
     let capture = read_captures(paths)?;
+    let read = started.elapsed().as_secs_f64();
     let (n_spans, n_samples) = (capture.spans.len(), capture.samples.len());
+    let started = Instant::now();
     let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
+    let timelines = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let anomalies = analyze_kinds(&input, config, |kind| kinds.is_empty() || kinds.contains(&kind));
+    let detectors = started.elapsed().as_secs_f64();
     Ok(Report {
         requests: capture.requests,
         spans: n_spans,
         samples: n_samples,
         log_records: capture.logs.len(),
-        anomalies: analyze(&input, config),
+        anomalies,
+        timings: Timings { read, timelines, detectors },
     })
 }
 

@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use lagscope::analyze::{Format, analyze_paths, write_json, write_table};
+use lagscope::analyze::{Format, analyze_paths_kinds, write_json, write_table};
 use lagscope::{Config, Server};
 use lagscope::{eval, sim_cmd};
 use tracing_subscriber::EnvFilter;
@@ -44,6 +44,9 @@ enum Command {
         /// TOML configuration file; its [analyzer] section sets the detectors' thresholds.
         #[arg(long, env = "LAGSCOPE_CONFIG")]
         config: Option<PathBuf>,
+        /// Run only the detectors of this anomaly kind (repeatable) [default: all].
+        #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
+        kinds: Vec<lagscope_model::AnomalyKind>,
         /// Capture files.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -150,6 +153,13 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn parse_kind(text: &str) -> Result<lagscope_model::AnomalyKind, String> {
+    lagscope_model::AnomalyKind::parse(text).ok_or_else(|| {
+        let known: Vec<&str> = lagscope_model::AnomalyKind::ALL.iter().map(|kind| kind.as_str()).collect();
+        format!("unknown anomaly kind {text:?}; known: {}", known.join(", "))
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {
@@ -198,9 +208,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.run_until(shutdown_signal()).await
             })
         }
-        Command::Analyze { format, config, paths } => {
+        Command::Analyze { format, config, kinds, paths } => {
             let config = Config::load(config.as_deref())?;
-            let report = analyze_paths(&paths, &config.analyzer)?;
+            let report = analyze_paths_kinds(&paths, &config.analyzer, &kinds)?;
             eprintln!(
                 "read {} export requests from {} file(s): {} spans, {} metric samples, {} log records; {} anomalies",
                 report.requests,
@@ -209,6 +219,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 report.samples,
                 report.log_records,
                 report.anomalies.len()
+            );
+            let timings = report.timings;
+            let total = timings.read + timings.timelines + timings.detectors;
+            eprintln!(
+                "took {total:.2} s ({:.0} spans/s): read and decode {:.2} s, timelines {:.2} s, detectors {:.2} s",
+                report.spans as f64 / total.max(1e-9),
+                timings.read,
+                timings.timelines,
+                timings.detectors
             );
             let mut stdout = std::io::stdout().lock();
             match format {
