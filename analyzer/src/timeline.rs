@@ -4,7 +4,9 @@
 //! context (parent span ids). A sender that propagates no trace context is joined by call id
 //! and client id, to the attempt nearest in time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use lagscope_model::{ClientTimeline, Component, Span, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
@@ -80,13 +82,14 @@ fn is_client_attempt(span: &Span) -> bool {
 }
 
 fn attach_hops(spans: &[Span], client_attempts: &[usize]) -> Hops {
-    let mut by_id: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut by_id: HashMap<(&str, &str), usize> = HashMap::default();
+    by_id.reserve(spans.len());
     for (index, span) in spans.iter().enumerate() {
         if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
             by_id.insert((trace_id, span_id), index);
         }
     }
-    let mut by_call: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    let mut by_call: HashMap<(&str, &str), Vec<usize>> = HashMap::default();
     for &index in client_attempts {
         let call = &spans[index].call;
         if let (Some(client_id), Some(call_id)) = (&call.client_id, &call.call_id) {
