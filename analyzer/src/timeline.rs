@@ -22,8 +22,8 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
     let client_attempts: Vec<usize> = (0..spans.len()).filter(|index| is_client_attempt(&spans[*index])).collect();
     let hops = attach_hops(spans, &client_attempts);
 
-    // (client, namespace) -> (its first attempt span, call key -> attempt span indexes)
-    let mut grouped: BTreeMap<(String, Option<String>), (usize, BTreeMap<CallKey, Vec<usize>>)> = BTreeMap::new();
+    // (client, namespace) -> its first attempt span and its calls
+    let mut grouped: BTreeMap<(String, Option<String>), (usize, CallAttempts)> = BTreeMap::new();
     for &index in &client_attempts {
         let span = &spans[index];
         let client_id = span.call.client_id.clone().unwrap_or_default();
@@ -63,6 +63,9 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
         })
         .collect()
 }
+
+/// Call key -> the span indexes of its attempts.
+type CallAttempts = BTreeMap<CallKey, Vec<usize>>;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum CallKey {
