@@ -156,85 +156,88 @@ fn percentiles(name: &str) -> Expr {
 /// Aggregates the rows for `query` into the API's report.
 pub fn aggregate(rows: &LagRows, query: &LagQuery) -> Result<LagReport> {
     let aggregates = LagAggregates::new(&LagFrames::new(rows)?, query)?;
-    let reads = &aggregates.reads;
-    let apply = &aggregates.apply;
-    let rejections = &aggregates.rejections;
-    Ok(LagReport {
-        query: query.clone(),
-        reads: (0..reads.height())
-            .map(|row| {
-                Ok(ReadStalenessBucket {
-                    cluster: text(reads, "cluster", row)?,
-                    namespace: text(reads, "namespace", row)?,
-                    node: text(reads, "node", row)?,
-                    bucket_start_unix_nano: integer(reads, "bucket_unix_nano", row)?.unwrap_or(query.from_unix_nano),
-                    reads: count(reads, "reads", row)?,
-                    stale_reads: count(reads, "stale_reads", row)?,
-                    behind_states: spread(reads, "behind_states", row)?,
-                    behind_seconds: spread(reads, "behind_seconds", row)?,
-                })
+    let bucket = |start: Option<i64>| start.unwrap_or(query.from_unix_nano);
+
+    let frame = &aggregates.reads;
+    let (cluster, namespace, node) = (texts(frame, "cluster")?, texts(frame, "namespace")?, texts(frame, "node")?);
+    let (buckets, reads, stale) =
+        (integers(frame, "bucket_unix_nano")?, counts(frame, "reads")?, counts(frame, "stale_reads")?);
+    let (states, seconds) = (spreads(frame, "behind_states")?, spreads(frame, "behind_seconds")?);
+    let read_buckets = (0..frame.height())
+        .map(|row| ReadStalenessBucket {
+            cluster: cluster[row].clone(),
+            namespace: namespace[row].clone(),
+            node: node[row].clone(),
+            bucket_start_unix_nano: bucket(buckets[row]),
+            reads: reads[row],
+            stale_reads: stale[row],
+            behind_states: states[row],
+            behind_seconds: seconds[row],
+        })
+        .collect();
+
+    let frame = &aggregates.apply;
+    let (cluster, namespace, node) = (texts(frame, "cluster")?, texts(frame, "namespace")?, texts(frame, "node")?);
+    let (buckets, reports) = (integers(frame, "bucket_unix_nano")?, counts(frame, "reports")?);
+    let (states, seconds) = (spreads(frame, "behind_states")?, spreads(frame, "behind_seconds")?);
+    let apply_buckets = (0..frame.height())
+        .filter_map(|row| {
+            Some(ApplyLagBucket {
+                cluster: cluster[row].clone(),
+                namespace: namespace[row].clone(),
+                node: node[row].clone(),
+                bucket_start_unix_nano: bucket(buckets[row]),
+                reports: reports[row],
+                behind_states: states[row]?,
+                behind_seconds: seconds[row]?,
             })
-            .collect::<Result<_>>()?,
-        apply_lag: (0..apply.height())
-            .filter_map(|row| {
-                let bucket = || -> Result<Option<ApplyLagBucket>> {
-                    let (Some(states), Some(seconds)) =
-                        (spread(apply, "behind_states", row)?, spread(apply, "behind_seconds", row)?)
-                    else {
-                        return Ok(None);
-                    };
-                    Ok(Some(ApplyLagBucket {
-                        cluster: text(apply, "cluster", row)?,
-                        namespace: text(apply, "namespace", row)?,
-                        node: text(apply, "node", row)?,
-                        bucket_start_unix_nano: integer(apply, "bucket_unix_nano", row)?
-                            .unwrap_or(query.from_unix_nano),
-                        reports: count(apply, "reports", row)?,
-                        behind_states: states,
-                        behind_seconds: seconds,
-                    }))
-                };
-                bucket().transpose()
-            })
-            .collect::<Result<_>>()?,
-        rejections: (0..rejections.height())
-            .map(|row| {
-                Ok(RejectionBucket {
-                    cluster: text(rejections, "cluster", row)?,
-                    namespace: text(rejections, "namespace", row)?,
-                    node: text(rejections, "node", row)?,
-                    role: text(rejections, "role", row)?.unwrap_or_default(),
-                    bucket_start_unix_nano: integer(rejections, "bucket_unix_nano", row)?
-                        .unwrap_or(query.from_unix_nano),
-                    rejections: float(rejections, "rejections", row)?.unwrap_or(0.0),
-                })
-            })
-            .collect::<Result<_>>()?,
-    })
+        })
+        .collect();
+
+    let frame = &aggregates.rejections;
+    let (cluster, namespace, node) = (texts(frame, "cluster")?, texts(frame, "namespace")?, texts(frame, "node")?);
+    let (roles, buckets, counted) =
+        (texts(frame, "role")?, integers(frame, "bucket_unix_nano")?, floats(frame, "rejections")?);
+    let rejection_buckets = (0..frame.height())
+        .map(|row| RejectionBucket {
+            cluster: cluster[row].clone(),
+            namespace: namespace[row].clone(),
+            node: node[row].clone(),
+            role: roles[row].clone().unwrap_or_default(),
+            bucket_start_unix_nano: bucket(buckets[row]),
+            rejections: counted[row].unwrap_or(0.0),
+        })
+        .collect();
+
+    Ok(LagReport { query: query.clone(), reads: read_buckets, apply_lag: apply_buckets, rejections: rejection_buckets })
 }
 
-fn text(frame: &DataFrame, name: &str, row: usize) -> Result<Option<String>> {
-    Ok(frame.column(name)?.str()?.get(row).map(str::to_string))
+fn texts(frame: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
+    Ok(frame.column(name)?.str()?.iter().map(|value| value.map(str::to_string)).collect())
 }
 
-fn integer(frame: &DataFrame, name: &str, row: usize) -> Result<Option<i64>> {
-    Ok(frame.column(name)?.cast(&DataType::Int64)?.i64()?.get(row))
+fn integers(frame: &DataFrame, name: &str) -> Result<Vec<Option<i64>>> {
+    Ok(frame.column(name)?.cast(&DataType::Int64)?.i64()?.iter().collect())
 }
 
-fn float(frame: &DataFrame, name: &str, row: usize) -> Result<Option<f64>> {
-    Ok(frame.column(name)?.cast(&DataType::Float64)?.f64()?.get(row))
+fn floats(frame: &DataFrame, name: &str) -> Result<Vec<Option<f64>>> {
+    Ok(frame.column(name)?.cast(&DataType::Float64)?.f64()?.iter().collect())
 }
 
-fn count(frame: &DataFrame, name: &str, row: usize) -> Result<u64> {
-    Ok(frame.column(name)?.u64()?.get(row).unwrap_or(0))
+fn counts(frame: &DataFrame, name: &str) -> Result<Vec<u64>> {
+    Ok(frame.column(name)?.u64()?.iter().map(Option::unwrap_or_default).collect())
 }
 
-fn spread(frame: &DataFrame, name: &str, row: usize) -> Result<Option<Percentiles>> {
-    let field = |suffix: &str| float(frame, &format!("{name}_{suffix}"), row);
-    Ok(match (field("p50")?, field("p99")?, field("max")?) {
-        (Some(p50), Some(p99), Some(max)) => Some(Percentiles { p50, p99, max }),
-        _ => None,
-    })
+/// The `NAME_p50`, `NAME_p99`, `NAME_max` columns as one value per row (`None` where the
+/// group had no value to take percentiles of).
+fn spreads(frame: &DataFrame, name: &str) -> Result<Vec<Option<Percentiles>>> {
+    let [p50, p99, max] = ["p50", "p99", "max"].map(|suffix| floats(frame, &format!("{name}_{suffix}")));
+    Ok(p50?
+        .into_iter()
+        .zip(p99?)
+        .zip(max?)
+        .map(|((p50, p99), max)| Some(Percentiles { p50: p50?, p99: p99?, max: max? }))
+        .collect())
 }
 
 /// Spans as a flat frame: one row per span, the telemetry conventions' fields as columns

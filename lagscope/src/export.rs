@@ -7,7 +7,7 @@ use anyhow::Context;
 use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
 use lagscope_model::{LagQuery, Span};
-use lagscope_store::{SqliteStore, Store, TimeRange};
+use lagscope_store::{SqliteStore, TimeRange};
 
 /// What to export and where from.
 #[derive(Debug, Clone)]
@@ -42,27 +42,28 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
         read_store(request, range)?
     } else {
         let capture = crate::analyze::read_captures(&request.captures)?;
-        let in_scope = |cluster: Option<&str>, namespace: Option<&str>| {
-            request.cluster.as_deref().is_none_or(|wanted| cluster == Some(wanted))
-                && request.namespace.as_deref().is_none_or(|wanted| namespace.is_none_or(|name| name == wanted))
-        };
+        // The store's semantics: a namespace filter takes spans of that namespace, and samples
+        // of that namespace or of none.
+        let cluster_ok =
+            |cluster: Option<&str>| request.cluster.as_deref().is_none_or(|wanted| cluster == Some(wanted));
+        let namespace_is =
+            |namespace: Option<&str>| request.namespace.as_deref().is_none_or(|wanted| namespace == Some(wanted));
+        let in_range = |time: i64| time >= range.from && time < range.to;
         let spans: Vec<Span> = capture
             .spans
             .into_iter()
-            .filter(|span| in_scope(span.resource.cluster.as_deref(), span.call.namespace.as_deref()))
-            .filter(|span| span.call.namespace.is_some() || request.namespace.is_none())
-            .filter(|span| span.start_unix_nano >= range.from && span.start_unix_nano < range.to)
+            .filter(|span| cluster_ok(span.resource.cluster.as_deref()) && namespace_is(span.call.namespace.as_deref()))
+            .filter(|span| in_range(span.start_unix_nano))
             .collect();
         let samples = capture
             .samples
             .into_iter()
             .filter(|sample| {
-                in_scope(
-                    sample.series.label(lagscope_model::conventions::CLUSTER),
-                    sample.series.label(lagscope_model::conventions::NAMESPACE),
-                )
+                let namespace = sample.series.label(lagscope_model::conventions::NAMESPACE);
+                cluster_ok(sample.series.label(lagscope_model::conventions::CLUSTER))
+                    && (namespace.is_none() || namespace_is(namespace))
             })
-            .filter(|sample| sample.time_unix_nano >= range.from && sample.time_unix_nano < range.to)
+            .filter(|sample| in_range(sample.time_unix_nano))
             .collect();
         let names: Vec<String> = request.captures.iter().map(|path| path.display().to_string()).collect();
         (names.join(", "), spans, samples, false)
@@ -88,9 +89,8 @@ fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telem
             .await
             .with_context(|| format!("cannot open the store in {}", request.data_dir.display()))?;
         let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
-        let spans = store.spans_in_range(cluster, namespace, range, request.max_spans).await?;
-        let samples = store.samples_in_range(cluster, namespace, range, request.max_spans).await?;
-        let truncated = spans.len() >= request.max_spans as usize || samples.len() >= request.max_spans as usize;
+        let lagscope_web::RangeTelemetry { spans, samples, truncated } =
+            lagscope_web::read_range(&store, cluster, namespace, range, request.max_spans, request.max_spans).await?;
         Ok((file.display().to_string(), spans, samples, truncated))
     })
 }

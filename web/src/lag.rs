@@ -36,6 +36,30 @@ pub struct LoadedRows {
     pub truncated: bool,
 }
 
+/// A scope's spans and samples of a time range, as lag analytics and exports read them.
+pub struct RangeTelemetry {
+    pub spans: Vec<lagscope_model::Span>,
+    pub samples: Vec<lagscope_model::Sample>,
+    /// Whether a read limit was reached (the newest data of the range is missing).
+    pub truncated: bool,
+}
+
+/// Reads the spans and samples of `cluster`/`namespace` (`None` = any) in `range`, at most
+/// `max_spans` and `max_samples`, oldest first.
+pub async fn read_range(
+    store: &dyn Store,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    range: TimeRange,
+    max_spans: u32,
+    max_samples: u32,
+) -> Result<RangeTelemetry, StoreError> {
+    let spans = store.spans_in_range(cluster, namespace, range, max_spans).await?;
+    let samples = store.samples_in_range(cluster, namespace, range, max_samples).await?;
+    let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
+    Ok(RangeTelemetry { spans, samples, truncated })
+}
+
 /// Reads the scope's spans and samples in the query's range and extracts the raw lag rows.
 pub async fn load_lag_rows(
     store: &dyn Store,
@@ -44,10 +68,8 @@ pub async fn load_lag_rows(
     max_samples: u32,
 ) -> Result<LoadedRows, StoreError> {
     let range = TimeRange { from: query.from_unix_nano, to: query.to_unix_nano };
-    let (cluster, namespace) = (query.cluster.as_deref(), query.namespace.as_deref());
-    let spans = store.spans_in_range(cluster, namespace, range, max_spans).await?;
-    let samples = store.samples_in_range(cluster, namespace, range, max_samples).await?;
-    let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
+    let RangeTelemetry { spans, samples, truncated } =
+        read_range(store, query.cluster.as_deref(), query.namespace.as_deref(), range, max_spans, max_samples).await?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
     let rows = tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples)))
         .await

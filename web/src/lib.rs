@@ -11,5 +11,7 @@ mod time_param;
 
 pub use api::{ApiState, router};
 pub use error::ApiError;
-pub use lag::{LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, load_lag_rows, parse_step};
+pub use lag::{
+    LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows, parse_step, read_range,
+};
 pub use time_param::parse_time;
