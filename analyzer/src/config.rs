@@ -8,6 +8,10 @@ pub struct AnalyzerConfig {
     /// A window anomaly whose window reaches within this many seconds of its cluster's
     /// latest data is open (its condition still holds); otherwise resolved.
     pub open_grace_seconds: i64,
+    /// Streaming analysis: a call is final once the data's latest end time is this many
+    /// seconds past its start (longer calls, retries included, would be split); router and
+    /// server spans that found no client attempt are dropped two horizons after they ended.
+    pub stream_horizon_seconds: i64,
     pub stale_read: StaleReadConfig,
     pub carried_state_regression: StatesBehindConfig,
     pub router_state_dropped: StatesBehindConfig,
@@ -161,6 +165,7 @@ impl Default for AnalyzerConfig {
     fn default() -> Self {
         Self {
             open_grace_seconds: 5,
+            stream_horizon_seconds: 60,
             stale_read: StaleReadConfig::default(),
             carried_state_regression: StatesBehindConfig::default(),
             router_state_dropped: StatesBehindConfig::default(),

@@ -3,16 +3,16 @@
 
 mod apply_lag;
 mod blind_failover_probe;
-mod carried_state_regression;
+pub(crate) mod carried_state_regression;
 mod evidence;
 mod failover_flapping;
 mod follower_read_disabled;
 mod no_namenodes_window;
 mod pinned_retry;
 mod requeue_storm;
-mod router_state_dropped;
+pub(crate) mod router_state_dropped;
 pub(crate) mod shard_pressure;
-mod stale_read;
+pub(crate) mod stale_read;
 mod stale_read_cross_client;
 mod unfair_rejection;
 mod untrusted_state;

@@ -43,7 +43,16 @@ impl CallFloors {
         }
     }
 
-    fn raise(&mut self, contribution: FloorContribution) {
+    /// The floor a read served at `served` breaks by at least `min_behind` states, if any.
+    pub fn broken_by(&self, served: StateId, min_behind: StateId) -> Option<FloorContribution> {
+        // read-your-writes first: it is the stronger promise to the user.
+        [self.writes, self.reads]
+            .into_iter()
+            .flatten()
+            .find(|floor| floor.state.saturating_sub(served) >= min_behind.max(1))
+    }
+
+    pub(crate) fn raise(&mut self, contribution: FloorContribution) {
         let slot = match contribution.source {
             FloorSource::Write => &mut self.writes,
             FloorSource::Read => &mut self.reads,
@@ -65,11 +74,7 @@ pub struct ServedRead<'a> {
 impl ServedRead<'_> {
     /// Whether the read broke read-your-writes or monotonic reads by at least `min_behind`.
     pub fn broken_floor(&self, min_behind: StateId) -> Option<FloorContribution> {
-        // read-your-writes first: it is the stronger promise to the user.
-        [self.floors.writes, self.floors.reads]
-            .into_iter()
-            .flatten()
-            .find(|floor| floor.state.saturating_sub(self.served) >= min_behind.max(1))
+        self.floors.broken_by(self.served, min_behind)
     }
 }
 

@@ -12,6 +12,7 @@ mod enrich;
 mod floor;
 mod lag;
 mod series;
+pub mod stream;
 mod timeline;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span};
@@ -60,6 +61,12 @@ pub fn analyze_kinds(
         .flat_map(|detector| (detector.detect)(input, config))
         .collect();
     mark_open(input, &mut anomalies, config.open_grace_seconds * 1_000_000_000);
+    sort_anomalies(&mut anomalies);
+    anomalies
+}
+
+/// The order anomalies are reported in: start time, then kind, then fingerprint.
+pub fn sort_anomalies(anomalies: &mut [Anomaly]) {
     anomalies.sort_by(|left, right| {
         (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(
             right.start_unix_nano,
@@ -67,7 +74,6 @@ pub fn analyze_kinds(
             &right.fingerprint,
         ))
     });
-    anomalies
 }
 
 /// A window anomaly is open while its window reaches the end of what its cluster has sent

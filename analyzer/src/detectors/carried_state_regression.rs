@@ -10,7 +10,7 @@ use crate::floor::{FloorContribution, seen_before};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 /// A state published this soon after the call that returned it ended is the HDFS-17156 race.
-const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
+pub(crate) const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
@@ -22,25 +22,30 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                 if seen.state.saturating_sub(carried) < config.carried_state_regression.min_states_behind.max(1) {
                     continue;
                 }
-                anomalies.push(regression(timeline, call_index, call, attempt, carried, &seen));
+                let seen_call = &timeline.calls[seen.call_index];
+                let overwritten_by = overwritten_by(timeline.calls[..call_index].iter().rev(), attempt, carried, &seen);
+                anomalies.push(regression(timeline, call, attempt, carried, &seen, seen_call, overwritten_by));
             }
         }
     }
     anomalies
 }
 
-fn regression(
+/// The anomaly for `attempt` of `call` carrying `carried` below `seen`, which `seen_call`
+/// returned; `overwritten_by` is the later call whose response brought the lower state back,
+/// if any (see [`overwritten_by`]). Shared with the streaming engine.
+pub(crate) fn regression(
     timeline: &ClientTimeline,
-    call_index: usize,
     call: &TimelineCall,
     attempt: &TimelineAttempt,
     carried: i64,
     seen: &FloorContribution,
+    seen_call: &TimelineCall,
+    overwritten_by: Option<&TimelineCall>,
 ) -> Anomaly {
-    let seen_call = &timeline.calls[seen.call_index];
     let seen_attempt = &seen_call.attempts[seen.attempt_index];
     let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
-    let cause = cause(timeline, call_index, attempt, carried, seen);
+    let cause = cause(overwritten_by, attempt, carried, seen);
     Anomaly {
         kind: AnomalyKind::CarriedStateRegression,
         severity: Severity::Warning,
@@ -75,20 +80,29 @@ fn regression(
     }
 }
 
+/// The latest of `earlier` (newest first) that ended after the client saw `seen` and before
+/// `attempt` left, and returned the lower `carried`: the response that overwrote the state.
+pub(crate) fn overwritten_by<'a>(
+    mut earlier: impl Iterator<Item = &'a TimelineCall>,
+    attempt: &TimelineAttempt,
+    carried: i64,
+    seen: &FloorContribution,
+) -> Option<&'a TimelineCall> {
+    earlier.find(|earlier| {
+        earlier.end_unix_nano <= attempt.start_unix_nano
+            && earlier.end_unix_nano >= seen.completed_unix_nano
+            && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
+    })
+}
+
 /// Which known bug the regression matches: a lower state adopted from a later response
 /// (HDFS-16837), or a state not yet published when the next call left (HDFS-17156).
 fn cause(
-    timeline: &ClientTimeline,
-    call_index: usize,
+    overwritten_by: Option<&TimelineCall>,
     attempt: &TimelineAttempt,
     carried: i64,
     seen: &FloorContribution,
 ) -> String {
-    let overwritten_by = timeline.calls[..call_index].iter().rev().find(|earlier| {
-        earlier.end_unix_nano <= attempt.start_unix_nano
-            && earlier.end_unix_nano >= seen.completed_unix_nano
-            && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
-    });
     if let Some(earlier) = overwritten_by {
         let router = earlier.attempts.iter().rev().find_map(|earlier_attempt| earlier_attempt.router_node.clone());
         return format!(

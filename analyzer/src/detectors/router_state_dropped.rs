@@ -1,7 +1,7 @@
 //! `router_state_dropped`: the router's request to a server carried less than the client's
 //! request did (HDFS-16826: a connection pool not advanced by the client's state).
 
-use lagscope_model::{Anomaly, AnomalyKind, Severity};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, method, operation, span_ids};
@@ -16,42 +16,54 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                 if carried.saturating_sub(forwarded) < config.router_state_dropped.min_states_behind.max(1) {
                     continue;
                 }
-                let router = attempt.router_node.as_deref().unwrap_or("the router");
-                let target = attempt.served_by.as_deref().unwrap_or("the server");
-                anomalies.push(Anomaly {
-                    kind: AnomalyKind::RouterStateDropped,
-                    severity: Severity::Warning,
-                    cluster: timeline.cluster.clone(),
-                    namespace: timeline.namespace.clone(),
-                    client_id: Some(timeline.client_id.clone()),
-                    node_id: attempt.router_node.clone(),
-                    start_unix_nano: attempt.start_unix_nano,
-                    end_unix_nano: attempt.end_unix_nano,
-                    summary: format!(
-                        "{router} forwarded {} for client {} to {target} with state {forwarded}, {} below the {carried} the client carried",
-                        method(call),
-                        timeline.client_id,
-                        carried - forwarded
-                    ),
-                    cause: format!(
-                        "router dropped client state: {router}'s connection pool to {target} was not advanced by the client's state \
-                         (HDFS-16826); a read there may be served below what the client has seen"
-                    ),
-                    evidence: json!({
-                        "carried": carried,
-                        "forwarded": forwarded,
-                        "states_behind": carried - forwarded,
-                        "router": attempt.router_node,
-                        "target": attempt.served_by,
-                        "served": attempt.served,
-                        "request": operation(call, attempt),
-                        "spans": span_ids(attempt),
-                    }),
-                    open: false,
-                    fingerprint: attempt_fingerprint("router_state_dropped", timeline, call, attempt),
-                });
+                anomalies.push(dropped(timeline, call, attempt, carried, forwarded));
             }
         }
     }
     anomalies
+}
+
+/// The anomaly for `attempt` of `call`: the client carried `carried`, the router forwarded
+/// `forwarded`. Shared with the streaming engine.
+pub(crate) fn dropped(
+    timeline: &ClientTimeline,
+    call: &TimelineCall,
+    attempt: &TimelineAttempt,
+    carried: i64,
+    forwarded: i64,
+) -> Anomaly {
+    let router = attempt.router_node.as_deref().unwrap_or("the router");
+    let target = attempt.served_by.as_deref().unwrap_or("the server");
+    Anomaly {
+        kind: AnomalyKind::RouterStateDropped,
+        severity: Severity::Warning,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: attempt.router_node.clone(),
+        start_unix_nano: attempt.start_unix_nano,
+        end_unix_nano: attempt.end_unix_nano,
+        summary: format!(
+            "{router} forwarded {} for client {} to {target} with state {forwarded}, {} below the {carried} the client carried",
+            method(call),
+            timeline.client_id,
+            carried - forwarded
+        ),
+        cause: format!(
+            "router dropped client state: {router}'s connection pool to {target} was not advanced by the client's state \
+             (HDFS-16826); a read there may be served below what the client has seen"
+        ),
+        evidence: json!({
+            "carried": carried,
+            "forwarded": forwarded,
+            "states_behind": carried - forwarded,
+            "router": attempt.router_node,
+            "target": attempt.served_by,
+            "served": attempt.served,
+            "request": operation(call, attempt),
+            "spans": span_ids(attempt),
+        }),
+        open: false,
+        fingerprint: attempt_fingerprint("router_state_dropped", timeline, call, attempt),
+    }
 }

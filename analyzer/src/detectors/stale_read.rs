@@ -12,36 +12,42 @@ use super::evidence::{attempt_fingerprint, method, operation, span_ids};
 use crate::floor::{FloorContribution, FloorSource, served_reads};
 use crate::{AnalysisInput, AnalyzerConfig};
 
+/// Whether `read`'s consistency level is exempt from session guarantees.
+pub(crate) fn exempt(consistency: Option<&str>, config: &AnalyzerConfig) -> bool {
+    consistency
+        .is_some_and(|consistency| config.stale_read.exempt_consistencies.iter().any(|exempt| exempt == consistency))
+}
+
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
         for read in served_reads(&timeline.calls) {
-            let exempt = read.attempt.consistency.as_ref().is_some_and(|consistency| {
-                config.stale_read.exempt_consistencies.iter().any(|exempt| exempt == consistency)
-            });
-            if exempt {
+            if exempt(read.attempt.consistency.as_deref(), config) {
                 continue;
             }
             if let Some(floor) = read.broken_floor(config.stale_read.min_states_behind) {
-                anomalies.push(stale_read(timeline, read.call, read.attempt, read.served, &floor));
+                let floor_call = &timeline.calls[floor.call_index];
+                anomalies.push(stale_read(timeline, read.call, read.attempt, read.served, &floor, floor_call));
             }
         }
     }
     anomalies
 }
 
-fn stale_read(
+/// The anomaly for `attempt` of `call`, served at `served` below `floor`, which
+/// `floor_call` set (its attempt `floor.attempt_index`). Shared with the streaming engine.
+pub(crate) fn stale_read(
     timeline: &ClientTimeline,
     call: &TimelineCall,
     attempt: &TimelineAttempt,
     served: i64,
     floor: &FloorContribution,
+    floor_call: &TimelineCall,
 ) -> Anomaly {
     let guarantee = match floor.source {
         FloorSource::Write => Guarantee::ReadYourWrites,
         FloorSource::Read => Guarantee::MonotonicReads,
     };
-    let floor_call = &timeline.calls[floor.call_index];
     let floor_attempt = &floor_call.attempts[floor.attempt_index];
     let node = attempt.served_by.as_deref().unwrap_or("an unknown node");
     let role = attempt.served_role.as_deref().map(|role| format!(" ({role})")).unwrap_or_default();

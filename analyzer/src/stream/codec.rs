@@ -1,0 +1,393 @@
+//! `lscap`: lagscope's compact analysis capture. Spans and numeric samples as the analyzer
+//! reads them, with strings in a dictionary written once, in blocks a reader decodes one at a
+//! time (memory bounded by a block, not by the file).
+//!
+//! ```text
+//! file   = MAGIC block*
+//! block  = u32 LE payload length, payload (items; no item crosses a block)
+//! item   = 1 string  (varint length, UTF-8 bytes)          -> next string index, from 1
+//!        | 2 span    (see `encode_span`)
+//!        | 3 series  (name index, label count, (key index, value index)*) -> next series index
+//!        | 4 sample  (series index, i64 LE time, f64 LE value)
+//! ```
+//! Integers are LEB128 varints (zigzag for signed ones); string index 0 means "absent".
+//! This module is pure: it turns records into bytes and bytes into records.
+
+use rustc_hash::FxHashMap;
+
+use super::intern::{Interner, Sym};
+use super::record::{SpanKey, SpanRec};
+
+pub const MAGIC: &[u8; 8] = b"LSCAP01\n";
+/// A writer starts a new block when the current one reaches this size.
+pub const BLOCK_TARGET_BYTES: usize = 256 * 1024;
+/// Readers refuse blocks larger than this (a corrupt length must not allocate gigabytes).
+pub const MAX_BLOCK_BYTES: usize = 64 * 1024 * 1024;
+
+const TAG_STRING: u8 = 1;
+const TAG_SPAN: u8 = 2;
+const TAG_SERIES: u8 = 3;
+const TAG_SAMPLE: u8 = 4;
+
+/// A metric series: its name and labels (symbols of the reader's interner).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SeriesDef {
+    pub name: Sym,
+    pub labels: Vec<(Sym, Sym)>,
+}
+
+/// One numeric point of a series (the series index is the reader's, in definition order).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRec {
+    pub series: u32,
+    pub time: i64,
+    pub value: f64,
+}
+
+/// What a block held.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Span(SpanRec),
+    Series(SeriesDef),
+    Sample(SampleRec),
+}
+
+/// Turns records into blocks. Strings are written the first time a block needs them.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    /// Writer-side symbol -> index in the file's dictionary.
+    written: FxHashMap<Sym, u32>,
+    next_string: u32,
+    series: FxHashMap<SeriesDef, u32>,
+    block: Vec<u8>,
+}
+
+impl Encoder {
+    /// Appends a span; `interner` resolves the record's symbols.
+    pub fn span(&mut self, span: &SpanRec, interner: &Interner) {
+        let syms = [
+            span.component,
+            span.service,
+            span.system,
+            span.cluster,
+            span.node,
+            span.client,
+            span.namespace,
+            span.op,
+            span.rpc_method,
+            span.target_node,
+            span.target_role,
+            span.node_role,
+            span.consistency,
+            span.outcome,
+            span.error_type,
+            span.server_address,
+        ];
+        let indexes = syms.map(|sym| self.string(sym, interner));
+        let optional_states =
+            [span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues];
+        let mut flags: u64 = 0;
+        flags |= u64::from(span.id.is_some());
+        flags |= u64::from(span.parent_span_id != 0) << 1;
+        flags |= u64::from(span.ok) << 2;
+        flags |= u64::from(span.call_id.is_some()) << 3;
+        flags |= u64::from(span.attempt.is_some()) << 4;
+        flags |= u64::from(span.follower_read.is_some()) << 5;
+        flags |= u64::from(span.follower_read == Some(true)) << 6;
+        for (bit, state) in optional_states.iter().enumerate() {
+            flags |= u64::from(state.is_some()) << (7 + bit);
+        }
+        let out = &mut self.block;
+        out.push(TAG_SPAN);
+        put_varint(out, flags);
+        if span.id.is_some() {
+            out.extend_from_slice(&span.id.trace_id.to_le_bytes());
+            out.extend_from_slice(&span.id.span_id.to_le_bytes());
+        }
+        if span.parent_span_id != 0 {
+            out.extend_from_slice(&span.parent_span_id.to_le_bytes());
+        }
+        out.extend_from_slice(&span.start.to_le_bytes());
+        put_signed(out, span.end.wrapping_sub(span.start));
+        for index in indexes {
+            put_varint(out, u64::from(index));
+        }
+        if let Some(call_id) = &span.call_id {
+            put_varint(out, call_id.len() as u64);
+            out.extend_from_slice(call_id.as_bytes());
+        }
+        if let Some(attempt) = span.attempt {
+            put_signed(out, attempt);
+        }
+        for state in optional_states.into_iter().flatten() {
+            put_signed(out, state);
+        }
+    }
+
+    /// Appends a numeric sample of the series `name{labels}`.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], time: i64, value: f64, interner: &mut Interner) {
+        let definition = SeriesDef {
+            name: interner.intern(name),
+            labels: labels.iter().map(|(key, value)| (interner.intern(key), interner.intern(value))).collect(),
+        };
+        let series = match self.series.get(&definition) {
+            Some(index) => *index,
+            None => {
+                let name_index = self.string(definition.name, interner);
+                let label_indexes: Vec<(u32, u32)> = definition
+                    .labels
+                    .iter()
+                    .map(|(key, value)| (self.string(*key, interner), self.string(*value, interner)))
+                    .collect();
+                let out = &mut self.block;
+                out.push(TAG_SERIES);
+                put_varint(out, u64::from(name_index));
+                put_varint(out, label_indexes.len() as u64);
+                for (key, value) in label_indexes {
+                    put_varint(out, u64::from(key));
+                    put_varint(out, u64::from(value));
+                }
+                let index = u32::try_from(self.series.len()).expect("fewer than 2^32 series");
+                self.series.insert(definition, index);
+                index
+            }
+        };
+        let out = &mut self.block;
+        out.push(TAG_SAMPLE);
+        put_varint(out, u64::from(series));
+        out.extend_from_slice(&time.to_le_bytes());
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// The current block, framed, if it reached the target size (or `force`); the caller
+    /// writes it. Start every file with [`MAGIC`].
+    pub fn take_block(&mut self, force: bool) -> Option<Vec<u8>> {
+        if self.block.is_empty() || (!force && self.block.len() < BLOCK_TARGET_BYTES) {
+            return None;
+        }
+        let length = u32::try_from(self.block.len()).expect("a block is far smaller than 4 GiB");
+        let mut framed = Vec::with_capacity(self.block.len() + 4);
+        framed.extend_from_slice(&length.to_le_bytes());
+        framed.append(&mut self.block);
+        Some(framed)
+    }
+
+    fn string(&mut self, sym: Sym, interner: &Interner) -> u32 {
+        if !sym.is_some() {
+            return 0;
+        }
+        if let Some(index) = self.written.get(&sym) {
+            return *index;
+        }
+        let text = interner.get(sym).unwrap_or_default();
+        self.block.push(TAG_STRING);
+        put_varint(&mut self.block, text.len() as u64);
+        self.block.extend_from_slice(text.as_bytes());
+        self.next_string += 1;
+        self.written.insert(sym, self.next_string);
+        self.next_string
+    }
+}
+
+/// Decodes blocks of one file, mapping its dictionary onto the reader's interner.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    /// File string index -> reader symbol (index 0 is "absent").
+    strings: Vec<Sym>,
+    series_count: u32,
+}
+
+/// What was wrong with a block: the item's offset in the block and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    pub offset: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "byte {} of the block: {}", self.offset, self.message)
+    }
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Self { strings: vec![Sym::NONE], series_count: 0 }
+    }
+
+    /// Decodes one block's payload (without its length), calling `each` for every span,
+    /// series definition and sample in order. Series definitions are numbered from 0 in the
+    /// order they appear in the file.
+    pub fn decode_block(
+        &mut self,
+        payload: &[u8],
+        interner: &mut Interner,
+        mut each: impl FnMut(Item),
+    ) -> Result<(), DecodeError> {
+        let mut cursor = Cursor { bytes: payload, at: 0 };
+        while cursor.at < payload.len() {
+            let item_start = cursor.at;
+            let fail = |message: String| DecodeError { offset: item_start, message };
+            let tag = cursor.byte().map_err(fail)?;
+            match tag {
+                TAG_STRING => {
+                    let text = cursor.text().map_err(fail)?;
+                    self.strings.push(interner.intern(text));
+                }
+                TAG_SPAN => each(Item::Span(self.span(&mut cursor).map_err(fail)?)),
+                TAG_SERIES => {
+                    let name = self.sym(&mut cursor).map_err(fail)?;
+                    let count = cursor.varint().map_err(fail)?;
+                    if count > 1024 {
+                        return Err(fail(format!("series with {count} labels (at most 1024)")));
+                    }
+                    let mut labels = Vec::with_capacity(count as usize);
+                    for _ in 0..count {
+                        labels.push((self.sym(&mut cursor).map_err(fail)?, self.sym(&mut cursor).map_err(fail)?));
+                    }
+                    self.series_count += 1;
+                    each(Item::Series(SeriesDef { name, labels }));
+                }
+                TAG_SAMPLE => {
+                    let series = cursor.varint().map_err(fail)?;
+                    if series >= u64::from(self.series_count) {
+                        return Err(fail(format!("sample of undefined series {series}")));
+                    }
+                    let time = cursor.i64().map_err(fail)?;
+                    let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
+                    each(Item::Sample(SampleRec { series: series as u32, time, value }));
+                }
+                other => return Err(fail(format!("unknown item tag {other}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn sym(&self, cursor: &mut Cursor<'_>) -> Result<Sym, String> {
+        let index = cursor.varint()?;
+        self.strings
+            .get(index as usize)
+            .copied()
+            .ok_or_else(|| format!("string {index} used before it was defined ({} so far)", self.strings.len() - 1))
+    }
+
+    fn span(&self, cursor: &mut Cursor<'_>) -> Result<SpanRec, String> {
+        let flags = cursor.varint()?;
+        let bit = |index: u32| flags & (1 << index) != 0;
+        let mut span = SpanRec::default();
+        if bit(0) {
+            span.id = SpanKey { trace_id: cursor.u128()?, span_id: cursor.i64()? as u64 };
+        }
+        if bit(1) {
+            span.parent_span_id = cursor.i64()? as u64;
+        }
+        span.ok = bit(2);
+        span.start = cursor.i64()?;
+        span.end = span.start.wrapping_add(cursor.signed()?);
+        let mut syms = [Sym::NONE; 16];
+        for sym in &mut syms {
+            *sym = self.sym(cursor)?;
+        }
+        [
+            span.component,
+            span.service,
+            span.system,
+            span.cluster,
+            span.node,
+            span.client,
+            span.namespace,
+            span.op,
+            span.rpc_method,
+            span.target_node,
+            span.target_role,
+            span.node_role,
+            span.consistency,
+            span.outcome,
+            span.error_type,
+            span.server_address,
+        ] = syms;
+        if bit(3) {
+            span.call_id = Some(cursor.text()?.into());
+        }
+        if bit(4) {
+            span.attempt = Some(cursor.signed()?);
+        }
+        if bit(5) {
+            span.follower_read = Some(bit(6));
+        }
+        let mut states = [None; 6];
+        for (index, state) in states.iter_mut().enumerate() {
+            if bit(7 + index as u32) {
+                *state = Some(cursor.signed()?);
+            }
+        }
+        [span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues] = states;
+        Ok(span)
+    }
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(count).filter(|end| *end <= self.bytes.len()).ok_or_else(|| {
+            format!("truncated: {count} bytes needed at byte {}, {} left", self.at, self.bytes.len() - self.at)
+        })?;
+        let taken = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn i64(&mut self) -> Result<i64, String> {
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    fn u128(&mut self) -> Result<u128, String> {
+        Ok(u128::from_le_bytes(self.take(16)?.try_into().expect("16 bytes")))
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut value: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err("varint longer than 10 bytes".to_string())
+    }
+
+    fn signed(&mut self) -> Result<i64, String> {
+        let raw = self.varint()?;
+        Ok((raw >> 1) as i64 ^ -((raw & 1) as i64))
+    }
+
+    fn text(&mut self) -> Result<&'a str, String> {
+        let length = self.varint()?;
+        if length > 1 << 20 {
+            return Err(format!("string of {length} bytes (at most 1 MiB)"));
+        }
+        let bytes = self.take(length as usize)?;
+        std::str::from_utf8(bytes).map_err(|error| format!("string not UTF-8: {error}"))
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn put_signed(out: &mut Vec<u8>, value: i64) {
+    put_varint(out, ((value << 1) ^ (value >> 63)) as u64);
+}

@@ -1,0 +1,124 @@
+//! The compact records the streaming engine works on: a span with the conventions' fields as
+//! symbols and integers, and a numeric metric sample of an interned series.
+
+use lagscope_model::{Component, Span, StateId, UnixNanos};
+
+use super::intern::{Interner, Sym, known};
+
+/// Span ids as integers (OTLP's 16- and 8-byte ids; zero means absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SpanKey {
+    pub trace_id: u128,
+    pub span_id: u64,
+}
+
+impl SpanKey {
+    pub fn is_some(self) -> bool {
+        self.span_id != 0
+    }
+}
+
+/// One span, as the engine needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpanRec {
+    pub id: SpanKey,
+    /// The parent's span id (same trace); 0 when the span is a root or has no context.
+    pub parent_span_id: u64,
+    pub start: UnixNanos,
+    pub end: UnixNanos,
+    /// `known::CLIENT`, `ROUTER`, `SERVER` or another component; NONE when unknown.
+    pub component: Sym,
+    pub ok: bool,
+    pub service: Sym,
+    pub system: Sym,
+    pub cluster: Sym,
+    pub node: Sym,
+    pub client: Sym,
+    /// Call ids are unique per call: kept inline, never interned (the dictionary would grow
+    /// with history).
+    pub call_id: Option<Box<str>>,
+    pub attempt: Option<i64>,
+    pub namespace: Sym,
+    pub op: Sym,
+    pub rpc_method: Sym,
+    pub target_node: Sym,
+    pub target_role: Sym,
+    pub node_role: Sym,
+    pub consistency: Sym,
+    pub follower_read: Option<bool>,
+    pub outcome: Sym,
+    pub error_type: Sym,
+    pub server_address: Sym,
+    pub carried: Option<StateId>,
+    pub returned: Option<StateId>,
+    pub served: Option<StateId>,
+    pub committed: Option<StateId>,
+    pub router_state: Option<StateId>,
+    pub requeues: Option<i64>,
+}
+
+impl SpanRec {
+    /// The compact form of a model span. Ids that are not the collector's lowercase hex are
+    /// dropped (the span then joins by call id).
+    pub fn from_span(span: &Span, interner: &mut Interner) -> Self {
+        let trace_id = span.trace_id.as_deref().and_then(|id| u128::from_str_radix(id, 16).ok()).unwrap_or(0);
+        let span_id = span.span_id.as_deref().and_then(|id| u64::from_str_radix(id, 16).ok()).unwrap_or(0);
+        let parent_span_id =
+            span.parent_span_id.as_deref().and_then(|id| u64::from_str_radix(id, 16).ok()).unwrap_or(0);
+        let (trace_id, span_id) = if trace_id == 0 || span_id == 0 { (0, 0) } else { (trace_id, span_id) };
+        let call = &span.call;
+        let component = match span.component() {
+            Some(Component::Client) => known::CLIENT,
+            Some(Component::Router) => known::ROUTER,
+            Some(Component::Server) => known::SERVER,
+            Some(Component::Other(other)) => interner.intern(&other),
+            None => Sym::NONE,
+        };
+        Self {
+            id: SpanKey { trace_id, span_id },
+            parent_span_id: if span_id == 0 { 0 } else { parent_span_id },
+            start: span.start_unix_nano,
+            end: span.end_unix_nano,
+            component,
+            ok: span.is_ok(),
+            service: interner.intern_opt(span.resource.service_name.as_deref()),
+            system: interner.intern_opt(span.resource.system.as_deref()),
+            cluster: interner.intern_opt(span.resource.cluster.as_deref()),
+            node: interner.intern_opt(span.resource.node_id.as_deref()),
+            client: interner.intern_opt(call.client_id.as_deref()),
+            call_id: call.call_id.as_deref().map(Into::into),
+            attempt: call.attempt,
+            namespace: interner.intern_opt(call.namespace.as_deref()),
+            op: interner.intern_opt(call.op.as_ref().map(|op| op.as_str())),
+            rpc_method: interner.intern_opt(call.rpc_method.as_deref()),
+            target_node: interner.intern_opt(call.target_node.as_deref()),
+            target_role: interner.intern_opt(call.target_role.as_deref()),
+            node_role: interner.intern_opt(call.node_role.as_deref()),
+            consistency: interner.intern_opt(call.consistency.as_deref()),
+            follower_read: call.follower_read,
+            outcome: interner.intern_opt(call.outcome.as_ref().map(|outcome| outcome.as_str())),
+            error_type: interner.intern_opt(call.error_type.as_deref()),
+            server_address: interner
+                .intern_opt(span.attributes.get("server.address").and_then(serde_json::Value::as_str)),
+            carried: call.state.carried,
+            returned: call.state.returned,
+            served: call.state.served,
+            committed: call.state.committed,
+            router_state: call.state.router,
+            requeues: call.requeues,
+        }
+    }
+
+    /// A client's attempt: the unit timelines are made of.
+    pub fn is_client_attempt(&self) -> bool {
+        self.component == known::CLIENT && self.client.is_some()
+    }
+
+    pub fn trace_hex(&self) -> Option<String> {
+        self.id.is_some().then(|| format!("{:032x}", self.id.trace_id))
+    }
+
+    pub fn span_hex(&self) -> Option<String> {
+        self.id.is_some().then(|| format!("{:016x}", self.id.span_id))
+    }
+}
