@@ -8,10 +8,7 @@ pub struct AnalyzerConfig {
     /// A window anomaly whose window reaches within this many seconds of its cluster's
     /// latest data is open (its condition still holds); otherwise resolved.
     pub open_grace_seconds: i64,
-    /// Streaming analysis: a call is final once the data's latest end time is this many
-    /// seconds past its start (longer calls, retries included, would be split); router and
-    /// server spans that found no client attempt are dropped two horizons after they ended.
-    pub stream_horizon_seconds: i64,
+    pub stream: StreamConfig,
     pub stale_read: StaleReadConfig,
     pub carried_state_regression: StatesBehindConfig,
     pub router_state_dropped: StatesBehindConfig,
@@ -25,6 +22,29 @@ pub struct AnalyzerConfig {
     pub unfair_rejection: UnfairRejectionConfig,
     pub blind_failover_probe: BlindFailoverProbeConfig,
     pub failover_flapping: FailoverFlappingConfig,
+}
+
+/// How the streaming engine (offline analysis) waits for data that arrives out of order.
+/// Memory is bounded by what these windows hold, not by the length of the history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamConfig {
+    /// How long after an attempt ended its router and server spans may still arrive (the
+    /// senders' export delay): the attempt is joined then.
+    pub lateness_seconds: i64,
+    /// A call is processed once the data is this far past its start: it must cover the
+    /// longest attempt (timeouts, e.g. 60 s bulk requests) plus the lateness. Attempts that
+    /// come later are counted and analyzed as a call of their own.
+    pub horizon_seconds: i64,
+    /// How long per-namespace history is kept (committed states, answers, active reports,
+    /// probe verdicts) for windows that look back.
+    pub retention_seconds: i64,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self { lateness_seconds: 10, horizon_seconds: 90, retention_seconds: 600 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,7 +185,7 @@ impl Default for AnalyzerConfig {
     fn default() -> Self {
         Self {
             open_grace_seconds: 5,
-            stream_horizon_seconds: 60,
+            stream: StreamConfig::default(),
             stale_read: StaleReadConfig::default(),
             carried_state_regression: StatesBehindConfig::default(),
             router_state_dropped: StatesBehindConfig::default(),

@@ -1,21 +1,21 @@
 //! The detector catalogue. Each detector is one file with one function of the same
 //! signature; adding one is a new file and a line in [`REGISTRY`].
 
-mod apply_lag;
-mod blind_failover_probe;
+pub(crate) mod apply_lag;
+pub(crate) mod blind_failover_probe;
 pub(crate) mod carried_state_regression;
-mod evidence;
-mod failover_flapping;
-mod follower_read_disabled;
-mod no_namenodes_window;
-mod pinned_retry;
-mod requeue_storm;
+pub(crate) mod evidence;
+pub(crate) mod failover_flapping;
+pub(crate) mod follower_read_disabled;
+pub(crate) mod no_namenodes_window;
+pub(crate) mod pinned_retry;
+pub(crate) mod requeue_storm;
 pub(crate) mod router_state_dropped;
 pub(crate) mod shard_pressure;
 pub(crate) mod stale_read;
-mod stale_read_cross_client;
-mod unfair_rejection;
-mod untrusted_state;
+pub(crate) mod stale_read_cross_client;
+pub(crate) mod unfair_rejection;
+pub(crate) mod untrusted_state;
 
 use lagscope_model::{Anomaly, AnomalyKind};
 

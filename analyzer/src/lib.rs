@@ -19,7 +19,7 @@ use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span};
 
 pub use config::{
     AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FailoverFlappingConfig, FollowerReadDisabledConfig,
-    NoNamenodesWindowConfig, PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig,
+    NoNamenodesWindowConfig, PinnedRetryConfig, RequeueStormConfig, StaleReadConfig, StatesBehindConfig, StreamConfig,
     UntrustedStateConfig,
 };
 pub use enrich::enrich;

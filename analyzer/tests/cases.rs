@@ -12,6 +12,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use lagscope_analyzer::stream::{Engine, SpanRec};
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
 use std::collections::BTreeMap;
 
@@ -35,9 +36,32 @@ fn every_case_matches_its_expected_output() {
     for case in cases {
         let text = std::fs::read_to_string(&case).expect("case readable");
         let (spans, samples) = parse_case(&case.display().to_string(), &text);
+        let streamed = streamed(&spans, &samples);
+        let batch = analyze(&AnalysisInput::from_telemetry(&spans, samples.clone()), &AnalyzerConfig::default());
+        assert_eq!(streamed, batch, "{}: the streaming engine differs from the batch analysis", case.display());
         let actual = render(&spans, samples);
         expect_test::expect_file![case.with_extension("expected")].assert_eq(&actual);
     }
+}
+
+/// The streaming engine over the case, spans and samples in the order they would arrive
+/// (by end time).
+fn streamed(spans: &[Span], samples: &[Sample]) -> Vec<lagscope_model::Anomaly> {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    let mut order: Vec<(i64, usize, bool)> =
+        spans.iter().enumerate().map(|(index, span)| (span.end_unix_nano, index, true)).collect();
+    order.extend(samples.iter().enumerate().map(|(index, sample)| (sample.time_unix_nano, index, false)));
+    order.sort();
+    for (_, index, is_span) in order {
+        if is_span {
+            let record = SpanRec::from_span(&spans[index], &mut engine.interner);
+            engine.push_span(record);
+        } else {
+            engine.push_model_sample(&samples[index]);
+        }
+    }
+    engine.finish().0
 }
 
 fn parse_case(name: &str, text: &str) -> (Vec<Span>, Vec<Sample>) {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod eval;
 pub mod export;
 mod live;
+pub mod lscap;
 pub mod native_server;
 pub mod server;
 pub mod sim_cmd;

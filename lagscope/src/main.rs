@@ -77,7 +77,8 @@ enum Command {
         /// Client operations per second [default: the scenario's].
         #[arg(long)]
         rate: Option<f64>,
-        /// Write OTLP JSON lines to this file.
+        /// Write OTLP JSON lines to this file (lagscope's compact analysis capture when it ends
+        /// in .lscap: what `analyze` reads fastest).
         #[arg(long, required_unless_present_any = ["list", "otlp_http", "otlp_grpc"])]
         out: Option<PathBuf>,
         /// Send OTLP/HTTP (protobuf) to this base URL, e.g. http://127.0.0.1:4318.
@@ -234,7 +235,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 timings.timelines,
                 timings.detectors
             );
-            let mut stdout = std::io::stdout().lock();
+            if let Some(stats) = report.stream {
+                eprintln!(
+                    "streaming engine: {} calls of {} clients, longest call {:.1} s; at most {} spans waiting to join and {} \
+                     calls open; {} attempts later than the horizon, {} router/server spans never joined",
+                    stats.calls,
+                    stats.clients,
+                    stats.longest_call_nanos as f64 / 1e9,
+                    stats.peak_pending_spans,
+                    stats.peak_open_calls,
+                    stats.late_attempts,
+                    stats.unjoined_hops
+                );
+            }
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             match format {
                 Format::Json => write_json(&mut stdout, &report.anomalies),
                 Format::Table => write_table(&mut stdout, &report.anomalies),
@@ -271,6 +285,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .map_or(lagscope_sim::DEFAULT_START_UNIX_NANO, |now| now.as_nanos() as i64);
             }
             let target = match (out, otlp_http, otlp_grpc) {
+                (Some(path), _, _) if lagscope::lscap::is_lscap(&path) => sim_cmd::Target::Lscap(path),
                 (Some(path), _, _) => sim_cmd::Target::JsonLines(path),
                 (_, Some(url), _) => sim_cmd::Target::OtlpHttp(url),
                 (_, _, Some(url)) => sim_cmd::Target::OtlpGrpc(url),

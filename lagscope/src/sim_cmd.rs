@@ -14,6 +14,8 @@ use prost::Message;
 #[derive(Debug, Clone)]
 pub enum Target {
     JsonLines(PathBuf),
+    /// lagscope's compact analysis capture (`.lscap`).
+    Lscap(PathBuf),
     OtlpHttp(String),
     OtlpGrpc(String),
 }
@@ -59,6 +61,38 @@ impl<W: Write> Sink for JsonLinesSink<W> {
         match self.out.write_all(line.as_bytes()) {
             Ok(()) => self.requests += 1,
             Err(error) => self.error = Some(error),
+        }
+    }
+}
+
+/// Converts requests to lagscope's records and writes them as lscap; remembers the first
+/// error.
+struct LscapSink<W: Write> {
+    writer: crate::lscap::LscapWriter<W>,
+    error: Option<anyhow::Error>,
+    requests: u64,
+}
+
+impl<W: Write> Sink for LscapSink<W> {
+    fn export(&mut self, _at: Nanos, request: Request) {
+        if self.error.is_some() {
+            return;
+        }
+        let written = match &request {
+            Request::Traces(request) => {
+                let converted = lagscope_collector::otlp::spans_from_request(request);
+                converted.items.iter().try_for_each(|span| self.writer.span(span))
+            }
+            Request::Metrics(request) => {
+                let converted = lagscope_collector::otlp::samples_from_request(request);
+                converted.items.iter().try_for_each(|sample| self.writer.sample(sample))
+            }
+            // Logs carry nothing the analyzer reads from an lscap capture.
+            Request::Logs(_) => Ok(()),
+        };
+        match written {
+            Ok(()) => self.requests += 1,
+            Err(error) => self.error = Some(error.into()),
         }
     }
 }
@@ -118,6 +152,18 @@ pub fn run_with_native(
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
             sink.out.flush().with_context(|| format!("cannot write {}", path.display()))?;
+            Ok((truth, sink.requests))
+        }
+        Target::Lscap(path) => {
+            let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let writer = crate::lscap::LscapWriter::new(std::io::BufWriter::new(file))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            let mut sink = LscapSink { writer, error: None, requests: 0 };
+            let truth = lagscope_sim::run(config, &mut Tee { inner: &mut sink, native })?;
+            if let Some(error) = sink.error {
+                return Err(error).with_context(|| format!("cannot write {}", path.display()));
+            }
+            sink.writer.finish().with_context(|| format!("cannot write {}", path.display()))?;
             Ok((truth, sink.requests))
         }
         Target::OtlpHttp(url) | Target::OtlpGrpc(url) => {

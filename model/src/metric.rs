@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::UnixNanos;
 
 /// What kind of instrument produced a series.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetricKind {
     Gauge,

@@ -3,16 +3,16 @@
 //! a TCP-connect probe cannot see a half-dead cluster).
 
 use lagscope_model::conventions::METRIC_PROBE_UP;
-use lagscope_model::{Anomaly, AnomalyKind, Outcome, Severity, TimelineAttempt};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt};
 use serde_json::json;
 
 use super::evidence::span_ids;
 use crate::series::series_of;
 use crate::{AnalysisInput, AnalyzerConfig};
 
-const SERVER_ADDRESS: &str = "server.address";
-const PROBE_KIND: &str = "lagscope.probe.kind";
-const CLIENT_ID: &str = "lagscope.client.id";
+pub(crate) const SERVER_ADDRESS: &str = "server.address";
+pub(crate) const PROBE_KIND: &str = "lagscope.probe.kind";
+pub(crate) const CLIENT_ID: &str = "lagscope.client.id";
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.blind_failover_probe;
@@ -55,45 +55,58 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             if verdicts.is_empty() || verdicts.iter().any(|(up, _)| *up < 0.5) {
                 continue;
             }
-            let kind = verdicts[0].1.clone();
-            let seconds = (end - start) as f64 / 1e9;
-            anomalies.push(Anomaly {
-                kind: AnomalyKind::BlindFailoverProbe,
-                severity: Severity::Critical,
-                cluster: timeline.cluster.clone(),
-                namespace: timeline.namespace.clone(),
-                client_id: Some(timeline.client_id.clone()),
-                node_id: None,
-                start_unix_nano: start,
-                end_unix_nano: end,
-                summary: format!(
-                    "client {} failed {} sends to {address} over {seconds:.0} s without failing over: its {kind} probe said the cluster was up {} times",
-                    timeline.client_id,
-                    run.len(),
-                    verdicts.len()
-                ),
-                cause: format!(
-                    "blind failover probe: the {kind} probe only checks that {address} accepts connections; a half-dead cluster \
-                     passes it while produce/consume fail, so the client never fails over (PIP-121's probeAvailable; a health \
-                     check is needed)"
-                ),
-                evidence: json!({
-                    "server_address": address,
-                    "probe_kind": kind,
-                    "probe_up_verdicts": verdicts.len(),
-                    "failed_sends": run.len(),
-                    "error_type": first.error_type,
-                    "window_seconds": seconds,
-                    "spans": span_ids(first),
-                }),
-                open: false,
-                fingerprint: format!(
-                    "blind_failover_probe|{}|{}|{address}|{start}",
-                    timeline.cluster.as_deref().unwrap_or(""),
-                    timeline.client_id
-                ),
-            });
+            anomalies.push(blind(timeline, first, run.len(), end, &address, &verdicts[0].1, verdicts.len()));
         }
     }
     anomalies
+}
+
+/// The anomaly: `failed_sends` sends of a run starting with `first` failed until `end` while
+/// the client's `kind` probe of `address` said "up" `verdicts` times. Shared with the
+/// streaming engine.
+pub(crate) fn blind(
+    timeline: &ClientTimeline,
+    first: &TimelineAttempt,
+    failed_sends: usize,
+    end: i64,
+    address: &str,
+    kind: &str,
+    verdicts: usize,
+) -> Anomaly {
+    let start = first.start_unix_nano;
+    let seconds = (end - start) as f64 / 1e9;
+    Anomaly {
+        kind: AnomalyKind::BlindFailoverProbe,
+        severity: Severity::Critical,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: None,
+        start_unix_nano: start,
+        end_unix_nano: end,
+        summary: format!(
+            "client {} failed {} sends to {address} over {seconds:.0} s without failing over: its {kind} probe said the cluster was up {} times",
+            timeline.client_id, failed_sends, verdicts
+        ),
+        cause: format!(
+            "blind failover probe: the {kind} probe only checks that {address} accepts connections; a half-dead cluster \
+             passes it while produce/consume fail, so the client never fails over (PIP-121's probeAvailable; a health \
+             check is needed)"
+        ),
+        evidence: json!({
+            "server_address": address,
+            "probe_kind": kind,
+            "probe_up_verdicts": verdicts,
+            "failed_sends": failed_sends,
+            "error_type": first.error_type,
+            "window_seconds": seconds,
+            "spans": span_ids(first),
+        }),
+        open: false,
+        fingerprint: format!(
+            "blind_failover_probe|{}|{}|{address}|{start}",
+            timeline.cluster.as_deref().unwrap_or(""),
+            timeline.client_id
+        ),
+    }
 }

@@ -16,13 +16,13 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         .collect()
 }
 
-fn on_follower(attempt: &TimelineAttempt) -> bool {
+pub(crate) fn on_follower(attempt: &TimelineAttempt) -> bool {
     matches!(attempt.served_role.as_deref(), Some("follower" | "observer"))
 }
 
 /// A read served by a follower in the client's follower-read mode (`lagscope.follower_read`);
 /// systems without such a mode (HDFS observer reads) never count.
-fn served_by_follower(attempt: &TimelineAttempt) -> bool {
+pub(crate) fn served_by_follower(attempt: &TimelineAttempt) -> bool {
     attempt.outcome == Some(Outcome::Ok) && on_follower(attempt) && attempt.follower_read == Some(true)
 }
 
@@ -58,18 +58,29 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
         .rev()
         .find(|(_, attempt)| served_by_follower(attempt))
         .and_then(|(_, attempt)| attempt.consistency.clone());
-    let after_consistencies: Vec<String> = later
-        .iter()
-        .filter_map(|attempt| attempt.consistency.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let after_consistencies: std::collections::BTreeSet<String> =
+        later.iter().filter_map(|attempt| attempt.consistency.clone()).collect();
+    let last_end = later.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or(rejected.end_unix_nano);
+    Some(disabled_for_good(timeline, call, rejected, later.len(), before_consistency, after_consistencies, last_end))
+}
+
+/// The anomaly: `rejected` (of `call`) turned follower reads off; `reads_after` later reads,
+/// the last ending at `last_end`, went elsewhere. Shared with the streaming engine.
+pub(crate) fn disabled_for_good(
+    timeline: &ClientTimeline,
+    call: &TimelineCall,
+    rejected: &TimelineAttempt,
+    reads_after: usize,
+    before_consistency: Option<String>,
+    after_consistencies: std::collections::BTreeSet<String>,
+    last_end: i64,
+) -> Anomaly {
+    let after_consistencies: Vec<String> = after_consistencies.into_iter().collect();
     let consistency_changed =
         before_consistency.as_ref().is_some_and(|before| after_consistencies.iter().any(|after| after != before));
     let node = rejected.served_by.clone();
     let follower = node.as_deref().unwrap_or("a follower");
-    let last_end = later.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or(rejected.end_unix_nano);
-    Some(Anomaly {
+    Anomaly {
         kind: AnomalyKind::FollowerReadDisabled,
         severity: Severity::Warning,
         cluster: timeline.cluster.clone(),
@@ -82,7 +93,7 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
             "client {} stopped using follower reads after {follower} rejected a {} read: 0 of its {} later reads went to a follower{}",
             timeline.client_id,
             rejected.consistency.as_deref().unwrap_or("follower"),
-            later.len(),
+            reads_after,
             if consistency_changed {
                 format!(
                     ", and their consistency changed from {} to {}",
@@ -104,11 +115,11 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
             "rejected_consistency": rejected.consistency,
             "consistency_before": before_consistency,
             "consistencies_after": after_consistencies,
-            "reads_after": later.len(),
+            "reads_after": reads_after,
             "reads_after_on_followers": 0,
             "spans": span_ids(rejected),
         }),
         open: false,
         fingerprint: attempt_fingerprint("follower_read_disabled", timeline, call, rejected),
-    })
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::{AnalysisInput, AnalyzerConfig};
 
-const NO_NAMENODES: &str = "NoNamenodesAvailableException";
+pub(crate) const NO_NAMENODES: &str = "NoNamenodesAvailableException";
 
 /// One router answer for a namespace.
 struct Answer<'a> {
@@ -86,8 +86,39 @@ fn raise(
     }
     let tried_first = tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| *node);
     let active = active_reported(input, cluster, namespace, start, end);
+    let found = Window {
+        start,
+        end,
+        seconds: (window[window.len() - 1].start - window[0].start) as f64 / 1e9,
+        attempts: window.len(),
+        clients: clients.into_iter().map(str::to_string).collect(),
+        tried_first: tried_first.map(str::to_string),
+        active,
+    };
+    window_anomaly(cluster, namespace, router, &found)
+}
+
+/// A router's NoNamenodesAvailable window, summed up.
+pub(crate) struct Window {
+    /// First answer's start, last answer's end.
+    pub start: i64,
+    pub end: i64,
+    /// From the first answer's start to the last one's.
+    pub seconds: f64,
+    pub attempts: usize,
+    pub clients: BTreeSet<String>,
+    /// The NameNode most answers were tried on.
+    pub tried_first: Option<String>,
+    /// A NameNode of the namespace that reported ACTIVE during the window.
+    pub active: Option<String>,
+}
+
+/// The anomaly for `router`'s window. Shared with the streaming engine.
+pub(crate) fn window_anomaly(cluster: Option<&str>, namespace: Option<&str>, router: &str, window: &Window) -> Anomaly {
+    let Window { start, end, seconds, attempts, clients, tried_first, active } = window;
+    let (start, end, seconds) = (*start, *end, *seconds);
+    let tried_first = tried_first.as_deref();
     let namespace_text = namespace.unwrap_or("the namespace");
-    let seconds = (window[window.len() - 1].start - window[0].start) as f64 / 1e9;
     let cause = match &active {
         Some(node) => format!(
             "stale membership cache: {node} already reported ACTIVE while {router} kept answering NoNamenodesAvailable and sending \
@@ -110,7 +141,7 @@ fn raise(
         end_unix_nano: end,
         summary: format!(
             "{router} answered NoNamenodesAvailable for {namespace_text} for {seconds:.0} s ({} attempts, {} clients){}",
-            window.len(),
+            attempts,
             clients.len(),
             active.as_ref().map_or(String::new(), |node| format!(" while {node} was ACTIVE"))
         ),
@@ -119,7 +150,7 @@ fn raise(
             "window_start_unix_nano": start,
             "window_end_unix_nano": end,
             "window_seconds": seconds,
-            "attempts": window.len(),
+            "attempts": attempts,
             "clients_affected": clients,
             "namenode_tried_first": tried_first,
             "active_reported_by": active,

@@ -85,7 +85,9 @@ fn pinned_runs(call: &TimelineCall, min_attempts: usize) -> Vec<Vec<&TimelineAtt
     runs
 }
 
-fn pinned(
+/// The anomaly for a pinned `run` of `call`'s attempts to `node` while `others` served.
+/// Shared with the streaming engine.
+pub(crate) fn pinned(
     timeline: &ClientTimeline,
     call: &TimelineCall,
     run: &[&TimelineAttempt],

@@ -64,17 +64,59 @@ fn window(
                 && other.cluster == timeline.cluster
         })
         .filter(|other| {
-            other.calls.iter().flat_map(|call| &call.attempts).any(|attempt| {
-                attempt.router_carried.is_some_and(|forwarded| forwarded > committed.saturating_add(margin))
-                    && attempt.carried.is_none_or(|own| own <= committed.saturating_add(margin))
-            })
+            other
+                .calls
+                .iter()
+                .flat_map(|call| &call.attempts)
+                .any(|attempt| poisoned(attempt.router_carried, attempt.carried, committed.saturating_add(margin)))
         })
         .map(|other| other.client_id.as_str())
         .collect();
     let refused =
         offending.iter().filter(|(_, attempt, _)| attempt.outcome != Some(lagscope_model::Outcome::Ok)).count();
+    let run = Untrusted {
+        first_call,
+        first,
+        committed,
+        last_end: last.end_unix_nano,
+        carried,
+        requests: offending.len(),
+        refused,
+        pools,
+        victims: victims.into_iter().map(str::to_string).collect(),
+    };
+    Some(untrusted(timeline, &run, margin))
+}
+
+/// Whether a request forwarded at `forwarded` by a router, for a client that itself carried
+/// `own`, passed on a state beyond `limit` the client did not carry (a poisoned pool).
+pub(crate) fn poisoned(forwarded: Option<i64>, own: Option<i64>, limit: i64) -> bool {
+    forwarded.is_some_and(|forwarded| forwarded > limit) && own.is_none_or(|own| own <= limit)
+}
+
+/// A client's run of untrusted requests, summed up.
+pub(crate) struct Untrusted<'a> {
+    pub first_call: &'a TimelineCall,
+    pub first: &'a TimelineAttempt,
+    /// The highest committed state known when the first one left.
+    pub committed: i64,
+    pub last_end: i64,
+    /// The highest state carried.
+    pub carried: i64,
+    pub requests: usize,
+    pub refused: usize,
+    /// (router, server) pools the requests went through.
+    pub pools: BTreeSet<(String, String)>,
+    /// Other clients whose requests those pools forwarded with an untrusted state.
+    pub victims: BTreeSet<String>,
+}
+
+/// The anomaly for a client's run of untrusted requests. Shared with the streaming engine.
+pub(crate) fn untrusted(timeline: &ClientTimeline, run: &Untrusted<'_>, margin: i64) -> Anomaly {
+    let Untrusted { first_call, first, committed, last_end, carried, requests, refused, pools, victims } = run;
+    let (committed, carried) = (*committed, *carried);
     let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
-    Some(Anomaly {
+    Anomaly {
         kind: AnomalyKind::UntrustedState,
         severity: Severity::Critical,
         cluster: timeline.cluster.clone(),
@@ -82,12 +124,12 @@ fn window(
         client_id: Some(timeline.client_id.clone()),
         node_id: None,
         start_unix_nano: first.start_unix_nano,
-        end_unix_nano: last.end_unix_nano,
+        end_unix_nano: *last_end,
         summary: format!(
             "client {} carried state {carried} in {namespace}, {} beyond the highest committed state any server reported ({committed}); {} requests, {refused} refused",
             timeline.client_id,
             carried - committed,
-            offending.len(),
+            requests,
         ),
         cause: format!(
             "untrusted client state: a state no server of {namespace} has (a restored or foreign client context); routers pass it \
@@ -102,7 +144,7 @@ fn window(
             "carried": carried,
             "highest_committed_reported": committed,
             "margin": margin,
-            "requests": offending.len(),
+            "requests": requests,
             "refused": refused,
             "pools": pools.iter().map(|(router, target)| json!({"router": router, "target": target})).collect::<Vec<_>>(),
             "clients_affected_through_pools": victims,
@@ -110,5 +152,5 @@ fn window(
         }),
         open: false,
         fingerprint: attempt_fingerprint("untrusted_state", timeline, first_call, first),
-    })
+    }
 }

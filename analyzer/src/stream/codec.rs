@@ -7,12 +7,14 @@
 //! block  = u32 LE payload length, payload (items; no item crosses a block)
 //! item   = 1 string  (varint length, UTF-8 bytes)          -> next string index, from 1
 //!        | 2 span    (see `encode_span`)
-//!        | 3 series  (name index, label count, (key index, value index)*) -> next series index
+//!        | 3 series  (name index, u8 metric kind, label count, (key index, value index)*)
+//!                                                       -> next series index
 //!        | 4 sample  (series index, i64 LE time, f64 LE value)
 //! ```
 //! Integers are LEB128 varints (zigzag for signed ones); string index 0 means "absent".
 //! This module is pure: it turns records into bytes and bytes into records.
 
+use lagscope_model::MetricKind;
 use rustc_hash::FxHashMap;
 
 use super::intern::{Interner, Sym};
@@ -33,8 +35,19 @@ const TAG_SAMPLE: u8 = 4;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SeriesDef {
     pub name: Sym,
+    pub kind: MetricKind,
     pub labels: Vec<(Sym, Sym)>,
 }
+
+const KINDS: [MetricKind; 7] = [
+    MetricKind::Gauge,
+    MetricKind::CumulativeCounter,
+    MetricKind::DeltaCounter,
+    MetricKind::UpDownCounter,
+    MetricKind::Histogram,
+    MetricKind::ExponentialHistogram,
+    MetricKind::Summary,
+];
 
 /// One numeric point of a series (the series index is the reader's, in definition order).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +58,8 @@ pub struct SampleRec {
 }
 
 /// What a block held.
+// Spans are nearly every item: boxing them would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Item {
     Span(SpanRec),
@@ -125,9 +140,18 @@ impl Encoder {
     }
 
     /// Appends a numeric sample of the series `name{labels}`.
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], time: i64, value: f64, interner: &mut Interner) {
+    pub fn sample(
+        &mut self,
+        name: &str,
+        kind: MetricKind,
+        labels: &[(&str, &str)],
+        time: i64,
+        value: f64,
+        interner: &mut Interner,
+    ) {
         let definition = SeriesDef {
             name: interner.intern(name),
+            kind,
             labels: labels.iter().map(|(key, value)| (interner.intern(key), interner.intern(value))).collect(),
         };
         let series = match self.series.get(&definition) {
@@ -142,6 +166,7 @@ impl Encoder {
                 let out = &mut self.block;
                 out.push(TAG_SERIES);
                 put_varint(out, u64::from(name_index));
+                out.push(KINDS.iter().position(|known| *known == kind).unwrap_or(0) as u8);
                 put_varint(out, label_indexes.len() as u64);
                 for (key, value) in label_indexes {
                     put_varint(out, u64::from(key));
@@ -237,6 +262,10 @@ impl Decoder {
                 TAG_SPAN => each(Item::Span(self.span(&mut cursor).map_err(fail)?)),
                 TAG_SERIES => {
                     let name = self.sym(&mut cursor).map_err(fail)?;
+                    let kind_index = cursor.byte().map_err(fail)?;
+                    let kind = *KINDS
+                        .get(kind_index as usize)
+                        .ok_or_else(|| fail(format!("unknown metric kind {kind_index}")))?;
                     let count = cursor.varint().map_err(fail)?;
                     if count > 1024 {
                         return Err(fail(format!("series with {count} labels (at most 1024)")));
@@ -246,7 +275,7 @@ impl Decoder {
                         labels.push((self.sym(&mut cursor).map_err(fail)?, self.sym(&mut cursor).map_err(fail)?));
                     }
                     self.series_count += 1;
-                    each(Item::Series(SeriesDef { name, labels }));
+                    each(Item::Series(SeriesDef { name, kind, labels }));
                 }
                 TAG_SAMPLE => {
                     let series = cursor.varint().map_err(fail)?;

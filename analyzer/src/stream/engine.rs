@@ -1,51 +1,74 @@
-//! The streaming engine: spans in (in roughly the order they ended), anomalies out, with
-//! memory bounded by what is in flight and by per-client state, never by history length.
+//! The streaming engine: spans and samples in (in roughly the order they ended), anomalies
+//! out, with memory bounded by what is in flight, per-client and per-namespace state, and a
+//! retention window, never by the length of the history.
 //!
-//! - Join: router and server spans wait in `pending` (by span id, with a child index) until
-//!   the client attempt they descend from is finalized; spans without trace context wait by
-//!   (client, call id). Whatever never joins is evicted two horizons after it ended.
-//! - Calls: a client's attempts gather by call id until the data's watermark (the latest end
-//!   time seen) passes the call's start by the horizon; then the call is final and handed to
-//!   its client's state, in start order across all clients.
-//! - Clients: per (client, namespace), the floors (read-your-writes, monotonic reads) and the
-//!   highest state seen, folded from earlier calls as they complete, exactly as the batch
-//!   path's sweep does; a few recent calls for causes.
+//! - Join: router and server spans wait in `pending` (by span id, with a child index). A
+//!   client attempt is joined to its descendants once the watermark (the latest end time
+//!   seen) is `lateness` past its end, and kept compact from then on. Spans without trace
+//!   context wait by (client, call id) and join when their call is final. Whatever never
+//!   joins is dropped a horizon after it ended.
+//! - Calls: final once the watermark is `horizon` past their start (the horizon must cover the
+//!   longest attempt plus the lateness), then processed in start order across all clients:
+//!   the order of the batch analyzer's timelines.
+//! - Clients and namespaces: per (client, namespace) the session floors and the running state
+//!   of the per-client detectors; per namespace the committed states reported (a staircase),
+//!   who answered and who was active, kept for `retention`.
 //!
-//! The anomalies are built by the same functions as the batch detectors', so a streamed and
-//! a batch analysis of the same telemetry agree (tested on every simulator scenario).
+//! The anomalies are built by the batch detectors' own constructors; a streamed and a batch
+//! analysis of the same telemetry agree (tested on every simulator scenario and golden case).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::rc::Rc;
 
+use lagscope_model::conventions::{
+    CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_PROBE_UP, METRIC_REQUEUE_CALLS, METRIC_ROLE,
+    METRIC_RPC_PROCESSING_OPS, METRIC_RPC_QUEUE_OPS, METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMIT_BYTES,
+    METRIC_SHARD_REJECTIONS, NAMESPACE, NODE_ID, NODE_ROLE,
+};
 use lagscope_model::{
-    Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin,
-    UnixNanos,
+    Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, SeriesKey, SeriesMeta, StateId, TimelineJoin, UnixNanos,
 };
 use rustc_hash::FxHashMap;
 
+use super::client::{AttemptAt, ClientState, Contribution, FailingRun, MAX_FORWARDED, Rejection, UntrustedRun};
+use super::codec::{SampleRec, SeriesDef};
+use super::compact::{Attempt, Call, build_attempt};
 use super::intern::{Interner, Sym, known};
+use super::namespace::{Fact, NamespaceState};
 use super::record::{SpanKey, SpanRec};
-use crate::AnalyzerConfig;
-use crate::detectors::{carried_state_regression, router_state_dropped, stale_read};
-use crate::floor::{CallFloors, FloorContribution, FloorSource};
+use crate::detectors::{
+    blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
+    pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
+};
+use crate::floor::{CallFloors, FloorSource};
+use crate::{AnalysisInput, AnalyzerConfig};
 
-/// How far up a trace the join looks for the client attempt (as the batch join).
+/// How far down a trace the join looks for router and server spans (as the batch join).
 const MAX_PARENT_HOPS: usize = 32;
-/// Calls per client kept for causes that look back (a lower state brought back by a later
-/// response, HDFS-16837).
-const RECENT_CALLS: usize = 16;
 
-/// The kinds the streaming engine detects so far.
-pub const STREAMED_KINDS: &[AnomalyKind] =
-    &[AnomalyKind::StaleRead, AnomalyKind::CarriedStateRegression, AnomalyKind::RouterStateDropped];
+/// Detectors that read metrics only; the engine keeps their series and runs them at the end.
+const METRIC_KINDS: &[AnomalyKind] =
+    &[AnomalyKind::ApplyLag, AnomalyKind::RequeueStorm, AnomalyKind::ShardPressure, AnomalyKind::UnfairRejection];
+const METRIC_NAMES: &[&str] = &[
+    METRIC_APPLIED_STATE,
+    METRIC_COMMITTED_STATE,
+    METRIC_ROLE,
+    METRIC_REQUEUE_CALLS,
+    METRIC_RPC_QUEUE_OPS,
+    METRIC_RPC_PROCESSING_OPS,
+    METRIC_SHARD_INFLIGHT_BYTES,
+    METRIC_SHARD_LIMIT_BYTES,
+    METRIC_SHARD_REJECTIONS,
+];
 
 /// What the engine did, for progress output and benchmarks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct EngineStats {
     pub spans: u64,
+    pub samples: u64,
     pub calls: u64,
-    /// Client attempts that arrived after their call had been finalized (later than the
+    /// Client attempts that arrived after their call had been processed (later than the
     /// horizon); each was analyzed as a call of its own.
     pub late_attempts: u64,
     /// Router/server spans that never found their client attempt.
@@ -54,165 +77,36 @@ pub struct EngineStats {
     pub peak_pending_spans: usize,
     pub peak_open_calls: usize,
     pub clients: usize,
+    /// The longest call processed (first attempt's start to last attempt's end), against
+    /// which to size the horizon.
+    pub longest_call_nanos: i64,
+    /// Metric samples held for the metric detectors.
+    pub metric_samples_held: usize,
 }
 
-/// A span reference in compact form.
-#[derive(Debug, Clone, Copy)]
-struct Ref {
-    id: SpanKey,
-    service: Sym,
-    node: Sym,
-}
-
-impl Ref {
-    fn of(span: &SpanRec) -> Self {
-        Self { id: span.id, service: span.service, node: span.node }
-    }
-
-    fn materialize(&self, interner: &Interner) -> SpanRef {
-        SpanRef {
-            trace_id: self.id.is_some().then(|| format!("{:032x}", self.id.trace_id)),
-            span_id: self.id.is_some().then(|| format!("{:016x}", self.id.span_id)),
-            service_name: interner.owned(self.service),
-            node_id: interner.owned(self.node),
-        }
-    }
-}
-
-/// One attempt joined across client, router and server (a compact `TimelineAttempt`).
-#[derive(Debug, Clone)]
-struct Attempt {
-    attempt: Option<i64>,
-    start: UnixNanos,
-    end: UnixNanos,
-    client_span: Ref,
-    routers: Vec<Ref>,
-    servers: Vec<Ref>,
-    join: TimelineJoin,
-    target_node: Sym,
-    target_role: Sym,
-    router_node: Sym,
-    served_by: Sym,
-    served_role: Sym,
-    carried: Option<StateId>,
-    router_carried: Option<StateId>,
-    router_state: Option<StateId>,
-    served: Option<StateId>,
-    returned: Option<StateId>,
-    committed: Option<StateId>,
-    consistency: Sym,
-    follower_read: Option<bool>,
-    server_address: Sym,
-    ok: bool,
-    outcome: Sym,
-    error_type: Sym,
-    requeues: Option<i64>,
-}
-
-impl Attempt {
-    fn materialize(&self, interner: &Interner) -> TimelineAttempt {
-        let outcome =
-            if self.ok { Outcome::Ok } else { interner.get(self.outcome).map_or(Outcome::Error, Outcome::parse) };
-        TimelineAttempt {
-            attempt: self.attempt,
-            start_unix_nano: self.start,
-            end_unix_nano: self.end,
-            client_span: self.client_span.materialize(interner),
-            router_spans: self.routers.iter().map(|span| span.materialize(interner)).collect(),
-            server_spans: self.servers.iter().map(|span| span.materialize(interner)).collect(),
-            join: self.join,
-            target_node: interner.owned(self.target_node),
-            target_role: interner.owned(self.target_role),
-            router_node: interner.owned(self.router_node),
-            served_by: interner.owned(self.served_by),
-            served_role: interner.owned(self.served_role),
-            carried: self.carried,
-            router_carried: self.router_carried,
-            router_state: self.router_state,
-            served: self.served,
-            returned: self.returned,
-            committed: self.committed,
-            consistency: interner.owned(self.consistency),
-            follower_read: self.follower_read,
-            server_address: interner.owned(self.server_address),
-            outcome: Some(outcome),
-            error_type: interner.owned(self.error_type),
-            requeues: self.requeues,
-            reported: Default::default(),
-        }
-    }
-}
-
-/// One final call (a compact `TimelineCall`).
+/// A client attempt in an open call: as it arrived, or joined and compact.
 #[derive(Debug)]
-struct Call {
-    call_id: Option<Box<str>>,
-    op: Sym,
-    rpc_method: Sym,
-    start: UnixNanos,
-    end: UnixNanos,
-    attempts: Vec<Attempt>,
+enum Slot {
+    Raw(SpanRec),
+    Joined(Attempt),
 }
 
-impl Call {
-    fn materialize(&self, interner: &Interner) -> TimelineCall {
-        TimelineCall {
-            call_id: self.call_id.as_deref().map(str::to_string),
-            op: interner.get(self.op).map(Op::parse),
-            rpc_method: interner.owned(self.rpc_method),
-            start_unix_nano: self.start,
-            end_unix_nano: self.end,
-            attempts: self.attempts.iter().map(|attempt| attempt.materialize(interner)).collect(),
-            floor: None,
+impl Slot {
+    fn order(&self) -> (Option<i64>, UnixNanos) {
+        match self {
+            Slot::Raw(span) => (span.attempt, span.start),
+            Slot::Joined(attempt) => (attempt.attempt, attempt.start),
         }
     }
-}
-
-/// A state the client saw, and the call and attempt it came from.
-#[derive(Debug, Clone)]
-struct Contribution {
-    state: StateId,
-    completed: UnixNanos,
-    source: FloorSource,
-    call: Rc<Call>,
-    attempt_index: usize,
-}
-
-impl Contribution {
-    fn floor(&self) -> FloorContribution {
-        FloorContribution {
-            state: self.state,
-            call_index: 0,
-            attempt_index: self.attempt_index,
-            source: self.source,
-            completed_unix_nano: self.completed,
-        }
-    }
-}
-
-/// Everything the engine keeps about one (client, namespace).
-#[derive(Debug)]
-struct ClientState {
-    client: Sym,
-    namespace: Sym,
-    cluster: Sym,
-    system: Sym,
-    /// Floor contributions of processed calls not yet completed at the latest call's start.
-    pending_floor: Vec<Contribution>,
-    /// The same for the highest state seen (carried-state regressions).
-    pending_seen: Vec<Contribution>,
-    writes: Option<Contribution>,
-    reads: Option<Contribution>,
-    seen: Option<Contribution>,
-    recent: VecDeque<Rc<Call>>,
 }
 
 /// A call still gathering attempts.
 #[derive(Debug)]
 struct OpenCall {
-    client: Sym,
-    namespace: Sym,
-    attempts: Vec<SpanRec>,
+    call_id: Option<Box<str>>,
+    op: Sym,
+    rpc_method: Sym,
+    attempts: Vec<Slot>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -230,53 +124,152 @@ enum Waiting {
     ByCall(Sym, Box<str>),
 }
 
-/// The streaming analyzer. Feed it spans with [`Engine::push_span`], then [`Engine::finish`].
-pub struct Engine<'c> {
-    config: &'c AnalyzerConfig,
+/// One router answer for a namespace (`no_namenodes_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Answer {
+    start: UnixNanos,
+    order: u64,
+    end: UnixNanos,
+    no_namenodes: bool,
+    client: Sym,
+    tried: Sym,
+}
+
+/// (cluster, namespace, router).
+type RouterKey = (Sym, Sym, Sym);
+
+/// A router's current run of NoNamenodesAvailable answers.
+#[derive(Debug, Default)]
+struct RouterWindow {
+    first_start: UnixNanos,
+    last_start: UnixNanos,
+    last_end: UnixNanos,
+    attempts: usize,
+    clients: BTreeSet<Sym>,
+    tried: FxHashMap<Sym, usize>,
+}
+
+/// (cluster, namespace, node, server.address, probe kind, client id) of a probe series, as
+/// strings: verdicts are read in this order, as the batch detector reads its series.
+type ProbeKey = (Option<String>, Option<String>, Option<String>, String, String, String);
+
+/// A metric series the engine was told about.
+#[derive(Debug)]
+struct SeriesInfo {
+    def: SeriesDef,
+    /// What the engine does with its samples.
+    role: SeriesRole,
+    cluster: Sym,
+    namespace: Sym,
+    node: Sym,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum SeriesRole {
+    Ignored,
+    Committed,
+    Role { active: bool },
+    Probe(ProbeKey),
+    Other,
+}
+
+/// Which detectors run.
+#[derive(Debug, Clone, Copy)]
+struct Kinds {
     stale_read: bool,
     carried_state_regression: bool,
     router_state_dropped: bool,
+    untrusted_state: bool,
+    pinned_retry: bool,
+    follower_read_disabled: bool,
+    no_namenodes_window: bool,
+    blind_failover_probe: bool,
+    failover_flapping: bool,
+}
+
+/// The streaming analyzer. Feed it spans ([`Engine::push_span`]) and samples
+/// ([`Engine::define_series`], [`Engine::push_sample`], or [`Engine::push_model_sample`]),
+/// then call [`Engine::finish`].
+pub struct Engine<'c> {
+    config: &'c AnalyzerConfig,
+    kinds: Kinds,
+    metric_kinds: Vec<AnomalyKind>,
     pub interner: Interner,
+    lateness: i64,
     horizon: i64,
+    retention: i64,
     watermark: i64,
     sequence: u64,
     pending: FxHashMap<SpanKey, SpanRec>,
     children: FxHashMap<SpanKey, Vec<SpanKey>>,
     by_call: FxHashMap<(Sym, Box<str>), Vec<SpanRec>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
+    arrivals: VecDeque<(UnixNanos, OpenKey, usize)>,
     open: FxHashMap<OpenKey, OpenCall>,
     queue: BinaryHeap<Reverse<(UnixNanos, u64, OpenKey)>>,
     clients: FxHashMap<(Sym, Sym), ClientState>,
+    namespaces: FxHashMap<(Sym, Sym), NamespaceState>,
+    answers: BinaryHeap<Reverse<(Answer, RouterKey)>>,
+    windows: BTreeMap<RouterKey, RouterWindow>,
+    probes: BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
+    series: Vec<SeriesInfo>,
+    series_ids: FxHashMap<SeriesDef, u32>,
+    held_samples: Vec<SampleRec>,
+    data_end: FxHashMap<Sym, UnixNanos>,
+    no_namenodes_errors: FxHashMap<Sym, bool>,
     anomalies: Vec<Anomaly>,
     stats: EngineStats,
 }
 
 impl<'c> Engine<'c> {
-    /// An engine running the streamed detectors whose kind `wanted` accepts.
+    /// An engine running the detectors whose kind `wanted` accepts.
     pub fn new(config: &'c AnalyzerConfig, wanted: impl Fn(AnomalyKind) -> bool) -> Self {
-        Self {
-            config,
+        let kinds = Kinds {
             stale_read: wanted(AnomalyKind::StaleRead),
             carried_state_regression: wanted(AnomalyKind::CarriedStateRegression),
             router_state_dropped: wanted(AnomalyKind::RouterStateDropped),
+            untrusted_state: wanted(AnomalyKind::UntrustedState),
+            pinned_retry: wanted(AnomalyKind::PinnedRetry),
+            follower_read_disabled: wanted(AnomalyKind::FollowerReadDisabled),
+            no_namenodes_window: wanted(AnomalyKind::NoNamenodesWindow),
+            blind_failover_probe: wanted(AnomalyKind::BlindFailoverProbe),
+            failover_flapping: wanted(AnomalyKind::FailoverFlapping),
+        };
+        let seconds = |value: i64| value.max(1).saturating_mul(1_000_000_000);
+        Self {
+            config,
+            kinds,
+            metric_kinds: METRIC_KINDS.iter().copied().filter(|kind| wanted(*kind)).collect(),
             interner: Interner::default(),
-            horizon: config.stream_horizon_seconds.max(1).saturating_mul(1_000_000_000),
+            lateness: seconds(config.stream.lateness_seconds),
+            horizon: seconds(config.stream.horizon_seconds),
+            retention: seconds(config.stream.retention_seconds),
             watermark: i64::MIN,
             sequence: 0,
             pending: FxHashMap::default(),
             children: FxHashMap::default(),
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
+            arrivals: VecDeque::new(),
             open: FxHashMap::default(),
             queue: BinaryHeap::new(),
             clients: FxHashMap::default(),
+            namespaces: FxHashMap::default(),
+            answers: BinaryHeap::new(),
+            windows: BTreeMap::new(),
+            probes: BTreeMap::new(),
+            series: Vec::new(),
+            series_ids: FxHashMap::default(),
+            held_samples: Vec::new(),
+            data_end: FxHashMap::default(),
+            no_namenodes_errors: FxHashMap::default(),
             anomalies: Vec::new(),
             stats: EngineStats::default(),
         }
     }
 
     pub fn stats(&self) -> EngineStats {
-        EngineStats { clients: self.clients.len(), ..self.stats }
+        EngineStats { clients: self.clients.len(), metric_samples_held: self.held_samples.len(), ..self.stats }
     }
 
     /// Takes one span (its symbols from [`Engine::interner`]).
@@ -290,19 +283,116 @@ impl<'c> Engine<'c> {
         } else {
             self.push_hop(span);
         }
-        if self.stats.spans.is_multiple_of(1024) {
+        if self.stats.spans.is_multiple_of(256) {
             self.advance();
         }
     }
 
-    /// Finalizes everything still open and returns the anomalies, ordered as the batch
-    /// analyzer orders them.
+    /// Registers a metric series; samples name it by the returned id.
+    pub fn define_series(&mut self, def: SeriesDef) -> u32 {
+        if let Some(id) = self.series_ids.get(&def) {
+            return *id;
+        }
+        let label = |key: &str| {
+            def.labels.iter().find(|(name, _)| self.interner.get(*name) == Some(key)).map_or(Sym::NONE, |(_, v)| *v)
+        };
+        let (cluster, namespace, node) = (label(CLUSTER), label(NAMESPACE), label(NODE_ID));
+        let name = self.interner.get(def.name).unwrap_or_default();
+        let role = if name == METRIC_PROBE_UP {
+            let text = |key: &str| self.interner.get(label(key)).unwrap_or_default().to_string();
+            SeriesRole::Probe((
+                self.interner.owned(cluster),
+                self.interner.owned(namespace),
+                self.interner.owned(node),
+                text(blind_failover_probe::SERVER_ADDRESS),
+                text(blind_failover_probe::PROBE_KIND),
+                text(blind_failover_probe::CLIENT_ID),
+            ))
+        } else if name == METRIC_COMMITTED_STATE {
+            SeriesRole::Committed
+        } else if name == METRIC_ROLE {
+            SeriesRole::Role { active: label(NODE_ROLE) == known::ACTIVE }
+        } else if METRIC_NAMES.contains(&name) {
+            SeriesRole::Other
+        } else {
+            SeriesRole::Ignored
+        };
+        let id = u32::try_from(self.series.len()).expect("fewer than 2^32 series");
+        self.series_ids.insert(def.clone(), id);
+        self.series.push(SeriesInfo { def, role, cluster, namespace, node });
+        id
+    }
+
+    /// Takes one numeric sample of a series from [`Engine::define_series`].
+    pub fn push_sample(&mut self, sample: SampleRec) {
+        self.stats.samples += 1;
+        let Some(series) = self.series.get(sample.series as usize) else { return };
+        let end = self.data_end.entry(series.cluster).or_insert(i64::MIN);
+        *end = (*end).max(sample.time);
+        let key = (series.cluster, series.namespace);
+        match &series.role {
+            SeriesRole::Ignored => return,
+            SeriesRole::Probe(key) => {
+                self.probes.entry(key.clone()).or_default().push_back((sample.time, sample.value));
+                return;
+            }
+            SeriesRole::Committed => {
+                self.namespaces.entry(key).or_default().committed.report(sample.time, sample.value as StateId);
+            }
+            SeriesRole::Role { active: true } => {
+                self.sequence += 1;
+                let node = series.node;
+                let fact = Fact { at: sample.time, node, order: self.sequence, client: Sym::NONE };
+                self.namespaces.entry(key).or_default().active_reported.push(fact);
+            }
+            SeriesRole::Role { active: false } | SeriesRole::Other => {}
+        }
+        if !self.metric_kinds.is_empty() {
+            self.held_samples.push(sample);
+        }
+    }
+
+    /// Takes a model sample (numeric points only; the metric detectors read nothing else).
+    pub fn push_model_sample(&mut self, sample: &Sample) {
+        let PointValue::Number(value) = &sample.value else { return };
+        let mut labels: Vec<(Sym, Sym)> = sample
+            .series
+            .labels
+            .iter()
+            .map(|(key, value)| (self.interner.intern(key), self.interner.intern(value)))
+            .collect();
+        labels.sort_unstable();
+        let def = SeriesDef { name: self.interner.intern(&sample.series.name), kind: sample.meta.kind, labels };
+        let series = self.define_series(def);
+        self.push_sample(SampleRec { series, time: sample.time_unix_nano, value: *value });
+    }
+
+    /// Processes everything still open and returns the anomalies, ordered and marked open
+    /// or resolved as the batch analyzer does.
     pub fn finish(mut self) -> (Vec<Anomaly>, EngineStats) {
         self.watermark = i64::MAX;
         self.advance();
+        self.release_answers(i64::MAX);
+        let windows = std::mem::take(&mut self.windows);
+        for (key, window) in windows {
+            self.flush_window(key, window);
+        }
+        let clients: Vec<(Sym, Sym)> = self.clients.keys().copied().collect();
+        for key in clients {
+            self.finish_client(key);
+        }
+        let metric_anomalies = self.metric_anomalies();
+        let stats = self.stats();
         let mut anomalies = std::mem::take(&mut self.anomalies);
+        anomalies.extend(metric_anomalies);
+        let grace = self.config.open_grace_seconds * 1_000_000_000;
+        for anomaly in &mut anomalies {
+            let cluster = self.interner.intern_opt(anomaly.cluster.as_deref());
+            let data_end = self.data_end.get(&cluster).copied().unwrap_or(i64::MIN);
+            anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;
+        }
         crate::sort_anomalies(&mut anomalies);
-        (anomalies, self.stats())
+        (anomalies, stats)
     }
 
     fn push_attempt(&mut self, span: SpanRec) {
@@ -313,34 +403,34 @@ impl<'c> Engine<'c> {
                 CallKey::Lone(self.sequence)
             }
         };
-        self.clients.entry((span.client, span.namespace)).or_insert_with(|| ClientState {
-            client: span.client,
-            namespace: span.namespace,
-            cluster: span.cluster,
-            system: span.system,
-            pending_floor: Vec::new(),
-            pending_seen: Vec::new(),
-            writes: None,
-            reads: None,
-            seen: None,
-            recent: VecDeque::new(),
-        });
+        self.clients
+            .entry((span.client, span.namespace))
+            .or_insert_with(|| ClientState::new(span.client, span.namespace, span.cluster, span.system));
         if span.start.saturating_add(self.horizon) < self.watermark {
             self.stats.late_attempts += 1;
         }
         let open_key = (span.client, span.namespace, key);
-        match self.open.get_mut(&open_key) {
-            Some(open) => open.attempts.push(span),
+        let end = span.end;
+        let index = match self.open.get_mut(&open_key) {
+            Some(open) => {
+                open.attempts.push(Slot::Raw(span));
+                open.attempts.len() - 1
+            }
             None => {
                 self.sequence += 1;
                 self.queue.push(Reverse((span.start, self.sequence, open_key.clone())));
-                self.open.insert(
-                    open_key,
-                    OpenCall { client: span.client, namespace: span.namespace, attempts: vec![span] },
-                );
+                let open = OpenCall {
+                    call_id: span.call_id.clone(),
+                    op: span.op,
+                    rpc_method: span.rpc_method,
+                    attempts: vec![Slot::Raw(span)],
+                };
+                self.open.insert(open_key.clone(), open);
                 self.stats.peak_open_calls = self.stats.peak_open_calls.max(self.open.len());
+                0
             }
-        }
+        };
+        self.arrivals.push_back((end, open_key, index));
     }
 
     fn push_hop(&mut self, span: SpanRec) {
@@ -349,12 +439,6 @@ impl<'c> Engine<'c> {
             if span.parent_span_id != 0 {
                 let parent = SpanKey { trace_id: span.id.trace_id, span_id: span.parent_span_id };
                 self.children.entry(parent).or_default().push(span.id);
-            }
-            if hop && span.client.is_some() && span.call_id.is_some() {
-                // Also joinable by call id, should its trace lead to no client attempt.
-                let call_id = span.call_id.clone().unwrap_or_default();
-                self.by_call.entry((span.client, call_id.clone())).or_default().push(span.clone());
-                self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id)));
             }
             self.waiting.push_back((span.end, Waiting::Traced(span.id)));
             self.pending.insert(span.id, span);
@@ -365,21 +449,31 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Finalizes the calls the watermark has passed, then evicts what can no longer join.
+    /// Joins the attempts the lateness has passed, processes the calls the horizon has
+    /// passed, and drops what can no longer join or matter.
     fn advance(&mut self) {
+        let join_before = self.watermark.saturating_sub(self.lateness);
+        while let Some((end, _, _)) = self.arrivals.front() {
+            if *end >= join_before {
+                break;
+            }
+            let Some((_, key, index)) = self.arrivals.pop_front() else { break };
+            self.join_slot(&key, index);
+        }
         let final_before = self.watermark.saturating_sub(self.horizon);
         while let Some(Reverse((start, _, _))) = self.queue.peek() {
             if *start >= final_before {
                 break;
             }
-            let Some(Reverse((_, _, key))) = self.queue.pop() else { break };
+            let Some(Reverse((start, _, key))) = self.queue.pop() else { break };
             if let Some(open) = self.open.remove(&key) {
-                self.finalize(key.2, open);
+                self.finalize(key, open);
             }
+            self.release_answers(start);
         }
-        let evict_before = final_before.saturating_sub(self.horizon);
+        // A hop ended after its attempt started, so that attempt's call is processed by now.
         while let Some((end, _)) = self.waiting.front() {
-            if *end >= evict_before {
+            if *end >= final_before {
                 break;
             }
             let Some((_, waiting)) = self.waiting.pop_front() else { break };
@@ -393,155 +487,664 @@ impl<'c> Engine<'c> {
                     }
                 }
                 Waiting::ByCall(client, call_id) => {
-                    self.by_call.remove(&(client, call_id));
+                    if let Some(spans) = self.by_call.remove(&(client, call_id)) {
+                        self.stats.unjoined_hops += spans.len() as u64;
+                    }
+                }
+            }
+        }
+        if self.stats.spans.is_multiple_of(65_536) {
+            let before = final_before.saturating_sub(self.retention);
+            for namespace in self.namespaces.values_mut() {
+                namespace.prune(before);
+            }
+            for points in self.probes.values_mut() {
+                while points.front().is_some_and(|(at, _)| *at < before) {
+                    points.pop_front();
                 }
             }
         }
     }
 
-    fn finalize(&mut self, key: CallKey, open: OpenCall) {
+    /// Joins a traced attempt to the router and server spans under it. Untraced attempts
+    /// wait for their call to be final (they join by call id, to the nearest attempt).
+    fn join_slot(&mut self, key: &OpenKey, index: usize) {
+        let Some(open) = self.open.get_mut(key) else { return };
+        let Some(slot) = open.attempts.get_mut(index) else { return };
+        let Slot::Raw(span) = slot else { return };
+        if !span.id.is_some() {
+            return;
+        }
+        let hops = descendants(&mut self.pending, &mut self.children, span.id);
+        let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
+        let attempt = build_attempt(span, hops, join);
+        let scope = self.clients.get(&(key.0, key.1)).map(|client| (client.cluster, client.namespace));
+        if let Some(scope) = scope {
+            record_facts(self.namespaces.entry(scope).or_default(), &attempt, key.0, &mut self.sequence);
+        }
+        *slot = Slot::Joined(attempt);
+    }
+
+    fn finalize(&mut self, key: OpenKey, mut open: OpenCall) {
         self.stats.calls += 1;
-        let OpenCall { client, namespace, mut attempts } = open;
-        attempts.sort_by_key(|span| (span.attempt, span.start));
-        let mut hops: Vec<(Vec<SpanRec>, TimelineJoin)> = attempts
+        let (client, namespace, call_key) = key;
+        open.attempts.sort_by_key(Slot::order);
+        let untraced = match &call_key {
+            CallKey::Id(call_id) => self.by_call.remove(&(client, call_id.clone())).unwrap_or_default(),
+            CallKey::Lone(_) => Vec::new(),
+        };
+        // Raw attempts: their traced hops now, then the untraced hops by call id.
+        let mut hops: Vec<Option<(Vec<SpanRec>, TimelineJoin)>> = open
+            .attempts
             .iter()
-            .map(|attempt| {
-                let traced = self.descendants(attempt.id);
-                let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
-                (traced, join)
+            .map(|slot| match slot {
+                Slot::Raw(span) => {
+                    let traced = descendants(&mut self.pending, &mut self.children, span.id);
+                    let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
+                    Some((traced, join))
+                }
+                Slot::Joined(_) => None,
             })
             .collect();
-        if let CallKey::Id(call_id) = &key
-            && let Some(untraced) = self.by_call.remove(&(client, call_id.clone()))
-        {
-            for hop in untraced {
-                // A traced hop already joined through its trace is not joined twice.
-                if hop.id.is_some() && self.pending.remove(&hop.id).is_none() {
-                    continue;
-                }
-                let nearest = (0..attempts.len()).min_by_key(|index| {
-                    let attempt = &attempts[*index];
-                    (attempt.attempt != hop.attempt || hop.attempt.is_none(), distance_to(attempt, hop.start))
-                });
-                if let Some(index) = nearest {
-                    let (list, join) = &mut hops[index];
+        for hop in untraced {
+            let nearest = (0..open.attempts.len()).filter(|index| hops[*index].is_some()).min_by_key(|index| {
+                let (attempt, start, end) = match &open.attempts[*index] {
+                    Slot::Raw(span) => (span.attempt, span.start, span.end),
+                    Slot::Joined(attempt) => (attempt.attempt, attempt.start, attempt.end),
+                };
+                (attempt != hop.attempt || hop.attempt.is_none(), distance_to(start, end, hop.start))
+            });
+            match nearest.and_then(|index| hops[index].as_mut()) {
+                Some((list, join)) => {
                     if *join == TimelineJoin::ClientOnly {
                         *join = TimelineJoin::CallId;
                     }
                     list.push(hop);
                 }
+                None => self.stats.unjoined_hops += 1,
             }
         }
-        let joined: Vec<Attempt> = attempts
-            .iter()
+        let scope = self.clients.get(&(client, namespace)).map(|state| (state.cluster, state.namespace));
+        let attempts: Vec<Attempt> = open
+            .attempts
+            .into_iter()
             .zip(hops)
-            .map(|(client_span, (hops, join))| build_attempt(client_span, hops, join))
+            .map(|(slot, hops)| match (slot, hops) {
+                (Slot::Joined(attempt), _) => attempt,
+                (Slot::Raw(span), hops) => {
+                    let (hops, join) = hops.unwrap_or((Vec::new(), TimelineJoin::ClientOnly));
+                    let attempt = build_attempt(&span, hops, join);
+                    if let Some(scope) = scope {
+                        record_facts(self.namespaces.entry(scope).or_default(), &attempt, client, &mut self.sequence);
+                    }
+                    attempt
+                }
+            })
             .collect();
-        let first = &attempts[0];
-        let call = Rc::new(Call {
-            call_id: first.call_id.clone(),
-            op: first.op,
-            rpc_method: first.rpc_method,
-            start: joined.iter().map(|attempt| attempt.start).min().unwrap_or_default(),
-            end: joined.iter().map(|attempt| attempt.end).max().unwrap_or_default(),
-            attempts: joined,
-        });
+        let start = attempts.iter().map(|attempt| attempt.start).min().unwrap_or_default();
+        let end = attempts.iter().map(|attempt| attempt.end).max().unwrap_or_default();
+        self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(end.saturating_sub(start));
+        let call =
+            Rc::new(Call { call_id: open.call_id, op: open.op, rpc_method: open.rpc_method, start, end, attempts });
         self.process(client, namespace, call);
     }
 
-    /// The router and server spans under the client attempt `root`, taken out of `pending`.
-    fn descendants(&mut self, root: SpanKey) -> Vec<SpanRec> {
-        let mut found = Vec::new();
-        if !root.is_some() {
-            return found;
-        }
-        let mut frontier = vec![(root, 0)];
-        while let Some((parent, depth)) = frontier.pop() {
-            if depth >= MAX_PARENT_HOPS {
-                continue;
-            }
-            let Some(children) = self.children.remove(&parent) else { continue };
-            for child in children {
-                if let Some(span) = self.pending.remove(&child) {
-                    frontier.push((child, depth + 1));
-                    if matches!(span.component, known::ROUTER | known::SERVER) {
-                        found.push(span);
-                    }
-                }
-            }
-        }
-        found
-    }
-
-    /// Runs the per-client detectors over a final call, then folds it into the client's state.
+    /// Runs the per-call and per-client detectors over a processed call, in client order.
     fn process(&mut self, client: Sym, namespace: Sym, call: Rc<Call>) {
-        let Some(state) = self.clients.get_mut(&(client, namespace)) else { return };
-        fold(state, call.start);
+        let Engine {
+            config,
+            kinds,
+            interner,
+            clients,
+            namespaces,
+            anomalies,
+            data_end,
+            answers,
+            no_namenodes_errors,
+            sequence,
+            probes,
+            ..
+        } = self;
+        let Some(state) = clients.get_mut(&(client, namespace)) else { return };
+        let end = data_end.entry(state.cluster).or_insert(i64::MIN);
+        *end = (*end).max(call.end);
+        state.fold(call.start);
+        let scope = namespaces.entry((state.cluster, state.namespace)).or_default();
+        let bound =
+            interner.get(state.system).and_then(|system| config.stale_read.cross_client_bounds_seconds.get(system));
+        let floors = CallFloors {
+            writes: state.writes.as_ref().map(Contribution::floor),
+            reads: state.reads.as_ref().map(Contribution::floor),
+        };
         let mut raised = Vec::new();
-        for (attempt_index, attempt) in call.attempts.iter().enumerate() {
-            if self.carried_state_regression
+        for (index, attempt) in call.attempts.iter().enumerate() {
+            let at = || AttemptAt { call: call.clone(), index };
+            if kinds.carried_state_regression
                 && let (Some(seen), Some(carried)) = (&state.seen, attempt.carried)
-                && seen.state.saturating_sub(carried) >= self.config.carried_state_regression.min_states_behind.max(1)
+                && seen.state.saturating_sub(carried) >= config.carried_state_regression.min_states_behind.max(1)
             {
-                raised.push(Raise::Regression { attempt_index, carried, seen: seen.clone() });
+                raised.push(Raise::Regression { index, carried, seen: seen.clone() });
             }
-            if self.router_state_dropped
+            if kinds.router_state_dropped
                 && let (Some(carried), Some(forwarded)) = (attempt.carried, attempt.router_carried)
-                && carried.saturating_sub(forwarded) >= self.config.router_state_dropped.min_states_behind.max(1)
+                && carried.saturating_sub(forwarded) >= config.router_state_dropped.min_states_behind.max(1)
             {
-                raised.push(Raise::Dropped { attempt_index, carried, forwarded });
+                raised.push(Raise::Dropped { index, carried, forwarded });
             }
-            if self.stale_read
-                && call.op == known::READ
-                && attempt.ok
+            let served_read = call.op == known::READ && attempt.ok;
+            if kinds.stale_read
+                && served_read
                 && let Some(served) = attempt.served
-                && !stale_read::exempt(self.interner.get(attempt.consistency), self.config)
             {
-                let floors = CallFloors {
-                    writes: state.writes.as_ref().map(Contribution::floor),
-                    reads: state.reads.as_ref().map(Contribution::floor),
-                };
-                if let Some(broken) = floors.broken_by(served, self.config.stale_read.min_states_behind) {
+                if !stale_read::exempt(interner.get(attempt.consistency), config)
+                    && let Some(broken) = floors.broken_by(served, config.stale_read.min_states_behind)
+                {
                     let floor = match broken.source {
                         FloorSource::Write => state.writes.clone(),
                         FloorSource::Read => state.reads.clone(),
                     };
                     if let Some(floor) = floor {
-                        raised.push(Raise::Stale { attempt_index, served, floor });
+                        raised.push(Raise::Stale { index, served, floor });
                     }
+                }
+                if let Some(&bound) = bound
+                    && floors.broken_by(served, 1).is_none()
+                    && let Some((replaced_at, newer_state)) = scope.committed.first_above(served)
+                {
+                    let staleness = (attempt.end - replaced_at) as f64 / 1e9;
+                    if staleness > bound as f64 {
+                        raised.push(Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state });
+                    }
+                }
+            }
+            if kinds.untrusted_state {
+                let margin = config.untrusted_state.margin_states;
+                if let Some(carried) = attempt.carried
+                    && let Some(committed) = scope.committed.highest_at(attempt.start)
+                    && carried > committed.saturating_add(margin)
+                {
+                    let run = state.untrusted.get_or_insert_with(|| UntrustedRun {
+                        first: at(),
+                        committed,
+                        last_end: attempt.end,
+                        carried,
+                        requests: 0,
+                        refused: 0,
+                        pools: BTreeSet::new(),
+                    });
+                    run.last_end = attempt.end;
+                    run.carried = run.carried.max(carried);
+                    run.requests += 1;
+                    run.refused += usize::from(!attempt.ok);
+                    if attempt.router_node.is_some() && attempt.served_by.is_some() {
+                        run.pools.insert((attempt.router_node, attempt.served_by));
+                    }
+                }
+                if let Some(forwarded) = attempt.router_carried
+                    && attempt.carried.is_none_or(|own| own < forwarded)
+                    && state.forwarded.len() < MAX_FORWARDED
+                {
+                    state.forwarded.push((forwarded, attempt.carried));
+                }
+            }
+            if kinds.follower_read_disabled && call.op == known::READ {
+                follow_reads(state, attempt, at);
+            }
+            if attempt.server_address.is_some() {
+                if kinds.blind_failover_probe
+                    && let Some(run) = failing_sends(state, attempt, at)
+                {
+                    raised.push(Raise::Failing(run));
+                }
+                if kinds.failover_flapping {
+                    let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+                    if let Some(run) = switches(state, attempt, at, min_gap) {
+                        raised.push(Raise::Flapping(run));
+                    }
+                }
+                state.last_address = attempt.server_address;
+            }
+            if kinds.no_namenodes_window && attempt.router_node.is_some() {
+                let no_namenodes = *no_namenodes_errors.entry(attempt.error_type).or_insert_with(|| {
+                    interner
+                        .get(attempt.error_type)
+                        .is_some_and(|error| error.ends_with(no_namenodes_window::NO_NAMENODES))
+                });
+                if no_namenodes || attempt.ok {
+                    *sequence += 1;
+                    let answer = Answer {
+                        start: attempt.start,
+                        order: *sequence,
+                        end: attempt.end,
+                        no_namenodes,
+                        client,
+                        tried: attempt.served_by,
+                    };
+                    answers.push(Reverse((answer, (state.cluster, state.namespace, attempt.router_node))));
+                }
+            }
+        }
+        if kinds.pinned_retry {
+            for run in pinned_runs(&call, config.pinned_retry.min_attempts) {
+                let first = &call.attempts[run[0]];
+                let node = first.served_by;
+                let (start, end) = (first.start, call.attempts[run[run.len() - 1]].end);
+                let others: BTreeSet<Sym> =
+                    scope.served.within(start, end).map(|fact| fact.node).filter(|other| *other != node).collect();
+                if !others.is_empty() {
+                    raised.push(Raise::Pinned { run, others });
                 }
             }
         }
         if !raised.is_empty() {
-            let anomalies = materialize(&self.interner, state, &call, raised);
-            self.anomalies.extend(anomalies);
+            anomalies.extend(materialize(interner, state, &call, raised, probes, config));
         }
-        contribute(state, &call);
+        state.contribute(&call, known::READ, known::WRITE);
     }
+
+    /// Feeds the routers' answers that started by `until` to their windows, in start order.
+    fn release_answers(&mut self, until: UnixNanos) {
+        let settings = &self.config.no_namenodes_window;
+        let max_gap = settings.max_gap_seconds * 1_000_000_000;
+        while let Some(Reverse((answer, _))) = self.answers.peek() {
+            if answer.start > until {
+                break;
+            }
+            let Some(Reverse((answer, key))) = self.answers.pop() else { break };
+            let gap_too_long = self.windows.get(&key).is_some_and(|window| answer.start - window.last_start > max_gap);
+            if (!answer.no_namenodes || gap_too_long)
+                && let Some(window) = self.windows.remove(&key)
+            {
+                self.flush_window(key, window);
+            }
+            if answer.no_namenodes {
+                let window = self
+                    .windows
+                    .entry(key)
+                    .or_insert_with(|| RouterWindow { first_start: answer.start, ..RouterWindow::default() });
+                window.last_start = answer.start;
+                window.last_end = answer.end;
+                window.attempts += 1;
+                window.clients.insert(answer.client);
+                if answer.tried.is_some() {
+                    *window.tried.entry(answer.tried).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    fn flush_window(&mut self, (cluster, namespace, router): RouterKey, window: RouterWindow) {
+        let settings = &self.config.no_namenodes_window;
+        if window.last_start - window.first_start < settings.min_window_seconds * 1_000_000_000 {
+            return;
+        }
+        let interner = &self.interner;
+        let (start, end) = (window.first_start, window.last_end);
+        let scope = self.namespaces.get(&(cluster, namespace));
+        // The first report in arrival order, else the first execution in the order the batch
+        // detector meets them (by client, then in time).
+        let from_metrics =
+            scope.and_then(|scope| scope.active_reported.within(start, end).min_by_key(|fact| fact.order));
+        let active = from_metrics.map(|fact| fact.node).filter(|node| node.is_some()).or_else(|| {
+            scope.and_then(|scope| {
+                scope
+                    .active_served
+                    .within(start, end)
+                    .filter(|fact| fact.node.is_some())
+                    .min_by_key(|fact| (interner.get(fact.client), fact.order))
+                    .map(|fact| fact.node)
+            })
+        });
+        let tried: BTreeMap<&str, usize> =
+            window.tried.iter().filter_map(|(node, count)| Some((interner.get(*node)?, *count))).collect();
+        let found = no_namenodes_window::Window {
+            start,
+            end,
+            seconds: (window.last_start - window.first_start) as f64 / 1e9,
+            attempts: window.attempts,
+            clients: window
+                .clients
+                .iter()
+                .map(|client| interner.get(*client).unwrap_or_default().to_string())
+                .collect(),
+            tried_first: tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| node.to_string()),
+            active: active.and_then(|node| interner.owned(node)),
+        };
+        let router = interner.get(router).unwrap_or_default();
+        self.anomalies.push(no_namenodes_window::window_anomaly(
+            interner.get(cluster),
+            interner.get(namespace),
+            router,
+            &found,
+        ));
+    }
+
+    /// What only the whole history decides: a client's untrusted run, follower reads off
+    /// for good, its last failing run and switches.
+    fn finish_client(&mut self, key: (Sym, Sym)) {
+        let Some(state) = self.clients.get(&key) else { return };
+        let mut raised = Vec::new();
+        if let Some(run) = &state.failing {
+            raised.push(Raise::Failing(FailingRun {
+                first: run.first.clone(),
+                address: run.address,
+                end: run.end,
+                sends: run.sends,
+            }));
+        }
+        if state.switches.len() >= 2 {
+            raised.push(Raise::Flapping(state.switches.clone()));
+        }
+        let timeline = identity(&self.interner, state);
+        let interner = &self.interner;
+        for raise in raised {
+            if let Some(anomaly) = raise.build(interner, state, &timeline, None, &self.probes, self.config) {
+                self.anomalies.push(anomaly);
+            }
+        }
+        if let Some(rejection) = &state.rejection
+            && rejection.used_followers_before
+            && rejection.reads_after >= self.config.follower_read_disabled.min_reads_after
+        {
+            let call = rejection.at.call.materialize(interner);
+            self.anomalies.push(follower_read_disabled::disabled_for_good(
+                &timeline,
+                &call,
+                &call.attempts[rejection.at.index],
+                rejection.reads_after,
+                interner.owned(rejection.consistency_before),
+                rejection.consistencies_after.iter().filter_map(|sym| interner.owned(*sym)).collect(),
+                rejection.last_end,
+            ));
+        }
+        if let Some(run) = &state.untrusted {
+            let margin = self.config.untrusted_state.margin_states;
+            let limit = run.committed.saturating_add(margin);
+            let victims: BTreeSet<String> = self
+                .clients
+                .values()
+                .filter(|other| {
+                    other.client != state.client && other.namespace == state.namespace && other.cluster == state.cluster
+                })
+                .filter(|other| {
+                    other
+                        .forwarded
+                        .iter()
+                        .any(|(forwarded, own)| untrusted_state::poisoned(Some(*forwarded), *own, limit))
+                })
+                .filter_map(|other| interner.owned(other.client))
+                .collect();
+            let call = run.first.call.materialize(interner);
+            let summary = untrusted_state::Untrusted {
+                first_call: &call,
+                first: &call.attempts[run.first.index],
+                committed: run.committed,
+                last_end: run.last_end,
+                carried: run.carried,
+                requests: run.requests,
+                refused: run.refused,
+                pools: run
+                    .pools
+                    .iter()
+                    .filter_map(|(router, server)| Some((interner.owned(*router)?, interner.owned(*server)?)))
+                    .collect(),
+                victims,
+            };
+            self.anomalies.push(untrusted_state::untrusted(&timeline, &summary, margin));
+        }
+    }
+
+    /// The metric detectors over the samples held for them.
+    fn metric_anomalies(&mut self) -> Vec<Anomaly> {
+        if self.metric_kinds.is_empty() {
+            return Vec::new();
+        }
+        let samples: Vec<Sample> = std::mem::take(&mut self.held_samples)
+            .into_iter()
+            .filter_map(|sample| {
+                let series = self.series.get(sample.series as usize)?;
+                Some(Sample {
+                    series: SeriesKey {
+                        name: self.interner.get(series.def.name)?.to_string(),
+                        labels: series
+                            .def
+                            .labels
+                            .iter()
+                            .filter_map(|(key, value)| {
+                                Some((self.interner.get(*key)?.to_string(), self.interner.get(*value)?.to_string()))
+                            })
+                            .collect(),
+                    },
+                    meta: SeriesMeta { kind: series.def.kind, unit: None, description: None },
+                    time_unix_nano: sample.time,
+                    start_time_unix_nano: None,
+                    value: PointValue::Number(sample.value),
+                })
+            })
+            .collect();
+        let input = AnalysisInput { timelines: Vec::new(), samples };
+        crate::detectors::REGISTRY
+            .iter()
+            .filter(|detector| self.metric_kinds.contains(&detector.kind))
+            .flat_map(|detector| (detector.detect)(&input, self.config))
+            .collect()
+    }
+}
+
+/// The router and server spans under the client attempt `root`, taken out of `pending`.
+fn descendants(
+    pending: &mut FxHashMap<SpanKey, SpanRec>,
+    children: &mut FxHashMap<SpanKey, Vec<SpanKey>>,
+    root: SpanKey,
+) -> Vec<SpanRec> {
+    let mut found = Vec::new();
+    if !root.is_some() {
+        return found;
+    }
+    let mut frontier = vec![(root, 0)];
+    while let Some((parent, depth)) = frontier.pop() {
+        if depth >= MAX_PARENT_HOPS {
+            continue;
+        }
+        let Some(list) = children.remove(&parent) else { continue };
+        for child in list {
+            if let Some(span) = pending.remove(&child) {
+                frontier.push((child, depth + 1));
+                if matches!(span.component, known::ROUTER | known::SERVER) {
+                    found.push(span);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// What a joined attempt tells about its namespace: a committed state reported, an answer
+/// served, an execution as the active.
+fn record_facts(scope: &mut NamespaceState, attempt: &Attempt, client: Sym, sequence: &mut u64) {
+    if let Some(committed) = attempt.committed {
+        scope.committed.report(attempt.end, committed);
+    }
+    if attempt.ok && attempt.served_by.is_some() {
+        *sequence += 1;
+        let fact = Fact { at: attempt.end, node: attempt.served_by, order: *sequence, client };
+        scope.served.push(fact);
+        if attempt.served_role == known::ACTIVE {
+            scope.active_served.push(Fact { at: attempt.start, ..fact });
+        }
+    }
+}
+
+fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i64 {
+    if at < start {
+        start.saturating_sub(at)
+    } else if at > end {
+        at.saturating_sub(end)
+    } else {
+        0
+    }
+}
+
+/// follower_read_disabled, one read attempt at a time: remembers the latest follower
+/// rejection after which no read went to a follower, and the reads since.
+fn follow_reads(state: &mut ClientState, attempt: &Attempt, at: impl Fn() -> AttemptAt) {
+    let on_follower = matches!(attempt.served_role, known::FOLLOWER | known::OBSERVER);
+    let follower_mode = attempt.follower_read == Some(true);
+    if attempt.ok && on_follower && follower_mode {
+        state.used_followers = true;
+        state.last_follower_consistency = attempt.consistency;
+        state.rejection = None;
+        return;
+    }
+    if !attempt.ok && on_follower && follower_mode {
+        state.rejection = Some(Rejection {
+            at: at(),
+            used_followers_before: state.used_followers,
+            consistency_before: state.last_follower_consistency,
+            reads_after: 0,
+            consistencies_after: BTreeSet::new(),
+            last_end: attempt.end,
+        });
+        return;
+    }
+    if let Some(rejection) = &mut state.rejection
+        && attempt.ok
+        && rejection.at.call.call_id != at().call.call_id
+    {
+        rejection.reads_after += 1;
+        if attempt.consistency.is_some() {
+            rejection.consistencies_after.insert(attempt.consistency);
+        }
+        rejection.last_end = rejection.last_end.max(attempt.end);
+    }
+}
+
+/// blind_failover_probe, one attempt to a cluster URL at a time: extends the run of failed
+/// sends, or returns the run it ends.
+fn failing_sends(state: &mut ClientState, attempt: &Attempt, at: impl Fn() -> AttemptAt) -> Option<FailingRun> {
+    let failed = !attempt.ok;
+    let same_address = state.failing.as_ref().is_none_or(|run| run.address == attempt.server_address);
+    if failed && same_address {
+        let run = state.failing.get_or_insert_with(|| FailingRun {
+            first: at(),
+            address: attempt.server_address,
+            end: attempt.end,
+            sends: 0,
+        });
+        run.end = attempt.end;
+        run.sends += 1;
+        return None;
+    }
+    let ended = state.failing.take();
+    if failed {
+        state.failing = Some(FailingRun { first: at(), address: attempt.server_address, end: attempt.end, sends: 1 });
+    }
+    ended
+}
+
+/// failover_flapping, one attempt to a cluster URL at a time: records a switch, and returns
+/// the run of quick switches a slow one ends.
+fn switches(
+    state: &mut ClientState,
+    attempt: &Attempt,
+    at: impl Fn() -> AttemptAt,
+    min_gap: i64,
+) -> Option<Vec<super::client::Switch>> {
+    if !state.last_address.is_some() || state.last_address == attempt.server_address {
+        return None;
+    }
+    let switch = (attempt.start, state.last_address, attempt.server_address, at());
+    let ended = match state.switches.last() {
+        Some(previous) if switch.0 - previous.0 >= min_gap => Some(std::mem::take(&mut state.switches)),
+        _ => None,
+    };
+    state.switches.push(switch);
+    ended.filter(|run| run.len() >= 2)
+}
+
+/// Runs of at least `min_attempts` consecutive refused attempts of a call, sent straight to
+/// one server, refused the same way (indexes into the call's attempts).
+fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
+    let mut runs = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    for (index, attempt) in call.attempts.iter().enumerate() {
+        let candidate = !attempt.ok && !attempt.router_node.is_some() && attempt.served_by.is_some();
+        let continues = current.last().is_some_and(|last| {
+            let last = &call.attempts[*last];
+            last.served_by == attempt.served_by && last.error_type == attempt.error_type
+        });
+        if candidate && (current.is_empty() || continues) {
+            current.push(index);
+            continue;
+        }
+        if current.len() >= min_attempts {
+            runs.push(std::mem::take(&mut current));
+        }
+        current.clear();
+        if candidate {
+            current.push(index);
+        }
+    }
+    if current.len() >= min_attempts {
+        runs.push(current);
+    }
+    runs
 }
 
 /// An anomaly found on compact data, to be built once with the shared constructors.
 enum Raise {
-    Regression { attempt_index: usize, carried: StateId, seen: Contribution },
-    Dropped { attempt_index: usize, carried: StateId, forwarded: StateId },
-    Stale { attempt_index: usize, served: StateId, floor: Contribution },
+    Regression { index: usize, carried: StateId, seen: Contribution },
+    Dropped { index: usize, carried: StateId, forwarded: StateId },
+    Stale { index: usize, served: StateId, floor: Contribution },
+    CrossClient { index: usize, served: StateId, staleness: f64, bound: i64, replaced_at: i64, newer_state: StateId },
+    Pinned { run: Vec<usize>, others: BTreeSet<Sym> },
+    Failing(FailingRun),
+    Flapping(Vec<super::client::Switch>),
 }
 
-fn materialize(interner: &Interner, state: &ClientState, call: &Call, raised: Vec<Raise>) -> Vec<Anomaly> {
-    let timeline = ClientTimeline {
+/// The client's identity as the constructors want it (a timeline without calls).
+fn identity(interner: &Interner, state: &ClientState) -> ClientTimeline {
+    ClientTimeline {
         client_id: interner.owned(state.client).unwrap_or_default(),
         namespace: interner.owned(state.namespace),
         cluster: interner.owned(state.cluster),
         system: interner.owned(state.system),
         calls: Vec::new(),
-    };
+    }
+}
+
+fn materialize(
+    interner: &Interner,
+    state: &ClientState,
+    call: &Call,
+    raised: Vec<Raise>,
+    probes: &BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
+    config: &AnalyzerConfig,
+) -> Vec<Anomaly> {
+    let timeline = identity(interner, state);
     let this = call.materialize(interner);
     raised
         .into_iter()
-        .map(|raise| match raise {
-            Raise::Regression { attempt_index, carried, seen } => {
-                let attempt = &this.attempts[attempt_index];
-                let seen_call = seen.call.materialize(interner);
+        .filter_map(|raise| raise.build(interner, state, &timeline, Some((call, &this)), probes, config))
+        .collect()
+}
+
+impl Raise {
+    fn build(
+        self,
+        interner: &Interner,
+        state: &ClientState,
+        timeline: &ClientTimeline,
+        this: Option<(&Call, &lagscope_model::TimelineCall)>,
+        probes: &BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
+        config: &AnalyzerConfig,
+    ) -> Option<Anomaly> {
+        let current = || this.map(|(_, materialized)| materialized);
+        Some(match self {
+            Raise::Regression { index, carried, seen } => {
+                let this = current()?;
+                let attempt = &this.attempts[index];
+                let seen_call = seen.at.call.materialize(interner);
                 let overwriting = state
                     .recent
                     .iter()
@@ -552,166 +1155,90 @@ fn materialize(interner: &Interner, state: &ClientState, call: &Call, raised: Ve
                             && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
                     })
                     .map(|earlier| earlier.materialize(interner));
-                let floor = seen.floor();
                 carried_state_regression::regression(
-                    &timeline,
-                    &this,
+                    timeline,
+                    this,
                     attempt,
                     carried,
-                    &floor,
+                    &seen.floor(),
                     &seen_call,
                     overwriting.as_ref(),
                 )
             }
-            Raise::Dropped { attempt_index, carried, forwarded } => {
-                router_state_dropped::dropped(&timeline, &this, &this.attempts[attempt_index], carried, forwarded)
+            Raise::Dropped { index, carried, forwarded } => {
+                let this = current()?;
+                router_state_dropped::dropped(timeline, this, &this.attempts[index], carried, forwarded)
             }
-            Raise::Stale { attempt_index, served, floor } => {
-                let floor_call = floor.call.materialize(interner);
-                stale_read::stale_read(
-                    &timeline,
-                    &this,
-                    &this.attempts[attempt_index],
+            Raise::Stale { index, served, floor } => {
+                let this = current()?;
+                let floor_call = floor.at.call.materialize(interner);
+                stale_read::stale_read(timeline, this, &this.attempts[index], served, &floor.floor(), &floor_call)
+            }
+            Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state } => {
+                let this = current()?;
+                stale_read_cross_client::cross_client(
+                    timeline,
+                    this,
+                    &this.attempts[index],
                     served,
-                    &floor.floor(),
-                    &floor_call,
+                    staleness,
+                    bound,
+                    replaced_at,
+                    newer_state,
                 )
             }
+            Raise::Pinned { run, others } => {
+                let this = current()?;
+                let attempts: Vec<&lagscope_model::TimelineAttempt> =
+                    run.iter().map(|index| &this.attempts[*index]).collect();
+                let node = attempts[0].served_by.as_deref().unwrap_or_default();
+                let others: BTreeSet<&str> = others.iter().filter_map(|other| interner.get(*other)).collect();
+                pinned_retry::pinned(timeline, this, &attempts, node, &others)
+            }
+            Raise::Failing(run) => {
+                let first = run.first.attempt();
+                let (start, end) = (first.start, run.end);
+                if end - start < config.blind_failover_probe.min_seconds * 1_000_000_000 {
+                    return None;
+                }
+                let address = interner.get(run.address).unwrap_or_default();
+                let mut verdicts: Vec<(f64, &str)> = Vec::new();
+                for ((_, _, _, probe_address, kind, probe_client), points) in probes {
+                    if probe_address != address || !(probe_client.is_empty() || *probe_client == timeline.client_id) {
+                        continue;
+                    }
+                    verdicts.extend(
+                        points.iter().filter(|(at, _)| (start..=end).contains(at)).map(|(_, up)| (*up, kind.as_str())),
+                    );
+                }
+                if verdicts.is_empty() || verdicts.iter().any(|(up, _)| *up < 0.5) {
+                    return None;
+                }
+                let call = run.first.call.materialize(interner);
+                blind_failover_probe::blind(
+                    timeline,
+                    &call.attempts[run.first.index],
+                    run.sends,
+                    end,
+                    address,
+                    verdicts[0].1,
+                    verdicts.len(),
+                )
+            }
+            Raise::Flapping(run) => {
+                let materialized: Vec<lagscope_model::TimelineAttempt> =
+                    run.iter().map(|(_, _, _, at)| at.attempt().materialize(interner)).collect();
+                let switches: Vec<failover_flapping::Switch<'_>> = run
+                    .iter()
+                    .zip(&materialized)
+                    .map(|((time, from, to, _), attempt)| {
+                        (*time, interner.get(*from).unwrap_or_default(), interner.get(*to).unwrap_or_default(), attempt)
+                    })
+                    .collect();
+                let references: Vec<&failover_flapping::Switch<'_>> = switches.iter().collect();
+                let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+                failover_flapping::flapping(timeline, &references, min_gap)
+            }
         })
-        .collect()
-}
-
-/// Folds every contribution completed by `start` into the floors and the highest seen state,
-/// in completion order (ties in processing order), as the batch sweep does.
-fn fold(state: &mut ClientState, start: UnixNanos) {
-    for contribution in ready(&mut state.pending_floor, start) {
-        let slot = match contribution.source {
-            FloorSource::Write => &mut state.writes,
-            FloorSource::Read => &mut state.reads,
-        };
-        raise(slot, contribution);
-    }
-    for contribution in ready(&mut state.pending_seen, start) {
-        raise(&mut state.seen, contribution);
-    }
-}
-
-/// The contributions of `list` completed by `start`, in completion order, taken out.
-fn ready(list: &mut Vec<Contribution>, start: UnixNanos) -> Vec<Contribution> {
-    if list.iter().all(|contribution| contribution.completed > start) {
-        return Vec::new();
-    }
-    list.sort_by_key(|contribution| contribution.completed);
-    let ready = list.partition_point(|contribution| contribution.completed <= start);
-    list.drain(..ready).collect()
-}
-
-fn raise(slot: &mut Option<Contribution>, contribution: Contribution) {
-    if slot.as_ref().is_none_or(|current| contribution.state > current.state) {
-        *slot = Some(contribution);
-    }
-}
-
-/// What a processed call adds: its floor contribution (a write's returned state, a read's
-/// served state), the highest state it returned, and a place among the recent calls.
-fn contribute(state: &mut ClientState, call: &Rc<Call>) {
-    let successful = || call.attempts.iter().enumerate().filter(|(_, attempt)| attempt.ok);
-    let floor_source = match call.op {
-        known::WRITE => Some(FloorSource::Write),
-        known::READ => Some(FloorSource::Read),
-        _ => None,
-    };
-    if let Some(source) = floor_source {
-        let best = last_max(successful().filter_map(|(index, attempt)| {
-            let value = if source == FloorSource::Write { attempt.returned } else { attempt.served };
-            Some((value?, index, attempt.end))
-        }));
-        if let Some((value, attempt_index, completed)) = best {
-            state.pending_floor.push(Contribution {
-                state: value,
-                completed,
-                source,
-                call: call.clone(),
-                attempt_index,
-            });
-        }
-    }
-    let seen_source = if call.op == known::WRITE { FloorSource::Write } else { FloorSource::Read };
-    let best = last_max(successful().filter_map(|(index, attempt)| Some((attempt.returned?, index, attempt.end))));
-    if let Some((value, attempt_index, completed)) = best {
-        state.pending_seen.push(Contribution {
-            state: value,
-            completed,
-            source: seen_source,
-            call: call.clone(),
-            attempt_index,
-        });
-    }
-    if state.recent.len() == RECENT_CALLS {
-        state.recent.pop_front();
-    }
-    state.recent.push_back(call.clone());
-}
-
-/// The last of the highest values (as `Iterator::max_by_key` picks).
-fn last_max(items: impl Iterator<Item = (StateId, usize, UnixNanos)>) -> Option<(StateId, usize, UnixNanos)> {
-    items.fold(None, |best, item| match best {
-        Some(current) if current.0 > item.0 => Some(current),
-        _ => Some(item),
-    })
-}
-
-fn distance_to(attempt: &SpanRec, at: UnixNanos) -> i64 {
-    if at < attempt.start {
-        attempt.start.saturating_sub(at)
-    } else if at > attempt.end {
-        at.saturating_sub(attempt.end)
-    } else {
-        0
-    }
-}
-
-/// One attempt from its client span and the router and server spans joined to it, choosing
-/// the executing server and the router hop as the batch join does.
-fn build_attempt(client: &SpanRec, mut hops: Vec<SpanRec>, join: TimelineJoin) -> Attempt {
-    hops.sort_by_key(|span| span.start);
-    let routers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::ROUTER).collect();
-    let servers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::SERVER).collect();
-    let server = servers.iter().rev().find(|span| span.ok).or(servers.last()).copied();
-    let router = server
-        .and_then(|server| {
-            routers.iter().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id)
-        })
-        .or(routers.last())
-        .copied();
-    Attempt {
-        attempt: client.attempt,
-        start: client.start,
-        end: client.end,
-        client_span: Ref::of(client),
-        routers: routers.iter().map(|span| Ref::of(span)).collect(),
-        servers: servers.iter().map(|span| Ref::of(span)).collect(),
-        join,
-        target_node: client.target_node,
-        target_role: client.target_role,
-        router_node: router.map_or(Sym::NONE, |span| span.node),
-        served_by: server.map_or(Sym::NONE, |span| span.node),
-        served_role: server.map_or(Sym::NONE, |span| span.node_role),
-        carried: client.carried,
-        router_carried: router.and_then(|span| span.carried),
-        router_state: router.and_then(|span| span.router_state),
-        served: server.and_then(|span| span.served).or(client.served),
-        returned: client
-            .returned
-            .or_else(|| router.and_then(|span| span.returned))
-            .or_else(|| server.and_then(|span| span.returned)),
-        committed: server.and_then(|span| span.committed).or(client.committed),
-        consistency: client.consistency,
-        follower_read: client.follower_read,
-        server_address: client.server_address,
-        ok: client.ok,
-        outcome: client.outcome,
-        error_type: client.error_type,
-        requeues: server.and_then(|span| span.requeues),
     }
 }

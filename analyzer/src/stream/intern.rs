@@ -25,8 +25,12 @@ pub mod known {
     pub const CLIENT: Sym = Sym(4);
     pub const ROUTER: Sym = Sym(5);
     pub const SERVER: Sym = Sym(6);
+    pub const FOLLOWER: Sym = Sym(7);
+    pub const OBSERVER: Sym = Sym(8);
+    pub const ACTIVE: Sym = Sym(9);
 
-    pub(super) const TEXTS: &[&str] = &["read", "write", "ok", "client", "router", "server"];
+    pub(super) const TEXTS: &[&str] =
+        &["read", "write", "ok", "client", "router", "server", "follower", "observer", "active"];
 }
 
 /// Strings to symbols and back. Grows with the number of distinct strings, not of records.

@@ -1,0 +1,164 @@
+//! Compact joined attempts and calls (the streaming counterparts of `TimelineAttempt` and
+//! `TimelineCall`), turned into the model's types only when an anomaly needs them.
+
+use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
+
+use super::intern::{Interner, Sym, known};
+use super::record::{SpanKey, SpanRec};
+
+/// A span reference in compact form.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ref {
+    pub(crate) id: SpanKey,
+    pub(crate) service: Sym,
+    pub(crate) node: Sym,
+}
+
+impl Ref {
+    pub(crate) fn of(span: &SpanRec) -> Self {
+        Self { id: span.id, service: span.service, node: span.node }
+    }
+
+    pub(crate) fn materialize(&self, interner: &Interner) -> SpanRef {
+        SpanRef {
+            trace_id: self.id.is_some().then(|| format!("{:032x}", self.id.trace_id)),
+            span_id: self.id.is_some().then(|| format!("{:016x}", self.id.span_id)),
+            service_name: interner.owned(self.service),
+            node_id: interner.owned(self.node),
+        }
+    }
+}
+
+/// One attempt joined across client, router and server (a compact `TimelineAttempt`).
+#[derive(Debug, Clone)]
+pub(crate) struct Attempt {
+    pub(crate) attempt: Option<i64>,
+    pub(crate) start: UnixNanos,
+    pub(crate) end: UnixNanos,
+    pub(crate) client_span: Ref,
+    pub(crate) routers: Vec<Ref>,
+    pub(crate) servers: Vec<Ref>,
+    pub(crate) join: TimelineJoin,
+    pub(crate) target_node: Sym,
+    pub(crate) target_role: Sym,
+    pub(crate) router_node: Sym,
+    pub(crate) served_by: Sym,
+    pub(crate) served_role: Sym,
+    pub(crate) carried: Option<StateId>,
+    pub(crate) router_carried: Option<StateId>,
+    pub(crate) router_state: Option<StateId>,
+    pub(crate) served: Option<StateId>,
+    pub(crate) returned: Option<StateId>,
+    pub(crate) committed: Option<StateId>,
+    pub(crate) consistency: Sym,
+    pub(crate) follower_read: Option<bool>,
+    pub(crate) server_address: Sym,
+    pub(crate) ok: bool,
+    pub(crate) outcome: Sym,
+    pub(crate) error_type: Sym,
+    pub(crate) requeues: Option<i64>,
+}
+
+impl Attempt {
+    pub(crate) fn materialize(&self, interner: &Interner) -> TimelineAttempt {
+        let outcome =
+            if self.ok { Outcome::Ok } else { interner.get(self.outcome).map_or(Outcome::Error, Outcome::parse) };
+        TimelineAttempt {
+            attempt: self.attempt,
+            start_unix_nano: self.start,
+            end_unix_nano: self.end,
+            client_span: self.client_span.materialize(interner),
+            router_spans: self.routers.iter().map(|span| span.materialize(interner)).collect(),
+            server_spans: self.servers.iter().map(|span| span.materialize(interner)).collect(),
+            join: self.join,
+            target_node: interner.owned(self.target_node),
+            target_role: interner.owned(self.target_role),
+            router_node: interner.owned(self.router_node),
+            served_by: interner.owned(self.served_by),
+            served_role: interner.owned(self.served_role),
+            carried: self.carried,
+            router_carried: self.router_carried,
+            router_state: self.router_state,
+            served: self.served,
+            returned: self.returned,
+            committed: self.committed,
+            consistency: interner.owned(self.consistency),
+            follower_read: self.follower_read,
+            server_address: interner.owned(self.server_address),
+            outcome: Some(outcome),
+            error_type: interner.owned(self.error_type),
+            requeues: self.requeues,
+            reported: Default::default(),
+        }
+    }
+}
+
+/// One final call (a compact `TimelineCall`).
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) call_id: Option<Box<str>>,
+    pub(crate) op: Sym,
+    pub(crate) rpc_method: Sym,
+    pub(crate) start: UnixNanos,
+    pub(crate) end: UnixNanos,
+    pub(crate) attempts: Vec<Attempt>,
+}
+
+impl Call {
+    pub(crate) fn materialize(&self, interner: &Interner) -> TimelineCall {
+        TimelineCall {
+            call_id: self.call_id.as_deref().map(str::to_string),
+            op: interner.get(self.op).map(Op::parse),
+            rpc_method: interner.owned(self.rpc_method),
+            start_unix_nano: self.start,
+            end_unix_nano: self.end,
+            attempts: self.attempts.iter().map(|attempt| attempt.materialize(interner)).collect(),
+            floor: None,
+        }
+    }
+}
+
+/// One attempt from its client span and the router and server spans joined to it, choosing
+/// the executing server and the router hop as the batch join does.
+pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<SpanRec>, join: TimelineJoin) -> Attempt {
+    hops.sort_by_key(|span| span.start);
+    let routers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::ROUTER).collect();
+    let servers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::SERVER).collect();
+    let server = servers.iter().rev().find(|span| span.ok).or(servers.last()).copied();
+    let router = server
+        .and_then(|server| {
+            routers.iter().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id)
+        })
+        .or(routers.last())
+        .copied();
+    Attempt {
+        attempt: client.attempt,
+        start: client.start,
+        end: client.end,
+        client_span: Ref::of(client),
+        routers: routers.iter().map(|span| Ref::of(span)).collect(),
+        servers: servers.iter().map(|span| Ref::of(span)).collect(),
+        join,
+        target_node: client.target_node,
+        target_role: client.target_role,
+        router_node: router.map_or(Sym::NONE, |span| span.node),
+        served_by: server.map_or(Sym::NONE, |span| span.node),
+        served_role: server.map_or(Sym::NONE, |span| span.node_role),
+        carried: client.carried,
+        router_carried: router.and_then(|span| span.carried),
+        router_state: router.and_then(|span| span.router_state),
+        served: server.and_then(|span| span.served).or(client.served),
+        returned: client
+            .returned
+            .or_else(|| router.and_then(|span| span.returned))
+            .or_else(|| server.and_then(|span| span.returned)),
+        committed: server.and_then(|span| span.committed).or(client.committed),
+        consistency: client.consistency,
+        follower_read: client.follower_read,
+        server_address: client.server_address,
+        ok: client.ok,
+        outcome: client.outcome,
+        error_type: client.error_type,
+        requeues: server.and_then(|span| span.requeues),
+    }
+}

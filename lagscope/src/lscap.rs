@@ -1,0 +1,138 @@
+//! `.lscap` files: lagscope's compact analysis capture (see `lagscope_analyzer::stream::codec`
+//! for the format). Written by `lagscope sim --out FILE.lscap` and `lagscope convert`; read
+//! block by block by `lagscope analyze`, so memory never holds the file.
+
+use std::io::{BufReader, Read, Write};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use lagscope_analyzer::stream::codec::{self, Decoder, Encoder, Item};
+use lagscope_analyzer::stream::{Interner, SpanRec};
+use lagscope_model::{PointValue, Sample, Span};
+
+/// Whether `path` names an lscap file (by its extension).
+pub fn is_lscap(path: &Path) -> bool {
+    path.extension().is_some_and(|extension| extension == "lscap")
+}
+
+/// Writes spans and numeric samples as lscap.
+pub struct LscapWriter<W: Write> {
+    out: W,
+    encoder: Encoder,
+    interner: Interner,
+    pub spans: u64,
+    pub samples: u64,
+    /// Histogram and summary points: not carried (no detector reads them).
+    pub skipped_samples: u64,
+}
+
+impl<W: Write> LscapWriter<W> {
+    pub fn new(mut out: W) -> std::io::Result<Self> {
+        out.write_all(codec::MAGIC)?;
+        Ok(Self {
+            out,
+            encoder: Encoder::default(),
+            interner: Interner::default(),
+            spans: 0,
+            samples: 0,
+            skipped_samples: 0,
+        })
+    }
+
+    pub fn span(&mut self, span: &Span) -> std::io::Result<()> {
+        let record = SpanRec::from_span(span, &mut self.interner);
+        self.encoder.span(&record, &self.interner);
+        self.spans += 1;
+        self.flush_block(false)
+    }
+
+    pub fn sample(&mut self, sample: &Sample) -> std::io::Result<()> {
+        let PointValue::Number(value) = &sample.value else {
+            self.skipped_samples += 1;
+            return Ok(());
+        };
+        let labels: Vec<(&str, &str)> =
+            sample.series.labels.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+        self.encoder.sample(
+            &sample.series.name,
+            sample.meta.kind,
+            &labels,
+            sample.time_unix_nano,
+            *value,
+            &mut self.interner,
+        );
+        self.samples += 1;
+        self.flush_block(false)
+    }
+
+    /// Writes the last block and returns the writer.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.flush_block(true)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    fn flush_block(&mut self, force: bool) -> std::io::Result<()> {
+        match self.encoder.take_block(force) {
+            Some(block) => self.out.write_all(&block),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where a block sits in its file, for error messages.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockAt {
+    pub index: u64,
+    pub offset: u64,
+}
+
+/// Reads an lscap file block by block, handing each block's payload to `each` (decode it
+/// with one [`Decoder`] per file). Errors name the file, the block and its byte offset.
+pub fn read_lscap_blocks(
+    path: &Path,
+    mut each: impl FnMut(BlockAt, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut magic = [0u8; 8];
+    reader.read_exact(&mut magic).with_context(|| format!("{}: too short for an lscap file", path.display()))?;
+    if &magic != codec::MAGIC {
+        bail!(
+            "{}: not an lscap file (expected the header {:?})",
+            path.display(),
+            String::from_utf8_lossy(codec::MAGIC)
+        );
+    }
+    let mut payload = Vec::new();
+    let mut at = BlockAt { index: 0, offset: magic.len() as u64 };
+    loop {
+        let mut length = [0u8; 4];
+        match reader.read_exact(&mut length) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+        }
+        let length = u32::from_le_bytes(length) as usize;
+        let where_ = format!("{}: block {} at byte {}", path.display(), at.index, at.offset);
+        if length > codec::MAX_BLOCK_BYTES {
+            bail!("{where_} claims {length} bytes (at most {})", codec::MAX_BLOCK_BYTES);
+        }
+        payload.resize(length, 0);
+        reader.read_exact(&mut payload).with_context(|| format!("{where_} is truncated"))?;
+        each(at, &payload).with_context(|| where_.clone())?;
+        at.index += 1;
+        at.offset += 4 + length as u64;
+    }
+}
+
+/// Decodes one block into `items` (cleared first).
+pub fn decode_block(
+    decoder: &mut Decoder,
+    payload: &[u8],
+    interner: &mut Interner,
+    items: &mut Vec<Item>,
+) -> anyhow::Result<()> {
+    items.clear();
+    decoder.decode_block(payload, interner, |item| items.push(item)).map_err(|error| anyhow::anyhow!("{error}"))
+}
