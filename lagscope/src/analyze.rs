@@ -15,7 +15,11 @@ use lagscope_model::{Anomaly, AnomalyKind};
 /// How `analyze` prints what it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// `{"anomalies": [...]}`, ordered by start time.
     Json,
+    /// One anomaly per line. From lscap captures, written as found (memory stays bounded by
+    /// the engine's windows, not by how many anomalies there are); otherwise ordered.
+    Jsonl,
     Table,
 }
 
@@ -26,7 +30,9 @@ pub struct Report {
     pub spans: usize,
     pub samples: usize,
     pub log_records: usize,
+    /// The anomalies, unless they were written as found.
     pub anomalies: Vec<Anomaly>,
+    pub anomaly_count: usize,
     /// Wall time of each stage: reading and decoding, building timelines, the detectors.
     pub timings: Timings,
     /// What the streaming engine did (lscap captures).
@@ -52,8 +58,22 @@ pub fn analyze_paths_kinds(
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
 ) -> anyhow::Result<Report> {
+    analyze_paths_emitting(paths, config, kinds, None)
+}
+
+/// Where anomalies go as they are found.
+pub type Emit<'a> = &'a mut dyn FnMut(&Anomaly) -> anyhow::Result<()>;
+
+/// [`analyze_paths_kinds`], handing the anomalies to `emit` as they are found when it is
+/// given (lscap captures; other captures are analyzed whole, then emitted in order).
+pub fn analyze_paths_emitting(
+    paths: &[impl AsRef<Path>],
+    config: &AnalyzerConfig,
+    kinds: &[AnomalyKind],
+    mut emit: Option<Emit<'_>>,
+) -> anyhow::Result<Report> {
     if !paths.is_empty() && paths.iter().all(|path| crate::lscap::is_lscap(path.as_ref())) {
-        return analyze_lscap(paths, config, kinds);
+        return analyze_lscap(paths, config, kinds, emit);
     }
     let started = Instant::now();
     let capture = read_captures(paths)?;
@@ -65,11 +85,19 @@ pub fn analyze_paths_kinds(
     let started = Instant::now();
     let anomalies = analyze_kinds(&input, config, |kind| kinds.is_empty() || kinds.contains(&kind));
     let detectors = started.elapsed().as_secs_f64();
+    let mut anomalies = anomalies;
+    let anomaly_count = anomalies.len();
+    if let Some(emit) = emit.as_mut() {
+        for anomaly in anomalies.drain(..) {
+            emit(&anomaly)?;
+        }
+    }
     Ok(Report {
         requests: capture.requests,
         spans: n_spans,
         samples: n_samples,
         log_records: capture.logs.len(),
+        anomaly_count,
         anomalies,
         timings: Timings { read, timelines, detectors },
         stream: None,
@@ -77,7 +105,13 @@ pub fn analyze_paths_kinds(
 }
 
 /// The streaming engine over lscap captures, read block by block.
-fn analyze_lscap(paths: &[impl AsRef<Path>], config: &AnalyzerConfig, kinds: &[AnomalyKind]) -> anyhow::Result<Report> {
+fn analyze_lscap(
+    paths: &[impl AsRef<Path>],
+    config: &AnalyzerConfig,
+    kinds: &[AnomalyKind],
+    mut emit: Option<Emit<'_>>,
+) -> anyhow::Result<Report> {
+    let mut anomaly_count = 0;
     let mut engine = Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind));
     let (mut read, mut detect) = (0.0, 0.0);
     let mut items = Vec::new();
@@ -102,18 +136,31 @@ fn analyze_lscap(paths: &[impl AsRef<Path>], config: &AnalyzerConfig, kinds: &[A
             }
             started = Instant::now();
             detect += (started - decoded).as_secs_f64();
+            if let Some(emit) = emit.as_mut() {
+                for anomaly in engine.take_found() {
+                    emit(&anomaly)?;
+                    anomaly_count += 1;
+                }
+            }
             Ok(())
         })?;
     }
     let finishing = Instant::now();
-    let (anomalies, stats) = engine.finish();
+    let (mut anomalies, stats) = engine.finish();
     detect += finishing.elapsed().as_secs_f64();
+    anomaly_count += anomalies.len();
+    if let Some(emit) = emit.as_mut() {
+        for anomaly in anomalies.drain(..) {
+            emit(&anomaly)?;
+        }
+    }
     Ok(Report {
         requests: 0,
         spans: stats.spans as usize,
         samples: stats.samples as usize,
         log_records: 0,
         anomalies,
+        anomaly_count,
         timings: Timings { read, timelines: 0.0, detectors: detect },
         stream: Some(stats),
     })

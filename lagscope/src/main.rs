@@ -2,7 +2,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use lagscope::analyze::{Format, analyze_paths_kinds, write_json, write_table};
+use std::io::Write;
+
+use lagscope::analyze::{Format, analyze_paths_emitting, write_json, write_table};
 use lagscope::{Config, Server};
 use lagscope::{eval, sim_cmd};
 use tracing_subscriber::EnvFilter;
@@ -216,7 +218,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Analyze { format, config, kinds, paths } => {
             let config = Config::load(config.as_deref())?;
-            let report = analyze_paths_kinds(&paths, &config.analyzer, &kinds)?;
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+            let mut write_line = |anomaly: &lagscope_model::Anomaly| -> anyhow::Result<()> {
+                serde_json::to_writer(&mut stdout, anomaly)?;
+                stdout.write_all(b"\n")?;
+                Ok(())
+            };
+            let emit: Option<lagscope::analyze::Emit<'_>> =
+                if format == Format::Jsonl { Some(&mut write_line) } else { None };
+            let report = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit)?;
             eprintln!(
                 "read {} export requests from {} file(s): {} spans, {} metric samples, {} log records; {} anomalies",
                 report.requests,
@@ -224,7 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 report.spans,
                 report.samples,
                 report.log_records,
-                report.anomalies.len()
+                report.anomaly_count
             );
             let timings = report.timings;
             let total = timings.read + timings.timelines + timings.detectors;
@@ -248,9 +258,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     stats.unjoined_hops
                 );
             }
-            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             match format {
                 Format::Json => write_json(&mut stdout, &report.anomalies),
+                Format::Jsonl => Ok(stdout.flush()?),
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }

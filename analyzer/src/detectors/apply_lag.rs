@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::series::{Points, Scope, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
-const LEADER_ROLES: &[&str] = &["active", "leader", "primary"];
+pub(crate) const LEADER_ROLES: &[&str] = &["active", "leader", "primary"];
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.apply_lag;
@@ -70,12 +70,14 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     anomalies
 }
 
-struct Episode {
-    start: i64,
-    end: i64,
-    max_lag: f64,
-    stalled: bool,
-    applied_at_stall: f64,
+/// A follower's run of lag or stall.
+#[derive(Debug)]
+pub(crate) struct Episode {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    pub(crate) max_lag: f64,
+    pub(crate) stalled: bool,
+    pub(crate) applied_at_stall: f64,
 }
 
 /// The namespace's committed state over time: the highest any node reported.
@@ -108,15 +110,24 @@ fn role_at(roles: &BTreeMap<(Scope, Vec<String>), Points>, scope: &Scope, at: i6
 }
 
 fn raise(scope: &Scope, episode: &Episode, committed: &Points, min_seconds: i64) -> Anomaly {
-    let node = scope.node.as_deref().unwrap_or("a follower");
-    let namespace = scope.namespace.as_deref().unwrap_or("its namespace");
-    // Commit rate over the episode (states per second), to turn states into seconds.
-    let rate = match (value_at(committed, episode.start), value_at(committed, episode.end)) {
+    let rate = commit_rate(value_at(committed, episode.start), value_at(committed, episode.end), episode);
+    episode_anomaly(scope, episode, rate, min_seconds)
+}
+
+/// The commit rate over the episode (states per second), to turn states into seconds.
+pub(crate) fn commit_rate(first: Option<f64>, last: Option<f64>, episode: &Episode) -> f64 {
+    match (first, last) {
         (Some(first), Some(last)) if episode.end > episode.start => {
             (last - first) / ((episode.end - episode.start) as f64 / 1e9)
         }
         _ => 0.0,
-    };
+    }
+}
+
+/// The anomaly for a follower's episode. Shared with the streaming engine.
+pub(crate) fn episode_anomaly(scope: &Scope, episode: &Episode, rate: f64, min_seconds: i64) -> Anomaly {
+    let node = scope.node.as_deref().unwrap_or("a follower");
+    let namespace = scope.namespace.as_deref().unwrap_or("its namespace");
     let lag_seconds = if rate > 0.0 { episode.max_lag / rate } else { f64::NAN };
     let status = if episode.stalled { "stall" } else { "warn" };
     let duration = (episode.end - episode.start) as f64 / 1e9;

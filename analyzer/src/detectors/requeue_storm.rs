@@ -6,7 +6,7 @@ use lagscope_model::conventions::{METRIC_REQUEUE_CALLS, METRIC_RPC_PROCESSING_OP
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
-use crate::series::{rates, runs, series_of, value_at};
+use crate::series::{Scope, rates, runs, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -36,41 +36,55 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             };
             let queued = delta(queue_ops.get(&key));
             let processed = delta(processing_ops.get(&key));
-            let node = scope.node.as_deref().unwrap_or("a server");
-            let seconds = (end - start) as f64 / 1e9;
-            anomalies.push(Anomaly {
-                kind: AnomalyKind::RequeueStorm,
-                severity: Severity::Critical,
-                cluster: scope.cluster.clone(),
-                namespace: scope.namespace.clone(),
-                client_id: None,
-                node_id: scope.node.clone(),
-                start_unix_nano: start,
-                end_unix_nano: end,
-                summary: format!(
-                    "{node} requeued {requeued:.0} calls in {seconds:.0} s (peak {peak:.0}/s): {queued:.0} queue-time ops against {processed:.0} processed"
-                ),
-                cause: format!(
-                    "requeue storm: calls carry states {node} has not applied, so it requeues them until its applied state catches \
-                     up; its applied state is stalled or far behind (see apply_lag), holding callers' and routers' handlers"
-                ),
-                evidence: json!({
-                    "requeued": requeued,
-                    "peak_requeues_per_second": peak,
-                    "queue_time_ops": queued,
-                    "processing_time_ops": processed,
-                    "excess_queue_ops": queued - processed,
-                    "window_seconds": seconds,
-                    "spans": [],
-                }),
-                open: false,
-                fingerprint: format!(
-                    "requeue_storm|{}|{}|{node}|{start}",
-                    scope.cluster.as_deref().unwrap_or(""),
-                    scope.namespace.as_deref().unwrap_or("")
-                ),
-            });
+            anomalies.push(storm(scope, start, end, peak, requeued, queued, processed));
         }
     }
     anomalies
+}
+
+/// The anomaly for a storm on `scope`'s server from `start` to `end`. Shared with the
+/// streaming engine.
+pub(crate) fn storm(
+    scope: &Scope,
+    start: i64,
+    end: i64,
+    peak: f64,
+    requeued: f64,
+    queued: f64,
+    processed: f64,
+) -> Anomaly {
+    let node = scope.node.as_deref().unwrap_or("a server");
+    let seconds = (end - start) as f64 / 1e9;
+    Anomaly {
+        kind: AnomalyKind::RequeueStorm,
+        severity: Severity::Critical,
+        cluster: scope.cluster.clone(),
+        namespace: scope.namespace.clone(),
+        client_id: None,
+        node_id: scope.node.clone(),
+        start_unix_nano: start,
+        end_unix_nano: end,
+        summary: format!(
+            "{node} requeued {requeued:.0} calls in {seconds:.0} s (peak {peak:.0}/s): {queued:.0} queue-time ops against {processed:.0} processed"
+        ),
+        cause: format!(
+            "requeue storm: calls carry states {node} has not applied, so it requeues them until its applied state catches \
+             up; its applied state is stalled or far behind (see apply_lag), holding callers' and routers' handlers"
+        ),
+        evidence: json!({
+            "requeued": requeued,
+            "peak_requeues_per_second": peak,
+            "queue_time_ops": queued,
+            "processing_time_ops": processed,
+            "excess_queue_ops": queued - processed,
+            "window_seconds": seconds,
+            "spans": [],
+        }),
+        open: false,
+        fingerprint: format!(
+            "requeue_storm|{}|{}|{node}|{start}",
+            scope.cluster.as_deref().unwrap_or(""),
+            scope.namespace.as_deref().unwrap_or("")
+        ),
+    }
 }

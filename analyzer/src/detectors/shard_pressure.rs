@@ -5,7 +5,7 @@ use lagscope_model::conventions::{METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMI
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
-use crate::series::{Points, runs, series_of, value_at};
+use crate::series::{Points, Scope, runs, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub const SHARD_ROLE: &str = "lagscope.shard.role";
@@ -37,40 +37,55 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                 .filter(|(at, _)| (start..=end).contains(at))
                 .map(|(_, ratio)| *ratio)
                 .fold(0.0, f64::max);
-            let red = peak >= settings.red_ratio;
-            let shard = scope.namespace.as_deref().unwrap_or("a shard");
-            let node = scope.node.as_deref().unwrap_or("a node");
-            let seconds = (end - start) as f64 / 1e9;
-            anomalies.push(Anomaly {
-                kind: AnomalyKind::ShardPressure,
-                severity: if red { Severity::Critical } else { Severity::Warning },
-                cluster: scope.cluster.clone(),
-                namespace: scope.namespace.clone(),
-                client_id: None,
-                node_id: scope.node.clone(),
-                start_unix_nano: start,
-                end_unix_nano: end,
-                summary: format!(
-                    "{shard} held {:.0}% of its {role} indexing limit on {node} for {seconds:.0} s ({})",
-                    peak * 100.0,
-                    if red { "red: at the limit, writes rejected" } else { "yellow" }
-                ),
-                cause: format!(
-                    "shard pressure: {shard}'s {role} operations hold their bytes until they complete; a slow path (a slow or \
-                     unreachable replica, a hot shard) keeps them in flight"
-                ),
-                evidence: json!({
-                    "role": role,
-                    "peak_ratio": peak,
-                    "status": if red { "red" } else { "yellow" },
-                    "limit_bytes": limits.get(&key).and_then(|points| value_at(points, end)),
-                    "window_seconds": seconds,
-                    "spans": [],
-                }),
-                open: false,
-                fingerprint: format!("shard_pressure|{}|{shard}|{node}|{role}|{start}", scope.cluster.as_deref().unwrap_or("")),
-            });
+            let limit = limits.get(&key).and_then(|points| value_at(points, end));
+            anomalies.push(pressure(scope, role, start, end, peak, limit, settings));
         }
     }
     anomalies
+}
+
+/// The anomaly for `scope`'s shard holding `peak` of its `role` limit from `start` to `end`.
+/// Shared with the streaming engine.
+pub(crate) fn pressure(
+    scope: &Scope,
+    role: &str,
+    start: i64,
+    end: i64,
+    peak: f64,
+    limit: Option<f64>,
+    settings: &crate::config::ShardPressureConfig,
+) -> Anomaly {
+    let red = peak >= settings.red_ratio;
+    let shard = scope.namespace.as_deref().unwrap_or("a shard");
+    let node = scope.node.as_deref().unwrap_or("a node");
+    let seconds = (end - start) as f64 / 1e9;
+    Anomaly {
+        kind: AnomalyKind::ShardPressure,
+        severity: if red { Severity::Critical } else { Severity::Warning },
+        cluster: scope.cluster.clone(),
+        namespace: scope.namespace.clone(),
+        client_id: None,
+        node_id: scope.node.clone(),
+        start_unix_nano: start,
+        end_unix_nano: end,
+        summary: format!(
+            "{shard} held {:.0}% of its {role} indexing limit on {node} for {seconds:.0} s ({})",
+            peak * 100.0,
+            if red { "red: at the limit, writes rejected" } else { "yellow" }
+        ),
+        cause: format!(
+            "shard pressure: {shard}'s {role} operations hold their bytes until they complete; a slow path (a slow or \
+             unreachable replica, a hot shard) keeps them in flight"
+        ),
+        evidence: json!({
+            "role": role,
+            "peak_ratio": peak,
+            "status": if red { "red" } else { "yellow" },
+            "limit_bytes": limit,
+            "window_seconds": seconds,
+            "spans": [],
+        }),
+        open: false,
+        fingerprint: format!("shard_pressure|{}|{shard}|{node}|{role}|{start}", scope.cluster.as_deref().unwrap_or("")),
+    }
 }

@@ -9,7 +9,7 @@ use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
 use super::shard_pressure::{SHARD_ROLE, ratios};
-use crate::series::{rates, series_of, value_at};
+use crate::series::{Scope, rates, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -52,39 +52,58 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         }
         let (Some(first), Some(last)) = (unfair.first(), unfair.last()) else { continue };
         let rejected: f64 = unfair.iter().map(|(_, rate)| rate).sum();
-        let shard = scope.namespace.as_deref().unwrap_or("a shard");
-        let node = scope.node.as_deref().unwrap_or("a node");
         let heaviest = holder.iter().max_by(|left, right| left.1.total_cmp(right.1)).map(|(shard, _)| shard.clone());
-        anomalies.push(Anomaly {
-            kind: AnomalyKind::UnfairRejection,
-            severity: Severity::Warning,
-            cluster: scope.cluster.clone(),
-            namespace: scope.namespace.clone(),
-            client_id: None,
-            node_id: scope.node.clone(),
-            start_unix_nano: first.0,
-            end_unix_nano: last.0,
-            summary: format!(
-                "about {rejected:.0} {} writes to {shard} on {node} were rejected while {shard} itself was under {:.0}% of its limit; {} held the node's bytes",
-                labels[0],
-                settings.max_own_ratio * 100.0,
-                heaviest.as_deref().unwrap_or("another shard")
-            ),
-            cause: format!(
-                "unfair rejection: the node's indexing budget is shared by all its shards, so {}'s stuck operations rejected \
-                 {shard}'s healthy ones; shard-level accounting (OpenSearch shard indexing backpressure) isolates them",
-                heaviest.as_deref().unwrap_or("another shard")
-            ),
-            evidence: json!({
-                "role": labels[0],
-                "rejected": rejected,
-                "pressure_held_by": heaviest,
-                "window_seconds": (last.0 - first.0) as f64 / 1e9,
-                "spans": [],
-            }),
-            open: false,
-            fingerprint: format!("unfair_rejection|{}|{shard}|{node}|{}|{}", scope.cluster.as_deref().unwrap_or(""), labels[0], first.0),
-        });
+        anomalies.push(unfair_anomaly(scope, &labels[0], first.0, last.0, rejected, heaviest, settings));
     }
     anomalies
+}
+
+/// The anomaly for `role` writes to `scope`'s shard rejected unfairly from `first` to `last`
+/// (`rejected` in all), the node's bytes held by `heaviest`. Shared with the streaming engine.
+pub(crate) fn unfair_anomaly(
+    scope: &Scope,
+    role: &str,
+    first: i64,
+    last: i64,
+    rejected: f64,
+    heaviest: Option<String>,
+    settings: &crate::config::UnfairRejectionConfig,
+) -> Anomaly {
+    let shard = scope.namespace.as_deref().unwrap_or("a shard");
+    let node = scope.node.as_deref().unwrap_or("a node");
+    Anomaly {
+        kind: AnomalyKind::UnfairRejection,
+        severity: Severity::Warning,
+        cluster: scope.cluster.clone(),
+        namespace: scope.namespace.clone(),
+        client_id: None,
+        node_id: scope.node.clone(),
+        start_unix_nano: first,
+        end_unix_nano: last,
+        summary: format!(
+            "about {rejected:.0} {} writes to {shard} on {node} were rejected while {shard} itself was under {:.0}% of its limit; {} held the node's bytes",
+            role,
+            settings.max_own_ratio * 100.0,
+            heaviest.as_deref().unwrap_or("another shard")
+        ),
+        cause: format!(
+            "unfair rejection: the node's indexing budget is shared by all its shards, so {}'s stuck operations rejected \
+             {shard}'s healthy ones; shard-level accounting (OpenSearch shard indexing backpressure) isolates them",
+            heaviest.as_deref().unwrap_or("another shard")
+        ),
+        evidence: json!({
+            "role": role,
+            "rejected": rejected,
+            "pressure_held_by": heaviest,
+            "window_seconds": (last - first) as f64 / 1e9,
+            "spans": [],
+        }),
+        open: false,
+        fingerprint: format!(
+            "unfair_rejection|{}|{shard}|{node}|{}|{}",
+            scope.cluster.as_deref().unwrap_or(""),
+            role,
+            first
+        ),
+    }
 }

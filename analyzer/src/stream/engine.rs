@@ -2,9 +2,9 @@
 //! out, with memory bounded by what is in flight, per-client and per-namespace state, and a
 //! retention window, never by the length of the history.
 //!
-//! - Join: router and server spans wait in `pending` (by span id, with a child index). A
-//!   client attempt is joined to its descendants once the watermark (the latest end time
-//!   seen) is `lateness` past its end, and kept compact from then on. Spans without trace
+//! - Join: router and server spans wait in `traces` (grouped by trace id). A client attempt
+//!   is joined to its descendants once the watermark (the latest end time seen) is
+//!   `lateness` past its end, and kept compact from then on. Spans without trace
 //!   context wait by (client, call id) and join when their call is final. Whatever never
 //!   joins is dropped a horizon after it ended.
 //! - Calls: final once the watermark is `horizon` past their start (the horizon must cover the
@@ -22,45 +22,31 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::rc::Rc;
 
 use lagscope_model::conventions::{
-    CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_PROBE_UP, METRIC_REQUEUE_CALLS, METRIC_ROLE,
-    METRIC_RPC_PROCESSING_OPS, METRIC_RPC_QUEUE_OPS, METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMIT_BYTES,
-    METRIC_SHARD_REJECTIONS, NAMESPACE, NODE_ID, NODE_ROLE,
+    CLUSTER, METRIC_COMMITTED_STATE, METRIC_PROBE_UP, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE,
 };
-use lagscope_model::{
-    Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, SeriesKey, SeriesMeta, StateId, TimelineJoin, UnixNanos,
-};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, StateId, TimelineJoin, UnixNanos};
 use rustc_hash::FxHashMap;
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, MAX_FORWARDED, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
 use super::compact::{Attempt, Call, build_attempt};
 use super::intern::{Interner, Sym, known};
+use super::metrics::Metrics;
 use super::namespace::{Fact, NamespaceState};
 use super::record::{SpanKey, SpanRec};
+use crate::AnalyzerConfig;
 use crate::detectors::{
     blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
     pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
 };
 use crate::floor::{CallFloors, FloorSource};
-use crate::{AnalysisInput, AnalyzerConfig};
 
 /// How far down a trace the join looks for router and server spans (as the batch join).
 const MAX_PARENT_HOPS: usize = 32;
 
-/// Detectors that read metrics only; the engine keeps their series and runs them at the end.
+/// Detectors that read metrics only (`metrics.rs`).
 const METRIC_KINDS: &[AnomalyKind] =
     &[AnomalyKind::ApplyLag, AnomalyKind::RequeueStorm, AnomalyKind::ShardPressure, AnomalyKind::UnfairRejection];
-const METRIC_NAMES: &[&str] = &[
-    METRIC_APPLIED_STATE,
-    METRIC_COMMITTED_STATE,
-    METRIC_ROLE,
-    METRIC_REQUEUE_CALLS,
-    METRIC_RPC_QUEUE_OPS,
-    METRIC_RPC_PROCESSING_OPS,
-    METRIC_SHARD_INFLIGHT_BYTES,
-    METRIC_SHARD_LIMIT_BYTES,
-    METRIC_SHARD_REJECTIONS,
-];
 
 /// What the engine did, for progress output and benchmarks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +66,8 @@ pub struct EngineStats {
     /// The longest call processed (first attempt's start to last attempt's end), against
     /// which to size the horizon.
     pub longest_call_nanos: i64,
-    /// Metric samples held for the metric detectors.
-    pub metric_samples_held: usize,
+    /// Metric samples waiting (for the lateness) to be processed in time order, at most.
+    pub peak_waiting_samples: usize,
 }
 
 /// A client attempt in an open call: as it arrived, or joined and compact.
@@ -103,24 +89,31 @@ impl Slot {
 /// A call still gathering attempts.
 #[derive(Debug)]
 struct OpenCall {
+    client: Sym,
+    namespace: Sym,
+    /// Its key in `open_index` (call id hash, probed past collisions).
+    index_key: Option<u64>,
     call_id: Option<Box<str>>,
     op: Sym,
     rpc_method: Sym,
     attempts: Vec<Slot>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum CallKey {
-    Id(Box<str>),
-    Lone(u64),
+/// A slot of the open-call slab and its generation (a slot is reused once its call is
+/// processed; the generation tells a stale reference from the current call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct CallRef {
+    slot: u32,
+    generation: u32,
 }
 
-type OpenKey = (Sym, Sym, CallKey);
+/// A removed `open_index` entry that a probe chain still passes through.
+const TOMBSTONE: u32 = u32::MAX;
 
 /// What the eviction queue remembers of a waiting span.
 #[derive(Debug)]
 enum Waiting {
-    Traced(SpanKey),
+    Traced(u128),
     ByCall(Sym, Box<str>),
 }
 
@@ -156,7 +149,6 @@ type ProbeKey = (Option<String>, Option<String>, Option<String>, String, String,
 /// A metric series the engine was told about.
 #[derive(Debug)]
 struct SeriesInfo {
-    def: SeriesDef,
     /// What the engine does with its samples.
     role: SeriesRole,
     cluster: Sym,
@@ -170,7 +162,6 @@ enum SeriesRole {
     Committed,
     Role { active: bool },
     Probe(ProbeKey),
-    Other,
 }
 
 /// Which detectors run.
@@ -200,13 +191,17 @@ pub struct Engine<'c> {
     retention: i64,
     watermark: i64,
     sequence: u64,
-    pending: FxHashMap<SpanKey, SpanRec>,
-    children: FxHashMap<SpanKey, Vec<SpanKey>>,
-    by_call: FxHashMap<(Sym, Box<str>), Vec<SpanRec>>,
+    traces: FxHashMap<u128, Vec<SpanRec>>,
+    pending_spans: usize,
+    by_call: FxHashMap<Sym, FxHashMap<Box<str>, Vec<SpanRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
-    arrivals: VecDeque<(UnixNanos, OpenKey, usize)>,
-    open: FxHashMap<OpenKey, OpenCall>,
-    queue: BinaryHeap<Reverse<(UnixNanos, u64, OpenKey)>>,
+    arrivals: VecDeque<(UnixNanos, CallRef, u32)>,
+    calls: Vec<Option<OpenCall>>,
+    generations: Vec<u32>,
+    free_slots: Vec<u32>,
+    open_calls: usize,
+    open_index: FxHashMap<(Sym, Sym, u64), u32>,
+    queue: BinaryHeap<Reverse<(UnixNanos, u64, CallRef)>>,
     clients: FxHashMap<(Sym, Sym), ClientState>,
     namespaces: FxHashMap<(Sym, Sym), NamespaceState>,
     answers: BinaryHeap<Reverse<(Answer, RouterKey)>>,
@@ -214,7 +209,7 @@ pub struct Engine<'c> {
     probes: BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
     series: Vec<SeriesInfo>,
     series_ids: FxHashMap<SeriesDef, u32>,
-    held_samples: Vec<SampleRec>,
+    metrics: Option<Metrics>,
     data_end: FxHashMap<Sym, UnixNanos>,
     no_namenodes_errors: FxHashMap<Sym, bool>,
     anomalies: Vec<Anomaly>,
@@ -240,18 +235,26 @@ impl<'c> Engine<'c> {
             config,
             kinds,
             metric_kinds: METRIC_KINDS.iter().copied().filter(|kind| wanted(*kind)).collect(),
+            metrics: METRIC_KINDS
+                .iter()
+                .any(|kind| wanted(*kind))
+                .then(|| Metrics::new(seconds(config.stream.lateness_seconds))),
             interner: Interner::default(),
             lateness: seconds(config.stream.lateness_seconds),
             horizon: seconds(config.stream.horizon_seconds),
             retention: seconds(config.stream.retention_seconds),
             watermark: i64::MIN,
             sequence: 0,
-            pending: FxHashMap::default(),
-            children: FxHashMap::default(),
+            traces: FxHashMap::default(),
+            pending_spans: 0,
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
             arrivals: VecDeque::new(),
-            open: FxHashMap::default(),
+            calls: Vec::new(),
+            generations: Vec::new(),
+            free_slots: Vec::new(),
+            open_calls: 0,
+            open_index: FxHashMap::default(),
             queue: BinaryHeap::new(),
             clients: FxHashMap::default(),
             namespaces: FxHashMap::default(),
@@ -260,7 +263,6 @@ impl<'c> Engine<'c> {
             probes: BTreeMap::new(),
             series: Vec::new(),
             series_ids: FxHashMap::default(),
-            held_samples: Vec::new(),
             data_end: FxHashMap::default(),
             no_namenodes_errors: FxHashMap::default(),
             anomalies: Vec::new(),
@@ -269,7 +271,11 @@ impl<'c> Engine<'c> {
     }
 
     pub fn stats(&self) -> EngineStats {
-        EngineStats { clients: self.clients.len(), metric_samples_held: self.held_samples.len(), ..self.stats }
+        EngineStats {
+            clients: self.clients.len(),
+            peak_waiting_samples: self.metrics.as_ref().map_or(0, |metrics| metrics.held_peak),
+            ..self.stats
+        }
     }
 
     /// Takes one span (its symbols from [`Engine::interner`]).
@@ -312,14 +318,15 @@ impl<'c> Engine<'c> {
             SeriesRole::Committed
         } else if name == METRIC_ROLE {
             SeriesRole::Role { active: label(NODE_ROLE) == known::ACTIVE }
-        } else if METRIC_NAMES.contains(&name) {
-            SeriesRole::Other
         } else {
             SeriesRole::Ignored
         };
         let id = u32::try_from(self.series.len()).expect("fewer than 2^32 series");
+        if let Some(metrics) = &mut self.metrics {
+            metrics.define(id, &def, &self.interner);
+        }
         self.series_ids.insert(def.clone(), id);
-        self.series.push(SeriesInfo { def, role, cluster, namespace, node });
+        self.series.push(SeriesInfo { role, cluster, namespace, node });
         id
     }
 
@@ -330,11 +337,13 @@ impl<'c> Engine<'c> {
         let end = self.data_end.entry(series.cluster).or_insert(i64::MIN);
         *end = (*end).max(sample.time);
         let key = (series.cluster, series.namespace);
+        if let Some(metrics) = &mut self.metrics {
+            metrics.push(sample.series, sample.time, sample.value, &self.interner, self.config);
+        }
         match &series.role {
-            SeriesRole::Ignored => return,
+            SeriesRole::Ignored => {}
             SeriesRole::Probe(key) => {
                 self.probes.entry(key.clone()).or_default().push_back((sample.time, sample.value));
-                return;
             }
             SeriesRole::Committed => {
                 self.namespaces.entry(key).or_default().committed.report(sample.time, sample.value as StateId);
@@ -345,10 +354,7 @@ impl<'c> Engine<'c> {
                 let fact = Fact { at: sample.time, node, order: self.sequence, client: Sym::NONE };
                 self.namespaces.entry(key).or_default().active_reported.push(fact);
             }
-            SeriesRole::Role { active: false } | SeriesRole::Other => {}
-        }
-        if !self.metric_kinds.is_empty() {
-            self.held_samples.push(sample);
+            SeriesRole::Role { active: false } => {}
         }
     }
 
@@ -367,6 +373,16 @@ impl<'c> Engine<'c> {
         self.push_sample(SampleRec { series, time: sample.time_unix_nano, value: *value });
     }
 
+    /// Takes the anomalies found so far that no later data can change: every kind but the
+    /// windows (whether a window is still open is decided at the end of the data). Callers
+    /// that write anomalies as they are found keep memory bounded this way.
+    pub fn take_found(&mut self) -> Vec<Anomaly> {
+        let (windows, found): (Vec<Anomaly>, Vec<Anomaly>) =
+            std::mem::take(&mut self.anomalies).into_iter().partition(|anomaly| anomaly.kind.is_window());
+        self.anomalies = windows;
+        found
+    }
+
     /// Processes everything still open and returns the anomalies, ordered and marked open
     /// or resolved as the batch analyzer does.
     pub fn finish(mut self) -> (Vec<Anomaly>, EngineStats) {
@@ -381,8 +397,15 @@ impl<'c> Engine<'c> {
         for key in clients {
             self.finish_client(key);
         }
-        let metric_anomalies = self.metric_anomalies();
         let stats = self.stats();
+        let metric_anomalies = match self.metrics.take() {
+            Some(metrics) => {
+                let mut found = metrics.finish(&self.interner, self.config);
+                found.retain(|anomaly| self.metric_kinds.contains(&anomaly.kind));
+                found
+            }
+            None => Vec::new(),
+        };
         let mut anomalies = std::mem::take(&mut self.anomalies);
         anomalies.extend(metric_anomalies);
         let grace = self.config.open_grace_seconds * 1_000_000_000;
@@ -396,56 +419,106 @@ impl<'c> Engine<'c> {
     }
 
     fn push_attempt(&mut self, span: SpanRec) {
-        let key = match &span.call_id {
-            Some(call_id) => CallKey::Id(call_id.clone()),
-            None => {
-                self.sequence += 1;
-                CallKey::Lone(self.sequence)
-            }
-        };
         self.clients
             .entry((span.client, span.namespace))
             .or_insert_with(|| ClientState::new(span.client, span.namespace, span.cluster, span.system));
         if span.start.saturating_add(self.horizon) < self.watermark {
             self.stats.late_attempts += 1;
         }
-        let open_key = (span.client, span.namespace, key);
         let end = span.end;
-        let index = match self.open.get_mut(&open_key) {
-            Some(open) => {
+        let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
+        let (call, index) = match existing {
+            Some(call) => {
+                let open = self.calls[call.slot as usize].as_mut().expect("an indexed call is open");
                 open.attempts.push(Slot::Raw(span));
-                open.attempts.len() - 1
+                (call, open.attempts.len() - 1)
             }
+            None => (self.open_call(span), 0),
+        };
+        self.arrivals.push_back((end, call, index as u32));
+    }
+
+    /// The open call of (client, namespace, call id), if any.
+    fn find_open(&self, client: Sym, namespace: Sym, call_id: &str) -> Option<CallRef> {
+        let mut hash = hash_str(call_id);
+        loop {
+            let slot = *self.open_index.get(&(client, namespace, hash))?;
+            if slot != TOMBSTONE
+                && let Some(open) = &self.calls[slot as usize]
+                && open.call_id.as_deref() == Some(call_id)
+            {
+                return Some(CallRef { slot, generation: self.generations[slot as usize] });
+            }
+            hash = hash.wrapping_add(1);
+        }
+    }
+
+    /// Opens a call with its first attempt: a slab slot, an index entry, a place in the queue.
+    fn open_call(&mut self, span: SpanRec) -> CallRef {
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
             None => {
-                self.sequence += 1;
-                self.queue.push(Reverse((span.start, self.sequence, open_key.clone())));
-                let open = OpenCall {
-                    call_id: span.call_id.clone(),
-                    op: span.op,
-                    rpc_method: span.rpc_method,
-                    attempts: vec![Slot::Raw(span)],
-                };
-                self.open.insert(open_key.clone(), open);
-                self.stats.peak_open_calls = self.stats.peak_open_calls.max(self.open.len());
-                0
+                self.calls.push(None);
+                self.generations.push(0);
+                u32::try_from(self.calls.len() - 1).expect("fewer than 2^32 open calls")
             }
         };
-        self.arrivals.push_back((end, open_key, index));
+        let index_key = span.call_id.as_deref().map(|call_id| {
+            let mut hash = hash_str(call_id);
+            while self.open_index.contains_key(&(span.client, span.namespace, hash)) {
+                hash = hash.wrapping_add(1);
+            }
+            self.open_index.insert((span.client, span.namespace, hash), slot);
+            hash
+        });
+        let call = CallRef { slot, generation: self.generations[slot as usize] };
+        self.sequence += 1;
+        self.queue.push(Reverse((span.start, self.sequence, call)));
+        self.calls[slot as usize] = Some(OpenCall {
+            client: span.client,
+            namespace: span.namespace,
+            index_key,
+            call_id: span.call_id.clone(),
+            op: span.op,
+            rpc_method: span.rpc_method,
+            attempts: vec![Slot::Raw(span)],
+        });
+        self.open_calls += 1;
+        self.stats.peak_open_calls = self.stats.peak_open_calls.max(self.open_calls);
+        call
+    }
+
+    /// Takes a call out of the slab (and its index entry), if `call` still names it.
+    fn close_call(&mut self, call: CallRef) -> Option<OpenCall> {
+        if self.generations.get(call.slot as usize) != Some(&call.generation) {
+            return None;
+        }
+        let open = self.calls[call.slot as usize].take()?;
+        self.generations[call.slot as usize] = call.generation.wrapping_add(1);
+        self.free_slots.push(call.slot);
+        self.open_calls -= 1;
+        if let Some(hash) = open.index_key {
+            let key = (open.client, open.namespace, hash);
+            // A later entry of the same probe chain must stay reachable.
+            if self.open_index.contains_key(&(open.client, open.namespace, hash.wrapping_add(1))) {
+                self.open_index.insert(key, TOMBSTONE);
+            } else {
+                self.open_index.remove(&key);
+            }
+        }
+        Some(open)
     }
 
     fn push_hop(&mut self, span: SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
-            if span.parent_span_id != 0 {
-                let parent = SpanKey { trace_id: span.id.trace_id, span_id: span.parent_span_id };
-                self.children.entry(parent).or_default().push(span.id);
-            }
-            self.waiting.push_back((span.end, Waiting::Traced(span.id)));
-            self.pending.insert(span.id, span);
-            self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending.len());
+            self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
+            self.traces.entry(span.id.trace_id).or_default().push(span);
+            self.pending_spans += 1;
+            self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.clone()) {
             self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
-            self.by_call.entry((span.client, call_id)).or_default().push(span);
+            self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(span);
         }
     }
 
@@ -457,17 +530,17 @@ impl<'c> Engine<'c> {
             if *end >= join_before {
                 break;
             }
-            let Some((_, key, index)) = self.arrivals.pop_front() else { break };
-            self.join_slot(&key, index);
+            let Some((_, call, index)) = self.arrivals.pop_front() else { break };
+            self.join_slot(call, index as usize);
         }
         let final_before = self.watermark.saturating_sub(self.horizon);
         while let Some(Reverse((start, _, _))) = self.queue.peek() {
             if *start >= final_before {
                 break;
             }
-            let Some(Reverse((start, _, key))) = self.queue.pop() else { break };
-            if let Some(open) = self.open.remove(&key) {
-                self.finalize(key, open);
+            let Some(Reverse((start, _, call))) = self.queue.pop() else { break };
+            if let Some(open) = self.close_call(call) {
+                self.finalize(open);
             }
             self.release_answers(start);
         }
@@ -478,16 +551,26 @@ impl<'c> Engine<'c> {
             }
             let Some((_, waiting)) = self.waiting.pop_front() else { break };
             match waiting {
-                Waiting::Traced(key) => {
-                    if let Some(span) = self.pending.remove(&key) {
-                        self.children.remove(&key);
-                        if matches!(span.component, known::ROUTER | known::SERVER) {
-                            self.stats.unjoined_hops += 1;
+                Waiting::Traced(trace) => {
+                    if let Some(spans) = self.traces.get_mut(&trace) {
+                        let before = spans.len();
+                        let mut unjoined = 0;
+                        spans.retain(|span| {
+                            let old = span.end < final_before;
+                            unjoined += u64::from(old && matches!(span.component, known::ROUTER | known::SERVER));
+                            !old
+                        });
+                        self.stats.unjoined_hops += unjoined;
+                        self.pending_spans -= before - spans.len();
+                        if spans.is_empty() {
+                            self.traces.remove(&trace);
                         }
                     }
                 }
                 Waiting::ByCall(client, call_id) => {
-                    if let Some(spans) = self.by_call.remove(&(client, call_id)) {
+                    if let Some(calls) = self.by_call.get_mut(&client)
+                        && let Some(spans) = calls.remove(&call_id)
+                    {
                         self.stats.unjoined_hops += spans.len() as u64;
                     }
                 }
@@ -508,30 +591,35 @@ impl<'c> Engine<'c> {
 
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts
     /// wait for their call to be final (they join by call id, to the nearest attempt).
-    fn join_slot(&mut self, key: &OpenKey, index: usize) {
-        let Some(open) = self.open.get_mut(key) else { return };
+    fn join_slot(&mut self, call: CallRef, index: usize) {
+        if self.generations.get(call.slot as usize) != Some(&call.generation) {
+            return;
+        }
+        let Some(open) = self.calls[call.slot as usize].as_mut() else { return };
+        let client = open.client;
         let Some(slot) = open.attempts.get_mut(index) else { return };
         let Slot::Raw(span) = slot else { return };
         if !span.id.is_some() {
             return;
         }
-        let hops = descendants(&mut self.pending, &mut self.children, span.id);
+        let hops = descendants(&mut self.traces, &mut self.pending_spans, span.id);
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let attempt = build_attempt(span, hops, join);
-        let scope = self.clients.get(&(key.0, key.1)).map(|client| (client.cluster, client.namespace));
-        if let Some(scope) = scope {
-            record_facts(self.namespaces.entry(scope).or_default(), &attempt, key.0, &mut self.sequence);
-        }
         *slot = Slot::Joined(attempt);
+        let Slot::Joined(attempt) = slot else { return };
+        let scope = self.clients.get(&(client, open.namespace)).map(|state| (state.cluster, state.namespace));
+        if let Some(scope) = scope {
+            record_facts(self.namespaces.entry(scope).or_default(), attempt, client, &mut self.sequence);
+        }
     }
 
-    fn finalize(&mut self, key: OpenKey, mut open: OpenCall) {
+    fn finalize(&mut self, mut open: OpenCall) {
         self.stats.calls += 1;
-        let (client, namespace, call_key) = key;
+        let (client, namespace) = (open.client, open.namespace);
         open.attempts.sort_by_key(Slot::order);
-        let untraced = match &call_key {
-            CallKey::Id(call_id) => self.by_call.remove(&(client, call_id.clone())).unwrap_or_default(),
-            CallKey::Lone(_) => Vec::new(),
+        let untraced = match (&open.call_id, self.by_call.get_mut(&client)) {
+            (Some(call_id), Some(calls)) => calls.remove(call_id).unwrap_or_default(),
+            _ => Vec::new(),
         };
         // Raw attempts: their traced hops now, then the untraced hops by call id.
         let mut hops: Vec<Option<(Vec<SpanRec>, TimelineJoin)>> = open
@@ -539,7 +627,7 @@ impl<'c> Engine<'c> {
             .iter()
             .map(|slot| match slot {
                 Slot::Raw(span) => {
-                    let traced = descendants(&mut self.pending, &mut self.children, span.id);
+                    let traced = descendants(&mut self.traces, &mut self.pending_spans, span.id);
                     let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
                     Some((traced, join))
                 }
@@ -893,70 +981,48 @@ impl<'c> Engine<'c> {
             self.anomalies.push(untrusted_state::untrusted(&timeline, &summary, margin));
         }
     }
-
-    /// The metric detectors over the samples held for them.
-    fn metric_anomalies(&mut self) -> Vec<Anomaly> {
-        if self.metric_kinds.is_empty() {
-            return Vec::new();
-        }
-        let samples: Vec<Sample> = std::mem::take(&mut self.held_samples)
-            .into_iter()
-            .filter_map(|sample| {
-                let series = self.series.get(sample.series as usize)?;
-                Some(Sample {
-                    series: SeriesKey {
-                        name: self.interner.get(series.def.name)?.to_string(),
-                        labels: series
-                            .def
-                            .labels
-                            .iter()
-                            .filter_map(|(key, value)| {
-                                Some((self.interner.get(*key)?.to_string(), self.interner.get(*value)?.to_string()))
-                            })
-                            .collect(),
-                    },
-                    meta: SeriesMeta { kind: series.def.kind, unit: None, description: None },
-                    time_unix_nano: sample.time,
-                    start_time_unix_nano: None,
-                    value: PointValue::Number(sample.value),
-                })
-            })
-            .collect();
-        let input = AnalysisInput { timelines: Vec::new(), samples };
-        crate::detectors::REGISTRY
-            .iter()
-            .filter(|detector| self.metric_kinds.contains(&detector.kind))
-            .flat_map(|detector| (detector.detect)(&input, self.config))
-            .collect()
-    }
 }
 
-/// The router and server spans under the client attempt `root`, taken out of `pending`.
-fn descendants(
-    pending: &mut FxHashMap<SpanKey, SpanRec>,
-    children: &mut FxHashMap<SpanKey, Vec<SpanKey>>,
-    root: SpanKey,
-) -> Vec<SpanRec> {
+/// The router and server spans under the client attempt `root`, taken out of its trace's
+/// waiting spans (intermediate spans are taken too).
+fn descendants(traces: &mut FxHashMap<u128, Vec<SpanRec>>, pending: &mut usize, root: SpanKey) -> Vec<SpanRec> {
     let mut found = Vec::new();
     if !root.is_some() {
         return found;
     }
-    let mut frontier = vec![(root, 0)];
-    while let Some((parent, depth)) = frontier.pop() {
-        if depth >= MAX_PARENT_HOPS {
-            continue;
-        }
-        let Some(list) = children.remove(&parent) else { continue };
-        for child in list {
-            if let Some(span) = pending.remove(&child) {
-                frontier.push((child, depth + 1));
+    let Some(spans) = traces.get_mut(&root.trace_id) else { return found };
+    let mut parents = vec![root.span_id];
+    for _ in 0..MAX_PARENT_HOPS {
+        let mut children = Vec::new();
+        let mut index = 0;
+        while index < spans.len() {
+            if parents.contains(&spans[index].parent_span_id) {
+                let span = spans.remove(index);
+                *pending -= 1;
+                children.push(span.id.span_id);
                 if matches!(span.component, known::ROUTER | known::SERVER) {
                     found.push(span);
                 }
+            } else {
+                index += 1;
             }
         }
+        if children.is_empty() {
+            break;
+        }
+        parents = children;
+    }
+    if spans.is_empty() {
+        traces.remove(&root.trace_id);
     }
     found
+}
+
+fn hash_str(text: &str) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
+    text.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What a joined attempt tells about its namespace: a committed state reported, an answer

@@ -9,6 +9,7 @@ pub mod codec;
 mod compact;
 mod engine;
 mod intern;
+mod metrics;
 mod namespace;
 mod record;
 
