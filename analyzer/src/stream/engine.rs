@@ -1019,10 +1019,8 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<SpanRec>>, pending: &mut usize, 
 }
 
 fn hash_str(text: &str) -> u64 {
-    use std::hash::{BuildHasher, Hash, Hasher};
-    let mut hasher = rustc_hash::FxBuildHasher.build_hasher();
-    text.hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher;
+    rustc_hash::FxBuildHasher.hash_one(text)
 }
 
 /// What a joined attempt tells about its namespace: a committed state reported, an answer
