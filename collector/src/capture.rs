@@ -73,6 +73,74 @@ impl Capture {
     }
 }
 
+/// What one export request held.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub spans: Vec<Span>,
+    pub samples: Vec<Sample>,
+    pub logs: Vec<LogRecord>,
+}
+
+/// Reads export requests one at a time from JSON lines (the Collector's file exporter: one
+/// request per line), handing each to `each` as it is decoded, so memory holds one request,
+/// not the file. A file that is one JSON document over several lines is read whole. Returns
+/// how many requests were read; `each`'s error stops the reading and is reported at its line.
+pub fn stream_requests(
+    source_name: &str,
+    mut reader: impl std::io::BufRead,
+    mut each: impl FnMut(Decoded) -> Result<(), String>,
+) -> Result<usize, CaptureError> {
+    let error = |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, message };
+    let mut text = String::new();
+    let mut line = 0;
+    let mut requests = 0;
+    loop {
+        text.clear();
+        let read = reader.read_line(&mut text).map_err(|io| {
+            let what = if io.kind() == std::io::ErrorKind::InvalidData { "not UTF-8 text" } else { "cannot read" };
+            error(line + 1, format!("{what}: {io}"))
+        })?;
+        if read == 0 {
+            return Ok(requests);
+        }
+        line += 1;
+        let mut values = serde_json::Deserializer::from_str(&text).into_iter::<AnyRequest>();
+        loop {
+            match values.next() {
+                None => break,
+                Some(Ok(request)) => {
+                    let mut capture = Capture::default();
+                    capture.read_request(request).map_err(|message| error(line, message))?;
+                    requests += 1;
+                    let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
+                    each(decoded).map_err(|message| error(line, message))?;
+                }
+                Some(Err(json_error)) if json_error.is_eof() && requests == 0 => {
+                    // One document over several lines: read it whole.
+                    let mut rest = text.clone();
+                    reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
+                    let mut capture = Capture::default();
+                    capture.read_str(source_name, &rest).map_err(|mut inner| {
+                        inner.line += line - 1;
+                        inner
+                    })?;
+                    let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
+                    each(decoded).map_err(|message| error(line, message))?;
+                    return Ok(capture.requests);
+                }
+                Some(Err(json_error)) => {
+                    let message = if json_error.is_data() {
+                        json_error.to_string()
+                    } else {
+                        format!("invalid JSON: {json_error}")
+                    };
+                    return Err(error(line, message));
+                }
+            }
+        }
+    }
+}
+
 /// One export request of any signal, recognised by its key and decoded straight into its
 /// type (no intermediate JSON tree: captures run to hundreds of megabytes).
 enum AnyRequest {
@@ -167,6 +235,32 @@ mod tests {
         assert_eq!(capture.logs[0].body_text(), "x");
         assert_eq!(capture.spans[0].call.state.carried, Some(42));
         assert_eq!(capture.samples[0].value.as_number(), Some(7.0));
+    }
+
+    #[test]
+    fn streams_json_lines_and_reads_a_multi_line_document_whole() {
+        let text = format!("{SPAN_LINE}\n\n{SPAN_LINE}\n");
+        let mut spans = 0;
+        let requests = stream_requests("c.jsonl", text.as_bytes(), |decoded| {
+            spans += decoded.spans.len();
+            Ok(())
+        })
+        .expect("capture streams");
+        assert_eq!((requests, spans), (2, 2));
+        let pretty = serde_json::to_string_pretty(&serde_json::from_str::<serde_json::Value>(SPAN_LINE).expect("json"))
+            .expect("pretty");
+        let mut spans = 0;
+        let requests = stream_requests("c.json", pretty.as_bytes(), |decoded| {
+            spans += decoded.spans.len();
+            Ok(())
+        })
+        .expect("document reads");
+        assert_eq!((requests, spans), (1, 1));
+        let error =
+            stream_requests("c.jsonl", format!("{SPAN_LINE}\n{{\"resourceSpans\": 5}}\n").as_bytes(), |_| Ok(()))
+                .expect_err("must fail");
+        assert_eq!(error.line, 2);
+        assert!(error.message.contains("invalid ExportTraceServiceRequest"), "{error}");
     }
 
     #[test]

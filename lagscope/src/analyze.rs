@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use flate2::read::MultiGzDecoder;
+use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Decoder, Item};
-use lagscope_analyzer::stream::{Engine, EngineStats};
-use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze_kinds};
-use lagscope_collector::capture::Capture;
+use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
+use lagscope_collector::capture::{Capture, stream_requests};
 use lagscope_model::{Anomaly, AnomalyKind};
 
 /// How `analyze` prints what it found.
@@ -65,87 +65,38 @@ pub fn analyze_paths_kinds(
 pub type Emit<'a> = &'a mut dyn FnMut(&Anomaly) -> anyhow::Result<()>;
 
 /// [`analyze_paths_kinds`], handing the anomalies to `emit` as they are found when it is
-/// given (lscap captures; other captures are analyzed whole, then emitted in order).
+/// given (their order is then the order found; otherwise they are returned in order).
+///
+/// Every capture goes through the streaming engine, one export request (OTLP JSON lines) or
+/// one block (lscap) at a time: memory holds what is in flight, not the capture.
 pub fn analyze_paths_emitting(
     paths: &[impl AsRef<Path>],
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
-    mut emit: Option<Emit<'_>>,
+    emit: Option<Emit<'_>>,
 ) -> anyhow::Result<Report> {
-    if !paths.is_empty() && paths.iter().all(|path| crate::lscap::is_lscap(path.as_ref())) {
-        return analyze_lscap(paths, config, kinds, emit);
+    if paths.is_empty() {
+        bail!("no capture given: pass OTLP JSON files (.json, .jsonl, optionally .gz) or lscap files");
     }
-    let started = Instant::now();
-    let capture = read_captures(paths)?;
-    let read = started.elapsed().as_secs_f64();
-    let (n_spans, n_samples) = (capture.spans.len(), capture.samples.len());
-    let started = Instant::now();
-    let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
-    let timelines = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let anomalies = analyze_kinds(&input, config, |kind| kinds.is_empty() || kinds.contains(&kind));
-    let detectors = started.elapsed().as_secs_f64();
-    let mut anomalies = anomalies;
-    let anomaly_count = anomalies.len();
-    if let Some(emit) = emit.as_mut() {
-        for anomaly in anomalies.drain(..) {
-            emit(&anomaly)?;
+    let mut run = Run {
+        engine: Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind)),
+        emit,
+        anomaly_count: 0,
+        requests: 0,
+        log_records: 0,
+        read: 0.0,
+        detect: 0.0,
+    };
+    for path in paths {
+        let path = path.as_ref();
+        if crate::lscap::is_lscap(path) {
+            run.lscap(path)?;
+        } else {
+            run.otlp_json(path)?;
         }
     }
-    Ok(Report {
-        requests: capture.requests,
-        spans: n_spans,
-        samples: n_samples,
-        log_records: capture.logs.len(),
-        anomaly_count,
-        anomalies,
-        timings: Timings { read, timelines, detectors },
-        stream: None,
-    })
-}
-
-/// The streaming engine over lscap captures, read block by block.
-fn analyze_lscap(
-    paths: &[impl AsRef<Path>],
-    config: &AnalyzerConfig,
-    kinds: &[AnomalyKind],
-    mut emit: Option<Emit<'_>>,
-) -> anyhow::Result<Report> {
-    let mut anomaly_count = 0;
-    let mut engine = Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind));
-    let (mut read, mut detect) = (0.0, 0.0);
-    let mut items = Vec::new();
-    for path in paths {
-        let mut decoder = Decoder::new();
-        // This file's series numbers -> the engine's.
-        let mut series: Vec<u32> = Vec::new();
-        let mut started = Instant::now();
-        crate::lscap::read_lscap_blocks(path.as_ref(), |_, payload| {
-            crate::lscap::decode_block(&mut decoder, payload, &mut engine.interner, &mut items)?;
-            let decoded = Instant::now();
-            read += (decoded - started).as_secs_f64();
-            for item in items.drain(..) {
-                match item {
-                    Item::Span(span) => engine.push_span(span),
-                    Item::Series(definition) => series.push(engine.define_series(definition)),
-                    Item::Sample(mut sample) => {
-                        sample.series = series[sample.series as usize];
-                        engine.push_sample(sample);
-                    }
-                }
-            }
-            started = Instant::now();
-            detect += (started - decoded).as_secs_f64();
-            if let Some(emit) = emit.as_mut() {
-                for anomaly in engine.take_found() {
-                    emit(&anomaly)?;
-                    anomaly_count += 1;
-                }
-            }
-            Ok(())
-        })?;
-    }
     let finishing = Instant::now();
+    let Run { engine, mut emit, mut anomaly_count, requests, log_records, read, mut detect } = run;
     let (mut anomalies, stats) = engine.finish();
     detect += finishing.elapsed().as_secs_f64();
     anomaly_count += anomalies.len();
@@ -155,15 +106,107 @@ fn analyze_lscap(
         }
     }
     Ok(Report {
-        requests: 0,
+        requests,
         spans: stats.spans as usize,
         samples: stats.samples as usize,
-        log_records: 0,
+        log_records,
         anomalies,
         anomaly_count,
         timings: Timings { read, timelines: 0.0, detectors: detect },
         stream: Some(stats),
     })
+}
+
+/// One offline analysis in progress.
+struct Run<'c, 'e> {
+    engine: Engine<'c>,
+    emit: Option<Emit<'e>>,
+    anomaly_count: usize,
+    requests: usize,
+    log_records: usize,
+    /// Seconds spent reading and decoding, and in the engine.
+    read: f64,
+    detect: f64,
+}
+
+impl Run<'_, '_> {
+    /// Writes what the engine has settled, when anomalies are written as found.
+    fn emit_found(&mut self) -> anyhow::Result<()> {
+        if let Some(emit) = self.emit.as_mut() {
+            for anomaly in self.engine.take_found() {
+                emit(&anomaly)?;
+                self.anomaly_count += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// An lscap capture, block by block.
+    fn lscap(&mut self, path: &Path) -> anyhow::Result<()> {
+        let mut decoder = Decoder::new();
+        // This file's series numbers -> the engine's.
+        let mut series: Vec<u32> = Vec::new();
+        let mut items = Vec::new();
+        let mut started = Instant::now();
+        crate::lscap::read_lscap_blocks(path, |_, payload| {
+            crate::lscap::decode_block(&mut decoder, payload, &mut self.engine.interner, &mut items)?;
+            let decoded = Instant::now();
+            self.read += (decoded - started).as_secs_f64();
+            for item in items.drain(..) {
+                match item {
+                    Item::Span(span) => self.engine.push_span(span),
+                    Item::Series(definition) => series.push(self.engine.define_series(definition)),
+                    Item::Sample(mut sample) => {
+                        let Some(id) = series.get(sample.series as usize) else {
+                            bail!("sample of series {} before its definition", sample.series);
+                        };
+                        sample.series = *id;
+                        self.engine.push_sample(sample);
+                    }
+                }
+            }
+            started = Instant::now();
+            self.detect += (started - decoded).as_secs_f64();
+            self.emit_found()
+        })
+    }
+
+    /// An OTLP JSON capture (optionally gzipped), one export request at a time.
+    fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
+        let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let gzipped = path.extension().is_some_and(|extension| extension == "gz");
+        let reader: Box<dyn std::io::BufRead> = if gzipped {
+            Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))
+        } else {
+            Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+        };
+        let mut started = Instant::now();
+        let mut failure = None;
+        let requests = stream_requests(&path.display().to_string(), reader, |decoded| {
+            let decoded_at = Instant::now();
+            self.read += (decoded_at - started).as_secs_f64();
+            for span in &decoded.spans {
+                let record = SpanRec::from_span(span, &mut self.engine.interner);
+                self.engine.push_span(record);
+            }
+            for sample in &decoded.samples {
+                self.engine.push_model_sample(sample);
+            }
+            self.log_records += decoded.logs.len();
+            started = Instant::now();
+            self.detect += (started - decoded_at).as_secs_f64();
+            self.emit_found().map_err(|error| {
+                let message = format!("cannot write the anomalies: {error}");
+                failure = Some(error);
+                message
+            })
+        });
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        self.requests += requests?;
+        Ok(())
+    }
 }
 
 /// Reads capture files (OTLP JSON requests or JSON lines of them, optionally gzipped).

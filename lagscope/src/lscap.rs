@@ -80,6 +80,59 @@ impl<W: Write> LscapWriter<W> {
     }
 }
 
+/// What [`convert`] wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Converted {
+    pub requests: usize,
+    pub spans: u64,
+    pub samples: u64,
+    pub skipped_samples: u64,
+    pub log_records: usize,
+}
+
+/// Converts OTLP JSON captures (JSON lines, optionally gzipped) into one lscap file, one
+/// export request at a time. Refuses to write over a capture it reads.
+pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Converted> {
+    if !is_lscap(out) {
+        bail!("{}: the output must be an .lscap file", out.display());
+    }
+    if captures.iter().any(|capture| capture.as_ref() == out) {
+        bail!("{}: is also an input", out.display());
+    }
+    let file = std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut writer =
+        LscapWriter::new(std::io::BufWriter::new(file)).with_context(|| format!("cannot write {}", out.display()))?;
+    let mut converted = Converted::default();
+    for capture in captures {
+        let path = capture.as_ref();
+        let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let reader: Box<dyn std::io::BufRead> = if path.extension().is_some_and(|extension| extension == "gz") {
+            Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
+        } else {
+            Box::new(BufReader::with_capacity(1 << 20, file))
+        };
+        let name = path.display().to_string();
+        converted.requests += lagscope_collector::capture::stream_requests(&name, reader, |decoded| {
+            let written: std::io::Result<()> = (|| {
+                for span in &decoded.spans {
+                    writer.span(span)?;
+                }
+                for sample in &decoded.samples {
+                    writer.sample(sample)?;
+                }
+                Ok(())
+            })();
+            converted.log_records += decoded.logs.len();
+            written.map_err(|error| format!("cannot write {}: {error}", out.display()))
+        })?;
+    }
+    converted.spans = writer.spans;
+    converted.samples = writer.samples;
+    converted.skipped_samples = writer.skipped_samples;
+    writer.finish().with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(converted)
+}
+
 /// Where a block sits in its file, for error messages.
 #[derive(Debug, Clone, Copy)]
 pub struct BlockAt {

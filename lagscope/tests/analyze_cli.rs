@@ -118,3 +118,64 @@ fn malformed_input_fails_with_the_file_and_line() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open"), "missing file is named");
 }
+
+#[test]
+fn an_lscap_conversion_analyzes_the_same_and_writes_jsonl() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let capture = fixture("hdfs-rbf-capture.jsonl");
+    let lscap = directory.path().join("capture.lscap");
+    let converted = lagscope(&["convert", "--out", lscap.to_str().expect("path"), capture.to_str().expect("path")]);
+    assert!(converted.status.success(), "{}", String::from_utf8_lossy(&converted.stderr));
+    assert!(
+        String::from_utf8_lossy(&converted.stderr).contains("16 spans"),
+        "{}",
+        String::from_utf8_lossy(&converted.stderr)
+    );
+    let from_json = stdout_of(&lagscope(&["analyze", "--format", "json", capture.to_str().expect("path")]));
+    let from_lscap = stdout_of(&lagscope(&["analyze", "--format", "json", lscap.to_str().expect("path")]));
+    assert_eq!(from_lscap, from_json);
+
+    let lines = stdout_of(&lagscope(&["analyze", "--format", "jsonl", lscap.to_str().expect("path")]));
+    let parsed: Vec<serde_json::Value> =
+        lines.lines().map(|line| serde_json::from_str(line).expect("one JSON anomaly per line")).collect();
+    let whole: serde_json::Value = serde_json::from_str(&from_json).expect("JSON");
+    assert_eq!(serde_json::Value::Array(parsed), whole["anomalies"]);
+}
+
+#[test]
+fn a_damaged_lscap_file_is_refused_with_where() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let capture = fixture("hdfs-rbf-capture.jsonl");
+    let lscap = directory.path().join("capture.lscap");
+    let converted = lagscope(&["convert", "--out", lscap.to_str().expect("path"), capture.to_str().expect("path")]);
+    assert!(converted.status.success());
+    let mut bytes = std::fs::read(&lscap).expect("lscap written");
+
+    // Cut short: the block is truncated.
+    let truncated = directory.path().join("truncated.lscap");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 10]).expect("write");
+    let output = lagscope(&["analyze", truncated.to_str().expect("path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("truncated.lscap: block 0 at byte 8"), "{stderr}");
+
+    // A corrupt item tag inside the block.
+    bytes[12] = 0xee;
+    let corrupt = directory.path().join("corrupt.lscap");
+    std::fs::write(&corrupt, &bytes).expect("write");
+    let output = lagscope(&["analyze", corrupt.to_str().expect("path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("corrupt.lscap: block 0 at byte 8") && stderr.contains("unknown item tag 238"), "{stderr}");
+
+    // Not an lscap file at all.
+    let other = directory.path().join("other.lscap");
+    std::fs::write(&other, "{\"resourceSpans\": []}\n").expect("write");
+    let output = lagscope(&["analyze", other.to_str().expect("path")]);
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("not an lscap file"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
