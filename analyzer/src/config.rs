@@ -41,6 +41,32 @@ pub struct StreamConfig {
     pub retention_seconds: i64,
 }
 
+impl StreamConfig {
+    /// Refuses windows that cannot work: every one positive, the horizon longer than the
+    /// lateness (an attempt must be joined before its call is processed), the retention at
+    /// least the horizon.
+    pub fn validate(&self) -> Result<(), String> {
+        let Self { lateness_seconds, horizon_seconds, retention_seconds } = *self;
+        if lateness_seconds < 1 || horizon_seconds < 1 || retention_seconds < 1 {
+            return Err(format!(
+                "analyzer.stream windows must be at least 1 s (lateness {lateness_seconds}, horizon {horizon_seconds}, \
+                 retention {retention_seconds})"
+            ));
+        }
+        if horizon_seconds <= lateness_seconds {
+            return Err(format!(
+                "analyzer.stream.horizon_seconds ({horizon_seconds}) must exceed lateness_seconds ({lateness_seconds})"
+            ));
+        }
+        if retention_seconds < horizon_seconds {
+            return Err(format!(
+                "analyzer.stream.retention_seconds ({retention_seconds}) must be at least horizon_seconds ({horizon_seconds})"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for StreamConfig {
     fn default() -> Self {
         Self { lateness_seconds: 10, horizon_seconds: 90, retention_seconds: 600 }

@@ -62,7 +62,13 @@ impl Default for LiveConfig {
 impl Config {
     /// Parses a TOML configuration, naming the file and the offending key on error.
     pub fn from_toml(source_name: &str, text: &str) -> anyhow::Result<Self> {
-        toml::from_str(text).with_context(|| format!("invalid configuration in {source_name}"))
+        let config: Self = toml::from_str(text).with_context(|| format!("invalid configuration in {source_name}"))?;
+        config
+            .analyzer
+            .stream
+            .validate()
+            .map_err(|message| anyhow::anyhow!("invalid configuration in {source_name}: {message}"))?;
+        Ok(config)
     }
 
     /// Reads the file if given, else the defaults.
@@ -86,6 +92,14 @@ mod tests {
     fn the_example_configuration_parses_and_states_the_defaults() {
         let config = Config::from_toml("lagscope.example.toml", EXAMPLE).expect("example parses");
         assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn a_horizon_shorter_than_the_lateness_is_refused() {
+        let text = "[analyzer.stream]\nlateness_seconds = 30\nhorizon_seconds = 20\n";
+        let error = Config::from_toml("x.toml", text).expect_err("must fail");
+        let message = format!("{error:#}");
+        assert!(message.contains("analyzer.stream.horizon_seconds (20)"), "{message}");
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub struct Engine<'c> {
     horizon: i64,
     retention: i64,
     watermark: i64,
+    /// When (in data time) the next pass over the queues is due.
+    next_advance: i64,
     sequence: u64,
     traces: FxHashMap<u128, Vec<SpanRec>>,
     pending_spans: usize,
@@ -244,6 +246,7 @@ impl<'c> Engine<'c> {
             horizon: seconds(config.stream.horizon_seconds),
             retention: seconds(config.stream.retention_seconds),
             watermark: i64::MIN,
+            next_advance: i64::MIN,
             sequence: 0,
             traces: FxHashMap::default(),
             pending_spans: 0,
@@ -289,7 +292,9 @@ impl<'c> Engine<'c> {
         } else {
             self.push_hop(span);
         }
-        if self.stats.spans.is_multiple_of(256) {
+        // Every few hundred spans, and whenever the data moved a second on.
+        if self.stats.spans.is_multiple_of(256) || self.watermark >= self.next_advance {
+            self.next_advance = self.watermark.saturating_add(1_000_000_000);
             self.advance();
         }
     }

@@ -1,0 +1,114 @@
+//! The streaming engine's own promises: spans arriving out of order within the lateness still
+//! join, what arrives too late is counted rather than silently lost, and what it holds stays
+//! bounded by the horizon however long the history.
+
+use lagscope_analyzer::AnalyzerConfig;
+use lagscope_analyzer::stream::{Engine, Interner, SpanKey, SpanRec, known};
+use lagscope_model::{Anomaly, AnomalyKind};
+
+const SECOND: i64 = 1_000_000_000;
+
+/// A client attempt of `call` (one attempt, its own trace) and the server span under it.
+fn call(interner: &mut Interner, index: u64, start: i64, op: &str, served: i64, returned: i64) -> (SpanRec, SpanRec) {
+    let trace_id = u128::from(index) + 1;
+    let client = SpanRec {
+        id: SpanKey { trace_id, span_id: 1 },
+        start,
+        end: start + SECOND / 100,
+        component: known::CLIENT,
+        ok: true,
+        cluster: interner.intern("prod"),
+        system: interner.intern("hdfs-rbf"),
+        node: interner.intern("client-host"),
+        client: interner.intern("c1"),
+        call_id: Some(format!("call-{index}").into()),
+        attempt: Some(1),
+        namespace: interner.intern("ns1"),
+        op: interner.intern(op),
+        outcome: known::OK,
+        returned: Some(returned),
+        ..SpanRec::default()
+    };
+    let server = SpanRec {
+        id: SpanKey { trace_id, span_id: 2 },
+        parent_span_id: 1,
+        start: start + SECOND / 1000,
+        end: start + SECOND / 200,
+        component: known::SERVER,
+        ok: true,
+        cluster: client.cluster,
+        node: interner.intern(if op == "read" { "observer-1" } else { "active-1" }),
+        node_role: interner.intern(if op == "read" { "observer" } else { "active" }),
+        namespace: client.namespace,
+        served: Some(served),
+        returned: Some(returned),
+        ..SpanRec::default()
+    };
+    (client, server)
+}
+
+fn stale_reads(anomalies: &[Anomaly]) -> usize {
+    anomalies.iter().filter(|anomaly| anomaly.kind == AnomalyKind::StaleRead).count()
+}
+
+#[test]
+fn a_server_span_arriving_after_its_client_span_within_the_lateness_still_joins() {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    let (write, write_server) = call(&mut engine.interner, 0, 0, "write", 100, 100);
+    let (read, read_server) = call(&mut engine.interner, 1, SECOND, "read", 90, 100);
+    engine.push_span(write_server);
+    engine.push_span(write);
+    engine.push_span(read);
+    // Five seconds of other traffic pass before the read's server span is exported.
+    engine.push_span(SpanRec { end: 6 * SECOND, start: 6 * SECOND, ..SpanRec::default() });
+    engine.push_span(read_server);
+    let (anomalies, stats) = engine.finish();
+    assert_eq!(stale_reads(&anomalies), 1, "{anomalies:#?}");
+    assert_eq!(anomalies[0].node_id.as_deref(), Some("observer-1"));
+    assert_eq!(stats.unjoined_hops, 0);
+}
+
+#[test]
+fn a_server_span_later_than_the_horizon_is_counted_not_joined() {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    let (write, write_server) = call(&mut engine.interner, 0, 0, "write", 100, 100);
+    let (read, read_server) = call(&mut engine.interner, 1, SECOND, "read", 90, 100);
+    engine.push_span(write_server);
+    engine.push_span(write);
+    engine.push_span(read);
+    // Traffic moves the data 200 s on (past lateness and horizon) before the server span comes.
+    for step in 1..=200 {
+        engine.push_span(SpanRec { start: step * SECOND, end: step * SECOND, ..SpanRec::default() });
+    }
+    engine.push_span(read_server);
+    engine.push_span(SpanRec { start: 400 * SECOND, end: 400 * SECOND, ..SpanRec::default() });
+    let (anomalies, stats) = engine.finish();
+    // Without its server span the read reports no served state: nothing to judge.
+    assert_eq!(stale_reads(&anomalies), 0, "{anomalies:#?}");
+    assert_eq!(stats.unjoined_hops, 1);
+}
+
+#[test]
+fn what_the_engine_holds_is_bounded_by_the_horizon_not_the_history() {
+    let config = AnalyzerConfig::default();
+    let mut peaks = Vec::new();
+    for seconds in [1_000, 10_000] {
+        let mut engine = Engine::new(&config, |_| true);
+        for index in 0..seconds {
+            let start = index as i64 * SECOND;
+            let op = if index % 2 == 0 { "write" } else { "read" };
+            let (client, server) = call(&mut engine.interner, index, start, op, 100 + index as i64, 100 + index as i64);
+            engine.push_span(server);
+            engine.push_span(client);
+        }
+        let (anomalies, stats) = engine.finish();
+        assert!(anomalies.is_empty(), "{anomalies:#?}");
+        assert_eq!(stats.calls, seconds);
+        peaks.push((stats.peak_open_calls, stats.peak_pending_spans));
+    }
+    // One call a second and a 90 s horizon: about 90 open calls, whether 1 000 or 10 000 s.
+    assert!(peaks[0].0 <= 100 && peaks[1].0 <= 100, "{peaks:?}");
+    assert_eq!(peaks[0], peaks[1]);
+}
