@@ -36,8 +36,9 @@ pub(crate) struct Attempt {
     pub(crate) start: UnixNanos,
     pub(crate) end: UnixNanos,
     pub(crate) client_span: Ref,
-    pub(crate) routers: Vec<Ref>,
-    pub(crate) servers: Vec<Ref>,
+    /// The router spans, then the server spans, each in start order (one allocation).
+    pub(crate) hops: Box<[Ref]>,
+    pub(crate) routers: u8,
     pub(crate) join: TimelineJoin,
     pub(crate) target_node: Sym,
     pub(crate) target_role: Sym,
@@ -68,8 +69,14 @@ impl Attempt {
             start_unix_nano: self.start,
             end_unix_nano: self.end,
             client_span: self.client_span.materialize(interner),
-            router_spans: self.routers.iter().map(|span| span.materialize(interner)).collect(),
-            server_spans: self.servers.iter().map(|span| span.materialize(interner)).collect(),
+            router_spans: self.hops[..usize::from(self.routers)]
+                .iter()
+                .map(|span| span.materialize(interner))
+                .collect(),
+            server_spans: self.hops[usize::from(self.routers)..]
+                .iter()
+                .map(|span| span.materialize(interner))
+                .collect(),
             join: self.join,
             target_node: interner.owned(self.target_node),
             target_role: interner.owned(self.target_role),
@@ -122,22 +129,20 @@ impl Call {
 /// the executing server and the router hop as the batch join does.
 pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<SpanRec>, join: TimelineJoin) -> Attempt {
     hops.sort_by_key(|span| span.start);
-    let routers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::ROUTER).collect();
-    let servers: Vec<&SpanRec> = hops.iter().filter(|span| span.component == known::SERVER).collect();
-    let server = servers.iter().rev().find(|span| span.ok).or(servers.last()).copied();
+    let routers = || hops.iter().filter(|span| span.component == known::ROUTER);
+    let servers = || hops.iter().filter(|span| span.component == known::SERVER);
+    let server = servers().rev().find(|span| span.ok).or_else(|| servers().next_back());
     let router = server
-        .and_then(|server| {
-            routers.iter().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id)
-        })
-        .or(routers.last())
-        .copied();
+        .and_then(|server| routers().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id))
+        .or_else(|| routers().next_back());
+    let router_count = routers().count();
     Attempt {
         attempt: client.attempt,
         start: client.start,
         end: client.end,
         client_span: Ref::of(client),
-        routers: routers.iter().map(|span| Ref::of(span)).collect(),
-        servers: servers.iter().map(|span| Ref::of(span)).collect(),
+        hops: routers().chain(servers()).map(Ref::of).collect(),
+        routers: u8::try_from(router_count).unwrap_or(u8::MAX),
         join,
         target_node: client.target_node,
         target_role: client.target_role,

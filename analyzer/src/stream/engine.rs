@@ -996,15 +996,21 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<SpanRec>>, pending: &mut usize, 
         return found;
     }
     let Some(spans) = traces.get_mut(&root.trace_id) else { return found };
-    let mut parents = vec![root.span_id];
-    for _ in 0..MAX_PARENT_HOPS {
-        let mut children = Vec::new();
+    // Spans taken so far (their ids are parents for the next level), from `level_start` on the
+    // latest level's. Traces are small: linear scans beat maps.
+    let mut taken: Vec<u64> = Vec::new();
+    let mut level_start = 0;
+    for depth in 0..MAX_PARENT_HOPS {
+        let level_end = taken.len();
         let mut index = 0;
         while index < spans.len() {
-            if parents.contains(&spans[index].parent_span_id) {
+            let parent = spans[index].parent_span_id;
+            let under =
+                if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
+            if under {
                 let span = spans.remove(index);
                 *pending -= 1;
-                children.push(span.id.span_id);
+                taken.push(span.id.span_id);
                 if matches!(span.component, known::ROUTER | known::SERVER) {
                     found.push(span);
                 }
@@ -1012,10 +1018,10 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<SpanRec>>, pending: &mut usize, 
                 index += 1;
             }
         }
-        if children.is_empty() {
+        if taken.len() == level_end {
             break;
         }
-        parents = children;
+        level_start = level_end;
     }
     if spans.is_empty() {
         traces.remove(&root.trace_id);
