@@ -9,7 +9,7 @@ use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Decoder, Item};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
-use lagscope_collector::capture::{Capture, stream_requests};
+use lagscope_collector::capture::{Capture, Decoded, stream_requests};
 use lagscope_model::{Anomaly, AnomalyKind};
 
 /// How `analyze` prints what it found.
@@ -185,13 +185,7 @@ impl Run<'_, '_> {
         let requests = stream_requests(&path.display().to_string(), reader, |decoded| {
             let decoded_at = Instant::now();
             self.read += (decoded_at - started).as_secs_f64();
-            for span in &decoded.spans {
-                let record = SpanRec::from_span(span, &mut self.engine.interner);
-                self.engine.push_span(record);
-            }
-            for sample in &decoded.samples {
-                self.engine.push_model_sample(sample);
-            }
+            push_decoded(&mut self.engine, &decoded);
             self.log_records += decoded.logs.len();
             started = Instant::now();
             self.detect += (started - decoded_at).as_secs_f64();
@@ -206,6 +200,17 @@ impl Run<'_, '_> {
         }
         self.requests += requests?;
         Ok(())
+    }
+}
+
+/// Hands one decoded export request's spans and samples to the engine, in their order.
+pub fn push_decoded(engine: &mut Engine<'_>, decoded: &Decoded) {
+    for span in &decoded.spans {
+        let record = SpanRec::from_span(span, &mut engine.interner);
+        engine.push_span(record);
+    }
+    for sample in &decoded.samples {
+        engine.push_model_sample(sample);
     }
 }
 

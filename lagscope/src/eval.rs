@@ -1,17 +1,19 @@
 //! `lagscope eval`: runs scenarios, feeds their telemetry to the analyzer through the same
-//! path as `lagscope analyze` (OTLP JSON lines → capture reader → detectors), and scores the
-//! anomalies against each run's ground truth.
+//! path as `lagscope analyze` (OTLP JSON lines → request decoder → streaming engine), as the
+//! simulator makes it, and scores the anomalies against each run's ground truth.
 
 use std::collections::BTreeSet;
 use std::io::Write;
 
 use anyhow::bail;
-use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, detectors};
-use lagscope_collector::capture::Capture;
+use lagscope_analyzer::stream::Engine;
+use lagscope_analyzer::{AnalyzerConfig, detectors};
+use lagscope_collector::capture::stream_requests;
 use lagscope_sim::score::{Found, KindScore, score};
-use lagscope_sim::{Request, SimConfig, Truth};
+use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use serde::Serialize;
 
+use crate::analyze::push_decoded;
 use crate::sim_cmd::json_line;
 
 /// One scenario's evaluation.
@@ -33,18 +35,16 @@ impl ScenarioScore {
 
 /// Runs one scenario through the analyzer and scores it.
 pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig) -> anyhow::Result<ScenarioScore> {
-    let mut requests: Vec<Request> = Vec::new();
-    let truth: Truth = lagscope_sim::run(config, &mut requests)?;
-    let mut lines = String::new();
-    for request in &requests {
-        lines.push_str(&json_line(request));
-        lines.push('\n');
+    let mut sink = EngineSink {
+        source_name: format!("{}.jsonl", config.scenario),
+        engine: Engine::new(analyzer, |_| true),
+        error: None,
+    };
+    let truth: Truth = lagscope_sim::run(config, &mut sink)?;
+    if let Some(error) = sink.error {
+        bail!("{error}");
     }
-    let mut capture = Capture::default();
-    capture.read_str(&format!("{}.jsonl", config.scenario), &lines)?;
-    let n_spans = capture.spans.len();
-    let input = AnalysisInput::from_telemetry(&capture.spans, capture.samples);
-    let anomalies = analyze(&input, analyzer);
+    let (anomalies, stats) = sink.engine.finish();
     let found: Vec<Found> = anomalies
         .iter()
         .map(|anomaly| Found {
@@ -59,12 +59,38 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig) -> anyhow::Result
         .collect();
     Ok(ScenarioScore {
         scenario: config.scenario.clone(),
-        spans: n_spans,
+        spans: stats.spans as usize,
         anomalies_expected: truth.anomalies.len(),
         anomalies_found: found.len(),
         kinds: score(&truth, &found),
         figures: truth.figures.into_iter().collect(),
     })
+}
+
+/// Takes the simulator's export requests through the path `lagscope analyze` reads captures
+/// by (OTLP JSON lines, decoded one request at a time) into the streaming engine, as they
+/// are made: nothing of the run is held but the engine's state.
+struct EngineSink<'c> {
+    source_name: String,
+    engine: Engine<'c>,
+    error: Option<String>,
+}
+
+impl Sink for EngineSink<'_> {
+    fn export(&mut self, _at: Nanos, request: Request) {
+        if self.error.is_some() {
+            return;
+        }
+        let line = json_line(&request);
+        let engine = &mut self.engine;
+        let read = stream_requests(&self.source_name, line.as_bytes(), |decoded| {
+            push_decoded(engine, &decoded);
+            Ok(())
+        });
+        if let Err(error) = read {
+            self.error = Some(error.to_string());
+        }
+    }
 }
 
 /// The kinds the analyzer has a detector for today.
