@@ -112,3 +112,31 @@ fn what_the_engine_holds_is_bounded_by_the_horizon_not_the_history() {
     assert!(peaks[0].0 <= 100 && peaks[1].0 <= 100, "{peaks:?}");
     assert_eq!(peaks[0], peaks[1]);
 }
+
+#[test]
+fn clients_idle_longer_than_the_retention_are_finished_and_forgotten() {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    // 200 short-lived clients, one after another, 100 s apart: ten calls each.
+    let mut index = 0;
+    for client in 0..200_i64 {
+        let name = engine.interner.intern(&format!("short-lived-{client}"));
+        for call_number in 0..10_i64 {
+            let start = client * 100 * SECOND + call_number * SECOND;
+            let op = if call_number % 2 == 0 { "write" } else { "read" };
+            let state = 1_000 + index as i64;
+            let (mut attempt, mut server) = call(&mut engine.interner, index, start, op, state, state);
+            attempt.client = name;
+            server.client = name;
+            engine.push_span(server);
+            engine.push_span(attempt);
+            index += 1;
+        }
+    }
+    let (anomalies, stats) = engine.finish();
+    assert!(anomalies.is_empty(), "{anomalies:#?}");
+    assert_eq!(stats.clients, 200);
+    // A horizon plus the retention (690 s) of 100 s lives: a handful at a time, not 200.
+    assert!(stats.peak_clients <= 10, "{stats:?}");
+    assert!(stats.evicted_clients >= 190, "{stats:?}");
+}

@@ -271,10 +271,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             if let Some(stats) = report.stream {
                 eprintln!(
-                    "streaming engine: {} calls of {} clients, longest call {:.1} s; at most {} spans waiting to join and {} \
-                     calls open; {} attempts later than the horizon, {} router/server spans never joined",
+                    "streaming engine: {} calls of {} clients (at most {} at a time, {} finished early when idle), longest \
+                     call {:.1} s; at most {} spans waiting to join and {} calls open; {} attempts later than the \
+                     horizon, {} router/server spans never joined",
                     stats.calls,
                     stats.clients,
+                    stats.peak_clients,
+                    stats.evicted_clients,
                     stats.longest_call_nanos as f64 / 1e9,
                     stats.peak_pending_spans,
                     stats.peak_open_calls,

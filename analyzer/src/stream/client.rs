@@ -14,9 +14,6 @@ use crate::floor::{FloorContribution, FloorSource};
 /// Calls per client kept for causes that look back (a lower state brought back by a later
 /// response, HDFS-16837).
 const RECENT_CALLS: usize = 16;
-/// Requests of a client that a router forwarded with a higher state than the client carried,
-/// kept to find the victims of a poisoned pool (`untrusted_state`); such requests are rare.
-pub(crate) const MAX_FORWARDED: usize = 4096;
 
 /// One attempt of a processed call.
 #[derive(Debug, Clone)]
@@ -104,8 +101,8 @@ pub(crate) struct ClientState {
     pub(crate) seen: Option<Contribution>,
     pub(crate) recent: VecDeque<Rc<Call>>,
     pub(crate) untrusted: Option<UntrustedRun>,
-    /// (state the router forwarded, state the client carried) where the router's was higher.
-    pub(crate) forwarded: Vec<(StateId, Option<StateId>)>,
+    /// The latest end time of the client's attempts seen (for idle eviction).
+    pub(crate) last_seen: UnixNanos,
     pub(crate) used_followers: bool,
     pub(crate) last_follower_consistency: Sym,
     pub(crate) rejection: Option<Rejection>,
@@ -129,7 +126,7 @@ impl ClientState {
             seen: None,
             recent: VecDeque::new(),
             untrusted: None,
-            forwarded: Vec::new(),
+            last_seen: i64::MIN,
             used_followers: false,
             last_follower_consistency: Sym::NONE,
             rejection: None,

@@ -27,12 +27,12 @@ use lagscope_model::conventions::{
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, StateId, TimelineJoin, UnixNanos};
 use rustc_hash::FxHashMap;
 
-use super::client::{AttemptAt, ClientState, Contribution, FailingRun, MAX_FORWARDED, Rejection, UntrustedRun};
+use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
 use super::compact::{Attempt, Call, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
-use super::namespace::{Fact, NamespaceState};
+use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
 use super::record::{SpanKey, SpanRec};
 use crate::AnalyzerConfig;
 use crate::detectors::{
@@ -62,7 +62,11 @@ pub struct EngineStats {
     /// Spans waiting to be joined, and calls waiting to be final, at their most.
     pub peak_pending_spans: usize,
     pub peak_open_calls: usize,
+    /// Clients (per namespace) seen, held at the most at one time, and finished early because
+    /// they were idle longer than the retention.
     pub clients: usize,
+    pub peak_clients: usize,
+    pub evicted_clients: usize,
     /// The longest call processed (first attempt's start to last attempt's end), against
     /// which to size the horizon.
     pub longest_call_nanos: i64,
@@ -190,8 +194,9 @@ pub struct Engine<'c> {
     horizon: i64,
     retention: i64,
     watermark: i64,
-    /// When (in data time) the next pass over the queues is due.
+    /// When (in data time) the next pass over the queues, and the next pruning, are due.
     next_advance: i64,
+    next_prune: i64,
     sequence: u64,
     traces: FxHashMap<u128, Vec<SpanRec>>,
     pending_spans: usize,
@@ -247,6 +252,7 @@ impl<'c> Engine<'c> {
             retention: seconds(config.stream.retention_seconds),
             watermark: i64::MIN,
             next_advance: i64::MIN,
+            next_prune: i64::MIN,
             sequence: 0,
             traces: FxHashMap::default(),
             pending_spans: 0,
@@ -275,7 +281,7 @@ impl<'c> Engine<'c> {
 
     pub fn stats(&self) -> EngineStats {
         EngineStats {
-            clients: self.clients.len(),
+            clients: self.clients.len() + self.stats.evicted_clients,
             peak_waiting_samples: self.metrics.as_ref().map_or(0, |metrics| metrics.held_peak),
             ..self.stats
         }
@@ -424,9 +430,12 @@ impl<'c> Engine<'c> {
     }
 
     fn push_attempt(&mut self, span: SpanRec) {
-        self.clients
+        let state = self
+            .clients
             .entry((span.client, span.namespace))
             .or_insert_with(|| ClientState::new(span.client, span.namespace, span.cluster, span.system));
+        state.last_seen = state.last_seen.max(span.end);
+        self.stats.peak_clients = self.stats.peak_clients.max(self.clients.len());
         if span.start.saturating_add(self.horizon) < self.watermark {
             self.stats.late_attempts += 1;
         }
@@ -581,7 +590,11 @@ impl<'c> Engine<'c> {
                 }
             }
         }
-        if self.stats.spans.is_multiple_of(65_536) {
+        // Once a minute of data time: forget what the retention no longer covers (never in the
+        // final pass, which processes everything left and reads what was kept).
+        if self.watermark != i64::MAX && self.watermark >= self.next_prune {
+            self.next_prune = self.watermark.saturating_add(60 * 1_000_000_000);
+            self.evict_idle_clients(final_before.saturating_sub(self.retention));
             let before = final_before.saturating_sub(self.retention);
             for namespace in self.namespaces.values_mut() {
                 namespace.prune(before);
@@ -775,9 +788,9 @@ impl<'c> Engine<'c> {
                 }
                 if let Some(forwarded) = attempt.router_carried
                     && attempt.carried.is_none_or(|own| own < forwarded)
-                    && state.forwarded.len() < MAX_FORWARDED
+                    && scope.forwarded.len() < MAX_FORWARDED
                 {
-                    state.forwarded.push((forwarded, attempt.carried));
+                    scope.forwarded.push((client, forwarded, attempt.carried));
                 }
             }
             if kinds.follower_read_disabled && call.op == known::READ {
@@ -912,6 +925,19 @@ impl<'c> Engine<'c> {
         ));
     }
 
+    /// Finishes and forgets the clients whose latest attempt ended before `before` (a horizon
+    /// plus the retention ago): their calls are all processed, and what only their whole
+    /// history decides is decided now. A client that comes back starts afresh.
+    fn evict_idle_clients(&mut self, before: UnixNanos) {
+        let idle: Vec<(Sym, Sym)> =
+            self.clients.iter().filter(|(_, state)| state.last_seen < before).map(|(key, _)| *key).collect();
+        for key in idle {
+            self.finish_client(key);
+            self.clients.remove(&key);
+            self.stats.evicted_clients += 1;
+        }
+    }
+
     /// What only the whole history decides: a client's untrusted run, follower reads off
     /// for good, its last failing run and switches.
     fn finish_client(&mut self, key: (Sym, Sym)) {
@@ -954,18 +980,14 @@ impl<'c> Engine<'c> {
             let margin = self.config.untrusted_state.margin_states;
             let limit = run.committed.saturating_add(margin);
             let victims: BTreeSet<String> = self
-                .clients
-                .values()
-                .filter(|other| {
-                    other.client != state.client && other.namespace == state.namespace && other.cluster == state.cluster
+                .namespaces
+                .get(&(state.cluster, state.namespace))
+                .into_iter()
+                .flat_map(|scope| &scope.forwarded)
+                .filter(|(other, forwarded, own)| {
+                    *other != state.client && untrusted_state::poisoned(Some(*forwarded), *own, limit)
                 })
-                .filter(|other| {
-                    other
-                        .forwarded
-                        .iter()
-                        .any(|(forwarded, own)| untrusted_state::poisoned(Some(*forwarded), *own, limit))
-                })
-                .filter_map(|other| interner.owned(other.client))
+                .filter_map(|(other, _, _)| interner.owned(*other))
                 .collect();
             let call = run.first.call.materialize(interner);
             let summary = untrusted_state::Untrusted {

@@ -102,9 +102,16 @@ impl Recent {
     }
 }
 
+/// Requests a router forwarded with a higher state than their client carried, kept per
+/// namespace to find the victims of a poisoned pool (`untrusted_state`); such requests are
+/// rare, and at most this many are kept.
+pub(crate) const MAX_FORWARDED: usize = 4096;
+
 /// Per (cluster, namespace).
 #[derive(Debug, Default)]
 pub(crate) struct NamespaceState {
+    /// (client, state the router forwarded, state the client carried), the router's higher.
+    pub(crate) forwarded: Vec<(Sym, StateId, Option<StateId>)>,
     pub(crate) committed: Committed,
     /// Successful answers: at their end, the node that served.
     pub(crate) served: Recent,
