@@ -154,7 +154,8 @@ fn nearest_attempt_of_call(spans: &[Span], by_call: &HashMap<(&str, &str), Vec<u
     })
 }
 
-fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i64 {
+/// How far `at` lies outside [`start`, `end`] (0 inside).
+pub(crate) fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i64 {
     if at < start {
         start.saturating_sub(at)
     } else if at > end {

@@ -80,24 +80,7 @@ pub struct Encoder {
 impl Encoder {
     /// Appends a span; `interner` resolves the record's symbols.
     pub fn span(&mut self, span: &SpanRec, interner: &Interner) {
-        let syms = [
-            span.component,
-            span.service,
-            span.system,
-            span.cluster,
-            span.node,
-            span.client,
-            span.namespace,
-            span.op,
-            span.rpc_method,
-            span.target_node,
-            span.target_role,
-            span.node_role,
-            span.consistency,
-            span.outcome,
-            span.error_type,
-            span.server_address,
-        ];
+        let syms = span.symbols();
         let indexes = syms.map(|sym| self.string(sym, interner));
         let optional_states =
             [span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues];
@@ -317,24 +300,7 @@ impl Decoder {
         for sym in &mut syms {
             *sym = self.sym(cursor)?;
         }
-        [
-            span.component,
-            span.service,
-            span.system,
-            span.cluster,
-            span.node,
-            span.client,
-            span.namespace,
-            span.op,
-            span.rpc_method,
-            span.target_node,
-            span.target_role,
-            span.node_role,
-            span.consistency,
-            span.outcome,
-            span.error_type,
-            span.server_address,
-        ] = syms;
+        span.set_symbols(syms);
         if bit(3) {
             span.call_id = Some(cursor.text()?.into());
         }

@@ -40,6 +40,7 @@ use crate::detectors::{
     pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
 };
 use crate::floor::{CallFloors, FloorSource};
+use crate::timeline::distance_to;
 
 /// How far down a trace the join looks for router and server spans (as the batch join).
 const MAX_PARENT_HOPS: usize = 32;
@@ -1069,16 +1070,6 @@ fn record_facts(scope: &mut NamespaceState, attempt: &Attempt, client: Sym, sequ
         if attempt.served_role == known::ACTIVE {
             scope.active_served.push(Fact { at: attempt.start, ..fact });
         }
-    }
-}
-
-fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i64 {
-    if at < start {
-        start.saturating_sub(at)
-    } else if at > end {
-        at.saturating_sub(end)
-    } else {
-        0
     }
 }
 

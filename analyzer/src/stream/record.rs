@@ -5,6 +5,21 @@ use lagscope_model::{Component, Span, StateId, UnixNanos};
 
 use super::intern::{Interner, Sym, known};
 
+/// `symbols()` and `set_symbols()` over the listed fields, in that order (lscap's).
+macro_rules! symbol_fields {
+    ($($field:ident),+ $(,)?) => {
+        /// Every symbol field, in the order lscap writes them.
+        pub fn symbols(&self) -> [Sym; 16] {
+            [$(self.$field),+]
+        }
+
+        /// Sets every symbol field from [`SpanRec::symbols`]' order.
+        pub fn set_symbols(&mut self, symbols: [Sym; 16]) {
+            [$(self.$field),+] = symbols;
+        }
+    };
+}
+
 /// Span ids as integers (OTLP's 16- and 8-byte ids; zero means absent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct SpanKey {
@@ -108,6 +123,25 @@ impl SpanRec {
             requeues: call.requeues,
         }
     }
+
+    symbol_fields!(
+        component,
+        service,
+        system,
+        cluster,
+        node,
+        client,
+        namespace,
+        op,
+        rpc_method,
+        target_node,
+        target_role,
+        node_role,
+        consistency,
+        outcome,
+        error_type,
+        server_address,
+    );
 
     /// A client's attempt: the unit timelines are made of.
     pub fn is_client_attempt(&self) -> bool {
