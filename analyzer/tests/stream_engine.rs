@@ -140,3 +140,74 @@ fn clients_idle_longer_than_the_retention_are_finished_and_forgotten() {
     assert!(stats.peak_clients <= 10, "{stats:?}");
     assert!(stats.evicted_clients >= 190, "{stats:?}");
 }
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
+fn noise(seed: &mut u64, length: usize) -> Vec<u8> {
+    (0..length)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            (*seed >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn damaged_lscap_blocks_are_refused_or_read_never_a_panic() {
+    use lagscope_analyzer::stream::codec::{Decoder, Encoder, Item};
+    // A valid block to damage.
+    let mut writer = Interner::default();
+    let mut encoder = Encoder::default();
+    for index in 0..50 {
+        let (client, server) = call(&mut writer, index, index as i64 * SECOND, "read", 5, 5);
+        encoder.span(&server, &writer);
+        encoder.span(&client, &writer);
+    }
+    let labels = [("lagscope.cluster", "prod"), ("lagscope.node.id", "nn1")];
+    encoder.sample("lagscope.server.applied_state", lagscope_model::MetricKind::Gauge, &labels, 0, 1.0, &mut writer);
+    let block = encoder.take_block(true).expect("a block");
+    let payload = &block[4..];
+    let config = AnalyzerConfig::default();
+    let mut seed = 0x9e37_79b9_7f4a_7c15;
+    let (mut refused, mut read) = (0, 0);
+    for round in 0..6_000 {
+        let damaged = if round % 2 == 0 {
+            // Flip a few bytes of the valid block.
+            let mut bytes = payload.to_vec();
+            for position in noise(&mut seed, 4).chunks(2) {
+                let at = (usize::from(position[0]) * 256 + usize::from(position[1])) % bytes.len();
+                bytes[at] ^= noise(&mut seed, 1)[0] | 1;
+            }
+            bytes
+        } else {
+            // Cut it short, or pure noise.
+            let length = usize::from(noise(&mut seed, 1)[0]) * 4;
+            if round % 4 == 1 { payload[..length.min(payload.len())].to_vec() } else { noise(&mut seed, length) }
+        };
+        let mut engine = Engine::new(&config, |_| true);
+        let mut items = Vec::new();
+        match Decoder::new().decode_block(&damaged, &mut engine.interner, |item| items.push(item)) {
+            Ok(()) => read += 1,
+            Err(error) => {
+                assert!(error.offset <= damaged.len(), "{error}");
+                refused += 1;
+            }
+        }
+        let mut series = Vec::new();
+        for item in items {
+            match item {
+                Item::Span(span) => engine.push_span(span),
+                Item::Series(definition) => series.push(engine.define_series(definition)),
+                Item::Sample(mut sample) => {
+                    if let Some(id) = series.get(sample.series as usize) {
+                        sample.series = *id;
+                        engine.push_sample(sample);
+                    }
+                }
+            }
+        }
+        engine.finish();
+    }
+    assert!(refused > 100 && read > 10, "both paths exercised: {refused} refused, {read} read");
+}

@@ -59,7 +59,7 @@ pub(crate) fn regression(
             "client {} sent {} to {namespace} carrying state {carried}, {} below the {} its {} {} had already returned",
             timeline.client_id,
             method(call),
-            seen.state - carried,
+            seen.state.saturating_sub(carried),
             seen.state,
             seen_call.op.as_ref().map_or("call", |op| op.as_str()),
             method(seen_call),
@@ -68,7 +68,7 @@ pub(crate) fn regression(
         evidence: json!({
             "carried": carried,
             "seen": seen.state,
-            "states_behind": seen.state - carried,
+            "states_behind": seen.state.saturating_sub(carried),
             "served": attempt.served,
             "served_by": attempt.served_by,
             "request": operation(call, attempt),

@@ -47,7 +47,7 @@ pub(crate) fn dropped(
             "{router} forwarded {} for client {} to {target} with state {forwarded}, {} below the {carried} the client carried",
             method(call),
             timeline.client_id,
-            carried - forwarded
+            carried.saturating_sub(forwarded)
         ),
         cause: format!(
             "router dropped client state: {router}'s connection pool to {target} was not advanced by the client's state \
@@ -56,7 +56,7 @@ pub(crate) fn dropped(
         evidence: json!({
             "carried": carried,
             "forwarded": forwarded,
-            "states_behind": carried - forwarded,
+            "states_behind": carried.saturating_sub(forwarded),
             "router": attempt.router_node,
             "target": attempt.served_by,
             "served": attempt.served,

@@ -60,7 +60,7 @@ pub(crate) fn stale_read(
         "client {} read {namespace} ({}) at state {served} on {node}{role}, {} states below the {} {what_set_floor}: {} broken",
         timeline.client_id,
         method(call),
-        floor.state - served,
+        floor.state.saturating_sub(served),
         floor.state,
         guarantee.as_str().replace('_', "-"),
     );
@@ -69,7 +69,7 @@ pub(crate) fn stale_read(
         "guarantee": guarantee.as_str(),
         "floor": floor.state,
         "served": served,
-        "states_behind": floor.state - served,
+        "states_behind": floor.state.saturating_sub(served),
         "carried": attempt.carried,
         "router_carried": attempt.router_carried,
         "router_state": attempt.router_state,
@@ -129,7 +129,7 @@ fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
         None => format!(
             "{node} served at applied state {served}, {} states behind the client's floor {floor}; the request \
              reported no carried state, so the server had nothing to wait for",
-            floor - served
+            floor.saturating_sub(served)
         ),
     }
 }

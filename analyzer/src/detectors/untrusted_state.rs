@@ -128,7 +128,7 @@ pub(crate) fn untrusted(timeline: &ClientTimeline, run: &Untrusted<'_>, margin: 
         summary: format!(
             "client {} carried state {carried} in {namespace}, {} beyond the highest committed state any server reported ({committed}); {} requests, {refused} refused",
             timeline.client_id,
-            carried - committed,
+            carried.saturating_sub(committed),
             requests,
         ),
         cause: format!(

@@ -266,6 +266,9 @@ impl Decoder {
                         return Err(fail(format!("sample of undefined series {series}")));
                     }
                     let time = cursor.i64().map_err(fail)?;
+                    if time < 0 {
+                        return Err(fail(format!("sample with a negative time ({time})")));
+                    }
                     let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
                     each(Item::Sample(SampleRec { series: series as u32, time, value }));
                 }
@@ -296,6 +299,9 @@ impl Decoder {
         span.ok = bit(2);
         span.start = cursor.i64()?;
         span.end = span.start.wrapping_add(cursor.signed()?);
+        if span.start < 0 || span.end < 0 {
+            return Err(format!("span with a negative time ({}..{})", span.start, span.end));
+        }
         let mut syms = [Sym::NONE; 16];
         for sym in &mut syms {
             *sym = self.sym(cursor)?;

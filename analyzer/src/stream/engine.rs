@@ -758,7 +758,7 @@ impl<'c> Engine<'c> {
                     && floors.broken_by(served, 1).is_none()
                     && let Some((replaced_at, newer_state)) = scope.committed.first_above(served)
                 {
-                    let staleness = (attempt.end - replaced_at) as f64 / 1e9;
+                    let staleness = attempt.end.saturating_sub(replaced_at) as f64 / 1e9;
                     if staleness > bound as f64 {
                         raised.push(Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state });
                     }
@@ -858,7 +858,8 @@ impl<'c> Engine<'c> {
                 break;
             }
             let Some(Reverse((answer, key))) = self.answers.pop() else { break };
-            let gap_too_long = self.windows.get(&key).is_some_and(|window| answer.start - window.last_start > max_gap);
+            let gap_too_long =
+                self.windows.get(&key).is_some_and(|window| answer.start.saturating_sub(window.last_start) > max_gap);
             if (!answer.no_namenodes || gap_too_long)
                 && let Some(window) = self.windows.remove(&key)
             {
@@ -882,7 +883,9 @@ impl<'c> Engine<'c> {
 
     fn flush_window(&mut self, (cluster, namespace, router): RouterKey, window: RouterWindow) {
         let settings = &self.config.no_namenodes_window;
-        if window.last_start - window.first_start < settings.min_window_seconds * 1_000_000_000 {
+        if window.last_start.saturating_sub(window.first_start)
+            < settings.min_window_seconds.saturating_mul(1_000_000_000)
+        {
             return;
         }
         let interner = &self.interner;
@@ -907,7 +910,7 @@ impl<'c> Engine<'c> {
         let found = no_namenodes_window::Window {
             start,
             end,
-            seconds: (window.last_start - window.first_start) as f64 / 1e9,
+            seconds: window.last_start.saturating_sub(window.first_start) as f64 / 1e9,
             attempts: window.attempts,
             clients: window
                 .clients
@@ -1143,7 +1146,7 @@ fn switches(
     }
     let switch = (attempt.start, state.last_address, attempt.server_address, at());
     let ended = match state.switches.last() {
-        Some(previous) if switch.0 - previous.0 >= min_gap => Some(std::mem::take(&mut state.switches)),
+        Some(previous) if switch.0.saturating_sub(previous.0) >= min_gap => Some(std::mem::take(&mut state.switches)),
         _ => None,
     };
     state.switches.push(switch);
@@ -1286,7 +1289,7 @@ impl Raise {
             Raise::Failing(run) => {
                 let first = run.first.attempt();
                 let (start, end) = (first.start, run.end);
-                if end - start < config.blind_failover_probe.min_seconds * 1_000_000_000 {
+                if end.saturating_sub(start) < config.blind_failover_probe.min_seconds.saturating_mul(1_000_000_000) {
                     return None;
                 }
                 let address = interner.get(run.address).unwrap_or_default();

@@ -206,7 +206,8 @@ impl Metrics {
         }
         let min_nanos = config.apply_lag.min_seconds * 1_000_000_000;
         self.anomalies.retain(|anomaly| {
-            anomaly.kind != AnomalyKind::ApplyLag || anomaly.end_unix_nano - anomaly.start_unix_nano >= min_nanos
+            anomaly.kind != AnomalyKind::ApplyLag
+                || anomaly.end_unix_nano.saturating_sub(anomaly.start_unix_nano) >= min_nanos
         });
         self.anomalies
     }
@@ -263,7 +264,7 @@ impl Metrics {
             _ => raw,
         };
         if let Some((previous_time, previous)) = series.current {
-            let seconds = (time - previous_time) as f64 / 1e9;
+            let seconds = time.saturating_sub(previous_time) as f64 / 1e9;
             let increase = if value >= previous { value - previous } else { value };
             series.rate = (seconds > 0.0).then(|| (time, increase / seconds));
         }
@@ -338,7 +339,8 @@ impl Metrics {
         let (changed_at, _) = series.last_change.unwrap_or((at, value));
         let committed_then = series.committed_at_change;
         let lag = committed_now - value;
-        let stalled = at - changed_at >= settings.min_seconds * 1_000_000_000 && committed_now > committed_then;
+        let stalled = at.saturating_sub(changed_at) >= settings.min_seconds.saturating_mul(1_000_000_000)
+            && committed_now > committed_then;
         let lagging = lag > settings.max_lag_states as f64;
         let caught_up = lag <= settings.caught_up_states as f64;
         if is_leader {
@@ -408,7 +410,10 @@ impl Metrics {
         let scope = scope(&key, interner);
         if let Some(run) = series.run.take() {
             match which {
-                Which::Requeues if run.end - run.start >= config.requeue_storm.min_seconds * 1_000_000_000 => {
+                Which::Requeues
+                    if run.end.saturating_sub(run.start)
+                        >= config.requeue_storm.min_seconds.saturating_mul(1_000_000_000) =>
+                {
                     let delta = |slot: usize| run.at_end[slot].unwrap_or(0.0) - run.at_start[slot].unwrap_or(0.0);
                     self.anomalies.push(requeue_storm::storm(
                         &scope,
@@ -420,7 +425,10 @@ impl Metrics {
                         delta(2),
                     ));
                 }
-                Which::Inflight if run.end - run.start >= config.shard_pressure.min_seconds * 1_000_000_000 => {
+                Which::Inflight
+                    if run.end.saturating_sub(run.start)
+                        >= config.shard_pressure.min_seconds.saturating_mul(1_000_000_000) =>
+                {
                     let role = interner.get(extra).unwrap_or_default();
                     self.anomalies.push(shard_pressure::pressure(
                         &scope,
