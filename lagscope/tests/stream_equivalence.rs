@@ -5,7 +5,7 @@
 use lagscope_analyzer::stream::{Engine, Interner, SpanRec, codec};
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
 use lagscope_collector::otlp::{samples_from_request, spans_from_request};
-use lagscope_model::{Anomaly, PointValue, Sample, Span};
+use lagscope_model::{Anomaly, AnomalyKind, PointValue, Sample, Span};
 use lagscope_sim::{Request, SimConfig, scenarios};
 
 /// A scenario's telemetry in the order it was exported.
@@ -44,7 +44,11 @@ fn batch(records: &[Record], config: &AnalyzerConfig) -> Vec<Anomaly> {
 }
 
 fn streamed(records: &[Record], config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut engine = Engine::new(config, |_| true);
+    streamed_kinds(records, config, |_| true)
+}
+
+fn streamed_kinds(records: &[Record], config: &AnalyzerConfig, wanted: impl Fn(AnomalyKind) -> bool) -> Vec<Anomaly> {
+    let mut engine = Engine::new(config, wanted);
     for record in records {
         match record {
             Record::Span(span) => {

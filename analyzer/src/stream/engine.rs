@@ -189,6 +189,7 @@ struct Kinds {
 pub struct Engine<'c> {
     config: &'c AnalyzerConfig,
     kinds: Kinds,
+    facts: Facts,
     metric_kinds: Vec<AnomalyKind>,
     pub interner: Interner,
     lateness: i64,
@@ -239,9 +240,16 @@ impl<'c> Engine<'c> {
             failover_flapping: wanted(AnomalyKind::FailoverFlapping),
         };
         let seconds = |value: i64| value.max(1).saturating_mul(1_000_000_000);
+        let facts = Facts {
+            committed: (kinds.stale_read && !config.stale_read.cross_client_bounds_seconds.is_empty())
+                || kinds.untrusted_state,
+            served: kinds.pinned_retry,
+            active: kinds.no_namenodes_window,
+        };
         Self {
             config,
             kinds,
+            facts,
             metric_kinds: METRIC_KINDS.iter().copied().filter(|kind| wanted(*kind)).collect(),
             metrics: METRIC_KINDS
                 .iter()
@@ -628,7 +636,7 @@ impl<'c> Engine<'c> {
         let Slot::Joined(attempt) = slot else { return };
         let scope = self.clients.get(&(client, open.namespace)).map(|state| (state.cluster, state.namespace));
         if let Some(scope) = scope {
-            record_facts(self.namespaces.entry(scope).or_default(), attempt, client, &mut self.sequence);
+            record_facts(self.facts, self.namespaces.entry(scope).or_default(), attempt, client, &mut self.sequence);
         }
     }
 
@@ -640,6 +648,20 @@ impl<'c> Engine<'c> {
             (Some(call_id), Some(calls)) => calls.remove(call_id).unwrap_or_default(),
             _ => Vec::new(),
         };
+        let all_joined = open.attempts.iter().all(|slot| matches!(slot, Slot::Joined(_)));
+        if all_joined && untraced.is_empty() {
+            // The common case: every attempt joined through its trace already.
+            let attempts: Vec<Attempt> = open
+                .attempts
+                .into_iter()
+                .filter_map(|slot| match slot {
+                    Slot::Joined(attempt) => Some(attempt),
+                    Slot::Raw(_) => None,
+                })
+                .collect();
+            self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, attempts);
+            return;
+        }
         // Raw attempts: their traced hops now, then the untraced hops by call id.
         let mut hops: Vec<Option<(Vec<SpanRec>, TimelineJoin)>> = open
             .attempts
@@ -682,17 +704,30 @@ impl<'c> Engine<'c> {
                     let (hops, join) = hops.unwrap_or((Vec::new(), TimelineJoin::ClientOnly));
                     let attempt = build_attempt(&span, hops, join);
                     if let Some(scope) = scope {
-                        record_facts(self.namespaces.entry(scope).or_default(), &attempt, client, &mut self.sequence);
+                        let namespace = self.namespaces.entry(scope).or_default();
+                        record_facts(self.facts, namespace, &attempt, client, &mut self.sequence);
                     }
                     attempt
                 }
             })
             .collect();
+        self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, attempts);
+    }
+
+    /// A call's joined attempts into a compact call, then through the detectors.
+    fn process_call(
+        &mut self,
+        client: Sym,
+        namespace: Sym,
+        call_id: Option<Box<str>>,
+        op: Sym,
+        rpc_method: Sym,
+        attempts: Vec<Attempt>,
+    ) {
         let start = attempts.iter().map(|attempt| attempt.start).min().unwrap_or_default();
         let end = attempts.iter().map(|attempt| attempt.end).max().unwrap_or_default();
         self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(end.saturating_sub(start));
-        let call =
-            Rc::new(Call { call_id: open.call_id, op: open.op, rpc_method: open.rpc_method, start, end, attempts });
+        let call = Rc::new(Call { call_id, op, rpc_method, start, end, attempts });
         self.process(client, namespace, call);
     }
 
@@ -1062,15 +1097,30 @@ fn hash_str(text: &str) -> u64 {
 
 /// What a joined attempt tells about its namespace: a committed state reported, an answer
 /// served, an execution as the active.
-fn record_facts(scope: &mut NamespaceState, attempt: &Attempt, client: Sym, sequence: &mut u64) {
-    if let Some(committed) = attempt.committed {
+/// Which namespace facts the running detectors read.
+#[derive(Debug, Clone, Copy)]
+struct Facts {
+    /// Committed states (cross-client stale reads, untrusted states).
+    committed: bool,
+    /// Who answered when (pinned retries).
+    served: bool,
+    /// Executions as the active (NoNamenodesAvailable windows).
+    active: bool,
+}
+
+fn record_facts(facts: Facts, scope: &mut NamespaceState, attempt: &Attempt, client: Sym, sequence: &mut u64) {
+    if facts.committed
+        && let Some(committed) = attempt.committed
+    {
         scope.committed.report(attempt.end, committed);
     }
     if attempt.ok && attempt.served_by.is_some() {
         *sequence += 1;
         let fact = Fact { at: attempt.end, node: attempt.served_by, order: *sequence, client };
-        scope.served.push(fact);
-        if attempt.served_role == known::ACTIVE {
+        if facts.served {
+            scope.served.push(fact);
+        }
+        if facts.active && attempt.served_role == known::ACTIVE {
             scope.active_served.push(Fact { at: attempt.start, ..fact });
         }
     }
