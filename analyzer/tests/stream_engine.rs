@@ -51,15 +51,22 @@ fn stale_reads(anomalies: &[Anomaly]) -> usize {
     anomalies.iter().filter(|anomaly| anomaly.kind == AnomalyKind::StaleRead).count()
 }
 
-#[test]
-fn a_server_span_arriving_after_its_client_span_within_the_lateness_still_joins() {
-    let config = AnalyzerConfig::default();
-    let mut engine = Engine::new(&config, |_| true);
+/// A write, then a read of the same client served below it on an observer: everything but
+/// the read's server span, which the caller delivers.
+fn stale_read_awaiting_its_server(config: &AnalyzerConfig) -> (Engine<'_>, SpanRec) {
+    let mut engine = Engine::new(config, |_| true);
     let (write, write_server) = call(&mut engine.interner, 0, 0, "write", 100, 100);
     let (read, read_server) = call(&mut engine.interner, 1, SECOND, "read", 90, 100);
     engine.push_span(write_server);
     engine.push_span(write);
     engine.push_span(read);
+    (engine, read_server)
+}
+
+#[test]
+fn a_server_span_arriving_after_its_client_span_within_the_lateness_still_joins() {
+    let config = AnalyzerConfig::default();
+    let (mut engine, read_server) = stale_read_awaiting_its_server(&config);
     // Five seconds of other traffic pass before the read's server span is exported.
     engine.push_span(SpanRec { end: 6 * SECOND, start: 6 * SECOND, ..SpanRec::default() });
     engine.push_span(read_server);
@@ -72,12 +79,7 @@ fn a_server_span_arriving_after_its_client_span_within_the_lateness_still_joins(
 #[test]
 fn a_server_span_later_than_the_horizon_is_counted_not_joined() {
     let config = AnalyzerConfig::default();
-    let mut engine = Engine::new(&config, |_| true);
-    let (write, write_server) = call(&mut engine.interner, 0, 0, "write", 100, 100);
-    let (read, read_server) = call(&mut engine.interner, 1, SECOND, "read", 90, 100);
-    engine.push_span(write_server);
-    engine.push_span(write);
-    engine.push_span(read);
+    let (mut engine, read_server) = stale_read_awaiting_its_server(&config);
     // Traffic moves the data 200 s on (past lateness and horizon) before the server span comes.
     for step in 1..=200 {
         engine.push_span(SpanRec { start: step * SECOND, end: step * SECOND, ..SpanRec::default() });
