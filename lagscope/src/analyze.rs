@@ -173,13 +173,7 @@ impl Run<'_, '_> {
 
     /// An OTLP JSON capture (optionally gzipped), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
-        let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let gzipped = path.extension().is_some_and(|extension| extension == "gz");
-        let reader: Box<dyn std::io::BufRead> = if gzipped {
-            Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))
-        } else {
-            Box::new(std::io::BufReader::with_capacity(1 << 20, file))
-        };
+        let reader = open_capture(path)?;
         let mut started = Instant::now();
         let mut failure = None;
         let requests = stream_requests(&path.display().to_string(), reader, |decoded| {
@@ -201,6 +195,16 @@ impl Run<'_, '_> {
         self.requests += requests?;
         Ok(())
     }
+}
+
+/// A capture file for reading request by request, gunzipped when it ends in `.gz`.
+pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    Ok(if path.extension().is_some_and(|extension| extension == "gz") {
+        Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))
+    } else {
+        Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+    })
 }
 
 /// Hands one decoded export request's spans and samples to the engine, in their order.

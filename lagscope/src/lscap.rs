@@ -105,12 +105,7 @@ pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Conv
     let mut converted = Converted::default();
     for capture in captures {
         let path = capture.as_ref();
-        let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let reader: Box<dyn std::io::BufRead> = if path.extension().is_some_and(|extension| extension == "gz") {
-            Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
-        } else {
-            Box::new(BufReader::with_capacity(1 << 20, file))
-        };
+        let reader = crate::analyze::open_capture(path)?;
         let name = path.display().to_string();
         converted.requests += lagscope_collector::capture::stream_requests(&name, reader, |decoded| {
             let written: std::io::Result<()> = (|| {

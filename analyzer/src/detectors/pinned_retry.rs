@@ -59,27 +59,41 @@ fn served_answers(input: &AnalysisInput) -> Served<'_> {
 /// Runs of at least `min_attempts` consecutive refused attempts, sent straight to one server,
 /// refused the same way.
 fn pinned_runs(call: &TimelineCall, min_attempts: usize) -> Vec<Vec<&TimelineAttempt>> {
-    let mut runs: Vec<Vec<&TimelineAttempt>> = Vec::new();
-    let mut current: Vec<&TimelineAttempt> = Vec::new();
-    for attempt in &call.attempts {
-        let pinned_candidate =
-            attempt.outcome != Some(Outcome::Ok) && attempt.router_node.is_none() && attempt.served_by.is_some();
-        let continues = current
-            .last()
-            .is_some_and(|last| last.served_by == attempt.served_by && last.error_type == attempt.error_type);
-        if pinned_candidate && (current.is_empty() || continues) {
-            current.push(attempt);
+    let runs = run_indexes(
+        &call.attempts,
+        min_attempts,
+        |attempt| attempt.outcome != Some(Outcome::Ok) && attempt.router_node.is_none() && attempt.served_by.is_some(),
+        |last, attempt| last.served_by == attempt.served_by && last.error_type == attempt.error_type,
+    );
+    runs.into_iter().map(|run| run.into_iter().map(|index| &call.attempts[index]).collect()).collect()
+}
+
+/// Maximal runs (as indexes) of at least `min` consecutive items that are `candidate`s, each
+/// `continues` the one before. The pinned-run scan of both the batch and the streaming path.
+pub(crate) fn run_indexes<T>(
+    items: &[T],
+    min: usize,
+    candidate: impl Fn(&T) -> bool,
+    continues: impl Fn(&T, &T) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut runs = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let is_candidate = candidate(item);
+        let extends = current.last().is_some_and(|last| continues(&items[*last], item));
+        if is_candidate && (current.is_empty() || extends) {
+            current.push(index);
             continue;
         }
-        if current.len() >= min_attempts {
+        if current.len() >= min {
             runs.push(std::mem::take(&mut current));
         }
         current.clear();
-        if pinned_candidate {
-            current.push(attempt);
+        if is_candidate {
+            current.push(index);
         }
     }
-    if current.len() >= min_attempts {
+    if current.len() >= min {
         runs.push(current);
     }
     runs

@@ -830,7 +830,7 @@ impl<'c> Engine<'c> {
                 }
             }
             if kinds.follower_read_disabled && call.op == known::READ {
-                follow_reads(state, attempt, at);
+                follow_reads(state, &call, attempt, at);
             }
             if attempt.server_address.is_some() {
                 if kinds.blind_failover_probe
@@ -1128,7 +1128,7 @@ fn record_facts(facts: Facts, scope: &mut NamespaceState, attempt: &Attempt, cli
 
 /// follower_read_disabled, one read attempt at a time: remembers the latest follower
 /// rejection after which no read went to a follower, and the reads since.
-fn follow_reads(state: &mut ClientState, attempt: &Attempt, at: impl Fn() -> AttemptAt) {
+fn follow_reads(state: &mut ClientState, call: &Call, attempt: &Attempt, at: impl Fn() -> AttemptAt) {
     let on_follower = matches!(attempt.served_role, known::FOLLOWER | known::OBSERVER);
     let follower_mode = attempt.follower_read == Some(true);
     if attempt.ok && on_follower && follower_mode {
@@ -1150,7 +1150,7 @@ fn follow_reads(state: &mut ClientState, attempt: &Attempt, at: impl Fn() -> Att
     }
     if let Some(rejection) = &mut state.rejection
         && attempt.ok
-        && rejection.at.call.call_id != at().call.call_id
+        && rejection.at.call.call_id != call.call_id
     {
         rejection.reads_after += 1;
         if attempt.consistency.is_some() {
@@ -1206,30 +1206,12 @@ fn switches(
 /// Runs of at least `min_attempts` consecutive refused attempts of a call, sent straight to
 /// one server, refused the same way (indexes into the call's attempts).
 fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
-    let mut runs = Vec::new();
-    let mut current: Vec<usize> = Vec::new();
-    for (index, attempt) in call.attempts.iter().enumerate() {
-        let candidate = !attempt.ok && !attempt.router_node.is_some() && attempt.served_by.is_some();
-        let continues = current.last().is_some_and(|last| {
-            let last = &call.attempts[*last];
-            last.served_by == attempt.served_by && last.error_type == attempt.error_type
-        });
-        if candidate && (current.is_empty() || continues) {
-            current.push(index);
-            continue;
-        }
-        if current.len() >= min_attempts {
-            runs.push(std::mem::take(&mut current));
-        }
-        current.clear();
-        if candidate {
-            current.push(index);
-        }
-    }
-    if current.len() >= min_attempts {
-        runs.push(current);
-    }
-    runs
+    pinned_retry::run_indexes(
+        &call.attempts,
+        min_attempts,
+        |attempt| !attempt.ok && !attempt.router_node.is_some() && attempt.served_by.is_some(),
+        |last, attempt| last.served_by == attempt.served_by && last.error_type == attempt.error_type,
+    )
 }
 
 /// An anomaly found on compact data, to be built once with the shared constructors.
