@@ -9,6 +9,7 @@ pub mod capture;
 mod dirty;
 mod error;
 pub mod otlp;
+pub mod queue;
 
 pub use dirty::{DirtyClients, Pending};
 pub use error::DecodeError;

@@ -10,6 +10,7 @@ use flate2::write::GzEncoder;
 use lagscope_collector::DirtyClients;
 use lagscope_collector::otlp::http::{ReceiverState, router};
 use lagscope_collector::otlp::ingest::Ingestor;
+use lagscope_collector::queue::IngestQueue;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store, StoreStats, TimeRange};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -21,29 +22,42 @@ const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otlp-examples
 
 struct Harness {
     store: SqliteStore,
+    queue: IngestQueue,
+    metrics: Arc<SelfMetrics>,
     dirty: Arc<DirtyClients>,
     router: axum::Router,
     _directory: tempfile::TempDir,
 }
 
 async fn harness(max_body_bytes: usize) -> Harness {
+    harness_with_queue(max_body_bytes, max_body_bytes * 4).await
+}
+
+async fn harness_with_queue(max_body_bytes: usize, queue_bytes: usize) -> Harness {
     let directory = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open_dir(directory.path()).await.expect("store");
     let dirty = Arc::new(DirtyClients::default());
-    let ingestor =
-        Ingestor { store: Arc::new(store.clone()), metrics: Arc::new(SelfMetrics::default()), dirty: dirty.clone() };
+    let metrics = Arc::new(SelfMetrics::default());
+    let (queue, committer) = IngestQueue::new(Arc::new(store.clone()), metrics.clone(), dirty.clone(), queue_bytes);
+    tokio::spawn(committer);
+    let ingestor = Ingestor { queue: queue.clone(), metrics: metrics.clone() };
     let router = router(ReceiverState { ingestor, max_body_bytes });
-    Harness { store, dirty, router, _directory: directory }
+    Harness { store, queue, metrics, dirty, router, _directory: directory }
 }
 
 impl Harness {
-    async fn post(
+    async fn post(&self, path: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> Answer {
+        let (status, content_type, _, body) = self.post_with_headers(path, content_type, encoding, body).await;
+        (status, content_type, body)
+    }
+
+    async fn post_with_headers(
         &self,
         path: &str,
         content_type: &str,
         encoding: Option<&str>,
         body: Vec<u8>,
-    ) -> (StatusCode, String, Vec<u8>) {
+    ) -> (StatusCode, String, axum::http::HeaderMap, Vec<u8>) {
         let mut request = Request::post(path).header(header::CONTENT_TYPE, content_type);
         if let Some(encoding) = encoding {
             request = request.header(header::CONTENT_ENCODING, encoding);
@@ -57,14 +71,17 @@ impl Harness {
             .and_then(|value| value.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let headers = response.headers().clone();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
-        (status, response_type, bytes.to_vec())
+        (status, response_type, headers, bytes.to_vec())
     }
 
     async fn stats(&self) -> StoreStats {
         self.store.stats().await.expect("stats")
     }
 }
+
+type Answer = (StatusCode, String, Vec<u8>);
 
 fn example(name: &str) -> Vec<u8> {
     std::fs::read(format!("{EXAMPLES}/{name}")).expect("official OTLP example")
@@ -255,4 +272,82 @@ async fn malformed_bodies_are_refused_and_nothing_is_written() {
         assert!(text.contains(expected_message), "{path} {content_type} {encoding:?}: {text}");
     }
     assert_eq!(harness.stats().await, StoreStats::default());
+}
+
+#[tokio::test]
+async fn a_full_ingest_queue_answers_429_with_retry_after_and_writes_nothing() {
+    let harness = harness_with_queue(64 << 10, 256 << 10).await;
+    let body = lagscope_span_request(json!({"intValue": "120"})).to_string().into_bytes();
+    // Every byte of the queue is held, as by requests still being committed.
+    let held = harness.queue.reserve(harness.queue.capacity()).expect("the whole queue");
+    for (content_type, payload) in [
+        ("application/json", body.clone()),
+        (
+            "application/x-protobuf",
+            serde_json::from_slice::<ExportTraceServiceRequest>(&body).expect("request").encode_to_vec(),
+        ),
+    ] {
+        let (status, response_type, headers, response) =
+            harness.post_with_headers("/v1/traces", content_type, None, payload).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{}", String::from_utf8_lossy(&response));
+        assert_eq!(response_type, content_type, "answered in the request's encoding");
+        assert_eq!(headers.get(header::RETRY_AFTER).and_then(|value| value.to_str().ok()), Some("1"));
+        if content_type == "application/json" {
+            let response = json_body(&response);
+            assert_eq!(response["code"], json!(8), "RESOURCE_EXHAUSTED: {response}");
+            let message = response["message"].as_str().unwrap_or_default();
+            assert!(message.contains("ingest queue is full"), "{message}");
+        }
+    }
+    assert_eq!(harness.stats().await.spans, 0);
+    assert_eq!(harness.metrics.ingest_queue_full.get(), 2);
+
+    // Once the room is back, the same request is taken, and its room given back after commit.
+    drop(held);
+    let (status, _, response) = harness.post("/v1/traces", "application/json", None, body).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&response));
+    assert_eq!(harness.stats().await.spans, 2);
+    assert_eq!(harness.queue.in_use(), 0, "the request's reservation is released after its commit");
+}
+
+#[tokio::test]
+async fn requests_waiting_together_are_committed_in_one_transaction() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open_dir(directory.path()).await.expect("store");
+    let dirty = Arc::new(DirtyClients::default());
+    let metrics = Arc::new(SelfMetrics::default());
+    let (queue, committer) = IngestQueue::new(Arc::new(store.clone()), metrics.clone(), dirty.clone(), 1 << 20);
+    let ingestor = Ingestor { queue, metrics: metrics.clone() };
+    // Twenty requests queue up while the committer is not running yet (as while it waits for
+    // the previous transaction's sync) ...
+    let mut requests = tokio::task::JoinSet::new();
+    for client in 0..20 {
+        let mut request = lagscope_span_request(json!({"intValue": "120"}));
+        let spans = request["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array_mut().expect("spans");
+        for (index, span) in spans.iter_mut().enumerate() {
+            span["traceId"] = json!(format!("{:032x}", client * 10 + index + 1));
+            span["attributes"][0]["value"]["stringValue"] = json!(format!("c{client}"));
+        }
+        let request: ExportTraceServiceRequest = serde_json::from_value(request).expect("request");
+        let ingestor = ingestor.clone();
+        let reservation = ingestor.queue.reserve(1000).expect("room");
+        requests.spawn(async move { ingestor.traces(&request, reservation).await });
+    }
+    while ingestor.queue.in_use() < 20 * 1000 || requests.len() < 20 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // ... and are committed together, each answered only after.
+    tokio::spawn(committer);
+    while let Some(answer) = requests.join_next().await {
+        assert_eq!(answer.expect("task").expect("committed").rejected, 0);
+    }
+    assert_eq!(store.stats().await.expect("stats").spans, 40);
+    assert_eq!(metrics.ingest_committed_requests.get(), 20);
+    assert_eq!(metrics.ingest_commits.get(), 1, "one transaction for the twenty requests");
+    let pending = dirty.take().await;
+    assert_eq!(pending.clients.len(), 20, "every committed client is handed to the analyzer");
+    assert_eq!(ingestor.queue.in_use(), 0);
 }

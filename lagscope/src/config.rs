@@ -28,6 +28,26 @@ pub struct ServerConfig {
     pub otlp_grpc: String,
     /// Largest OTLP request body accepted, after decompression.
     pub max_body_bytes: usize,
+    /// Room in the ingest queue, in bytes: requests being read, decoded and committed. When it
+    /// is full, receivers answer 429 / RESOURCE_EXHAUSTED with a retry hint.
+    pub ingest_queue_bytes: usize,
+}
+
+impl ServerConfig {
+    /// The ingest queue must hold the largest request the receivers accept, decoded.
+    pub fn validate(&self) -> Result<(), String> {
+        let needed = self.max_body_bytes.saturating_mul(1 + lagscope_collector::queue::DECODED_BYTES_FACTOR);
+        if self.ingest_queue_bytes < needed {
+            return Err(format!(
+                "server.ingest_queue_bytes ({}) must be at least {} (server.max_body_bytes {} decoded: {}x)",
+                self.ingest_queue_bytes,
+                needed,
+                self.max_body_bytes,
+                1 + lagscope_collector::queue::DECODED_BYTES_FACTOR
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -38,6 +58,7 @@ impl Default for ServerConfig {
             otlp_http: "127.0.0.1:4318".to_string(),
             otlp_grpc: "127.0.0.1:4317".to_string(),
             max_body_bytes: lagscope_collector::otlp::http::DEFAULT_MAX_BODY_BYTES,
+            ingest_queue_bytes: lagscope_collector::queue::DEFAULT_QUEUE_BYTES,
         }
     }
 }
@@ -63,12 +84,14 @@ impl Config {
     /// Parses a TOML configuration, naming the file and the offending key on error.
     pub fn from_toml(source_name: &str, text: &str) -> anyhow::Result<Self> {
         let config: Self = toml::from_str(text).with_context(|| format!("invalid configuration in {source_name}"))?;
-        config
-            .analyzer
-            .stream
-            .validate()
-            .map_err(|message| anyhow::anyhow!("invalid configuration in {source_name}: {message}"))?;
+        config.validate().map_err(|message| anyhow::anyhow!("invalid configuration in {source_name}: {message}"))?;
         Ok(config)
+    }
+
+    /// Checks what the types cannot: settings that must agree with each other.
+    pub fn validate(&self) -> Result<(), String> {
+        self.analyzer.stream.validate()?;
+        self.server.validate()
     }
 
     /// Reads the file if given, else the defaults.

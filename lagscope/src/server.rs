@@ -10,6 +10,7 @@ use lagscope_collector::DirtyClients;
 use lagscope_collector::otlp::grpc;
 use lagscope_collector::otlp::http::{ReceiverState, router as otlp_router};
 use lagscope_collector::otlp::ingest::Ingestor;
+use lagscope_collector::queue::IngestQueue;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store};
 use lagscope_web::{ApiState, router as api_router};
@@ -49,7 +50,13 @@ impl Server {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
 
-        let ingestor = Ingestor { store: shared_store.clone(), metrics: metrics.clone(), dirty: dirty.clone() };
+        let (queue, committer) =
+            IngestQueue::new(shared_store.clone(), metrics.clone(), dirty.clone(), config.server.ingest_queue_bytes);
+        tasks.spawn(async move {
+            committer.await;
+            Ok(())
+        });
+        let ingestor = Ingestor { queue, metrics: metrics.clone() };
         let receiver =
             otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });
         tasks.spawn(serve_http(otlp_listener, receiver, shutdown_rx.clone()));

@@ -39,6 +39,20 @@ impl HighWaterMark {
     }
 }
 
+/// A value that goes up and down (bytes in a queue).
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BOUNDS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
@@ -89,8 +103,17 @@ pub struct SelfMetrics {
     pub logs_received: Counter,
     pub logs_rejected: Counter,
     pub logs_stored: Counter,
-    /// Ingest commits (one per accepted request).
+    /// Ingest commits (one transaction per group of requests).
     pub store_ingest_latency: LatencyHistogram,
+    /// Store transactions committed by the ingest queue.
+    pub ingest_commits: Counter,
+    /// Requests those transactions held (requests per commit = group commit's effect).
+    pub ingest_committed_requests: Counter,
+    /// Requests refused because the ingest queue was full.
+    pub ingest_queue_full: Counter,
+    /// Bytes reserved in the ingest queue, and its size.
+    pub ingest_queue_bytes: Gauge,
+    pub ingest_queue_capacity_bytes: Gauge,
     pub analysis_passes: Counter,
     pub analysis_errors: Counter,
     pub analysis_latency: LatencyHistogram,
@@ -113,7 +136,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 13] = [
+        let counters: [(&str, &str, &Counter); 16] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -127,6 +150,17 @@ impl SelfMetrics {
             ("lagscope_logs_received_total", "Log records received.", &self.logs_received),
             ("lagscope_logs_rejected_total", "Log records refused.", &self.logs_rejected),
             ("lagscope_logs_stored_total", "Log records committed to the store.", &self.logs_stored),
+            ("lagscope_ingest_commits_total", "Store transactions made by the ingest queue.", &self.ingest_commits),
+            (
+                "lagscope_ingest_committed_requests_total",
+                "Receiver requests committed (several share one transaction under load).",
+                &self.ingest_committed_requests,
+            ),
+            (
+                "lagscope_ingest_queue_full_total",
+                "Requests refused with 429 / RESOURCE_EXHAUSTED because the ingest queue was full.",
+                &self.ingest_queue_full,
+            ),
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
@@ -148,7 +182,7 @@ impl SelfMetrics {
         let histograms = [
             (
                 "lagscope_store_ingest_seconds",
-                "Time to commit one received batch to the store.",
+                "Time to commit one group of received requests to the store.",
                 &self.store_ingest_latency,
             ),
             ("lagscope_analysis_seconds", "Time of one live analysis pass.", &self.analysis_latency),
@@ -163,6 +197,21 @@ impl SelfMetrics {
             "# HELP {name} Committed batches the live analyzer has finished.\n# TYPE {name} gauge\n{name} {}",
             self.batches_analyzed.get()
         );
+        let own_gauges = [
+            (
+                "lagscope_ingest_queue_bytes",
+                "Bytes reserved in the ingest queue by requests being read, decoded or committed.",
+                &self.ingest_queue_bytes,
+            ),
+            (
+                "lagscope_ingest_queue_capacity_bytes",
+                "The ingest queue's size in bytes.",
+                &self.ingest_queue_capacity_bytes,
+            ),
+        ];
+        for (name, help, gauge) in own_gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", gauge.get());
+        }
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }

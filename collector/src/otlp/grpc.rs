@@ -18,7 +18,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
+use prost::Message;
+
 use super::ingest::{Accepted, Ingestor, StoreUnavailable};
+use crate::queue::{DECODED_BYTES_FACTOR, IngestQueue, QueueFull, RETRY_AFTER_SECONDS, Reservation};
 
 /// The three OTLP services, ready for `tonic::transport::Server::add_service` or
 /// `tonic::service::Routes`. `max_message_bytes` bounds a decoded request.
@@ -50,6 +53,66 @@ fn unavailable(_: StoreUnavailable) -> Status {
     Status::unavailable("the store cannot commit data right now; retry later")
 }
 
+/// google.rpc.RetryInfo: with it, RESOURCE_EXHAUSTED is retryable in OTLP/gRPC.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<ProtoDuration>,
+}
+
+/// google.protobuf.Duration.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+/// google.protobuf.Any.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// google.rpc.Status, carried in `grpc-status-details-bin`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<ProtoAny>,
+}
+
+/// The queue is full: RESOURCE_EXHAUSTED with a RetryInfo telling the sender when to retry.
+fn exhausted(queue: &IngestQueue, refused: QueueFull) -> Status {
+    queue.count_full();
+    let message = refused.to_string();
+    let retry = RetryInfo { retry_delay: Some(ProtoDuration { seconds: i64::from(RETRY_AFTER_SECONDS), nanos: 0 }) };
+    let details = RpcStatus {
+        code: tonic::Code::ResourceExhausted as i32,
+        message: message.clone(),
+        details: vec![ProtoAny {
+            type_url: "type.googleapis.com/google.rpc.RetryInfo".to_string(),
+            value: retry.encode_to_vec(),
+        }],
+    };
+    Status::with_details(tonic::Code::ResourceExhausted, message, details.encode_to_vec().into())
+}
+
+/// Room in the ingest queue for a decoded request: its encoded size times the decoding factor.
+fn reserve(ingestor: &Ingestor, request: &impl Message) -> Result<Reservation, Status> {
+    ingestor
+        .queue
+        .reserve(request.encoded_len().saturating_mul(DECODED_BYTES_FACTOR))
+        .map_err(|refused| exhausted(&ingestor.queue, refused))
+}
+
 fn respond<T>(
     signal: &'static str,
     metrics: &lagscope_selfmetrics::SelfMetrics,
@@ -59,6 +122,7 @@ fn respond<T>(
     let status = match &result {
         Ok(_) => 200,
         Err(status) if status.code() == tonic::Code::Unavailable => 503,
+        Err(status) if status.code() == tonic::Code::ResourceExhausted => 429,
         Err(_) => 400,
     };
     metrics.count_response(signal, status);
@@ -75,11 +139,13 @@ impl TraceService for Receiver {
         &self,
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        let result = self.ingestor.traces(request.get_ref()).await.map_err(unavailable).map(|accepted| {
-            ExportTraceServiceResponse {
-                partial_success: partial(&accepted)
-                    .map(|(rejected_spans, error_message)| ExportTracePartialSuccess { rejected_spans, error_message }),
-            }
+        let result = match reserve(&self.ingestor, request.get_ref()) {
+            Err(status) => Err(status),
+            Ok(reservation) => self.ingestor.traces(request.get_ref(), reservation).await.map_err(unavailable),
+        };
+        let result = result.map(|accepted| ExportTraceServiceResponse {
+            partial_success: partial(&accepted)
+                .map(|(rejected_spans, error_message)| ExportTracePartialSuccess { rejected_spans, error_message }),
         });
         respond("traces", &self.ingestor.metrics, result)
     }
@@ -91,12 +157,14 @@ impl MetricsService for Receiver {
         &self,
         request: Request<ExportMetricsServiceRequest>,
     ) -> Result<Response<ExportMetricsServiceResponse>, Status> {
-        let result = self.ingestor.metrics(request.get_ref()).await.map_err(unavailable).map(|accepted| {
-            ExportMetricsServiceResponse {
-                partial_success: partial(&accepted).map(|(rejected_data_points, error_message)| {
-                    ExportMetricsPartialSuccess { rejected_data_points, error_message }
-                }),
-            }
+        let result = match reserve(&self.ingestor, request.get_ref()) {
+            Err(status) => Err(status),
+            Ok(reservation) => self.ingestor.metrics(request.get_ref(), reservation).await.map_err(unavailable),
+        };
+        let result = result.map(|accepted| ExportMetricsServiceResponse {
+            partial_success: partial(&accepted).map(|(rejected_data_points, error_message)| {
+                ExportMetricsPartialSuccess { rejected_data_points, error_message }
+            }),
         });
         respond("metrics", &self.ingestor.metrics, result)
     }
@@ -108,12 +176,15 @@ impl LogsService for Receiver {
         &self,
         request: Request<ExportLogsServiceRequest>,
     ) -> Result<Response<ExportLogsServiceResponse>, Status> {
-        let result = self.ingestor.logs(request.get_ref()).await.map_err(unavailable).map(|accepted| {
-            ExportLogsServiceResponse {
-                partial_success: partial(&accepted).map(|(rejected_log_records, error_message)| {
-                    ExportLogsPartialSuccess { rejected_log_records, error_message }
-                }),
-            }
+        let result = match reserve(&self.ingestor, request.get_ref()) {
+            Err(status) => Err(status),
+            Ok(reservation) => self.ingestor.logs(request.get_ref(), reservation).await.map_err(unavailable),
+        };
+        let result = result.map(|accepted| ExportLogsServiceResponse {
+            partial_success: partial(&accepted).map(|(rejected_log_records, error_message)| ExportLogsPartialSuccess {
+                rejected_log_records,
+                error_message,
+            }),
         });
         respond("logs", &self.ingestor.metrics, result)
     }

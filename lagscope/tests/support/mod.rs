@@ -37,3 +37,84 @@ pub async fn wait_until_analyzed(server: &Server) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `lagscope serve` as a separate process (for what only a process can show: SIGKILL, RSS).
+/// Killed when dropped, so a failing test leaves no server behind.
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub api: String,
+    pub otlp_http: String,
+    pub otlp_grpc: String,
+}
+
+impl ServeProcess {
+    /// Starts `lagscope serve` on free loopback ports over `data_dir`, with `config` (TOML) as
+    /// its configuration file, and waits until it listens.
+    pub fn start(data_dir: &Path, config: &str) -> Self {
+        use std::io::BufRead;
+        let config_path = data_dir.with_extension("toml");
+        std::fs::write(&config_path, config).expect("config file");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--config")
+            .arg(&config_path)
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("lagscope serve starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.starts_with("lagscope: API on") {
+                    let _ = sender.send(line.clone());
+                }
+                eprintln!("[serve] {line}");
+            }
+        });
+        let line = receiver.recv_timeout(Duration::from_secs(30)).expect("lagscope serve printed its addresses");
+        // lagscope: API on http://A  OTLP/HTTP on http://B  OTLP/gRPC on C  data in D
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |label: &str| {
+            let index = words.iter().position(|word| *word == label).expect(label);
+            words[index + 2].trim_start_matches("http://").to_string()
+        };
+        Self { api: after("API"), otlp_http: after("OTLP/HTTP"), otlp_grpc: after("OTLP/gRPC"), child }
+    }
+
+    /// SIGKILL: no shutdown, no flush, no checkpoint.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+    }
+
+    /// SIGTERM, and waits for the clean shutdown.
+    pub fn stop(mut self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let exit = self.child.wait().expect("reaped");
+        assert!(exit.success(), "lagscope serve exited with {exit}");
+    }
+
+    /// The process's peak resident set size (VmHWM), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let line = status.lines().find(|line| line.starts_with("VmHWM:")).expect("VmHWM");
+        let kib: u64 = line.split_whitespace().nth(1).and_then(|value| value.parse().ok()).expect("VmHWM value");
+        kib * 1024
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
