@@ -10,6 +10,7 @@ mod dirty;
 mod error;
 pub mod otlp;
 pub mod queue;
+pub mod scrape;
 
 pub use dirty::{DirtyClients, Pending};
 pub use error::DecodeError;

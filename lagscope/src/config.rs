@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use lagscope_analyzer::AnalyzerConfig;
+use lagscope_collector::scrape::ScrapeTarget;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -13,6 +14,8 @@ pub struct Config {
     pub server: ServerConfig,
     pub live: LiveConfig,
     pub analyzer: AnalyzerConfig,
+    /// `[[scrape]]` targets: native endpoints polled on an interval.
+    pub scrape: Vec<ScrapeTarget>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,7 +94,15 @@ impl Config {
     /// Checks what the types cannot: settings that must agree with each other.
     pub fn validate(&self) -> Result<(), String> {
         self.analyzer.stream.validate()?;
-        self.server.validate()
+        self.server.validate()?;
+        let mut names = std::collections::BTreeSet::new();
+        for target in &self.scrape {
+            target.validate()?;
+            if !names.insert(target.name.as_str()) {
+                return Err(format!("two scrape targets are named {:?}", target.name));
+            }
+        }
+        Ok(())
     }
 
     /// Reads the file if given, else the defaults.

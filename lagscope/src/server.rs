@@ -11,6 +11,7 @@ use lagscope_collector::otlp::grpc;
 use lagscope_collector::otlp::http::{ReceiverState, router as otlp_router};
 use lagscope_collector::otlp::ingest::Ingestor;
 use lagscope_collector::queue::IngestQueue;
+use lagscope_collector::scrape::run_scrapers;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store};
 use lagscope_web::{ApiState, router as api_router};
@@ -56,6 +57,13 @@ impl Server {
             committer.await;
             Ok(())
         });
+        if !config.scrape.is_empty() {
+            let scrapers = run_scrapers(config.scrape.clone(), queue.clone(), metrics.clone(), shutdown_rx.clone());
+            tasks.spawn(async move {
+                scrapers.await;
+                Ok(())
+            });
+        }
         let ingestor = Ingestor { queue, metrics: metrics.clone() };
         let receiver =
             otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });

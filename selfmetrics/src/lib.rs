@@ -53,6 +53,82 @@ impl Gauge {
     }
 }
 
+/// How one scrape target is doing.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TargetStatus {
+    pub url: String,
+    pub kind: String,
+    /// Whether the last scrape succeeded (fetched, parsed, committed).
+    pub up: bool,
+    pub last_scrape_unix_nano: Option<i64>,
+    pub last_success_unix_nano: Option<i64>,
+    /// How long the last scrape took, fetch to commit.
+    pub duration_seconds: f64,
+    /// Samples the last successful scrape committed.
+    pub samples: u64,
+    pub last_error: Option<String>,
+    pub scrapes: u64,
+    pub failures: u64,
+}
+
+/// Every scrape target's status, by target name.
+#[derive(Debug, Default)]
+pub struct ScrapeStatus(Mutex<BTreeMap<String, TargetStatus>>);
+
+impl ScrapeStatus {
+    /// Updates one target's status.
+    pub fn update(&self, target: &str, update: impl FnOnce(&mut TargetStatus)) {
+        let mut targets = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        update(targets.entry(target.to_string()).or_default());
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<String, TargetStatus> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn render(&self, out: &mut String) {
+        let targets = self.snapshot();
+        if targets.is_empty() {
+            return;
+        }
+        type Field = fn(&TargetStatus) -> f64;
+        let families: [(&str, &str, &str, Field); 4] = [
+            ("lagscope_scrape_up", "gauge", "1 if the target's last scrape succeeded.", |status| {
+                f64::from(u8::from(status.up))
+            }),
+            ("lagscope_scrape_duration_seconds", "gauge", "Duration of the target's last scrape.", |status| {
+                status.duration_seconds
+            }),
+            (
+                "lagscope_scrape_samples",
+                "gauge",
+                "Samples committed by the target's last successful scrape.",
+                |status| status.samples as f64,
+            ),
+            ("lagscope_scrape_failures_total", "counter", "Failed scrapes of the target.", |status| {
+                status.failures as f64
+            }),
+        ];
+        for (name, kind, help, field) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (target, status) in &targets {
+                let _ = writeln!(
+                    out,
+                    "{name}{{target=\"{}\",kind=\"{}\"}} {}",
+                    escape_label(target),
+                    escape_label(&status.kind),
+                    field(status)
+                );
+            }
+        }
+    }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+pub fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BOUNDS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
@@ -124,6 +200,8 @@ pub struct SelfMetrics {
     pub batches_analyzed: HighWaterMark,
     /// Receiver responses by signal and HTTP status.
     responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// The scrape targets' health.
+    pub scrapes: ScrapeStatus,
 }
 
 impl SelfMetrics {
@@ -212,6 +290,7 @@ impl SelfMetrics {
         for (name, help, gauge) in own_gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", gauge.get());
         }
+        self.scrapes.render(&mut out);
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
         }

@@ -62,7 +62,45 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "batches_marked": state.metrics.batches_marked.get(),
             "batches_analyzed": state.metrics.batches_analyzed.get(),
         },
+        "ingest": {
+            "queue_bytes": state.metrics.ingest_queue_bytes.get(),
+            "queue_capacity_bytes": state.metrics.ingest_queue_capacity_bytes.get(),
+            "queue_full_total": state.metrics.ingest_queue_full.get(),
+            "commits_total": state.metrics.ingest_commits.get(),
+            "committed_requests_total": state.metrics.ingest_committed_requests.get(),
+        },
+        "scrape": scrape_health(&state.metrics),
     })))
+}
+
+/// Each scrape target's health, by name.
+fn scrape_health(metrics: &SelfMetrics) -> Value {
+    let nanos_to_rfc3339 = |nanos: Option<i64>| {
+        nanos.and_then(|nanos| jiff::Timestamp::from_nanosecond(i128::from(nanos)).ok()).map(|time| time.to_string())
+    };
+    metrics
+        .scrapes
+        .snapshot()
+        .into_iter()
+        .map(|(name, status)| {
+            (
+                name,
+                json!({
+                    "url": status.url,
+                    "kind": status.kind,
+                    "up": status.up,
+                    "last_scrape": nanos_to_rfc3339(status.last_scrape_unix_nano),
+                    "last_success": nanos_to_rfc3339(status.last_success_unix_nano),
+                    "duration_seconds": status.duration_seconds,
+                    "samples": status.samples,
+                    "scrapes": status.scrapes,
+                    "failures": status.failures,
+                    "last_error": status.last_error,
+                }),
+            )
+        })
+        .collect::<serde_json::Map<String, Value>>()
+        .into()
 }
 
 #[derive(Debug, Deserialize)]
