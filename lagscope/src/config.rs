@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_collector::scrape::ScrapeTarget;
+
+use crate::auth::AuthConfig;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -16,6 +18,8 @@ pub struct Config {
     pub analyzer: AnalyzerConfig,
     /// `[[scrape]]` targets: native endpoints polled on an interval.
     pub scrape: Vec<ScrapeTarget>,
+    /// Bearer tokens for ingest and the API (off when none are listed).
+    pub auth: AuthConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +99,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.analyzer.stream.validate()?;
         self.server.validate()?;
+        self.auth.validate()?;
         let mut names = std::collections::BTreeSet::new();
         for target in &self.scrape {
             target.validate()?;

@@ -5,6 +5,7 @@
 //! the binary starts, in-process, on port 0.
 
 pub mod analyze;
+pub mod auth;
 pub mod config;
 pub mod eval;
 pub mod export;

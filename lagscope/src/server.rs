@@ -67,13 +67,16 @@ impl Server {
         let ingestor = Ingestor { queue, metrics: metrics.clone() };
         let receiver =
             otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });
+        let receiver = crate::auth::otlp_http(receiver, &config.auth);
         tasks.spawn(serve_http(otlp_listener, receiver, shutdown_rx.clone()));
         let (traces, metrics_service, logs) = grpc::services(ingestor, config.server.max_body_bytes);
         let grpc_router =
             tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
+        let grpc_router = crate::auth::otlp_grpc(grpc_router, &config.auth);
         tasks.spawn(serve_http(grpc_listener, grpc_router, shutdown_rx.clone()));
         let api =
             api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
+        let api = crate::auth::api(api, &config.auth);
         tasks.spawn(serve_http(api_listener, api, shutdown_rx.clone()));
         tasks.spawn(run_live_analyzer(shared_store, dirty, metrics, config.clone(), shutdown_rx));
 
