@@ -11,6 +11,7 @@ pub mod detectors;
 mod enrich;
 mod floor;
 mod lag;
+pub mod log_events;
 mod series;
 pub mod stream;
 mod timeline;
@@ -32,6 +33,8 @@ pub use timeline::build_timelines;
 pub struct AnalysisInput {
     pub timelines: Vec<ClientTimeline>,
     pub samples: Vec<Sample>,
+    /// The recognised log lines ([`log_events`]), in time order.
+    pub log_events: Vec<log_events::LogEvent>,
 }
 
 impl AnalysisInput {
@@ -39,7 +42,14 @@ impl AnalysisInput {
     pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>) -> Self {
         let mut timelines = build_timelines(spans);
         enrich(&mut timelines, &samples);
-        Self { timelines, samples }
+        Self { timelines, samples, log_events: Vec::new() }
+    }
+
+    /// Adds the events of the log records that carry one.
+    pub fn with_logs(mut self, logs: &[lagscope_model::LogRecord]) -> Self {
+        self.log_events.extend(logs.iter().filter_map(log_events::classify));
+        self.log_events.sort_by_key(|event| event.time_unix_nano);
+        self
     }
 }
 

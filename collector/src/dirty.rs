@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lagscope_model::{Sample, Span};
+use lagscope_model::{LogRecord, Sample, Span};
 use tokio::sync::Notify;
 
 /// Trace ids kept for resolution at most; beyond this the oldest marks are dropped (and
@@ -34,6 +34,8 @@ pub struct Pending {
     /// (cluster, namespace) scopes that had spans or metric samples ingested: their node- and
     /// namespace-level detectors run again.
     pub scopes: BTreeSet<(Option<String>, Option<String>)>,
+    /// Clusters that had log records ingested.
+    pub log_clusters: BTreeSet<Option<String>>,
     /// How many batches had been marked when these marks were taken: once they are analyzed,
     /// every batch up to this one is.
     pub through_batch: u64,
@@ -47,10 +49,21 @@ impl DirtyClients {
         self.mark_batch(spans, &[]);
     }
 
-    /// Marks a committed batch of spans and metric samples.
+    /// Marks a committed batch of spans, metric samples and log records.
     pub fn mark_batch(&self, spans: &[Span], samples: &[Sample]) {
+        self.mark_all(spans, samples, &[]);
+    }
+
+    /// Marks a committed batch of spans, metric samples and log records: the clusters of log
+    /// records are looked at again (their recognised lines name the namespaces).
+    pub fn mark_all(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord]) {
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for log in logs {
+                if !pending.log_clusters.contains(&log.resource.cluster) {
+                    pending.log_clusters.insert(log.resource.cluster.clone());
+                }
+            }
             self.batches.fetch_add(1, Ordering::Relaxed);
             pending.through_batch = self.batches.load(Ordering::Relaxed);
             for sample in samples {

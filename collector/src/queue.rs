@@ -230,7 +230,7 @@ impl Committer {
                 merged.logs.append(&mut job.batch.logs);
             }
             if self.commit(&merged, group.len()).await.is_ok() {
-                self.dirty.mark_batch(&merged.spans, &merged.samples);
+                self.dirty.mark_all(&merged.spans, &merged.samples, &merged.logs);
                 self.metrics.batches_marked.add(1);
                 for job in group.drain(..) {
                     let _ = job.answer.send(Ok(()));
@@ -250,7 +250,7 @@ impl Committer {
         for job in group.drain(..) {
             let result = self.commit(&job.batch, 1).await;
             if result.is_ok() {
-                self.dirty.mark_batch(&job.batch.spans, &job.batch.samples);
+                self.dirty.mark_all(&job.batch.spans, &job.batch.samples, &job.batch.logs);
                 self.metrics.batches_marked.add(1);
             }
             drop(job.reservation);

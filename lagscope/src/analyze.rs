@@ -216,6 +216,9 @@ pub fn push_decoded(engine: &mut Engine<'_>, decoded: &Decoded) {
     for sample in &decoded.samples {
         engine.push_model_sample(sample);
     }
+    for event in decoded.logs.iter().filter_map(lagscope_analyzer::log_events::classify) {
+        engine.push_log_event(&event);
+    }
 }
 
 /// Reads capture files (OTLP JSON requests or JSON lines of them, optionally gzipped).

@@ -77,13 +77,21 @@ pub struct LiveConfig {
     pub max_spans_per_client: u32,
     /// The most recent spans of one (cluster, namespace) that a namespace pass reads.
     pub max_spans_per_scope: u32,
-    /// How far back from a scope's latest metric sample a namespace pass reads metrics.
+    /// How far back from a scope's latest metric sample a namespace pass reads metrics (and
+    /// from a cluster's latest log record, its log lines).
     pub scope_window_seconds: i64,
+    /// The most recent log records of one cluster a pass reads for their recognised lines.
+    pub max_logs_per_cluster: u32,
 }
 
 impl Default for LiveConfig {
     fn default() -> Self {
-        Self { max_spans_per_client: 20_000, max_spans_per_scope: 50_000, scope_window_seconds: 900 }
+        Self {
+            max_spans_per_client: 20_000,
+            max_spans_per_scope: 50_000,
+            scope_window_seconds: 900,
+            max_logs_per_cluster: 50_000,
+        }
     }
 }
 

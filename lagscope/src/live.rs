@@ -1,10 +1,11 @@
 //! The live analyzer: re-analyzes each client whose spans were just committed and stores
 //! what it finds. Same detectors as `lagscope analyze`, over the store instead of a file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use lagscope_analyzer::log_events::{LogEvent, classify};
 use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds};
 use lagscope_collector::DirtyClients;
 use lagscope_model::AnomalyKind;
@@ -47,7 +48,21 @@ async fn analysis_pass(
     config: &Config,
     pending: lagscope_collector::Pending,
 ) -> Result<(), lagscope_store::StoreError> {
-    let scopes = pending.scopes;
+    let mut scopes = pending.scopes;
+    // The recognised lines of each cluster with new logs or new spans/metrics: new lines name
+    // the scopes to look at again; every scope pass sees its namespace's lines.
+    let mut events_by_cluster: BTreeMap<Option<String>, Vec<LogEvent>> = BTreeMap::new();
+    let clusters: BTreeSet<Option<String>> =
+        pending.log_clusters.iter().cloned().chain(scopes.iter().map(|(cluster, _)| cluster.clone())).collect();
+    for cluster in clusters {
+        let window = config.live.scope_window_seconds * 1_000_000_000;
+        let logs = store.cluster_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
+        let events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
+        if pending.log_clusters.contains(&cluster) {
+            scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
+        }
+        events_by_cluster.insert(cluster, events);
+    }
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
@@ -71,7 +86,11 @@ async fn analysis_pass(
         let samples = store
             .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
             .await?;
-        let input = AnalysisInput::from_telemetry(&spans, samples);
+        let mut input = AnalysisInput::from_telemetry(&spans, samples);
+        input.log_events = events_by_cluster
+            .get(&cluster)
+            .map(|events| events.iter().filter(|event| event.namespace == namespace).cloned().collect())
+            .unwrap_or_default();
         // Only the window kinds: the per-attempt ones were found by the client passes.
         let anomalies = analyze_kinds(&input, &config.analyzer, AnomalyKind::is_window);
         record(store, metrics, &anomalies).await?;

@@ -158,6 +158,10 @@ impl Store for SqliteStore {
         logs::range(&self.reader, range, limit).await
     }
 
+    async fn cluster_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>> {
+        logs::for_cluster(&self.reader, cluster, window, limit).await
+    }
+
     async fn stats(&self) -> Result<StoreStats> {
         let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \

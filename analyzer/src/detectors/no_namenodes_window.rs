@@ -44,6 +44,18 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             );
         }
     }
+    // Routers that log the answer without tracing it (log lines with trace context belong to a
+    // router span counted above).
+    for event in &input.log_events {
+        let Some(router) = event.router_answer() else { continue };
+        answers.entry((event.cluster.as_deref(), event.namespace.as_deref(), router)).or_default().push(Answer {
+            start: event.time_unix_nano,
+            end: event.time_unix_nano,
+            no_namenodes: true,
+            client: "",
+            tried: event.fields.get("namenode").map(String::as_str),
+        });
+    }
     let mut anomalies = Vec::new();
     for ((cluster, namespace, router), mut list) in answers {
         list.sort_by_key(|answer| answer.start);
@@ -79,7 +91,9 @@ fn raise(
     window: &[&Answer<'_>],
 ) -> Anomaly {
     let (start, end) = (window[0].start, window[window.len() - 1].end);
-    let clients: BTreeSet<&str> = window.iter().map(|answer| answer.client).collect();
+    // Log lines do not name the client.
+    let clients: BTreeSet<&str> =
+        window.iter().map(|answer| answer.client).filter(|client| !client.is_empty()).collect();
     let mut tried: BTreeMap<&str, usize> = BTreeMap::new();
     for node in window.iter().filter_map(|answer| answer.tried) {
         *tried.entry(node).or_default() += 1;

@@ -73,6 +73,10 @@ pub struct EngineStats {
     pub longest_call_nanos: i64,
     /// Metric samples waiting (for the lateness) to be processed in time order, at most.
     pub peak_waiting_samples: usize,
+    /// Recognised log lines taken, and those that arrived later than the horizon (analyzed
+    /// out of time order).
+    pub log_events: u64,
+    pub late_log_events: u64,
 }
 
 /// A client attempt in an open call: as it arrived, or joined and compact.
@@ -309,6 +313,38 @@ impl<'c> Engine<'c> {
         }
         // Every few hundred spans, and whenever the data moved a second on.
         if self.stats.spans.is_multiple_of(256) || self.watermark >= self.next_advance {
+            self.next_advance = self.watermark.saturating_add(1_000_000_000);
+            self.advance();
+        }
+    }
+
+    /// A recognised log line ([`crate::log_events`]). A router's NoNamenodesAvailable line
+    /// without trace context is one of its answers to `no_namenodes_window`, ordered by time
+    /// with the answers of its traced spans.
+    pub fn push_log_event(&mut self, event: &crate::log_events::LogEvent) {
+        self.stats.log_events += 1;
+        let time = event.time_unix_nano;
+        if time > self.watermark {
+            self.watermark = time;
+        }
+        if time.saturating_add(self.horizon) < self.watermark {
+            self.stats.late_log_events += 1;
+        }
+        if self.kinds.no_namenodes_window
+            && let Some(router) = event.router_answer()
+        {
+            self.sequence += 1;
+            let key = (
+                self.interner.intern_opt(event.cluster.as_deref()),
+                self.interner.intern_opt(event.namespace.as_deref()),
+                self.interner.intern(router),
+            );
+            let tried = self.interner.intern_opt(event.fields.get("namenode").map(String::as_str));
+            let answer =
+                Answer { start: time, order: self.sequence, end: time, no_namenodes: true, client: Sym::NONE, tried };
+            self.answers.push(Reverse((answer, key)));
+        }
+        if self.watermark >= self.next_advance {
             self.next_advance = self.watermark.saturating_add(1_000_000_000);
             self.advance();
         }
@@ -567,6 +603,9 @@ impl<'c> Engine<'c> {
             }
             self.release_answers(start);
         }
+        // Every call that started before the horizon is processed: so are the answers (log
+        // lines included, which no call releases).
+        self.release_answers(final_before.saturating_sub(1));
         // A hop ended after its attempt started, so that attempt's call is processed by now.
         while let Some((end, _)) = self.waiting.front() {
             if *end >= final_before {
@@ -908,7 +947,9 @@ impl<'c> Engine<'c> {
                 window.last_start = answer.start;
                 window.last_end = answer.end;
                 window.attempts += 1;
-                window.clients.insert(answer.client);
+                if answer.client.is_some() {
+                    window.clients.insert(answer.client);
+                }
                 if answer.tried.is_some() {
                     *window.tried.entry(answer.tried).or_default() += 1;
                 }

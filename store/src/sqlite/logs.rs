@@ -47,6 +47,28 @@ pub(super) async fn range(pool: &SqlitePool, range: TimeRange, limit: u32) -> Re
     rows.into_iter().map(LogRow::into_record).collect()
 }
 
+pub(super) async fn for_cluster(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    window: i64,
+    limit: u32,
+) -> Result<Vec<LogRecord>> {
+    let rows: Vec<LogRow> = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT * FROM logs
+             WHERE cluster IS ?1
+               AND time_unix_nano >= (SELECT max(time_unix_nano) FROM logs WHERE cluster IS ?1) - ?2
+             ORDER BY time_unix_nano DESC, id DESC LIMIT ?3
+         ) ORDER BY time_unix_nano, id",
+    )
+    .bind(cluster)
+    .bind(window)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(LogRow::into_record).collect()
+}
+
 #[derive(FromRow)]
 struct LogRow {
     time_unix_nano: i64,

@@ -1,0 +1,228 @@
+//! Log lines that carry the failures lagscope explains, recognised by the exact texts the
+//! systems print (../shared/reference/native-telemetry.md), turned into events:
+//!
+//! | event | the line (source) |
+//! | --- | --- |
+//! | `no_namenodes` | `Cannot get available namenode for {nsId} {rpcAddress} error: {msg}` (RouterRpcClient), or `No namenodes available under nameservice {nsId}` (NoNamenodesAvailableException) |
+//! | `follower_read_disabled` | `Encountered OMNotLeaderException from {peer}. Disable OM follower read and retry OM leader directly.` (HadoopRpcOMFollowerReadFailoverProxyProvider, GrpcOmTransport) |
+//! | `observer_too_far_behind` | `Observer Node is too far behind: serverStateId = {X} clientStateId = {Y}` (GlobalStateIdContext) |
+//! | `cluster_switch` | `Current Pulsar service is {url}, it has been down for {n} ms, switch to the service {url}. ...` and `... switch back to the primary service` (AutoClusterFailover) |
+//! | `indexing_rejected` | `rejected execution of {coordinating|primary|replica} operation [...]` (Elasticsearch, OpenSearch shard indexing pressure) |
+//!
+//! `no_namenodes` lines logged by a router (resource `lagscope.component` = `router`) without
+//! trace context are answers of that router to `no_namenodes_window`, in the batch and the
+//! streaming analyzer alike; a line with trace context belongs to a router span that already
+//! counts. The other events are recognised and reported with their fields.
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{CLIENT_ID, NAMESPACE};
+use lagscope_model::{Component, LogRecord, UnixNanos};
+use serde::{Deserialize, Serialize};
+
+/// The longest line kept in an event.
+const MAX_TEXT: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogEventKind {
+    NoNamenodes,
+    FollowerReadDisabled,
+    ObserverTooFarBehind,
+    ClusterSwitch,
+    IndexingRejected,
+}
+
+impl LogEventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoNamenodes => "no_namenodes",
+            Self::FollowerReadDisabled => "follower_read_disabled",
+            Self::ObserverTooFarBehind => "observer_too_far_behind",
+            Self::ClusterSwitch => "cluster_switch",
+            Self::IndexingRejected => "indexing_rejected",
+        }
+    }
+}
+
+/// One recognised line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogEvent {
+    pub kind: LogEventKind,
+    pub time_unix_nano: UnixNanos,
+    pub cluster: Option<String>,
+    /// The namespace the line names, else the record's `lagscope.namespace` attribute.
+    pub namespace: Option<String>,
+    /// The node that logged the line.
+    pub node_id: Option<String>,
+    pub component: Option<Component>,
+    /// `lagscope.client.id` of the record, for lines logged by clients.
+    pub client_id: Option<String>,
+    /// Whether the record carried trace context (then its span tells the same story).
+    pub traced: bool,
+    /// What the line says, by name: `namenode`, `server_state`, `client_state`, `from`, `to`,
+    /// `role`, `shard`, `peer`, ...
+    pub fields: BTreeMap<String, String>,
+    pub text: String,
+}
+
+impl LogEvent {
+    /// A NoNamenodesAvailable answer of the router that logged it, not already a span's.
+    pub fn router_answer(&self) -> Option<&str> {
+        (self.kind == LogEventKind::NoNamenodes && !self.traced && self.component == Some(Component::Router))
+            .then_some(self.node_id.as_deref())
+            .flatten()
+    }
+}
+
+/// The event a log record carries, if it is one of the recognised lines.
+pub fn classify(log: &LogRecord) -> Option<LogEvent> {
+    let body = log.body_text();
+    let (kind, fields) = recognise(&body)?;
+    let attribute = |key: &str| log.attributes.get(key).and_then(|value| value.as_str()).map(str::to_string);
+    let namespace = fields.get("namespace").cloned().or_else(|| attribute(NAMESPACE));
+    let mut text = body;
+    if text.len() > MAX_TEXT {
+        let mut cut = MAX_TEXT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    Some(LogEvent {
+        kind,
+        time_unix_nano: log.time_unix_nano,
+        cluster: log.resource.cluster.clone(),
+        namespace,
+        node_id: log.resource.node_id.clone(),
+        component: log.resource.component.clone(),
+        client_id: attribute(CLIENT_ID),
+        traced: log.span_id.is_some(),
+        fields,
+        text,
+    })
+}
+
+/// The word after `marker` in `text` (up to whitespace, trimmed of `.`/`,`).
+fn word_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
+    let rest = &text[text.find(marker)? + marker.len()..];
+    let word = rest.split_whitespace().next()?;
+    Some(word.trim_end_matches(['.', ',', ';']))
+}
+
+fn recognise(text: &str) -> Option<(LogEventKind, BTreeMap<String, String>)> {
+    let mut fields = BTreeMap::new();
+    let mut put = |key: &str, value: Option<&str>| {
+        if let Some(value) = value.filter(|value| !value.is_empty()) {
+            fields.insert(key.to_string(), value.to_string());
+        }
+    };
+    let kind = if let Some(at) = text.find("Cannot get available namenode for ") {
+        // Cannot get available namenode for {nsId} {rpcAddress} error: {msg}
+        let mut words = text[at + "Cannot get available namenode for ".len()..].split_whitespace();
+        put("namespace", words.next());
+        put("namenode", words.next().filter(|word| *word != "error:"));
+        LogEventKind::NoNamenodes
+    } else if text.contains("No namenodes available under nameservice ") {
+        put("namespace", word_after(text, "No namenodes available under nameservice "));
+        LogEventKind::NoNamenodes
+    } else if text.contains("Disable OM follower read and retry OM leader directly") {
+        put("peer", word_after(text, "Encountered OMNotLeaderException from "));
+        LogEventKind::FollowerReadDisabled
+    } else if text.contains("Observer Node is too far behind") {
+        put("server_state", word_after(text, "serverStateId = "));
+        put("client_state", word_after(text, "clientStateId = "));
+        LogEventKind::ObserverTooFarBehind
+    } else if text.contains("switch back to the primary service") {
+        put("from", word_after(text, "Current Pulsar service is secondary: "));
+        put("to", word_after(text, "the primary service: "));
+        LogEventKind::ClusterSwitch
+    } else if text.contains("switch to the service ") && !text.contains("Failed to switch to service") {
+        put("from", word_after(text, "Current Pulsar service is "));
+        put("to", word_after(text, "switch to the service "));
+        put("down_ms", word_after(text, "it has been down for "));
+        LogEventKind::ClusterSwitch
+    } else if let Some(role) = ["coordinating", "primary", "replica"]
+        .into_iter()
+        .find(|role| text.contains(&format!("rejected execution of {role} operation")))
+    {
+        put("role", Some(role));
+        // OpenSearch names the shard: shard_detail=[index][0][P]
+        if let Some(detail) = word_after(text, "shard_detail=") {
+            let shard = detail.trim_start_matches('[').split("][").take(2).collect::<Vec<_>>().join("/");
+            put("shard", Some(&shard));
+        }
+        LogEventKind::IndexingRejected
+    } else {
+        return None;
+    };
+    Some((kind, fields))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_and_fields(text: &str) -> (LogEventKind, BTreeMap<String, String>) {
+        recognise(text).unwrap_or_else(|| panic!("not recognised: {text}"))
+    }
+
+    #[test]
+    fn the_systems_own_lines_are_recognised_with_their_fields() {
+        let (kind, fields) = kind_and_fields(
+            "Cannot get available namenode for ns1 nn1.example:8020 error: \
+             No namenodes available under nameservice ns1",
+        );
+        assert_eq!(kind, LogEventKind::NoNamenodes);
+        assert_eq!(fields["namespace"], "ns1");
+        assert_eq!(fields["namenode"], "nn1.example:8020");
+        let (kind, fields) = kind_and_fields(
+            "org.apache.hadoop.hdfs.server.federation.router.NoNamenodesAvailableException: \
+             No namenodes available under nameservice ns2",
+        );
+        assert_eq!((kind, fields["namespace"].as_str()), (LogEventKind::NoNamenodes, "ns2"));
+        let (kind, fields) = kind_and_fields(
+            "Encountered OMNotLeaderException from om2. Disable OM follower read and retry OM leader directly.",
+        );
+        assert_eq!((kind, fields["peer"].as_str()), (LogEventKind::FollowerReadDisabled, "om2"));
+        let (kind, fields) =
+            kind_and_fields("Observer Node is too far behind: serverStateId = 1200 clientStateId = 99999");
+        assert_eq!(kind, LogEventKind::ObserverTooFarBehind);
+        assert_eq!((fields["server_state"].as_str(), fields["client_state"].as_str()), ("1200", "99999"));
+        let (kind, fields) = kind_and_fields(
+            "Current Pulsar service is pulsar://a:6650, it has been down for 31000 ms, switch to the service \
+             pulsar://b:6650. The current service down at 1764435600000",
+        );
+        assert_eq!(kind, LogEventKind::ClusterSwitch);
+        assert_eq!((fields["from"].as_str(), fields["to"].as_str()), ("pulsar://a:6650", "pulsar://b:6650"));
+        assert_eq!(fields["down_ms"], "31000");
+        let (_, fields) = kind_and_fields(
+            "Current Pulsar service is secondary: pulsar://b:6650, the primary service: pulsar://a:6650 has been \
+             recover for 61000 ms, switch back to the primary service",
+        );
+        assert_eq!((fields["from"].as_str(), fields["to"].as_str()), ("pulsar://b:6650", "pulsar://a:6650"));
+        let (kind, fields) = kind_and_fields(
+            "rejected execution of primary operation [shard_detail=[logs-2026][3][P], \
+             shard_coordinating_and_primary_bytes=1024, shard_operation_bytes=10]",
+        );
+        assert_eq!(kind, LogEventKind::IndexingRejected);
+        assert_eq!((fields["role"].as_str(), fields["shard"].as_str()), ("primary", "logs-2026/3"));
+        let (_, fields) = kind_and_fields(
+            "rejected execution of coordinating operation [coordinating_and_primary_bytes=0, replica_bytes=0]",
+        );
+        assert_eq!(fields.get("shard"), None);
+    }
+
+    #[test]
+    fn other_lines_and_near_misses_are_not_events() {
+        for text in [
+            "Failed to switch to service pulsar://b:6650, because it is not available",
+            "Observer Node is healthy",
+            "Cannot get available datanode",
+            "rejected execution of unknown operation",
+            "",
+        ] {
+            assert_eq!(recognise(text), None, "{text}");
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Log lines as the analyzer's events: a router that only logs its NoNamenodesAvailable
+//! answers (`Cannot get available namenode for ...`) gets its `no_namenodes_window` from the
+//! lines, the same through the batch detectors and the streaming engine; lines with trace
+//! context (their router span counts), lines logged by clients, and scattered lines do not
+//! make a window.
+
+use lagscope_analyzer::log_events::{LogEventKind, classify};
+use lagscope_analyzer::stream::Engine;
+use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, sort_anomalies};
+use lagscope_model::{Anomaly, AnomalyKind, Component, LogRecord, ResourceFields};
+use serde_json::json;
+
+const SECOND: i64 = 1_000_000_000;
+const T0: i64 = 1_764_435_600 * SECOND;
+
+fn line(at: i64, text: &str, component: &str, node: &str, traced: bool) -> LogRecord {
+    LogRecord {
+        time_unix_nano: at,
+        observed_time_unix_nano: None,
+        severity_number: 13,
+        severity_text: Some("WARN".to_string()),
+        body: json!(text),
+        event_name: None,
+        trace_id: traced.then(|| "0af7651916cd43dd8448eb211c80319c".to_string()),
+        span_id: traced.then(|| "b7ad6b7169203331".to_string()),
+        resource: ResourceFields {
+            service_name: Some("hdfs-router".to_string()),
+            system: Some("hdfs-rbf".to_string()),
+            cluster: Some("prod-east".to_string()),
+            component: Some(Component::parse(component)),
+            node_id: Some(node.to_string()),
+            attributes: serde_json::Map::new(),
+        },
+        scope_name: None,
+        scope_version: None,
+        attributes: serde_json::Map::new(),
+    }
+}
+
+/// A router's lines: every `every` seconds from `from` to `to` (seconds after T0).
+fn router_lines(from: i64, to: i64, every: i64, node: &str, component: &str, traced: bool) -> Vec<LogRecord> {
+    (from..=to)
+        .step_by(every as usize)
+        .map(|second| {
+            line(
+                T0 + second * SECOND,
+                "Cannot get available namenode for ns1 nn1.example:8020 error: \
+                 No namenodes available under nameservice ns1",
+                component,
+                node,
+                traced,
+            )
+        })
+        .collect()
+}
+
+fn batch(logs: &[LogRecord]) -> Vec<Anomaly> {
+    analyze(&AnalysisInput::from_telemetry(&[], Vec::new()).with_logs(logs), &AnalyzerConfig::default())
+}
+
+fn streamed(logs: &[LogRecord]) -> Vec<Anomaly> {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    for event in logs.iter().filter_map(classify) {
+        engine.push_log_event(&event);
+    }
+    let (mut anomalies, stats) = engine.finish();
+    assert_eq!(stats.log_events, logs.iter().filter_map(classify).count() as u64);
+    sort_anomalies(&mut anomalies);
+    anomalies
+}
+
+#[test]
+fn a_router_that_only_logs_its_answers_gets_its_window_from_the_lines() {
+    // 40 s of answers, one every 2 s, then (after more than the 10 s gap) a short blip.
+    let mut logs = router_lines(0, 40, 2, "router-1", "router", false);
+    logs.extend(router_lines(100, 102, 1, "router-1", "router", false));
+    let anomalies = batch(&logs);
+    assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
+    let window = &anomalies[0];
+    assert_eq!(window.kind, AnomalyKind::NoNamenodesWindow);
+    assert_eq!(window.node_id.as_deref(), Some("router-1"));
+    assert_eq!(window.namespace.as_deref(), Some("ns1"));
+    assert_eq!(window.cluster.as_deref(), Some("prod-east"));
+    assert_eq!((window.start_unix_nano, window.end_unix_nano), (T0, T0 + 40 * SECOND));
+    assert_eq!(window.evidence["attempts"], 21, "{}", window.evidence);
+    assert_eq!(window.evidence["namenode_tried_first"], "nn1.example:8020", "{}", window.evidence);
+    assert_eq!(streamed(&logs), anomalies, "the streaming engine finds the same window");
+}
+
+#[test]
+fn traced_client_and_scattered_lines_make_no_window() {
+    let cases = [
+        ("traced: the router span counts instead", router_lines(0, 40, 2, "router-1", "router", true)),
+        ("logged by a client, not the router", router_lines(0, 40, 2, "client-1", "client", false)),
+        ("further apart than the gap", router_lines(0, 60, 12, "router-1", "router", false)),
+        ("shorter than the minimum window", router_lines(0, 4, 1, "router-1", "router", false)),
+    ];
+    for (case, logs) in cases {
+        assert_eq!(batch(&logs), Vec::new(), "{case}");
+        assert_eq!(streamed(&logs), Vec::new(), "{case}");
+    }
+}
+
+#[test]
+fn the_other_failure_lines_are_recognised_with_who_logged_them() {
+    let mut ozone = line(
+        T0,
+        "Encountered OMNotLeaderException from om2. Disable OM follower read and retry OM leader directly.",
+        "client",
+        "app-host-1",
+        false,
+    );
+    ozone.attributes.insert("lagscope.client.id".to_string(), json!("ozone-client-7"));
+    let event = classify(&ozone).expect("recognised");
+    assert_eq!(event.kind, LogEventKind::FollowerReadDisabled);
+    assert_eq!(event.client_id.as_deref(), Some("ozone-client-7"));
+    assert_eq!(event.fields["peer"], "om2");
+    assert_eq!(event.router_answer(), None);
+    let long = "x".repeat(5000) + " Observer Node is too far behind: serverStateId = 1 clientStateId = 2";
+    assert_eq!(classify(&line(T0, &long, "server", "nn3", false)).map(|event| event.text.len()), Some(1024));
+    assert_eq!(classify(&line(T0, "all good", "router", "router-1", false)), None);
+}
