@@ -125,6 +125,20 @@ impl Reservation {
     }
 }
 
+/// Room in bytes, shared by the queues made with it.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    semaphore: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl Budget {
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS);
+        Self { semaphore: Arc::new(Semaphore::new(capacity)), capacity }
+    }
+}
+
 /// One request waiting for its commit.
 struct Job {
     batch: IngestBatch,
@@ -151,9 +165,19 @@ impl IngestQueue {
         dirty: Arc<DirtyClients>,
         capacity: usize,
     ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
-        let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS);
+        Self::sharing(Budget::new(capacity), store, metrics, dirty)
+    }
+
+    /// A queue whose room is `budget`, shared with the other queues made with it (one per
+    /// tenant): the bound on memory holds for all of them together.
+    pub fn sharing(
+        budget: Budget,
+        store: Arc<dyn Store>,
+        metrics: Arc<SelfMetrics>,
+        dirty: Arc<DirtyClients>,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let Budget { semaphore: budget, capacity } = budget;
         let (jobs, receiver) = mpsc::unbounded_channel();
-        let budget = Arc::new(Semaphore::new(capacity));
         metrics.ingest_queue_capacity_bytes.set(capacity as u64);
         let committer = Committer { store, metrics: metrics.clone(), dirty, budget: budget.clone(), capacity };
         (Self { jobs, budget, capacity, metrics }, committer.run(receiver))

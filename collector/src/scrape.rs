@@ -83,6 +83,9 @@ pub struct ScrapeTarget {
     /// where the body does not name it, `lagscope.node.id`); they win over what the body says.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// With tenants on: the tenant whose store the samples go to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl ScrapeTarget {

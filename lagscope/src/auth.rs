@@ -92,29 +92,39 @@ pub fn otlp_http(router: Router, config: &AuthConfig) -> Router {
 async fn otlp_http_guard(State(tokens): State<Tokens>, request: Request, next: Next) -> Response {
     match tokens.check(request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(message) => {
-            let json = request
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|value| value.to_str().ok())
-                .is_some_and(|value| value.to_ascii_lowercase().starts_with("application/json"));
-            let (content_type, body) = if json {
-                (
-                    "application/json",
-                    serde_json::json!({ "code": UNAUTHENTICATED, "message": message }).to_string().into_bytes(),
-                )
-            } else {
-                let status = RpcStatus { code: UNAUTHENTICATED, message: message.to_string() };
-                ("application/x-protobuf", prost::Message::encode_to_vec(&status))
-            };
-            unauthorized(content_type, body)
-        }
+        Err(message) => otlp_http_refusal(request.headers(), StatusCode::UNAUTHORIZED, message),
     }
 }
 
-fn unauthorized(content_type: &'static str, body: Vec<u8>) -> Response {
-    let mut response = (StatusCode::UNAUTHORIZED, [(header::CONTENT_TYPE, content_type)], body).into_response();
-    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"lagscope\""));
+/// An OTLP/HTTP refusal: `status` (401 with `WWW-Authenticate`), a google.rpc.Status body
+/// (UNAUTHENTICATED) in the request's encoding.
+pub(crate) fn otlp_http_refusal(headers: &HeaderMap, status: StatusCode, message: &str) -> Response {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.to_ascii_lowercase().starts_with("application/json"));
+    let (content_type, body) = if json {
+        (
+            "application/json",
+            serde_json::json!({ "code": UNAUTHENTICATED, "message": message }).to_string().into_bytes(),
+        )
+    } else {
+        let rpc_status = RpcStatus { code: UNAUTHENTICATED, message: message.to_string() };
+        ("application/x-protobuf", prost::Message::encode_to_vec(&rpc_status))
+    };
+    let mut response = (status, [(header::CONTENT_TYPE, content_type)], body).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"lagscope\""));
+    }
+    response
+}
+
+/// An API refusal: `status` with the API's JSON error body.
+pub(crate) fn api_refusal(status: StatusCode, message: &str) -> Response {
+    let mut response = (status, axum::Json(serde_json::json!({ "error": message }))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"lagscope\""));
+    }
     response
 }
 
@@ -129,8 +139,13 @@ pub fn otlp_grpc(router: Router, config: &AuthConfig) -> Router {
 async fn grpc_guard(State(tokens): State<Tokens>, request: Request, next: Next) -> Response {
     match tokens.check(request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(message) => tonic::Status::unauthenticated(message).into_http::<axum::body::Body>().into_response(),
+        Err(message) => grpc_refusal(message),
     }
+}
+
+/// A gRPC refusal: UNAUTHENTICATED with `message`.
+pub(crate) fn grpc_refusal(message: &str) -> Response {
+    tonic::Status::unauthenticated(message.to_string()).into_http::<axum::body::Body>().into_response()
 }
 
 /// Guards the API and `/metrics` (not `GET /api/v1/health`).
@@ -147,9 +162,7 @@ async fn api_guard(State(tokens): State<Tokens>, request: Request, next: Next) -
     }
     match tokens.check(request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(message) => {
-            unauthorized("application/json", serde_json::json!({ "error": message }).to_string().into_bytes())
-        }
+        Err(message) => api_refusal(StatusCode::UNAUTHORIZED, message),
     }
 }
 

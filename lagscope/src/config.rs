@@ -8,6 +8,7 @@ use lagscope_analyzer::AnalyzerConfig;
 use lagscope_collector::scrape::ScrapeTarget;
 
 use crate::auth::AuthConfig;
+use crate::tenants::TenantsConfig;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -20,6 +21,8 @@ pub struct Config {
     pub scrape: Vec<ScrapeTarget>,
     /// Bearer tokens for ingest and the API (off when none are listed).
     pub auth: AuthConfig,
+    /// Data isolated per `X-Scope-OrgID` (off by default).
+    pub tenants: TenantsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +114,20 @@ impl Config {
         let mut names = std::collections::BTreeSet::new();
         for target in &self.scrape {
             target.validate()?;
+            match (&target.tenant, self.tenants.enabled) {
+                (None, true) => {
+                    return Err(format!("scrape target {:?}: name its tenant (tenants are on)", target.name));
+                }
+                (Some(tenant), true) => {
+                    if let Some(problem) = crate::tenants::invalid_id(tenant) {
+                        return Err(format!("scrape target {:?}: {problem}", target.name));
+                    }
+                }
+                (Some(_), false) => {
+                    return Err(format!("scrape target {:?} names a tenant, but tenants are off", target.name));
+                }
+                (None, false) => {}
+            }
             if !names.insert(target.name.as_str()) {
                 return Err(format!("two scrape targets are named {:?}", target.name));
             }

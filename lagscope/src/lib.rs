@@ -14,6 +14,7 @@ pub mod lscap;
 pub mod native_server;
 pub mod server;
 pub mod sim_cmd;
+pub mod tenants;
 
 pub use config::Config;
 pub use server::Server;

@@ -10,7 +10,7 @@ use lagscope_collector::DirtyClients;
 use lagscope_collector::otlp::grpc;
 use lagscope_collector::otlp::http::{ReceiverState, router as otlp_router};
 use lagscope_collector::otlp::ingest::Ingestor;
-use lagscope_collector::queue::IngestQueue;
+use lagscope_collector::queue::{Budget, IngestQueue};
 use lagscope_collector::scrape::run_scrapers;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{SqliteStore, Store};
@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::Config;
 use crate::live::run_live_analyzer;
+use crate::tenants::Tenants;
 
 /// A running service. Dropping it without [`Server::shutdown`] aborts its tasks.
 pub struct Server {
@@ -29,15 +30,58 @@ pub struct Server {
     pub otlp_grpc_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
-    store: SqliteStore,
+    /// The single-tenant service's store; `None` with tenants on.
+    store: Option<SqliteStore>,
+    tenants: Option<Arc<Tenants>>,
+}
+
+/// One store and what serves it: the whole service, or one tenant of it.
+pub(crate) struct Stack {
+    pub store: SqliteStore,
+    pub queue: IngestQueue,
+    pub metrics: Arc<SelfMetrics>,
+    pub api: Router,
+    pub otlp_http: Router,
+    pub otlp_grpc: Router,
+}
+
+impl Stack {
+    /// Opens the store in `data_dir` and starts its committer and live analyzer on `tasks`.
+    pub(crate) async fn open(
+        config: &Config,
+        data_dir: &std::path::Path,
+        budget: Budget,
+        shutdown_rx: &watch::Receiver<bool>,
+        tasks: &mut JoinSet<anyhow::Result<()>>,
+    ) -> anyhow::Result<Self> {
+        let store = SqliteStore::open_dir(data_dir)
+            .await
+            .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
+        let shared_store: Arc<dyn Store> = Arc::new(store.clone());
+        let metrics = Arc::new(SelfMetrics::default());
+        let dirty = Arc::new(DirtyClients::default());
+        let (queue, committer) = IngestQueue::sharing(budget, shared_store.clone(), metrics.clone(), dirty.clone());
+        tasks.spawn(async move {
+            committer.await;
+            Ok(())
+        });
+        let ingestor = Ingestor { queue: queue.clone(), metrics: metrics.clone() };
+        let otlp_http =
+            otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });
+        let (traces, metrics_service, logs) = grpc::services(ingestor, config.server.max_body_bytes);
+        let otlp_grpc =
+            tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
+        let api =
+            api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
+        tasks.spawn(run_live_analyzer(shared_store, dirty, metrics.clone(), config.clone(), shutdown_rx.clone()));
+        Ok(Self { store, queue, metrics, api, otlp_http, otlp_grpc })
+    }
 }
 
 impl Server {
-    /// Opens the store, binds both listeners and starts serving.
+    /// Opens the store (or, with tenants on, gets ready to open one per tenant), binds the
+    /// listeners and starts serving.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {
-        let store = SqliteStore::open_dir(&config.server.data_dir)
-            .await
-            .with_context(|| format!("cannot open the store in {}", config.server.data_dir.display()))?;
         let api_listener = bind(&config.server.listen, "the API (--listen)").await?;
         let otlp_listener = bind(&config.server.otlp_http, "the OTLP/HTTP receiver (--otlp-http)").await?;
         let grpc_listener = bind(&config.server.otlp_grpc, "the OTLP/gRPC receiver (--otlp-grpc)").await?;
@@ -45,43 +89,33 @@ impl Server {
         let otlp_http_addr = otlp_listener.local_addr()?;
         let otlp_grpc_addr = grpc_listener.local_addr()?;
 
-        let shared_store: Arc<dyn Store> = Arc::new(store.clone());
-        let metrics = Arc::new(SelfMetrics::default());
-        let dirty = Arc::new(DirtyClients::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-
-        let (queue, committer) =
-            IngestQueue::new(shared_store.clone(), metrics.clone(), dirty.clone(), config.server.ingest_queue_bytes);
-        tasks.spawn(async move {
-            committer.await;
-            Ok(())
-        });
-        if !config.scrape.is_empty() {
-            let scrapers = run_scrapers(config.scrape.clone(), queue.clone(), metrics.clone(), shutdown_rx.clone());
-            tasks.spawn(async move {
-                scrapers.await;
-                Ok(())
-            });
-        }
-        let ingestor = Ingestor { queue, metrics: metrics.clone() };
-        let receiver =
-            otlp_router(ReceiverState { ingestor: ingestor.clone(), max_body_bytes: config.server.max_body_bytes });
-        let receiver = crate::auth::otlp_http(receiver, &config.auth);
-        tasks.spawn(serve_http(otlp_listener, receiver, shutdown_rx.clone()));
-        let (traces, metrics_service, logs) = grpc::services(ingestor, config.server.max_body_bytes);
-        let grpc_router =
-            tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
-        let grpc_router = crate::auth::otlp_grpc(grpc_router, &config.auth);
-        tasks.spawn(serve_http(grpc_listener, grpc_router, shutdown_rx.clone()));
-        let api =
-            api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
+        let budget = Budget::new(config.server.ingest_queue_bytes);
+        let (routers, store, tenants) = if config.tenants.enabled {
+            let tenants = Arc::new(Tenants::new(config.clone(), budget, shutdown_rx.clone()));
+            // Scrape targets write into the tenant they name, opened now.
+            for target in &config.scrape {
+                let tenant = target.tenant.as_deref().unwrap_or_default();
+                let stack = tenants.get(tenant).await.map_err(|refusal| anyhow::anyhow!("{}", refusal.message))?;
+                spawn_scrapers(std::slice::from_ref(target), &stack, &shutdown_rx, &mut tasks);
+            }
+            (tenants.routers(), None, Some(tenants))
+        } else {
+            let stack = Stack::open(config, &config.server.data_dir, budget, &shutdown_rx, &mut tasks).await?;
+            spawn_scrapers(&config.scrape, &stack, &shutdown_rx, &mut tasks);
+            ((stack.api, stack.otlp_http, stack.otlp_grpc), Some(stack.store), None)
+        };
+        let (api, otlp_http, otlp_grpc) = routers;
+        let otlp_http = crate::auth::otlp_http(otlp_http, &config.auth);
+        tasks.spawn(serve_http(otlp_listener, otlp_http, shutdown_rx.clone()));
+        let otlp_grpc = crate::auth::otlp_grpc(otlp_grpc, &config.auth);
+        tasks.spawn(serve_http(grpc_listener, otlp_grpc, shutdown_rx.clone()));
         let api = crate::auth::api(api, &config.auth);
-        tasks.spawn(serve_http(api_listener, api, shutdown_rx.clone()));
-        tasks.spawn(run_live_analyzer(shared_store, dirty, metrics, config.clone(), shutdown_rx));
+        tasks.spawn(serve_http(api_listener, api, shutdown_rx));
 
-        tracing::info!(%api_addr, %otlp_http_addr, %otlp_grpc_addr, data_dir = %config.server.data_dir.display(), "lagscope is serving");
-        Ok(Self { api_addr, otlp_http_addr, otlp_grpc_addr, shutdown, tasks, store })
+        tracing::info!(%api_addr, %otlp_http_addr, %otlp_grpc_addr, data_dir = %config.server.data_dir.display(), tenants = config.tenants.enabled, "lagscope is serving");
+        Ok(Self { api_addr, otlp_http_addr, otlp_grpc_addr, shutdown, tasks, store, tenants })
     }
 
     /// Serves until `signal` completes, then shuts down cleanly.
@@ -99,7 +133,7 @@ impl Server {
     }
 
     /// Stops accepting, lets in-flight requests and the current analysis pass finish, and
-    /// closes the store.
+    /// closes the store(s).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
         let mut first_error = Ok(());
@@ -111,9 +145,33 @@ impl Server {
                 }
             }
         }
-        self.store.close().await;
+        if let Some(tenants) = self.tenants.take()
+            && let Err(error) = tenants.shutdown().await
+            && first_error.is_ok()
+        {
+            first_error = Err(error);
+        }
+        if let Some(store) = &self.store {
+            store.close().await;
+        }
         first_error
     }
+}
+
+fn spawn_scrapers(
+    targets: &[lagscope_collector::scrape::ScrapeTarget],
+    stack: &Stack,
+    shutdown_rx: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    if targets.is_empty() {
+        return;
+    }
+    let scrapers = run_scrapers(targets.to_vec(), stack.queue.clone(), stack.metrics.clone(), shutdown_rx.clone());
+    tasks.spawn(async move {
+        scrapers.await;
+        Ok(())
+    });
 }
 
 fn flatten(result: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {

@@ -47,6 +47,7 @@ fn target(name: &str, url: String, kind: ScrapeKind, labels: &[(&str, &str)]) ->
         interval_seconds: 0.2,
         timeout_seconds: 0.2,
         labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+        tenant: None,
     }
 }
 
