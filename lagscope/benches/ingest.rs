@@ -1,0 +1,164 @@
+//! Durable ingest throughput and what group commit buys:
+//! `cargo bench -p lagscope --bench ingest`.
+//!
+//! A fresh `serve` (in-process, SQLite with `synchronous=FULL`: a 200 means committed) takes
+//! OTLP/HTTP protobuf requests of 200 client spans each from N concurrent senders, each
+//! sending its next request when the previous one is acknowledged, for a fixed time. Reported
+//! per N: requests/s, spans/s, requests per store transaction (group commit's effect), and the
+//! median and p99 acknowledgement time. The baseline is N = 1 in the same run, where no two
+//! requests can share a transaction: the ratio column is spans/s against it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lagscope::{Config, Server};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
+
+const SPANS_PER_REQUEST: u64 = 200;
+const SECONDS_PER_LEVEL: u64 = 6;
+
+fn text(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_string())) }),
+        ..KeyValue::default()
+    }
+}
+
+fn body(sender: u64, sequence: u64) -> Vec<u8> {
+    let base = 1_764_435_600_000_000_000u64 + sequence * 1_000_000_000;
+    let spans = (0..SPANS_PER_REQUEST)
+        .map(|index| {
+            let id = ((sender + 1) << 40) | (sequence << 12) | index;
+            Span {
+                trace_id: u128::from(id).to_be_bytes().to_vec(),
+                span_id: (id | 1 << 63).to_be_bytes().to_vec(),
+                name: "getFileInfo".to_string(),
+                kind: 3,
+                start_time_unix_nano: base + index * 1_000_000,
+                end_time_unix_nano: base + index * 1_000_000 + 400_000,
+                attributes: vec![
+                    text("lagscope.client.id", &format!("bench-{sender}-{}", index % 4)),
+                    text("lagscope.namespace", "ns1"),
+                    text("lagscope.op", "read"),
+                ],
+                ..Span::default()
+            }
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![text("service.name", "bench"), text("lagscope.component", "client")],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+            ..ResourceSpans::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+struct Level {
+    senders: u64,
+    requests: u64,
+    seconds: f64,
+    per_commit: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+async fn level(senders: u64) -> Level {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let mut config = Config::default();
+    config.server.data_dir = directory.path().to_path_buf();
+    config.server.listen = "127.0.0.1:0".to_string();
+    config.server.otlp_http = "127.0.0.1:0".to_string();
+    config.server.otlp_grpc = "127.0.0.1:0".to_string();
+    let server = Server::start(&config).await.expect("server");
+    let url = format!("http://{}/v1/traces", server.otlp_http_addr);
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(SECONDS_PER_LEVEL);
+    let mut tasks = tokio::task::JoinSet::new();
+    for sender in 0..senders {
+        let (url, done) = (url.clone(), done.clone());
+        tasks.spawn(async move {
+            let client = reqwest::Client::new();
+            let mut latencies = Vec::new();
+            let mut sequence = 0;
+            while Instant::now() < deadline {
+                let payload = body(sender, sequence);
+                let sent = Instant::now();
+                let response = client
+                    .post(&url)
+                    .header("content-type", "application/x-protobuf")
+                    .body(payload)
+                    .send()
+                    .await
+                    .expect("answer");
+                assert_eq!(response.status().as_u16(), 200);
+                latencies.push(sent.elapsed());
+                done.fetch_add(1, Ordering::Relaxed);
+                sequence += 1;
+            }
+            latencies
+        });
+    }
+    let mut latencies = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        latencies.extend(joined.expect("sender"));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let metrics =
+        reqwest::get(format!("http://{}/metrics", server.api_addr)).await.expect("metrics").text().await.expect("text");
+    let commits = metric(&metrics, "lagscope_ingest_commits_total ");
+    let committed = metric(&metrics, "lagscope_ingest_committed_requests_total ");
+    server.shutdown().await.expect("shutdown");
+    Level {
+        senders,
+        requests: done.load(Ordering::Relaxed),
+        seconds,
+        per_commit: committed / commits.max(1.0),
+        p50: percentile(&latencies, 0.5),
+        p99: percentile(&latencies, 0.99),
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    println!(
+        "durable OTLP/HTTP ingest, {SPANS_PER_REQUEST} spans per request, {SECONDS_PER_LEVEL} s per level, SQLite synchronous=FULL"
+    );
+    println!("senders  requests/s    spans/s  vs 1 sender  requests/commit  ack p50    ack p99");
+    let mut baseline = None;
+    for senders in [1, 4, 16, 64] {
+        let level = runtime.block_on(level(senders));
+        let spans_per_second = level.requests as f64 * SPANS_PER_REQUEST as f64 / level.seconds;
+        let base = *baseline.get_or_insert(spans_per_second);
+        println!(
+            "{:>7}  {:>10.0}  {:>9.0}  {:>10.2}x  {:>15.2}  {:>7.1?}  {:>8.1?}",
+            level.senders,
+            level.requests as f64 / level.seconds,
+            spans_per_second,
+            spans_per_second / base,
+            level.per_commit,
+            level.p50,
+            level.p99,
+        );
+    }
+}
