@@ -109,6 +109,7 @@ impl Server {
         let (api, otlp_http, otlp_grpc) = routers;
         let otlp_http = crate::auth::otlp_http(otlp_http, &config.auth);
         tasks.spawn(serve_http(otlp_listener, otlp_http, shutdown_rx.clone()));
+        let otlp_grpc = grpc_in_flight_limit(otlp_grpc, config);
         let otlp_grpc = crate::auth::otlp_grpc(otlp_grpc, &config.auth);
         tasks.spawn(serve_http(grpc_listener, otlp_grpc, shutdown_rx.clone()));
         let api = crate::auth::api(api, &config.auth);
@@ -156,6 +157,28 @@ impl Server {
         }
         first_error
     }
+}
+
+/// tonic decodes a gRPC message before the receiver can reserve room for it in the ingest
+/// queue, so the number of gRPC requests in flight is bounded instead: as many as the queue
+/// could hold at the largest size (`ingest_queue_bytes / max_body_bytes`, at least 1). One
+/// more is refused at once with RESOURCE_EXHAUSTED, before its body is read.
+fn grpc_in_flight_limit(router: Router, config: &Config) -> Router {
+    let permits = (config.server.ingest_queue_bytes / config.server.max_body_bytes.max(1)).max(1);
+    let limit = Arc::new(tokio::sync::Semaphore::new(permits));
+    router.layer(axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+        let limit = limit.clone();
+        async move {
+            let Ok(_permit) = limit.try_acquire_owned() else {
+                let status = lagscope_collector::otlp::grpc::retryable_exhausted(format!(
+                    "{permits} gRPC export requests are already being received; retry after {} s",
+                    lagscope_collector::queue::RETRY_AFTER_SECONDS
+                ));
+                return axum::response::IntoResponse::into_response(status.into_http::<axum::body::Body>());
+            };
+            next.run(request).await
+        }
+    }))
 }
 
 fn spawn_scrapers(

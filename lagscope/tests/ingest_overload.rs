@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
@@ -41,6 +42,10 @@ fn text(key: &str, value: &str) -> KeyValue {
 
 /// About 1.9 MB of protobuf: 19 000 spans, ids unique per (sender, sequence).
 fn body(sender: u64, sequence: u64) -> Vec<u8> {
+    request(sender, sequence).encode_to_vec()
+}
+
+fn request(sender: u64, sequence: u64) -> ExportTraceServiceRequest {
     let base = 1_764_435_600_000_000_000u64 + sequence * 1_000_000_000;
     let spans = (0..SPANS_PER_REQUEST)
         .map(|index| {
@@ -64,7 +69,6 @@ fn body(sender: u64, sequence: u64) -> Vec<u8> {
             ..ResourceSpans::default()
         }],
     }
-    .encode_to_vec()
 }
 
 #[derive(Default)]
@@ -168,5 +172,62 @@ fn a_flood_is_pushed_back_with_429_and_memory_stays_bounded() {
         "every acknowledged span stored"
     );
     assert!(value("lagscope_ingest_commits_total ") <= value("lagscope_ingest_committed_requests_total "));
+    serve.stop();
+}
+
+#[test]
+fn a_grpc_flood_gets_resource_exhausted_with_retry_info_and_memory_stays_bounded() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let unbounded = std::env::var_os("LAGSCOPE_OVERLOAD_UNBOUNDED").is_some();
+    let serve = ServeProcess::start(&directory.path().join("data"), if unbounded { UNBOUNDED_CONFIG } else { CONFIG });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let requests: Arc<Vec<ExportTraceServiceRequest>> =
+        Arc::new((0..SENDERS).map(|sender| request(sender + 100, 0)).collect());
+    let tally = Arc::new(Tally::default());
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut senders = Vec::new();
+    for sender in 0..SENDERS {
+        let (tally, endpoint, requests) = (tally.clone(), serve.otlp_grpc.clone(), requests.clone());
+        senders.push(runtime.spawn(async move {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            let mut client = TraceServiceClient::new(channel).max_encoding_message_size(usize::MAX);
+            while Instant::now() < deadline {
+                match client.export(requests[sender as usize].clone()).await {
+                    Ok(_) => {
+                        tally.ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                        // Retryable only with a RetryInfo in the details.
+                        let details = String::from_utf8_lossy(status.details()).to_string();
+                        assert!(details.contains("google.rpc.RetryInfo"), "{status:?}");
+                        tally.too_many.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(status) => {
+                        eprintln!("unexpected {status:?}");
+                        tally.other.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for sender in senders {
+        runtime.block_on(sender).expect("sender");
+    }
+    let peak_rss = serve.peak_rss_bytes();
+    let (ok, too_many, other) =
+        (tally.ok.load(Ordering::Relaxed), tally.too_many.load(Ordering::Relaxed), tally.other.load(Ordering::Relaxed));
+    eprintln!("gRPC: {ok} committed, {too_many} RESOURCE_EXHAUSTED, {other} other; peak RSS {} MiB", peak_rss >> 20);
+    assert_eq!(other, 0, "only OK and RESOURCE_EXHAUSTED under overload");
+    assert!(too_many > 0 || unbounded, "the flood was pushed back");
+    assert!(
+        peak_rss < PEAK_RSS_BOUND,
+        "peak RSS {} MiB is over the bound of {} MiB",
+        peak_rss >> 20,
+        PEAK_RSS_BOUND >> 20
+    );
     serve.stop();
 }

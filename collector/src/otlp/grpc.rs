@@ -92,7 +92,12 @@ struct RpcStatus {
 /// The queue is full: RESOURCE_EXHAUSTED with a RetryInfo telling the sender when to retry.
 fn exhausted(queue: &IngestQueue, refused: QueueFull) -> Status {
     queue.count_full();
-    let message = refused.to_string();
+    retryable_exhausted(refused.to_string())
+}
+
+/// RESOURCE_EXHAUSTED with a `google.rpc.RetryInfo` of [`RETRY_AFTER_SECONDS`]: the OTLP/gRPC
+/// way of saying "overloaded, retry later" (without RetryInfo the sender must not retry).
+pub fn retryable_exhausted(message: String) -> Status {
     let retry = RetryInfo { retry_delay: Some(ProtoDuration { seconds: i64::from(RETRY_AFTER_SECONDS), nanos: 0 }) };
     let details = RpcStatus {
         code: tonic::Code::ResourceExhausted as i32,
