@@ -88,6 +88,8 @@ pub struct Converted {
     pub samples: u64,
     pub skipped_samples: u64,
     pub log_records: usize,
+    /// Of those, the failure lines the analyzer reads (lost to an analysis of the .lscap).
+    pub recognised_log_lines: usize,
 }
 
 /// Converts OTLP JSON captures (JSON lines, optionally gzipped) into one lscap file, one
@@ -118,6 +120,8 @@ pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Conv
                 Ok(())
             })();
             converted.log_records += decoded.logs.len();
+            converted.recognised_log_lines +=
+                decoded.logs.iter().filter(|log| lagscope_analyzer::log_events::classify(log).is_some()).count();
             written.map_err(|error| format!("cannot write {}: {error}", out.display()))
         })?;
     }

@@ -192,6 +192,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 written.skipped_samples,
                 written.log_records
             );
+            if written.recognised_log_lines > 0 {
+                eprintln!(
+                    "warning: {} of those log records are failure lines the analyzer reads (e.g. a router's \
+                     NoNamenodesAvailable lines); analyze the OTLP capture itself to use them",
+                    written.recognised_log_lines
+                );
+            }
             Ok(())
         }
         Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {

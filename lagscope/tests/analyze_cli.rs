@@ -179,3 +179,41 @@ fn a_damaged_lscap_file_is_refused_with_where() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn a_router_s_log_lines_in_a_capture_are_analyzed_and_convert_warns_it_drops_them() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let capture = directory.path().join("router-logs.jsonl");
+    let records: Vec<serde_json::Value> = (0..=20u64)
+        .step_by(2)
+        .map(|second| {
+            serde_json::json!({
+                "timeUnixNano": ((1_764_435_600 + second) * 1_000_000_000).to_string(),
+                "body": {"stringValue": "Cannot get available namenode for ns3 nn2:8020 error: \
+                                         No namenodes available under nameservice ns3"}
+            })
+        })
+        .collect();
+    let request = serde_json::json!({"resourceLogs": [{
+        "resource": {"attributes": [
+            {"key": "lagscope.cluster", "value": {"stringValue": "c1"}},
+            {"key": "lagscope.component", "value": {"stringValue": "router"}},
+            {"key": "lagscope.node.id", "value": {"stringValue": "router-2"}}
+        ]},
+        "scopeLogs": [{"logRecords": records}]
+    }]});
+    std::fs::write(&capture, format!("{request}\n")).expect("capture");
+    let output = lagscope(&["analyze", "--format", "json", capture.to_str().expect("path")]);
+    let parsed: serde_json::Value = serde_json::from_str(&stdout_of(&output)).expect("JSON");
+    let anomalies = parsed["anomalies"].as_array().cloned().unwrap_or_default();
+    assert_eq!(anomalies.len(), 1, "{parsed:#}");
+    assert_eq!(anomalies[0]["kind"], "no_namenodes_window");
+    assert_eq!(anomalies[0]["node_id"], "router-2");
+    assert_eq!(anomalies[0]["evidence"]["attempts"], 11);
+
+    let lscap = directory.path().join("router-logs.lscap");
+    let output = lagscope(&["convert", "--out", lscap.to_str().expect("path"), capture.to_str().expect("path")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("11 of those log records are failure lines"), "{stderr}");
+}
