@@ -99,6 +99,10 @@ fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], grace: i64) {
         let entry = latest.entry(sample.series.label(lagscope_model::conventions::CLUSTER)).or_insert(i64::MIN);
         *entry = (*entry).max(sample.time_unix_nano);
     }
+    for event in &input.log_events {
+        let entry = latest.entry(event.cluster.as_deref()).or_insert(i64::MIN);
+        *entry = (*entry).max(event.time_unix_nano);
+    }
     for anomaly in anomalies.iter_mut() {
         let data_end = latest.get(&anomaly.cluster.as_deref()).copied().unwrap_or(i64::MIN);
         anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;

@@ -9,10 +9,15 @@
 //! | `cluster_switch` | `Current Pulsar service is {url}, it has been down for {n} ms, switch to the service {url}. ...` and `... switch back to the primary service` (AutoClusterFailover) |
 //! | `indexing_rejected` | `rejected execution of {coordinating|primary|replica} operation [...]` (Elasticsearch, OpenSearch shard indexing pressure) |
 //!
-//! `no_namenodes` lines logged by a router (resource `lagscope.component` = `router`) without
-//! trace context are answers of that router to `no_namenodes_window`, in the batch and the
-//! streaming analyzer alike; a line with trace context belongs to a router span that already
-//! counts. The other events are recognised and reported with their fields.
+//! Used by the detectors, in the batch and the streaming analyzer alike:
+//! - `no_namenodes` lines logged by a router (resource `lagscope.component` = `router`)
+//!   without trace context are answers of that router to `no_namenodes_window`; a line with
+//!   trace context belongs to a router span that already counts;
+//! - `cluster_switch` lines of a client that names itself (`lagscope.client.id`) are its
+//!   switches for `failover_flapping`: such a client is judged by the switches it logged (its
+//!   own decisions), not by where its calls went.
+//!
+//! The other events are recognised with their fields.
 
 use std::collections::BTreeMap;
 

@@ -121,3 +121,56 @@ fn the_other_failure_lines_are_recognised_with_who_logged_them() {
     assert_eq!(classify(&line(T0, &long, "server", "nn3", false)).map(|event| event.text.len()), Some(1024));
     assert_eq!(classify(&line(T0, "all good", "router", "router-1", false)), None);
 }
+
+fn switch_line(at_second: i64, from: &str, to: &str, back: bool, client: Option<&str>) -> LogRecord {
+    let text = if back {
+        format!(
+            "Current Pulsar service is secondary: {from}, the primary service: {to} has been recover for 1000 ms, \
+             switch back to the primary service"
+        )
+    } else {
+        format!(
+            "Current Pulsar service is {from}, it has been down for 31000 ms, switch to the service {to}. \
+             The current service down at 1764435600000"
+        )
+    };
+    let mut record = line(T0 + at_second * SECOND, &text, "client", "app-1", false);
+    record.resource.cluster = Some("pulsar-global".to_string());
+    if let Some(client) = client {
+        record.attributes.insert("lagscope.client.id".to_string(), json!(client));
+    }
+    record
+}
+
+#[test]
+fn a_client_that_logs_its_switches_is_judged_by_them() {
+    let (a, b) = ("pulsar://a:6650", "pulsar://b:6650");
+    let logs = vec![
+        switch_line(0, a, b, false, Some("producer-1")),
+        switch_line(20, b, a, true, Some("producer-1")),
+        switch_line(40, a, b, false, Some("producer-1")),
+        // Another client's single switch, and lines that name no client: not flapping.
+        switch_line(10, a, b, false, Some("producer-2")),
+        switch_line(12, a, b, false, None),
+        switch_line(14, b, a, true, None),
+    ];
+    let anomalies = batch(&logs);
+    assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
+    let flapping = &anomalies[0];
+    assert_eq!(flapping.kind, AnomalyKind::FailoverFlapping);
+    assert_eq!(flapping.client_id.as_deref(), Some("producer-1"));
+    assert_eq!(flapping.cluster.as_deref(), Some("pulsar-global"));
+    assert_eq!(flapping.evidence["switches"], 3);
+    assert_eq!(flapping.evidence["path"], json!([a, b, a, b]));
+    assert_eq!((flapping.start_unix_nano, flapping.end_unix_nano), (T0, T0 + 40 * SECOND));
+    assert_eq!(streamed(&logs), anomalies, "the streaming engine finds the same");
+
+    // Switches further apart than the switch-back delay (60 s) are settled failovers.
+    let settled = vec![
+        switch_line(0, a, b, false, Some("producer-1")),
+        switch_line(70, b, a, true, Some("producer-1")),
+        switch_line(140, a, b, false, Some("producer-1")),
+    ];
+    assert_eq!(batch(&settled), Vec::new());
+    assert_eq!(streamed(&settled), Vec::new());
+}

@@ -49,26 +49,31 @@ async fn analysis_pass(
     pending: lagscope_collector::Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
-    // The recognised lines of each cluster with new logs or new spans/metrics: new lines name
-    // the scopes to look at again; every scope pass sees its namespace's lines.
+    // The recognised lines of each cluster with new log records: they name the scopes to look
+    // at again, and every pass of the cluster sees them. (Passes of clusters without new logs
+    // read none: what log lines found stays stored, and reading a busy cluster's logs on every
+    // batch of spans would cost more than the spans.)
     let mut events_by_cluster: BTreeMap<Option<String>, Vec<LogEvent>> = BTreeMap::new();
-    let clusters: BTreeSet<Option<String>> =
-        pending.log_clusters.iter().cloned().chain(scopes.iter().map(|(cluster, _)| cluster.clone())).collect();
-    for cluster in clusters {
+    for cluster in &pending.log_clusters {
         let window = config.live.scope_window_seconds * 1_000_000_000;
         let logs = store.cluster_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
         let events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
-        if pending.log_clusters.contains(&cluster) {
-            scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
-        }
-        events_by_cluster.insert(cluster, events);
+        scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
+        events_by_cluster.insert(cluster.clone(), events);
     }
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
     for client_id in clients {
         let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
-        let input = AnalysisInput::from_telemetry(&spans, Vec::new());
+        let mut input = AnalysisInput::from_telemetry(&spans, Vec::new());
+        // The client's own lines (a client that logs its switches is judged by them).
+        input.log_events = events_by_cluster
+            .values()
+            .flatten()
+            .filter(|event| event.client_id.as_deref() == Some(client_id.as_str()))
+            .cloned()
+            .collect();
         // Spans of shared traces bring in fragments of other clients' timelines: each
         // client's anomalies come from its own, complete pass.
         let anomalies: Vec<_> = analyze(&input, &config.analyzer)

@@ -1,5 +1,6 @@
-//! Live: a router's log lines sent over OTLP/HTTP (`/v1/logs`) make its
-//! `no_namenodes_window` visible in the API, with no span from that router at all.
+//! Live: log lines sent over OTLP/HTTP (`/v1/logs`) make anomalies visible in the API with no
+//! span at all: a router's NoNamenodesAvailable lines its `no_namenodes_window`, a Pulsar
+//! client's switch lines its `failover_flapping`.
 
 mod support;
 
@@ -7,7 +8,7 @@ use serde_json::{Value, json};
 use support::{get_json, start_server, wait_until_analyzed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn router_log_lines_alone_raise_the_no_namenodes_window() {
+async fn log_lines_alone_raise_windows_and_flapping() {
     let directory = tempfile::tempdir().expect("temp dir");
     let server = start_server(directory.path()).await;
     let start = 1_764_435_600u64;
@@ -51,5 +52,40 @@ async fn router_log_lines_alone_raise_the_no_namenodes_window() {
     assert_eq!(window["cluster"], "prod-west");
     assert_eq!(window["evidence"]["attempts"], 16, "{window:#}");
     assert_eq!(window["evidence"]["window_seconds"], 30.0, "{window:#}");
+
+    // A Pulsar client's own switch lines, 20 s apart (its switch-back delay is 60 s).
+    let switches: Vec<Value> =
+        [(0u64, "pulsar://a:6650", "pulsar://b:6650"), (20, "pulsar://b:6650", "pulsar://a:6650")]
+            .iter()
+            .map(|(second, from, to)| {
+                json!({
+                    "timeUnixNano": ((start + second) * 1_000_000_000).to_string(),
+                    "body": {"stringValue": format!(
+                        "Current Pulsar service is {from}, it has been down for 31000 ms, switch to the service {to}. \
+                         The current service down at 1764435600000")},
+                    "attributes": [{"key": "lagscope.client.id", "value": {"stringValue": "producer-7"}}]
+                })
+            })
+            .collect();
+    let request = json!({"resourceLogs": [{
+        "resource": {"attributes": [
+            {"key": "lagscope.cluster", "value": {"stringValue": "pulsar-geo"}},
+            {"key": "lagscope.component", "value": {"stringValue": "client"}}
+        ]},
+        "scopeLogs": [{"logRecords": switches}]
+    }]});
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/logs", server.otlp_http_addr))
+        .json(&request)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status().as_u16(), 200);
+    wait_until_analyzed(&server).await;
+    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=failover_flapping").await;
+    let anomalies = listed["anomalies"].as_array().cloned().unwrap_or_default();
+    assert_eq!(anomalies.len(), 1, "{listed:#}");
+    assert_eq!(anomalies[0]["client_id"], "producer-7");
+    assert_eq!(anomalies[0]["evidence"]["source"], "client log");
     server.shutdown().await.expect("clean shutdown");
 }

@@ -1,18 +1,28 @@
 //! `failover_flapping`: a client switches between clusters more often than its
 //! switchBackDelay allows (seed 004: `failoverDelay` and `switchBackDelay` exist so that a
 //! client settles on one cluster). Switches are read from the cluster URL (`server.address`)
-//! its consecutive calls went to.
+//! its consecutive calls went to, or, for a client whose log lines report its switches (the
+//! Pulsar client's `... switch to the service {url} ...` and `... switch back to the primary
+//! service`), from those lines: a client that logs its switches is judged by them, which are
+//! its own decisions, rather than by where its calls happened to go.
+
+use std::collections::BTreeMap;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt};
 use serde_json::json;
 
 use super::evidence::span_ids;
+use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
     let mut anomalies = Vec::new();
+    let logged = logged_switches(&input.log_events);
     for timeline in &input.timelines {
+        if logged.keys().any(|(_, client)| *client == timeline.client_id) {
+            continue;
+        }
         let attempts: Vec<&TimelineAttempt> = timeline
             .calls
             .iter()
@@ -48,7 +58,80 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         }
         flush(&mut run);
     }
+    for ((cluster, client), switches) in &logged {
+        for run in runs(switches, min_gap, |switch| switch.time_unix_nano) {
+            anomalies.push(flapping_logged(*cluster, client, &run, min_gap));
+        }
+    }
     anomalies
+}
+
+/// The switch lines of clients that name themselves (`lagscope.client.id`), per (cluster,
+/// client), in time order.
+pub(crate) fn logged_switches(events: &[LogEvent]) -> BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> {
+    let mut logged: BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> = BTreeMap::new();
+    for event in events.iter().filter(|event| event.kind == LogEventKind::ClusterSwitch) {
+        if let Some(client) = event.client_id.as_deref() {
+            logged.entry((event.cluster.as_deref(), client)).or_default().push(event);
+        }
+    }
+    logged
+}
+
+/// Runs of at least two switches, each closer than `min_gap` to the one before.
+pub(crate) fn runs<T: Copy>(switches: &[T], min_gap: i64, time: impl Fn(T) -> i64) -> Vec<Vec<T>> {
+    let mut found = Vec::new();
+    let mut run: Vec<T> = Vec::new();
+    for switch in switches.iter().copied() {
+        if run.last().is_some_and(|previous| time(switch).saturating_sub(time(*previous)) >= min_gap) {
+            if run.len() >= 2 {
+                found.push(std::mem::take(&mut run));
+            }
+            run.clear();
+        }
+        run.push(switch);
+    }
+    if run.len() >= 2 {
+        found.push(run);
+    }
+    found
+}
+
+/// The anomaly for a run of switches the client logged. Shared with the streaming engine.
+pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEvent], min_gap: i64) -> Anomaly {
+    let (start, end) = (run[0].time_unix_nano, run[run.len() - 1].time_unix_nano);
+    let field = |event: &LogEvent, key: &str| event.fields.get(key).cloned().unwrap_or_else(|| "?".to_string());
+    let path: Vec<String> =
+        std::iter::once(field(run[0], "from")).chain(run.iter().map(|event| field(event, "to"))).collect();
+    Anomaly {
+        kind: AnomalyKind::FailoverFlapping,
+        severity: Severity::Warning,
+        cluster: cluster.map(str::to_string),
+        namespace: None,
+        client_id: Some(client.to_string()),
+        node_id: None,
+        start_unix_nano: start,
+        end_unix_nano: end,
+        summary: format!(
+            "client {client} switched clusters {} times in {:.0} s ({}), faster than a switch-back delay of {} s allows",
+            run.len(),
+            (end - start) as f64 / 1e9,
+            path.join(" → "),
+            min_gap / 1_000_000_000
+        ),
+        cause: "failover flapping: the client's failover and switch-back decisions do not wait long enough (or its \
+                probe's verdicts flip), so it moves between clusters while neither is settled"
+            .to_string(),
+        evidence: json!({
+            "switches": run.len(),
+            "path": path,
+            "switch_times_unix_nano": run.iter().map(|event| event.time_unix_nano).collect::<Vec<_>>(),
+            "source": "client log",
+            "lines": run.iter().map(|event| event.text.as_str()).collect::<Vec<_>>(),
+        }),
+        open: false,
+        fingerprint: format!("failover_flapping|{}|{client}|{start}", cluster.unwrap_or("")),
+    }
 }
 
 /// One switch: (time, from address, to address, the attempt that went to the new one).

@@ -25,7 +25,7 @@ use lagscope_model::conventions::{
     CLUSTER, METRIC_COMMITTED_STATE, METRIC_PROBE_UP, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE,
 };
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, StateId, TimelineJoin, UnixNanos};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
@@ -225,6 +225,10 @@ pub struct Engine<'c> {
     metrics: Option<Metrics>,
     data_end: FxHashMap<Sym, UnixNanos>,
     no_namenodes_errors: FxHashMap<Sym, bool>,
+    /// Clients' logged switch lines (kept whole: they are rare) and the clients that log
+    /// them, who are judged by them rather than by their calls' addresses.
+    log_switches: Vec<crate::log_events::LogEvent>,
+    logging_clients: FxHashSet<Sym>,
     anomalies: Vec<Anomaly>,
     stats: EngineStats,
 }
@@ -287,6 +291,8 @@ impl<'c> Engine<'c> {
             series_ids: FxHashMap::default(),
             data_end: FxHashMap::default(),
             no_namenodes_errors: FxHashMap::default(),
+            log_switches: Vec::new(),
+            logging_clients: FxHashSet::default(),
             anomalies: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -329,6 +335,17 @@ impl<'c> Engine<'c> {
         }
         if time.saturating_add(self.horizon) < self.watermark {
             self.stats.late_log_events += 1;
+        }
+        let cluster = self.interner.intern_opt(event.cluster.as_deref());
+        let end = self.data_end.entry(cluster).or_insert(i64::MIN);
+        *end = (*end).max(time);
+        if self.kinds.failover_flapping
+            && event.kind == crate::log_events::LogEventKind::ClusterSwitch
+            && let Some(client) = event.client_id.as_deref()
+        {
+            let client = self.interner.intern(client);
+            self.logging_clients.insert(client);
+            self.log_switches.push(event.clone());
         }
         if self.kinds.no_namenodes_window
             && let Some(router) = event.router_answer()
@@ -452,6 +469,14 @@ impl<'c> Engine<'c> {
         let clients: Vec<(Sym, Sym)> = self.clients.keys().copied().collect();
         for key in clients {
             self.finish_client(key);
+        }
+        let mut log_switches = std::mem::take(&mut self.log_switches);
+        log_switches.sort_by_key(|event| event.time_unix_nano);
+        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+        for ((cluster, client), switches) in failover_flapping::logged_switches(&log_switches) {
+            for run in failover_flapping::runs(&switches, min_gap, |switch| switch.time_unix_nano) {
+                self.anomalies.push(failover_flapping::flapping_logged(cluster, client, &run, min_gap));
+            }
         }
         let stats = self.stats();
         let metric_anomalies = match self.metrics.take() {
@@ -784,6 +809,7 @@ impl<'c> Engine<'c> {
             no_namenodes_errors,
             sequence,
             probes,
+            logging_clients,
             ..
         } = self;
         let Some(state) = clients.get_mut(&(client, namespace)) else { return };
@@ -879,7 +905,9 @@ impl<'c> Engine<'c> {
                 }
                 if kinds.failover_flapping {
                     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-                    if let Some(run) = switches(state, attempt, at, min_gap) {
+                    if let Some(run) = switches(state, attempt, at, min_gap)
+                        && !logging_clients.contains(&client)
+                    {
                         raised.push(Raise::Flapping(run));
                     }
                 }
@@ -1031,7 +1059,7 @@ impl<'c> Engine<'c> {
                 sends: run.sends,
             }));
         }
-        if state.switches.len() >= 2 {
+        if state.switches.len() >= 2 && !self.logging_clients.contains(&key.0) {
             raised.push(Raise::Flapping(state.switches.clone()));
         }
         let timeline = identity(&self.interner, state);
