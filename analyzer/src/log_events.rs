@@ -15,9 +15,13 @@
 //!   trace context belongs to a router span that already counts;
 //! - `cluster_switch` lines of a client that names itself (`lagscope.client.id`) are its
 //!   switches for `failover_flapping`: such a client is judged by the switches it logged (its
-//!   own decisions), not by where its calls went.
+//!   own decisions), not by where its calls went;
+//! - `follower_read_disabled` lines of a client that names itself are, for
+//!   `follower_read_disabled`, what a rejected follower read is: the client (whose provider
+//!   may retry the rejection inside one attempt) is caught if its later reads never go to a
+//!   follower.
 //!
-//! The other events are recognised with their fields.
+//! `observer_too_far_behind` and `indexing_rejected` are recognised with their fields.
 
 use std::collections::BTreeMap;
 

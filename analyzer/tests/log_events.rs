@@ -5,9 +5,9 @@
 //! make a window.
 
 use lagscope_analyzer::log_events::{LogEventKind, classify};
-use lagscope_analyzer::stream::Engine;
+use lagscope_analyzer::stream::{Engine, SpanRec};
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, sort_anomalies};
-use lagscope_model::{Anomaly, AnomalyKind, Component, LogRecord, ResourceFields};
+use lagscope_model::{Anomaly, AnomalyKind, CallFields, Component, LogRecord, Op, ResourceFields, Span, SpanKind};
 use serde_json::json;
 
 const SECOND: i64 = 1_000_000_000;
@@ -173,4 +173,110 @@ fn a_client_that_logs_its_switches_is_judged_by_them() {
     ];
     assert_eq!(batch(&settled), Vec::new());
     assert_eq!(streamed(&settled), Vec::new());
+}
+
+/// A client read attempt and the server span under it (times in seconds after T0).
+fn read(trace: u64, call: &str, start: i64, server: &str, role: &str, consistency: &str, follower: bool) -> [Span; 2] {
+    let base = |component: &str, node: &str, start: i64, end: i64, span_id: u64| Span {
+        trace_id: Some(format!("{trace:032x}")),
+        span_id: Some(format!("{span_id:016x}")),
+        parent_span_id: None,
+        name: "LookupKey".to_string(),
+        kind: if component == "client" { SpanKind::Client } else { SpanKind::Server },
+        start_unix_nano: T0 + start,
+        end_unix_nano: T0 + end,
+        status_code: 0,
+        status_message: None,
+        resource: ResourceFields {
+            service_name: Some(format!("ozone-{component}")),
+            system: Some("ozone".to_string()),
+            cluster: Some("ozone-1".to_string()),
+            component: Some(Component::parse(component)),
+            node_id: Some(node.to_string()),
+            attributes: serde_json::Map::new(),
+        },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: serde_json::Map::new(),
+        call: CallFields::default(),
+        attributes: serde_json::Map::new(),
+        events: Vec::new(),
+        links: Vec::new(),
+    };
+    let mut client = base("client", "s3g", start * SECOND, start * SECOND + SECOND / 2, trace * 2);
+    client.call.client_id = Some("ozone-client-9".to_string());
+    client.call.namespace = Some("omservice".to_string());
+    client.call.call_id = Some(call.to_string());
+    client.call.op = Some(Op::Read);
+    client.call.rpc_method = Some("LookupKey".to_string());
+    client.call.consistency = Some(consistency.to_string());
+    client.call.follower_read = Some(follower);
+    let mut server = base("server", server, start * SECOND + 1_000, start * SECOND + SECOND / 4, trace * 2 + 1);
+    server.parent_span_id = client.span_id.clone();
+    server.call.namespace = Some("omservice".to_string());
+    server.call.node_role = Some(role.to_string());
+    server.call.state.served = Some(100 + trace as i64);
+    [client, server]
+}
+
+fn disable_line(at_second: i64) -> LogRecord {
+    let mut record = line(
+        T0 + at_second * SECOND,
+        "Encountered OMNotLeaderException from om2. Disable OM follower read and retry OM leader directly.",
+        "client",
+        "s3g",
+        false,
+    );
+    record.attributes.insert("lagscope.client.id".to_string(), json!("ozone-client-9"));
+    record
+}
+
+fn analyzed_both_ways(spans: &[Span], logs: &[LogRecord]) -> Vec<Anomaly> {
+    let config = AnalyzerConfig::default();
+    let batch = analyze(&AnalysisInput::from_telemetry(spans, Vec::new()).with_logs(logs), &config);
+    let mut engine = Engine::new(&config, |_| true);
+    for span in spans {
+        let record = SpanRec::from_span(span, &mut engine.interner);
+        engine.push_span(record);
+    }
+    for event in logs.iter().filter_map(classify) {
+        engine.push_log_event(&event);
+    }
+    let (mut streamed, _) = engine.finish();
+    sort_anomalies(&mut streamed);
+    assert_eq!(streamed, batch, "the streaming engine reports what the batch detectors report");
+    batch
+}
+
+#[test]
+fn a_client_that_logs_turning_follower_read_off_is_caught_without_a_rejected_span() {
+    // Follower reads on om2; the rejection was retried inside the client (no span of its
+    // own), which logged the switch; every later read goes to the leader.
+    let mut spans: Vec<Span> = Vec::new();
+    spans.extend(read(1, "r1", 0, "om2", "follower", "LINEARIZABLE_ALLOW_FOLLOWER", true));
+    spans.extend(read(2, "r2", 30, "om1", "leader", "LOCAL_LEASE", false));
+    for (index, start) in [50, 70, 90].into_iter().enumerate() {
+        spans.extend(read(3 + index as u64, &format!("r{}", 3 + index), start, "om1", "leader", "DEFAULT", false));
+    }
+    let logs = vec![disable_line(25)];
+    let anomalies = analyzed_both_ways(&spans, &logs);
+    let disabled: Vec<&Anomaly> =
+        anomalies.iter().filter(|anomaly| anomaly.kind == AnomalyKind::FollowerReadDisabled).collect();
+    assert_eq!(disabled.len(), 1, "{anomalies:#?}");
+    let anomaly = disabled[0];
+    assert_eq!(anomaly.client_id.as_deref(), Some("ozone-client-9"));
+    assert_eq!(anomaly.node_id.as_deref(), Some("om2"));
+    assert_eq!(anomaly.evidence["reads_after"], 4);
+    assert_eq!(anomaly.evidence["source"], "client log");
+    assert_eq!(anomaly.evidence["consistency_before"], "LINEARIZABLE_ALLOW_FOLLOWER");
+    assert_eq!(anomaly.evidence["consistencies_after"], json!(["DEFAULT", "LOCAL_LEASE"]));
+    assert_eq!(anomaly.start_unix_nano, T0 + 25 * SECOND);
+
+    // Without the line there is nothing to go on; with a later follower read, it was not for good.
+    let without = analyzed_both_ways(&spans, &[]);
+    assert!(without.iter().all(|anomaly| anomaly.kind != AnomalyKind::FollowerReadDisabled), "{without:#?}");
+    let mut back_on_followers = spans.clone();
+    back_on_followers.extend(read(9, "r9", 110, "om3", "follower", "LINEARIZABLE_ALLOW_FOLLOWER", true));
+    let found = analyzed_both_ways(&back_on_followers, &logs);
+    assert!(found.iter().all(|anomaly| anomaly.kind != AnomalyKind::FollowerReadDisabled), "{found:#?}");
 }

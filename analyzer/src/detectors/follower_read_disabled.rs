@@ -2,18 +2,165 @@
 //! a follower rejected one read, and its later reads change consistency or go only to the
 //! leader (HDDS-17548 MC-1: `disableFollowerRead` is client-wide and never reset).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, span_ids};
+use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
+    let min_reads_after = config.follower_read_disabled.min_reads_after;
+    let logged = logged_disables(&input.log_events);
     input
         .timelines
         .iter()
-        .filter_map(|timeline| disabled(timeline, config.follower_read_disabled.min_reads_after))
+        .filter_map(|timeline| {
+            disabled(timeline, min_reads_after).or_else(|| {
+                let lines = logged.get(timeline.client_id.as_str())?;
+                disabled_logged(timeline, lines, min_reads_after)
+            })
+        })
         .collect()
+}
+
+/// The clients' `Disable OM follower read and retry OM leader directly` lines, per client:
+/// (time, the OM that answered OMNotLeaderException), in time order.
+fn logged_disables(events: &[LogEvent]) -> BTreeMap<&str, Vec<(i64, Option<&str>)>> {
+    let mut logged: BTreeMap<&str, Vec<(i64, Option<&str>)>> = BTreeMap::new();
+    for event in events.iter().filter(|event| event.kind == LogEventKind::FollowerReadDisabled) {
+        if let Some(client) = event.client_id.as_deref() {
+            logged
+                .entry(client)
+                .or_default()
+                .push((event.time_unix_nano, event.fields.get("peer").map(String::as_str)));
+        }
+    }
+    logged
+}
+
+/// The client said it turned follower read off (its provider's log line, e.g. when the
+/// rejection was retried inside the client and left no attempt of its own): the same test
+/// as for a rejection seen in the spans, from the last such line after which no read went to
+/// a follower. The reads are walked as the streaming engine walks them, each line taking
+/// effect before the first read that starts after it.
+fn disabled_logged(
+    timeline: &ClientTimeline,
+    lines: &[(i64, Option<&str>)],
+    min_reads_after: usize,
+) -> Option<Anomaly> {
+    struct Logged<'a> {
+        time: i64,
+        peer: Option<&'a str>,
+        used_followers_before: bool,
+        consistency_before: Option<String>,
+        reads_after: usize,
+        consistencies_after: BTreeSet<String>,
+        last_end: i64,
+    }
+    let mut used = false;
+    let mut last_consistency: Option<String> = None;
+    let mut current: Option<Logged<'_>> = None;
+    let mut next = 0;
+    let reads = timeline.calls.iter().filter(|call| call.op == Some(Op::Read)).flat_map(|call| &call.attempts);
+    for attempt in reads {
+        while let Some(&(time, peer)) = lines.get(next).filter(|(time, _)| *time <= attempt.start_unix_nano) {
+            current = Some(Logged {
+                time,
+                peer,
+                used_followers_before: used,
+                consistency_before: last_consistency.clone(),
+                reads_after: 0,
+                consistencies_after: BTreeSet::new(),
+                last_end: time,
+            });
+            next += 1;
+        }
+        if served_by_follower(attempt) {
+            used = true;
+            last_consistency = attempt.consistency.clone();
+            current = None;
+        } else if let Some(logged) = current.as_mut().filter(|_| attempt.outcome == Some(Outcome::Ok)) {
+            logged.reads_after += 1;
+            logged.consistencies_after.extend(attempt.consistency.clone());
+            logged.last_end = logged.last_end.max(attempt.end_unix_nano);
+        }
+    }
+    if let Some(&(time, peer)) = lines[next..].last() {
+        current = Some(Logged {
+            time,
+            peer,
+            used_followers_before: used,
+            consistency_before: last_consistency,
+            reads_after: 0,
+            consistencies_after: BTreeSet::new(),
+            last_end: time,
+        });
+    }
+    let logged = current.filter(|logged| logged.used_followers_before && logged.reads_after >= min_reads_after)?;
+    Some(disabled_as_logged(
+        timeline,
+        logged.time,
+        logged.peer.map(str::to_string),
+        logged.reads_after,
+        logged.consistency_before,
+        logged.consistencies_after,
+        logged.last_end,
+    ))
+}
+
+/// The anomaly for a client whose own log line says it turned follower read off at `time`
+/// after `peer` answered OMNotLeaderException. Shared with the streaming engine.
+pub(crate) fn disabled_as_logged(
+    timeline: &ClientTimeline,
+    time: i64,
+    peer: Option<String>,
+    reads_after: usize,
+    before_consistency: Option<String>,
+    after_consistencies: BTreeSet<String>,
+    last_end: i64,
+) -> Anomaly {
+    let after_consistencies: Vec<String> = after_consistencies.into_iter().collect();
+    let follower = peer.as_deref().unwrap_or("a follower");
+    Anomaly {
+        kind: AnomalyKind::FollowerReadDisabled,
+        severity: Severity::Warning,
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        client_id: Some(timeline.client_id.clone()),
+        node_id: peer.clone(),
+        start_unix_nano: time,
+        end_unix_nano: last_end,
+        summary: format!(
+            "client {} turned follower reads off after {follower} answered OMNotLeaderException (its log says so): \
+             0 of its {reads_after} later reads went to a follower",
+            timeline.client_id
+        ),
+        cause: format!(
+            "follower read disabled for the client's life: the OMNotLeaderException from {follower} turned follower read \
+             off client-wide and nothing turns it back on (HDDS-17548 MC-1); unhinted reads now take the leader \
+             consistency"
+        ),
+        evidence: json!({
+            "rejected_by": peer,
+            "rejection_error": "OMNotLeaderException",
+            "source": "client log",
+            "logged_at_unix_nano": time,
+            "consistency_before": before_consistency,
+            "consistencies_after": after_consistencies,
+            "reads_after": reads_after,
+            "reads_after_on_followers": 0,
+        }),
+        open: false,
+        fingerprint: format!(
+            "follower_read_disabled|{}|{}|{}|log@{time}",
+            timeline.cluster.as_deref().unwrap_or(""),
+            timeline.namespace.as_deref().unwrap_or(""),
+            timeline.client_id
+        ),
+    }
 }
 
 pub(crate) fn on_follower(attempt: &TimelineAttempt) -> bool {
@@ -58,7 +205,7 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
         .rev()
         .find(|(_, attempt)| served_by_follower(attempt))
         .and_then(|(_, attempt)| attempt.consistency.clone());
-    let after_consistencies: std::collections::BTreeSet<String> =
+    let after_consistencies: BTreeSet<String> =
         later.iter().filter_map(|attempt| attempt.consistency.clone()).collect();
     let last_end = later.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or(rejected.end_unix_nano);
     Some(disabled_for_good(timeline, call, rejected, later.len(), before_consistency, after_consistencies, last_end))
@@ -72,7 +219,7 @@ pub(crate) fn disabled_for_good(
     rejected: &TimelineAttempt,
     reads_after: usize,
     before_consistency: Option<String>,
-    after_consistencies: std::collections::BTreeSet<String>,
+    after_consistencies: BTreeSet<String>,
     last_end: i64,
 ) -> Anomaly {
     let after_consistencies: Vec<String> = after_consistencies.into_iter().collect();

@@ -73,6 +73,19 @@ pub(crate) struct Rejection {
     pub(crate) last_end: UnixNanos,
 }
 
+/// The latest logged "follower read disabled" line of the client after which no read went
+/// to a follower (so far).
+#[derive(Debug)]
+pub(crate) struct LoggedDisable {
+    pub(crate) time: UnixNanos,
+    pub(crate) peer: Sym,
+    pub(crate) used_followers_before: bool,
+    pub(crate) consistency_before: Sym,
+    pub(crate) reads_after: usize,
+    pub(crate) consistencies_after: BTreeSet<Sym>,
+    pub(crate) last_end: UnixNanos,
+}
+
 /// Consecutive failed sends to one cluster URL.
 #[derive(Debug)]
 pub(crate) struct FailingRun {
@@ -106,6 +119,9 @@ pub(crate) struct ClientState {
     pub(crate) used_followers: bool,
     pub(crate) last_follower_consistency: Sym,
     pub(crate) rejection: Option<Rejection>,
+    /// The client's logged disable in force, and how many of its lines have taken effect.
+    pub(crate) logged: Option<LoggedDisable>,
+    pub(crate) logged_next: usize,
     pub(crate) failing: Option<FailingRun>,
     /// The cluster URL of the latest attempt that named one.
     pub(crate) last_address: Sym,
@@ -130,6 +146,8 @@ impl ClientState {
             used_followers: false,
             last_follower_consistency: Sym::NONE,
             rejection: None,
+            logged: None,
+            logged_next: 0,
             failing: None,
             last_address: Sym::NONE,
             switches: Vec::new(),

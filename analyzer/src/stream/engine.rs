@@ -229,6 +229,8 @@ pub struct Engine<'c> {
     /// them, who are judged by them rather than by their calls' addresses.
     log_switches: Vec<crate::log_events::LogEvent>,
     logging_clients: FxHashSet<Sym>,
+    /// Clients' "Disable OM follower read" lines: (time, the OM that refused), in time order.
+    logged_disables: FxHashMap<Sym, Vec<(UnixNanos, Sym)>>,
     anomalies: Vec<Anomaly>,
     stats: EngineStats,
 }
@@ -293,6 +295,7 @@ impl<'c> Engine<'c> {
             no_namenodes_errors: FxHashMap::default(),
             log_switches: Vec::new(),
             logging_clients: FxHashSet::default(),
+            logged_disables: FxHashMap::default(),
             anomalies: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -339,6 +342,16 @@ impl<'c> Engine<'c> {
         let cluster = self.interner.intern_opt(event.cluster.as_deref());
         let end = self.data_end.entry(cluster).or_insert(i64::MIN);
         *end = (*end).max(time);
+        if self.kinds.follower_read_disabled
+            && event.kind == crate::log_events::LogEventKind::FollowerReadDisabled
+            && let Some(client) = event.client_id.as_deref()
+        {
+            let client = self.interner.intern(client);
+            let peer = self.interner.intern_opt(event.fields.get("peer").map(String::as_str));
+            let lines = self.logged_disables.entry(client).or_default();
+            let at = lines.partition_point(|(earlier, _)| *earlier <= time);
+            lines.insert(at, (time, peer));
+        }
         if self.kinds.failover_flapping
             && event.kind == crate::log_events::LogEventKind::ClusterSwitch
             && let Some(client) = event.client_id.as_deref()
@@ -810,6 +823,7 @@ impl<'c> Engine<'c> {
             sequence,
             probes,
             logging_clients,
+            logged_disables,
             ..
         } = self;
         let Some(state) = clients.get_mut(&(client, namespace)) else { return };
@@ -895,6 +909,8 @@ impl<'c> Engine<'c> {
                 }
             }
             if kinds.follower_read_disabled && call.op == known::READ {
+                let lines = logged_disables.get(&client).map_or(&[][..], Vec::as_slice);
+                follow_logged(state, lines, attempt);
                 follow_reads(state, &call, attempt, at);
             }
             if attempt.server_address.is_some() {
@@ -1069,9 +1085,33 @@ impl<'c> Engine<'c> {
                 self.anomalies.push(anomaly);
             }
         }
+        let min_reads_after = self.config.follower_read_disabled.min_reads_after;
+        let span_disabled = state
+            .rejection
+            .as_ref()
+            .is_some_and(|rejection| rejection.used_followers_before && rejection.reads_after >= min_reads_after);
+        // The client's lines after its last read take effect now; the last one is in force.
+        let lines = self.logged_disables.get(&state.client).map_or(&[][..], Vec::as_slice);
+        let after_reads =
+            lines.get(state.logged_next..).and_then(<[_]>::last).map(|&(time, peer)| logged_disable(state, time, peer));
+        let logged = after_reads.as_ref().or(state.logged.as_ref());
+        if !span_disabled
+            && let Some(logged) =
+                logged.filter(|logged| logged.used_followers_before && logged.reads_after >= min_reads_after)
+        {
+            self.anomalies.push(follower_read_disabled::disabled_as_logged(
+                &timeline,
+                logged.time,
+                interner.owned(logged.peer),
+                logged.reads_after,
+                interner.owned(logged.consistency_before),
+                logged.consistencies_after.iter().filter_map(|sym| interner.owned(*sym)).collect(),
+                logged.last_end,
+            ));
+        }
         if let Some(rejection) = &state.rejection
             && rejection.used_followers_before
-            && rejection.reads_after >= self.config.follower_read_disabled.min_reads_after
+            && rejection.reads_after >= min_reads_after
         {
             let call = rejection.at.call.materialize(interner);
             self.anomalies.push(follower_read_disabled::disabled_for_good(
@@ -1226,6 +1266,38 @@ fn follow_reads(state: &mut ClientState, call: &Call, attempt: &Attempt, at: imp
             rejection.consistencies_after.insert(attempt.consistency);
         }
         rejection.last_end = rejection.last_end.max(attempt.end);
+    }
+}
+
+/// follower_read_disabled from the client's own log lines, one read attempt at a time (before
+/// [`follow_reads`] counts the attempt): each line takes effect before the first read that
+/// starts after it, as the batch detector walks them.
+fn follow_logged(state: &mut ClientState, lines: &[(UnixNanos, Sym)], attempt: &Attempt) {
+    while let Some(&(time, peer)) = lines.get(state.logged_next).filter(|(time, _)| *time <= attempt.start) {
+        state.logged = Some(logged_disable(state, time, peer));
+        state.logged_next += 1;
+    }
+    let on_follower = matches!(attempt.served_role, known::FOLLOWER | known::OBSERVER);
+    if attempt.ok && on_follower && attempt.follower_read == Some(true) {
+        state.logged = None;
+    } else if let Some(logged) = state.logged.as_mut().filter(|_| attempt.ok) {
+        logged.reads_after += 1;
+        if attempt.consistency.is_some() {
+            logged.consistencies_after.insert(attempt.consistency);
+        }
+        logged.last_end = logged.last_end.max(attempt.end);
+    }
+}
+
+fn logged_disable(state: &ClientState, time: UnixNanos, peer: Sym) -> super::client::LoggedDisable {
+    super::client::LoggedDisable {
+        time,
+        peer,
+        used_followers_before: state.used_followers,
+        consistency_before: state.last_follower_consistency,
+        reads_after: 0,
+        consistencies_after: BTreeSet::new(),
+        last_end: time,
     }
 }
 
