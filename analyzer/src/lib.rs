@@ -71,6 +71,9 @@ pub fn analyze_kinds(
         .flat_map(|detector| (detector.detect)(input, config))
         .collect();
     mark_open(input, &mut anomalies, config.open_grace_seconds * 1_000_000_000);
+    let evidence: Vec<log_events::LogEvent> =
+        input.log_events.iter().filter(|event| event.kind.is_evidence()).cloned().collect();
+    log_events::attach_evidence(&mut anomalies, &evidence);
     sort_anomalies(&mut anomalies);
     anomalies
 }

@@ -21,7 +21,11 @@
 //!   may retry the rejection inside one attempt) is caught if its later reads never go to a
 //!   follower.
 //!
-//! `observer_too_far_behind` and `indexing_rejected` are recognised with their fields.
+//! And as evidence ([`attach_evidence`]): an observer's `too far behind` lines are attached to
+//! the `untrusted_state` anomalies of its namespace in their window (the server's own words
+//! for the future state a client carried), and Elasticsearch/OpenSearch rejection lines to the
+//! `shard_pressure` and `unfair_rejection` anomalies of their node (and shard, when the line
+//! names it), with the bytes the node printed.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +35,10 @@ use serde::{Deserialize, Serialize};
 
 /// The longest line kept in an event.
 const MAX_TEXT: usize = 1024;
+
+/// The most lines kept for evidence (the most recent): rejection lines can come by the
+/// thousand a second from a node under pressure.
+pub const MAX_EVIDENCE_LINES: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,12 +92,67 @@ impl LogEvent {
     }
 }
 
+impl LogEventKind {
+    /// Lines kept only to be attached to anomalies as evidence.
+    pub fn is_evidence(self) -> bool {
+        matches!(self, Self::ObserverTooFarBehind | Self::IndexingRejected)
+    }
+}
+
+/// Attaches the evidence lines (`events`, in time order, at most [`MAX_EVIDENCE_LINES`] of
+/// them, the most recent) to the anomalies they bear on: `evidence.log_lines` = how many, the
+/// first and the last line. The same pass for the batch and the streaming analyzer.
+pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogEvent]) {
+    use lagscope_model::AnomalyKind;
+    let events = &events[events.len().saturating_sub(MAX_EVIDENCE_LINES)..];
+    for anomaly in anomalies.iter_mut() {
+        let wanted = match anomaly.kind {
+            AnomalyKind::UntrustedState => LogEventKind::ObserverTooFarBehind,
+            AnomalyKind::ShardPressure | AnomalyKind::UnfairRejection => LogEventKind::IndexingRejected,
+            _ => continue,
+        };
+        let (start, end) = (anomaly.start_unix_nano, anomaly.end_unix_nano);
+        let from = events.partition_point(|event| event.time_unix_nano < start);
+        let matching: Vec<&LogEvent> = events[from..]
+            .iter()
+            .take_while(|event| event.time_unix_nano <= end)
+            .filter(|event| {
+                event.kind == wanted
+                    && event.cluster == anomaly.cluster
+                    && match wanted {
+                        // An observer's line names no namespace unless its record does.
+                        LogEventKind::ObserverTooFarBehind => {
+                            event.namespace.is_none() || event.namespace == anomaly.namespace
+                        }
+                        _ => {
+                            event.node_id == anomaly.node_id
+                                && (event.namespace.is_none() || event.namespace == anomaly.namespace)
+                        }
+                    }
+            })
+            .collect();
+        let (Some(first), Some(last)) = (matching.first(), matching.last()) else { continue };
+        if let Some(evidence) = anomaly.evidence.as_object_mut() {
+            evidence.insert(
+                "log_lines".to_string(),
+                serde_json::json!({
+                    "count": matching.len(),
+                    "first": first.text,
+                    "first_node": first.node_id,
+                    "last": last.text,
+                }),
+            );
+        }
+    }
+}
+
 /// The event a log record carries, if it is one of the recognised lines.
 pub fn classify(log: &LogRecord) -> Option<LogEvent> {
     let body = log.body_text();
     let (kind, fields) = recognise(&body)?;
     let attribute = |key: &str| log.attributes.get(key).and_then(|value| value.as_str()).map(str::to_string);
-    let namespace = fields.get("namespace").cloned().or_else(|| attribute(NAMESPACE));
+    // The line's own namespace (a nameservice, an `index/shard`), else the record's.
+    let namespace = fields.get("namespace").or_else(|| fields.get("shard")).cloned().or_else(|| attribute(NAMESPACE));
     let mut text = body;
     if text.len() > MAX_TEXT {
         let mut cut = MAX_TEXT;
@@ -233,5 +296,81 @@ mod tests {
         ] {
             assert_eq!(recognise(text), None, "{text}");
         }
+    }
+}
+
+#[cfg(test)]
+mod evidence_tests {
+    use lagscope_model::{Anomaly, AnomalyKind, Severity};
+    use serde_json::json;
+
+    use super::*;
+
+    const SECOND: i64 = 1_000_000_000;
+
+    fn anomaly(kind: AnomalyKind, node: Option<&str>, namespace: &str, start: i64, end: i64) -> Anomaly {
+        Anomaly {
+            kind,
+            severity: Severity::Warning,
+            cluster: Some("c".to_string()),
+            namespace: Some(namespace.to_string()),
+            client_id: None,
+            node_id: node.map(str::to_string),
+            start_unix_nano: start * SECOND,
+            end_unix_nano: end * SECOND,
+            summary: String::new(),
+            cause: String::new(),
+            evidence: json!({}),
+            open: false,
+            fingerprint: String::new(),
+        }
+    }
+
+    fn event(text: &str, node: &str, at: i64) -> LogEvent {
+        let (kind, fields) = recognise(text).expect("recognised");
+        LogEvent {
+            kind,
+            time_unix_nano: at * SECOND,
+            cluster: Some("c".to_string()),
+            namespace: fields.get("shard").cloned(),
+            node_id: Some(node.to_string()),
+            component: None,
+            client_id: None,
+            traced: false,
+            fields,
+            text: text.to_string(),
+        }
+    }
+
+    #[test]
+    fn rejection_and_too_far_behind_lines_are_attached_to_the_anomalies_they_bear_on() {
+        let shard_line = "rejected execution of primary operation [shard_detail=[logs][3][P], shard_operation_bytes=9]";
+        let node_line =
+            "rejected execution of coordinating operation [coordinating_and_primary_bytes=1, replica_bytes=0]";
+        let other_shard =
+            "rejected execution of primary operation [shard_detail=[logs][4][P], shard_operation_bytes=9]";
+        let behind = "Observer Node is too far behind: serverStateId = 100 clientStateId = 9000000";
+        let events = vec![
+            event(shard_line, "es-1", 5),   // before the window
+            event(shard_line, "es-1", 10),  // in
+            event(other_shard, "es-1", 12), // another shard of the node
+            event(node_line, "es-1", 15),   // the node's, no shard named: in
+            event(shard_line, "es-2", 16),  // another node
+            event(behind, "nn-obs-1", 20),  // for the untrusted state
+            event(shard_line, "es-1", 61),  // after the window
+        ];
+        let mut anomalies = vec![
+            anomaly(AnomalyKind::UnfairRejection, Some("es-1"), "logs/3", 10, 60),
+            anomaly(AnomalyKind::UntrustedState, None, "ns1", 18, 30),
+            anomaly(AnomalyKind::StaleRead, Some("es-1"), "logs/3", 10, 60),
+        ];
+        attach_evidence(&mut anomalies, &events);
+        let lines = &anomalies[0].evidence["log_lines"];
+        assert_eq!(lines["count"], 2, "{lines}");
+        assert_eq!(lines["first"], shard_line);
+        assert_eq!(lines["last"], node_line);
+        assert_eq!(anomalies[1].evidence["log_lines"]["count"], 1);
+        assert_eq!(anomalies[1].evidence["log_lines"]["first_node"], "nn-obs-1");
+        assert_eq!(anomalies[2].evidence, json!({}), "other kinds take no lines");
     }
 }

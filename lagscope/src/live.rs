@@ -94,7 +94,15 @@ async fn analysis_pass(
         let mut input = AnalysisInput::from_telemetry(&spans, samples);
         input.log_events = events_by_cluster
             .get(&cluster)
-            .map(|events| events.iter().filter(|event| event.namespace == namespace).cloned().collect())
+            .map(|events| {
+                // The namespace's lines, and every evidence line of the cluster (matched to
+                // anomalies by node and shard when attached).
+                events
+                    .iter()
+                    .filter(|event| event.namespace == namespace || event.kind.is_evidence())
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         // Only the window kinds: the per-attempt ones were found by the client passes.
         let anomalies = analyze_kinds(&input, &config.analyzer, AnomalyKind::is_window);

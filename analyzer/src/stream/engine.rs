@@ -229,6 +229,9 @@ pub struct Engine<'c> {
     /// them, who are judged by them rather than by their calls' addresses.
     log_switches: Vec<crate::log_events::LogEvent>,
     logging_clients: FxHashSet<Sym>,
+    /// Lines kept to be attached to anomalies as evidence (the most recent
+    /// `MAX_EVIDENCE_LINES`), in time order.
+    evidence_lines: VecDeque<crate::log_events::LogEvent>,
     /// Clients' "Disable OM follower read" lines: (time, the OM that refused), in time order.
     logged_disables: FxHashMap<Sym, Vec<(UnixNanos, Sym)>>,
     anomalies: Vec<Anomaly>,
@@ -296,6 +299,7 @@ impl<'c> Engine<'c> {
             log_switches: Vec::new(),
             logging_clients: FxHashSet::default(),
             logged_disables: FxHashMap::default(),
+            evidence_lines: VecDeque::new(),
             anomalies: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -342,6 +346,13 @@ impl<'c> Engine<'c> {
         let cluster = self.interner.intern_opt(event.cluster.as_deref());
         let end = self.data_end.entry(cluster).or_insert(i64::MIN);
         *end = (*end).max(time);
+        if event.kind.is_evidence() {
+            let at = self.evidence_lines.partition_point(|earlier| earlier.time_unix_nano <= time);
+            self.evidence_lines.insert(at, event.clone());
+            if self.evidence_lines.len() > crate::log_events::MAX_EVIDENCE_LINES {
+                self.evidence_lines.pop_front();
+            }
+        }
         if self.kinds.follower_read_disabled
             && event.kind == crate::log_events::LogEventKind::FollowerReadDisabled
             && let Some(client) = event.client_id.as_deref()
@@ -508,6 +519,8 @@ impl<'c> Engine<'c> {
             let data_end = self.data_end.get(&cluster).copied().unwrap_or(i64::MIN);
             anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;
         }
+        let evidence: Vec<crate::log_events::LogEvent> = std::mem::take(&mut self.evidence_lines).into();
+        crate::log_events::attach_evidence(&mut anomalies, &evidence);
         crate::sort_anomalies(&mut anomalies);
         (anomalies, stats)
     }
