@@ -1,5 +1,6 @@
 //! Spans, metrics and logs through the Rust OpenTelemetry SDK's OTLP/gRPC exporters (tonic,
-//! gzip), into the OTLP/gRPC receiver: everything arrives, attributes intact.
+//! gzip), into the OTLP/gRPC receiver: everything arrives, attributes intact; a record that
+//! breaks the conventions comes back as partial success.
 
 mod support;
 
@@ -141,4 +142,37 @@ async fn the_rust_sdk_grpc_exporters_deliver_spans_metrics_and_logs_intact() {
     assert_eq!(logs[0].attributes.get("custom.attempt"), Some(&serde_json::json!(3)));
     assert_eq!(logs[0].resource.service_name.as_deref(), Some("ozone-client"));
     store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_span_breaking_the_conventions_comes_back_as_grpc_partial_success() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let request: ExportTraceServiceRequest = serde_json::from_value(serde_json::json!({"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "c"}}]},
+        "scopeSpans": [{"spans": [
+            {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "ok",
+             "startTimeUnixNano": "1764435600000000000", "endTimeUnixNano": "1764435600010000000",
+             "attributes": [{"key": "lagscope.state.carried", "value": {"intValue": "7"}}]},
+            {"traceId": "0af7651916cd43dd8448eb211c80319d", "spanId": "b7ad6b7169203332", "name": "bad",
+             "startTimeUnixNano": "1764435600000000000", "endTimeUnixNano": "1764435600010000000",
+             "attributes": [{"key": "lagscope.state.carried", "value": {"stringValue": "seven"}}]}
+        ]}]
+    }]}))
+    .expect("request");
+    let mut client = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr)).await.expect("connect");
+    let response = client.export(request).await.expect("OK: the good span is committed").into_inner();
+    let partial = response.partial_success.expect("partial success");
+    assert_eq!(partial.rejected_spans, 1);
+    assert!(
+        partial.error_message.contains("spans[1]") && partial.error_message.contains("lagscope.state.carried"),
+        "{}",
+        partial.error_message
+    );
+    let (_, health) = support::get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["store"]["spans"], 1);
+    server.shutdown().await.expect("clean shutdown");
 }
