@@ -97,6 +97,18 @@ pub(crate) fn runs<T: Copy>(switches: &[T], min_gap: i64, time: impl Fn(T) -> i6
     found
 }
 
+const CAUSE: &str = "failover flapping: the client's failover and switch-back decisions do not wait long enough (or \
+                     its probe's verdicts flip), so it moves between clusters while neither is settled";
+
+fn summary(client: &str, switches: usize, nanos: i64, path: &[String], min_gap: i64) -> String {
+    format!(
+        "client {client} switched clusters {switches} times in {:.0} s ({}), faster than a switch-back delay of {} s allows",
+        nanos as f64 / 1e9,
+        path.join(" → "),
+        min_gap / 1_000_000_000
+    )
+}
+
 /// The anomaly for a run of switches the client logged. Shared with the streaming engine.
 pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEvent], min_gap: i64) -> Anomaly {
     let (start, end) = (run[0].time_unix_nano, run[run.len() - 1].time_unix_nano);
@@ -112,16 +124,8 @@ pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEv
         node_id: None,
         start_unix_nano: start,
         end_unix_nano: end,
-        summary: format!(
-            "client {client} switched clusters {} times in {:.0} s ({}), faster than a switch-back delay of {} s allows",
-            run.len(),
-            (end - start) as f64 / 1e9,
-            path.join(" → "),
-            min_gap / 1_000_000_000
-        ),
-        cause: "failover flapping: the client's failover and switch-back decisions do not wait long enough (or its \
-                probe's verdicts flip), so it moves between clusters while neither is settled"
-            .to_string(),
+        summary: summary(client, run.len(), end - start, &path, min_gap),
+        cause: CAUSE.to_string(),
         evidence: json!({
             "switches": run.len(),
             "path": path,
@@ -152,17 +156,8 @@ pub(crate) fn flapping(timeline: &ClientTimeline, run: &[&Switch<'_>], min_gap: 
         node_id: None,
         start_unix_nano: start,
         end_unix_nano: end,
-        summary: format!(
-            "client {} switched clusters {} times in {:.0} s ({}), faster than a switch-back delay of {} s allows",
-            timeline.client_id,
-            run.len(),
-            (end - start) as f64 / 1e9,
-            path.join(" → "),
-            min_gap / 1_000_000_000
-        ),
-        cause: "failover flapping: the client's failover and switch-back decisions do not wait long enough (or its \
-                probe's verdicts flip), so it moves between clusters while neither is settled"
-            .to_string(),
+        summary: summary(&timeline.client_id, run.len(), end - start, &path, min_gap),
+        cause: CAUSE.to_string(),
         evidence: json!({
             "switches": run.len(),
             "path": path,
