@@ -19,6 +19,10 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
 
+/// The allocator `lagscope serve` runs with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SPANS_PER_REQUEST: u64 = 200;
 const SECONDS_PER_LEVEL: u64 = 6;
 
