@@ -126,13 +126,22 @@ fn every_acknowledged_span_survives_sigkill() {
                 runtime.spawn(grpc_sender(serve.otlp_grpc.clone(), id, first, acknowledged))
             });
         }
+        // Once this round's first request is acknowledged (a slow machine may take a while to
+        // get there), the stream runs on for the round's delay, then the kill.
+        let at_start = acknowledged.lock().expect("lock").len();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acknowledged.lock().expect("lock").len() == at_start {
+            assert!(std::time::Instant::now() < deadline, "round {round}: no request acknowledged in 60 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::thread::sleep(Duration::from_millis(kill_after_ms));
-        let before_kill = acknowledged.lock().expect("lock").len();
+        let before_kill = acknowledged.lock().expect("lock").len() - at_start;
         serve.kill();
         for sender in senders {
             runtime.block_on(sender).expect("sender task");
         }
         assert!(before_kill > 0, "round {round}: nothing was acknowledged before the kill");
+        eprintln!("round {round}: {before_kill} spans acknowledged in this round before the kill");
         eprintln!("round {round}: {} spans acknowledged so far", acknowledged.lock().expect("lock").len());
     }
 
