@@ -36,6 +36,18 @@ use serde::{Deserialize, Serialize};
 /// The longest line kept in an event.
 const MAX_TEXT: usize = 1024;
 
+/// Phrases every recognised line contains (a store can pre-select candidate lines with them;
+/// [`classify`] decides).
+pub const PHRASES: &[&str] = &[
+    "Cannot get available namenode for ",
+    "No namenodes available under nameservice ",
+    "Disable OM follower read and retry OM leader directly",
+    "Observer Node is too far behind",
+    "switch to the service ",
+    "switch back to the primary service",
+    "rejected execution of ",
+];
+
 /// The most lines kept for evidence (the most recent): rejection lines can come by the
 /// thousand a second from a node under pressure.
 pub const MAX_EVIDENCE_LINES: usize = 100_000;
@@ -283,6 +295,23 @@ mod tests {
             "rejected execution of coordinating operation [coordinating_and_primary_bytes=0, replica_bytes=0]",
         );
         assert_eq!(fields.get("shard"), None);
+    }
+
+    #[test]
+    fn every_recognised_line_contains_one_of_the_phrases() {
+        for text in [
+            "Cannot get available namenode for ns1 nn1:8020 error: x",
+            "No namenodes available under nameservice ns2",
+            "Encountered OMNotLeaderException from om2. Disable OM follower read and retry OM leader directly.",
+            "Observer Node is too far behind: serverStateId = 1 clientStateId = 2",
+            "Current Pulsar service is a, it has been down for 1 ms, switch to the service b. x",
+            "Current Pulsar service is secondary: b, the primary service: a has been recover for 1 ms, switch back to \
+             the primary service",
+            "rejected execution of replica operation [x]",
+        ] {
+            assert!(recognise(text).is_some(), "{text}");
+            assert!(PHRASES.iter().any(|phrase| text.contains(phrase)), "{text}");
+        }
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub struct LiveConfig {
     /// How far back from a scope's latest metric sample a namespace pass reads metrics (and
     /// from a cluster's latest log record, its log lines).
     pub scope_window_seconds: i64,
-    /// The most recent log records of one cluster a pass reads for their recognised lines.
+    /// The most recent recognised log lines of one cluster a pass reads.
     pub max_logs_per_cluster: u32,
 }
 
