@@ -155,6 +155,7 @@ impl Run<'_, '_> {
             for item in items.drain(..) {
                 match item {
                     Item::Span(span) => self.engine.push_span(span),
+                    Item::LogEvent(event) => self.engine.push_log_event(&event),
                     Item::Series(definition) => series.push(self.engine.define_series(definition)),
                     Item::Sample(mut sample) => {
                         let Some(id) = series.get(sample.series as usize) else {

@@ -24,6 +24,8 @@ pub struct LscapWriter<W: Write> {
     pub samples: u64,
     /// Histogram and summary points: not carried (no detector reads them).
     pub skipped_samples: u64,
+    /// Recognised log lines carried (other log records are not: no detector reads them).
+    pub log_events: u64,
 }
 
 impl<W: Write> LscapWriter<W> {
@@ -36,6 +38,7 @@ impl<W: Write> LscapWriter<W> {
             spans: 0,
             samples: 0,
             skipped_samples: 0,
+            log_events: 0,
         })
     }
 
@@ -43,6 +46,14 @@ impl<W: Write> LscapWriter<W> {
         let record = SpanRec::from_span(span, &mut self.interner);
         self.encoder.span(&record, &self.interner);
         self.spans += 1;
+        self.flush_block(false)
+    }
+
+    /// Carries a log record if it is one of the lines the analyzer recognises.
+    pub fn log(&mut self, log: &lagscope_model::LogRecord) -> std::io::Result<()> {
+        let Some(event) = lagscope_analyzer::log_events::classify(log) else { return Ok(()) };
+        self.encoder.log_event(&event);
+        self.log_events += 1;
         self.flush_block(false)
     }
 
@@ -88,8 +99,8 @@ pub struct Converted {
     pub samples: u64,
     pub skipped_samples: u64,
     pub log_records: usize,
-    /// Of those, the failure lines the analyzer reads (lost to an analysis of the .lscap).
-    pub recognised_log_lines: usize,
+    /// Of those, the failure lines the analyzer reads: carried.
+    pub log_events: u64,
 }
 
 /// Converts OTLP JSON captures (JSON lines, optionally gzipped) into one lscap file, one
@@ -117,17 +128,19 @@ pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Conv
                 for sample in &decoded.samples {
                     writer.sample(sample)?;
                 }
+                for log in &decoded.logs {
+                    writer.log(log)?;
+                }
                 Ok(())
             })();
             converted.log_records += decoded.logs.len();
-            converted.recognised_log_lines +=
-                decoded.logs.iter().filter(|log| lagscope_analyzer::log_events::classify(log).is_some()).count();
             written.map_err(|error| format!("cannot write {}: {error}", out.display()))
         })?;
     }
     converted.spans = writer.spans;
     converted.samples = writer.samples;
     converted.skipped_samples = writer.skipped_samples;
+    converted.log_events = writer.log_events;
     writer.finish().with_context(|| format!("cannot write {}", out.display()))?;
     Ok(converted)
 }

@@ -183,22 +183,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Convert { out, captures } => {
             let written = lagscope::lscap::convert(&captures, &out)?;
             eprintln!(
-                "wrote {}: {} spans, {} numeric samples from {} export requests ({} histogram or summary points and {} log \
-                 records not carried)",
+                "wrote {}: {} spans, {} numeric samples and {} recognised log lines from {} export requests ({} \
+                 histogram or summary points and {} other log records not carried: no detector reads them)",
                 out.display(),
                 written.spans,
                 written.samples,
+                written.log_events,
                 written.requests,
                 written.skipped_samples,
-                written.log_records
+                written.log_records as u64 - written.log_events
             );
-            if written.recognised_log_lines > 0 {
-                eprintln!(
-                    "warning: {} of those log records are failure lines the analyzer reads (e.g. a router's \
-                     NoNamenodesAvailable lines); analyze the OTLP capture itself to use them",
-                    written.recognised_log_lines
-                );
-            }
             Ok(())
         }
         Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {

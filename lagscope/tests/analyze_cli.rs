@@ -181,7 +181,7 @@ fn a_damaged_lscap_file_is_refused_with_where() {
 }
 
 #[test]
-fn a_router_s_log_lines_in_a_capture_are_analyzed_and_convert_warns_it_drops_them() {
+fn a_router_s_log_lines_in_a_capture_are_analyzed_and_carried_by_convert() {
     let directory = tempfile::tempdir().expect("temp dir");
     let capture = directory.path().join("router-logs.jsonl");
     let records: Vec<serde_json::Value> = (0..=20u64)
@@ -215,5 +215,9 @@ fn a_router_s_log_lines_in_a_capture_are_analyzed_and_convert_warns_it_drops_the
     let output = lagscope(&["convert", "--out", lscap.to_str().expect("path"), capture.to_str().expect("path")]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    assert!(stderr.contains("11 of those log records are failure lines"), "{stderr}");
+    assert!(stderr.contains("11 recognised log lines"), "{stderr}");
+    // The lines travel in the .lscap: its analysis finds the same window.
+    let from_lscap = lagscope(&["analyze", "--format", "json", lscap.to_str().expect("path")]);
+    let converted: serde_json::Value = serde_json::from_str(&stdout_of(&from_lscap)).expect("JSON");
+    assert_eq!(converted["anomalies"], parsed["anomalies"]);
 }

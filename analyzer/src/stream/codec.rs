@@ -30,6 +30,9 @@ const TAG_STRING: u8 = 1;
 const TAG_SPAN: u8 = 2;
 const TAG_SERIES: u8 = 3;
 const TAG_SAMPLE: u8 = 4;
+/// A recognised log line ([`crate::log_events::LogEvent`]) as JSON: they are few, and kept
+/// whole.
+const TAG_LOG_EVENT: u8 = 5;
 
 /// A metric series: its name and labels (symbols of the reader's interner).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -65,6 +68,7 @@ pub enum Item {
     Span(SpanRec),
     Series(SeriesDef),
     Sample(SampleRec),
+    LogEvent(Box<crate::log_events::LogEvent>),
 }
 
 /// Turns records into blocks. Strings are written the first time a block needs them.
@@ -120,6 +124,14 @@ impl Encoder {
         for state in optional_states.into_iter().flatten() {
             put_signed(out, state);
         }
+    }
+
+    /// Appends a recognised log line.
+    pub fn log_event(&mut self, event: &crate::log_events::LogEvent) {
+        let json = serde_json::to_vec(event).unwrap_or_default();
+        self.block.push(TAG_LOG_EVENT);
+        put_varint(&mut self.block, json.len() as u64);
+        self.block.extend_from_slice(&json);
     }
 
     /// Appends a numeric sample of the series `name{labels}`.
@@ -271,6 +283,12 @@ impl Decoder {
                     }
                     let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
                     each(Item::Sample(SampleRec { series: series as u32, time, value }));
+                }
+                TAG_LOG_EVENT => {
+                    let text = cursor.text().map_err(fail)?;
+                    let event: crate::log_events::LogEvent =
+                        serde_json::from_str(text).map_err(|error| fail(format!("invalid log event: {error}")))?;
+                    each(Item::LogEvent(Box::new(event)));
                 }
                 other => return Err(fail(format!("unknown item tag {other}"))),
             }
