@@ -62,10 +62,12 @@ pub(crate) struct UntrustedRun {
     pub(crate) pools: BTreeSet<(Sym, Sym)>,
 }
 
-/// The latest follower rejection after which no read went to a follower (so far).
+/// The latest point follower reads were turned off after which no read went to a follower
+/// (so far): a rejected follower read ([`Rejection`]) or the client's own log line
+/// ([`LoggedDisable`]), and the reads since.
 #[derive(Debug)]
-pub(crate) struct Rejection {
-    pub(crate) at: AttemptAt,
+pub(crate) struct Disable<Origin> {
+    pub(crate) origin: Origin,
     pub(crate) used_followers_before: bool,
     pub(crate) consistency_before: Sym,
     pub(crate) reads_after: usize,
@@ -73,18 +75,44 @@ pub(crate) struct Rejection {
     pub(crate) last_end: UnixNanos,
 }
 
-/// The latest logged "follower read disabled" line of the client after which no read went
-/// to a follower (so far).
-#[derive(Debug)]
-pub(crate) struct LoggedDisable {
-    pub(crate) time: UnixNanos,
-    pub(crate) peer: Sym,
-    pub(crate) used_followers_before: bool,
-    pub(crate) consistency_before: Sym,
-    pub(crate) reads_after: usize,
-    pub(crate) consistencies_after: BTreeSet<Sym>,
-    pub(crate) last_end: UnixNanos,
+impl<Origin> Disable<Origin> {
+    /// Starts at `origin` with what the client had done until then.
+    pub(crate) fn new(
+        origin: Origin,
+        used_followers_before: bool,
+        consistency_before: Sym,
+        last_end: UnixNanos,
+    ) -> Self {
+        Self {
+            origin,
+            used_followers_before,
+            consistency_before,
+            reads_after: 0,
+            consistencies_after: BTreeSet::new(),
+            last_end,
+        }
+    }
+
+    /// Counts a read served after it.
+    pub(crate) fn count(&mut self, consistency: Sym, end: UnixNanos) {
+        self.reads_after += 1;
+        if consistency.is_some() {
+            self.consistencies_after.insert(consistency);
+        }
+        self.last_end = self.last_end.max(end);
+    }
+
+    /// Whether it turned follower reads off for good, as far as the reads show.
+    pub(crate) fn for_good(&self, min_reads_after: usize) -> bool {
+        self.used_followers_before && self.reads_after >= min_reads_after
+    }
 }
+
+/// A rejected follower read.
+pub(crate) type Rejection = Disable<AttemptAt>;
+
+/// The client's log line: (time, the OM that refused).
+pub(crate) type LoggedDisable = Disable<(UnixNanos, Sym)>;
 
 /// Consecutive failed sends to one cluster URL.
 #[derive(Debug)]

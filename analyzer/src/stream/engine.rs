@@ -1099,42 +1099,33 @@ impl<'c> Engine<'c> {
             }
         }
         let min_reads_after = self.config.follower_read_disabled.min_reads_after;
-        let span_disabled = state
-            .rejection
-            .as_ref()
-            .is_some_and(|rejection| rejection.used_followers_before && rejection.reads_after >= min_reads_after);
+        let span_disabled = state.rejection.as_ref().filter(|rejection| rejection.for_good(min_reads_after));
         // The client's lines after its last read take effect now; the last one is in force.
         let lines = self.logged_disables.get(&state.client).map_or(&[][..], Vec::as_slice);
         let after_reads =
-            lines.get(state.logged_next..).and_then(<[_]>::last).map(|&(time, peer)| logged_disable(state, time, peer));
-        let logged = after_reads.as_ref().or(state.logged.as_ref());
-        if !span_disabled
-            && let Some(logged) =
-                logged.filter(|logged| logged.used_followers_before && logged.reads_after >= min_reads_after)
-        {
-            self.anomalies.push(follower_read_disabled::disabled_as_logged(
-                &timeline,
-                logged.time,
-                interner.owned(logged.peer),
-                logged.reads_after,
-                interner.owned(logged.consistency_before),
-                logged.consistencies_after.iter().filter_map(|sym| interner.owned(*sym)).collect(),
-                logged.last_end,
-            ));
-        }
-        if let Some(rejection) = &state.rejection
-            && rejection.used_followers_before
-            && rejection.reads_after >= min_reads_after
-        {
-            let call = rejection.at.call.materialize(interner);
+            lines.get(state.logged_next..).and_then(<[_]>::last).map(|&origin| logged_disable(state, origin));
+        let logged = after_reads.as_ref().or(state.logged.as_ref()).filter(|logged| logged.for_good(min_reads_after));
+        if let Some(rejection) = span_disabled {
+            let call = rejection.origin.call.materialize(interner);
             self.anomalies.push(follower_read_disabled::disabled_for_good(
                 &timeline,
                 &call,
-                &call.attempts[rejection.at.index],
+                &call.attempts[rejection.origin.index],
                 rejection.reads_after,
                 interner.owned(rejection.consistency_before),
                 rejection.consistencies_after.iter().filter_map(|sym| interner.owned(*sym)).collect(),
                 rejection.last_end,
+            ));
+        } else if let Some(logged) = logged {
+            let (time, peer) = logged.origin;
+            self.anomalies.push(follower_read_disabled::disabled_as_logged(
+                &timeline,
+                time,
+                interner.owned(peer),
+                logged.reads_after,
+                interner.owned(logged.consistency_before),
+                logged.consistencies_after.iter().filter_map(|sym| interner.owned(*sym)).collect(),
+                logged.last_end,
             ));
         }
         if let Some(run) = &state.untrusted {
@@ -1260,25 +1251,15 @@ fn follow_reads(state: &mut ClientState, call: &Call, attempt: &Attempt, at: imp
         return;
     }
     if !attempt.ok && on_follower && follower_mode {
-        state.rejection = Some(Rejection {
-            at: at(),
-            used_followers_before: state.used_followers,
-            consistency_before: state.last_follower_consistency,
-            reads_after: 0,
-            consistencies_after: BTreeSet::new(),
-            last_end: attempt.end,
-        });
+        state.rejection =
+            Some(Rejection::new(at(), state.used_followers, state.last_follower_consistency, attempt.end));
         return;
     }
     if let Some(rejection) = &mut state.rejection
         && attempt.ok
-        && rejection.at.call.call_id != call.call_id
+        && rejection.origin.call.call_id != call.call_id
     {
-        rejection.reads_after += 1;
-        if attempt.consistency.is_some() {
-            rejection.consistencies_after.insert(attempt.consistency);
-        }
-        rejection.last_end = rejection.last_end.max(attempt.end);
+        rejection.count(attempt.consistency, attempt.end);
     }
 }
 
@@ -1286,32 +1267,20 @@ fn follow_reads(state: &mut ClientState, call: &Call, attempt: &Attempt, at: imp
 /// [`follow_reads`] counts the attempt): each line takes effect before the first read that
 /// starts after it, as the batch detector walks them.
 fn follow_logged(state: &mut ClientState, lines: &[(UnixNanos, Sym)], attempt: &Attempt) {
-    while let Some(&(time, peer)) = lines.get(state.logged_next).filter(|(time, _)| *time <= attempt.start) {
-        state.logged = Some(logged_disable(state, time, peer));
+    while let Some(&origin) = lines.get(state.logged_next).filter(|(time, _)| *time <= attempt.start) {
+        state.logged = Some(logged_disable(state, origin));
         state.logged_next += 1;
     }
     let on_follower = matches!(attempt.served_role, known::FOLLOWER | known::OBSERVER);
     if attempt.ok && on_follower && attempt.follower_read == Some(true) {
         state.logged = None;
     } else if let Some(logged) = state.logged.as_mut().filter(|_| attempt.ok) {
-        logged.reads_after += 1;
-        if attempt.consistency.is_some() {
-            logged.consistencies_after.insert(attempt.consistency);
-        }
-        logged.last_end = logged.last_end.max(attempt.end);
+        logged.count(attempt.consistency, attempt.end);
     }
 }
 
-fn logged_disable(state: &ClientState, time: UnixNanos, peer: Sym) -> super::client::LoggedDisable {
-    super::client::LoggedDisable {
-        time,
-        peer,
-        used_followers_before: state.used_followers,
-        consistency_before: state.last_follower_consistency,
-        reads_after: 0,
-        consistencies_after: BTreeSet::new(),
-        last_end: time,
-    }
+fn logged_disable(state: &ClientState, origin: (UnixNanos, Sym)) -> super::client::LoggedDisable {
+    super::client::LoggedDisable::new(origin, state.used_followers, state.last_follower_consistency, origin.0)
 }
 
 /// blind_failover_probe, one attempt to a cluster URL at a time: extends the run of failed
