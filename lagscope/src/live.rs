@@ -56,15 +56,8 @@ async fn analysis_pass(
     let mut events_by_cluster: BTreeMap<Option<String>, Vec<LogEvent>> = BTreeMap::new();
     for cluster in &pending.log_clusters {
         let window = config.live.scope_window_seconds * 1_000_000_000;
-        // Only candidate lines leave the store; classify decides.
-        let logs = store
-            .cluster_logs(
-                cluster.as_deref(),
-                window,
-                lagscope_analyzer::log_events::PHRASES,
-                config.live.max_logs_per_cluster,
-            )
-            .await?;
+        // Only candidate lines (an index finds them) leave the store; classify decides.
+        let logs = store.recognised_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
         let events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
         events_by_cluster.insert(cluster.clone(), events);

@@ -89,3 +89,13 @@ async fn log_lines_alone_raise_windows_and_flapping() {
     assert_eq!(anomalies[0]["evidence"]["source"], "client log");
     server.shutdown().await.expect("clean shutdown");
 }
+
+/// The store finds candidate lines by the phrases its migration lists; the analyzer
+/// recognises lines by its own list: they must be the same.
+#[test]
+fn the_store_marks_exactly_the_phrases_the_analyzer_recognises() {
+    let migration = include_str!("../../migrations/sqlite/0007_logs_recognised.sql");
+    let marked: Vec<&str> =
+        migration.split("instr(body, '").skip(1).filter_map(|rest| rest.split('\'').next()).collect();
+    assert_eq!(marked, lagscope_analyzer::log_events::PHRASES, "migration 0007 and log_events::PHRASES differ");
+}

@@ -181,16 +181,10 @@ pub trait Store: Send + Sync + 'static {
     /// Log records whose time lies in `range`, oldest first, at most `limit`.
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>>;
 
-    /// Log records of one cluster (`None`: records naming none) from `window` before the
-    /// cluster's latest record on whose body contains one of `containing` (empty: any), the
-    /// most recent `limit`, oldest first.
-    async fn cluster_logs(
-        &self,
-        cluster: Option<&str>,
-        window: i64,
-        containing: &[&str],
-        limit: u32,
-    ) -> Result<Vec<LogRecord>>;
+    /// The log lines of one cluster (`None`: records naming none) that carry a failure
+    /// phrase the analyzer recognises (`lagscope_analyzer::log_events::PHRASES`), from
+    /// `window` before the cluster's latest record on, the most recent `limit`, oldest first.
+    async fn recognised_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>>;
 
     async fn stats(&self) -> Result<StoreStats>;
 }

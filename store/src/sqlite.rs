@@ -158,14 +158,8 @@ impl Store for SqliteStore {
         logs::range(&self.reader, range, limit).await
     }
 
-    async fn cluster_logs(
-        &self,
-        cluster: Option<&str>,
-        window: i64,
-        containing: &[&str],
-        limit: u32,
-    ) -> Result<Vec<LogRecord>> {
-        logs::for_cluster(&self.reader, cluster, window, containing, limit).await
+    async fn recognised_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>> {
+        logs::recognised_for_cluster(&self.reader, cluster, window, limit).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

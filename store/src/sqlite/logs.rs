@@ -47,26 +47,23 @@ pub(super) async fn range(pool: &SqlitePool, range: TimeRange, limit: u32) -> Re
     rows.into_iter().map(LogRow::into_record).collect()
 }
 
-pub(super) async fn for_cluster(
+pub(super) async fn recognised_for_cluster(
     pool: &SqlitePool,
     cluster: Option<&str>,
     window: i64,
-    containing: &[&str],
     limit: u32,
 ) -> Result<Vec<LogRecord>> {
+    // `recognised` is a generated column (migration 0007), indexed with the cluster and time.
     let rows: Vec<LogRow> = sqlx::query_as(
         "SELECT * FROM (
              SELECT * FROM logs
-             WHERE cluster IS ?1
+             WHERE cluster IS ?1 AND recognised = 1
                AND time_unix_nano >= (SELECT max(time_unix_nano) FROM logs WHERE cluster IS ?1) - ?2
-               AND (json_array_length(?3) = 0
-                    OR EXISTS (SELECT 1 FROM json_each(?3) AS phrase WHERE instr(logs.body, phrase.value) > 0))
-             ORDER BY time_unix_nano DESC, id DESC LIMIT ?4
+             ORDER BY time_unix_nano DESC, id DESC LIMIT ?3
          ) ORDER BY time_unix_nano, id",
     )
     .bind(cluster)
     .bind(window)
-    .bind(serde_json::to_string(containing).unwrap_or_else(|_| "[]".to_string()))
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
