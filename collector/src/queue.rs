@@ -69,6 +69,8 @@ pub struct Reservation {
     permit: Option<OwnedSemaphorePermit>,
     budget: Arc<Semaphore>,
     capacity: usize,
+    /// Where a refusal is counted (the one place refusals happen).
+    metrics: Arc<SelfMetrics>,
 }
 
 impl Reservation {
@@ -77,8 +79,13 @@ impl Reservation {
         self.permit.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
     }
 
-    /// Takes `bytes` more, or fails without waiting (keeping what is held).
+    /// Takes `bytes` more, or fails without waiting (keeping what is held); a refusal is
+    /// counted in `lagscope_ingest_queue_full_total`.
     pub fn grow(&mut self, bytes: usize) -> Result<(), QueueFull> {
+        self.try_grow(bytes).inspect_err(|_| self.metrics.ingest_queue_full.add(1))
+    }
+
+    fn try_grow(&mut self, bytes: usize) -> Result<(), QueueFull> {
         if bytes == 0 {
             return Ok(());
         }
@@ -195,14 +202,14 @@ impl IngestQueue {
 
     /// Reserves `bytes` without waiting.
     pub fn reserve(&self, bytes: usize) -> Result<Reservation, QueueFull> {
-        let mut reservation = Reservation { permit: None, budget: self.budget.clone(), capacity: self.capacity };
-        reservation.grow(bytes).inspect_err(|_| self.metrics.ingest_queue_full.add(1))?;
+        let mut reservation = Reservation {
+            permit: None,
+            budget: self.budget.clone(),
+            capacity: self.capacity,
+            metrics: self.metrics.clone(),
+        };
+        reservation.grow(bytes)?;
         Ok(reservation)
-    }
-
-    /// Counts a refusal made while growing a reservation.
-    pub fn count_full(&self) {
-        self.metrics.ingest_queue_full.add(1);
     }
 
     /// Queues a batch and waits until it is committed (or the store refused it).

@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use prost::Message;
 
 use super::ingest::{Accepted, Ingestor, StoreUnavailable};
-use crate::queue::{DECODED_BYTES_FACTOR, IngestQueue, QueueFull, RETRY_AFTER_SECONDS, Reservation};
+use crate::queue::{DECODED_BYTES_FACTOR, RETRY_AFTER_SECONDS, Reservation};
 
 /// The three OTLP services, ready for `tonic::transport::Server::add_service` or
 /// `tonic::service::Routes`. `max_message_bytes` bounds a decoded request.
@@ -89,12 +89,6 @@ struct RpcStatus {
     details: Vec<ProtoAny>,
 }
 
-/// The queue is full: RESOURCE_EXHAUSTED with a RetryInfo telling the sender when to retry.
-fn exhausted(queue: &IngestQueue, refused: QueueFull) -> Status {
-    queue.count_full();
-    retryable_exhausted(refused.to_string())
-}
-
 /// RESOURCE_EXHAUSTED with a `google.rpc.RetryInfo` of [`RETRY_AFTER_SECONDS`]: the OTLP/gRPC
 /// way of saying "overloaded, retry later" (without RetryInfo the sender must not retry).
 pub fn retryable_exhausted(message: String) -> Status {
@@ -115,7 +109,7 @@ fn reserve(ingestor: &Ingestor, request: &impl Message) -> Result<Reservation, S
     ingestor
         .queue
         .reserve(request.encoded_len().saturating_mul(DECODED_BYTES_FACTOR))
-        .map_err(|refused| exhausted(&ingestor.queue, refused))
+        .map_err(|refused| retryable_exhausted(refused.to_string()))
 }
 
 fn respond<T>(

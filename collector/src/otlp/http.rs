@@ -147,10 +147,7 @@ where
     let encoding = Encoding::from_content_type(content_type).map_err(|error| Failure::decode(error, Encoding::Json))?;
     let content_encoding = header_text(headers, header::CONTENT_ENCODING);
     let queue = &state.ingestor.queue;
-    let full = |refused: QueueFull| {
-        queue.count_full();
-        Failure::queue_full(refused, encoding)
-    };
+    let full = |refused: QueueFull| Failure::queue_full(refused, encoding);
     // A refusal made before the body is read whole reads (and discards) the rest first: a
     // sender still writing its body would otherwise see the connection cut instead of the
     // answer telling it to retry.
@@ -176,11 +173,7 @@ where
     // each holding part of the queue while they read would starve one another.
     let mut reservation = match queue.reserve(declared.unwrap_or(0).saturating_mul(1 + DECODED_BYTES_FACTOR)) {
         Ok(reservation) => reservation,
-        Err(refused) => {
-            return Err(
-                refuse_after_draining(body, 0, state.max_body_bytes, Failure::queue_full(refused, encoding)).await
-            );
-        }
+        Err(refused) => return Err(refuse_after_draining(body, 0, state.max_body_bytes, full(refused)).await),
     };
     let mut wire = BytesMut::with_capacity(declared.unwrap_or(0));
     while let Some(frame) = body.frame().await {
