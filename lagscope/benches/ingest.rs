@@ -12,12 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lagscope::{Config, Server};
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use lagscope::Server;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
+use support::text;
 
 /// The allocator `lagscope serve` runs with.
 #[global_allocator]
@@ -25,14 +28,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const SPANS_PER_REQUEST: u64 = 200;
 const SECONDS_PER_LEVEL: u64 = 6;
-
-fn text(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_string())) }),
-        ..KeyValue::default()
-    }
-}
 
 fn body(sender: u64, sequence: u64) -> Vec<u8> {
     let base = 1_764_435_600_000_000_000u64 + sequence * 1_000_000_000;
@@ -87,12 +82,7 @@ struct Level {
 
 async fn level(senders: u64) -> Level {
     let directory = tempfile::tempdir().expect("temp dir");
-    let mut config = Config::default();
-    config.server.data_dir = directory.path().to_path_buf();
-    config.server.listen = "127.0.0.1:0".to_string();
-    config.server.otlp_http = "127.0.0.1:0".to_string();
-    config.server.otlp_grpc = "127.0.0.1:0".to_string();
-    let server = Server::start(&config).await.expect("server");
+    let server = Server::start(&support::local_config(directory.path())).await.expect("server");
     let url = format!("http://{}/v1/traces", server.otlp_http_addr);
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

@@ -7,26 +7,22 @@
 //! the same requests (the baseline measured in the same run), idle and under background load
 //! (the simulator streaming `hdfs-observer-healthy` into the same server).
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
+use lagscope::Server;
 use lagscope::sim_cmd::{Target, run};
-use lagscope::{Config, Server};
 use lagscope_sim::{SECOND, SimConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
+use support::{kv, text};
 
 const TRIALS: usize = 60;
-
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue { key: key.to_string(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
-}
-
-fn text(key: &str, value: &str) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.to_string()))
-}
 
 fn int(key: &str, value: i64) -> KeyValue {
     kv(key, any_value::Value::IntValue(value))
@@ -156,12 +152,7 @@ fn report(label: &str, mut detect: Vec<f64>, mut ack: Vec<f64>) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let mut config = Config::default();
-    config.server.data_dir = directory.path().to_path_buf();
-    config.server.listen = "127.0.0.1:0".to_string();
-    config.server.otlp_http = "127.0.0.1:0".to_string();
-    config.server.otlp_grpc = "127.0.0.1:0".to_string();
-    let server = Server::start(&config).await.expect("server");
+    let server = Server::start(&support::local_config(directory.path())).await.expect("server");
 
     let (detect, ack) = trials(&server, 0).await;
     report("idle", detect, ack);

@@ -2,6 +2,8 @@
 //! requests without an accepted token (401 / UNAUTHENTICATED, nothing stored) and serve those
 //! with one; the health endpoint stays open for probes.
 
+mod support;
+
 use lagscope::{Config, Server};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -37,11 +39,7 @@ async fn spans_stored(server: &Server, http: &reqwest::Client) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_guard_ingest_and_the_api() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let mut config = Config::default();
-    config.server.data_dir = directory.path().to_path_buf();
-    config.server.listen = "127.0.0.1:0".to_string();
-    config.server.otlp_http = "127.0.0.1:0".to_string();
-    config.server.otlp_grpc = "127.0.0.1:0".to_string();
+    let mut config = support::local_config(directory.path());
     config.auth.ingest_tokens = vec![INGEST.to_string()];
     config.auth.api_tokens = vec![API.to_string()];
     config.validate().expect("valid");

@@ -12,23 +12,14 @@ use std::time::Duration;
 use lagscope_store::{SqliteStore, Store, TimeRange};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-use support::ServeProcess;
+use support::{ServeProcess, text};
 
 const SPANS_PER_REQUEST: u64 = 200;
 
 type Acknowledged = Arc<Mutex<BTreeSet<(String, String)>>>;
-
-fn text(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_string())) }),
-        ..KeyValue::default()
-    }
-}
 
 /// Request `sequence` of sender `sender`: spans with ids unique to it.
 fn request(sender: u64, sequence: u64) -> ExportTraceServiceRequest {

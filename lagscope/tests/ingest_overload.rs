@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-use support::ServeProcess;
+use support::{ServeProcess, text};
 
 /// A 2 MiB body limit and an 8 MiB queue: room for one largest request decoded, or a few
 /// ordinary ones.
@@ -31,14 +30,6 @@ const PEAK_RSS_BOUND: u64 = 400 * 1024 * 1024;
 /// (bodies, decoded requests, converted spans) would be several times the RSS bound.
 const SENDERS: u64 = 48;
 const SPANS_PER_REQUEST: u64 = 19_000;
-
-fn text(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_string())) }),
-        ..KeyValue::default()
-    }
-}
 
 /// About 1.9 MB of protobuf: 19 000 spans, ids unique per (sender, sequence).
 fn body(sender: u64, sequence: u64) -> Vec<u8> {

@@ -4,11 +4,13 @@
 //! reported comes back under the conventions' name with the same value, and target health
 //! (up, samples, last error) shows in `/api/v1/health` and `/metrics`.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lagscope::{Config, Server};
+use lagscope::Server;
 use lagscope_collector::scrape::{ScrapeKind, ScrapeTarget};
 use lagscope_sim::native::NativeState;
 use lagscope_sim::{SimConfig, run};
@@ -77,11 +79,7 @@ async fn scraped_native_endpoints_arrive_under_the_conventions_names_with_the_no
     tokio::spawn(async move { axum::serve(native_listener, lagscope::native_server::router(handle)).await });
 
     let directory = tempfile::tempdir().expect("temp dir");
-    let mut config = Config::default();
-    config.server.data_dir = directory.path().to_path_buf();
-    config.server.listen = "127.0.0.1:0".to_string();
-    config.server.otlp_http = "127.0.0.1:0".to_string();
-    config.server.otlp_grpc = "127.0.0.1:0".to_string();
+    let mut config = support::local_config(directory.path());
     let base = format!("http://{native}");
     let hdfs = [("lagscope.cluster", "hdfs-prod"), ("lagscope.namespace", "ns1")];
     config.scrape = vec![

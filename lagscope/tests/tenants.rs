@@ -2,6 +2,8 @@
 //! for one tenant is never seen through another; requests without a tenant, with a malformed
 //! one, or beyond `max_tenants` are refused with a message.
 
+mod support;
+
 use lagscope::{Config, Server};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -66,11 +68,7 @@ impl Api<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tenant_sees_only_its_own_data() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let mut config = Config::default();
-    config.server.data_dir = directory.path().to_path_buf();
-    config.server.listen = "127.0.0.1:0".to_string();
-    config.server.otlp_http = "127.0.0.1:0".to_string();
-    config.server.otlp_grpc = "127.0.0.1:0".to_string();
+    let mut config = support::local_config(directory.path());
     config.tenants.enabled = true;
     config.tenants.max_tenants = 2;
     config.validate().expect("valid");

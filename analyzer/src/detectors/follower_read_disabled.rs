@@ -46,9 +46,9 @@ fn logged_disables(events: &[LogEvent]) -> BTreeMap<&str, Vec<(i64, Option<&str>
 /// as for a rejection seen in the spans, from the last such line after which no read went to
 /// a follower. The reads are walked as the streaming engine walks them, each line taking
 /// effect before the first read that starts after it.
-fn disabled_logged(
+fn disabled_logged<'a>(
     timeline: &ClientTimeline,
-    lines: &[(i64, Option<&str>)],
+    lines: &[(i64, Option<&'a str>)],
     min_reads_after: usize,
 ) -> Option<Anomaly> {
     struct Logged<'a> {
@@ -60,22 +60,24 @@ fn disabled_logged(
         consistencies_after: BTreeSet<String>,
         last_end: i64,
     }
+    // A line takes effect: follower reads off from its time, with what the client had done.
+    let start = |(time, peer): (i64, Option<&'a str>), used: bool, consistency: &Option<String>| Logged {
+        time,
+        peer,
+        used_followers_before: used,
+        consistency_before: consistency.clone(),
+        reads_after: 0,
+        consistencies_after: BTreeSet::new(),
+        last_end: time,
+    };
     let mut used = false;
     let mut last_consistency: Option<String> = None;
     let mut current: Option<Logged<'_>> = None;
     let mut next = 0;
     let reads = timeline.calls.iter().filter(|call| call.op == Some(Op::Read)).flat_map(|call| &call.attempts);
     for attempt in reads {
-        while let Some(&(time, peer)) = lines.get(next).filter(|(time, _)| *time <= attempt.start_unix_nano) {
-            current = Some(Logged {
-                time,
-                peer,
-                used_followers_before: used,
-                consistency_before: last_consistency.clone(),
-                reads_after: 0,
-                consistencies_after: BTreeSet::new(),
-                last_end: time,
-            });
+        while let Some(&line) = lines.get(next).filter(|(time, _)| *time <= attempt.start_unix_nano) {
+            current = Some(start(line, used, &last_consistency));
             next += 1;
         }
         if served_by_follower(attempt) {
@@ -88,16 +90,9 @@ fn disabled_logged(
             logged.last_end = logged.last_end.max(attempt.end_unix_nano);
         }
     }
-    if let Some(&(time, peer)) = lines[next..].last() {
-        current = Some(Logged {
-            time,
-            peer,
-            used_followers_before: used,
-            consistency_before: last_consistency,
-            reads_after: 0,
-            consistencies_after: BTreeSet::new(),
-            last_end: time,
-        });
+    // The lines after the last read take effect now; the last one is in force.
+    if let Some(&line) = lines[next..].last() {
+        current = Some(start(line, used, &last_consistency));
     }
     let logged = current.filter(|logged| logged.used_followers_before && logged.reads_after >= min_reads_after)?;
     Some(disabled_as_logged(

@@ -6,15 +6,31 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lagscope::{Config, Server};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use serde_json::Value;
 
-pub async fn start_server(data_dir: &Path) -> Server {
+/// The default configuration, serving from `data_dir` on free loopback ports.
+pub fn local_config(data_dir: &Path) -> Config {
     let mut config = Config::default();
     config.server.data_dir = data_dir.to_path_buf();
     config.server.listen = "127.0.0.1:0".to_string();
     config.server.otlp_http = "127.0.0.1:0".to_string();
     config.server.otlp_grpc = "127.0.0.1:0".to_string();
-    Server::start(&config).await.expect("server starts")
+    config
+}
+
+pub async fn start_server(data_dir: &Path) -> Server {
+    Server::start(&local_config(data_dir)).await.expect("server starts")
+}
+
+/// An OTLP attribute with a value.
+pub fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue { key: key.to_string(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
+}
+
+/// An OTLP string attribute.
+pub fn text(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.to_string()))
 }
 
 pub async fn get_json(server: &Server, path_and_query: &str) -> (u16, Value) {
