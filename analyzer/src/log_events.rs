@@ -144,17 +144,15 @@ pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogE
             })
             .collect();
         let (Some(first), Some(last)) = (matching.first(), matching.last()) else { continue };
-        if let Some(evidence) = anomaly.evidence.as_object_mut() {
-            evidence.insert(
-                "log_lines".to_string(),
-                serde_json::json!({
-                    "count": matching.len(),
-                    "first": first.text,
-                    "first_node": first.node_id,
-                    "last": last.text,
-                }),
-            );
-        }
+        anomaly.evidence.insert(
+            "log_lines",
+            serde_json::json!({
+                "count": matching.len(),
+                "first": first.text,
+                "first_node": first.node_id,
+                "last": last.text,
+            }),
+        );
     }
 }
 
@@ -331,7 +329,6 @@ mod tests {
 #[cfg(test)]
 mod evidence_tests {
     use lagscope_model::{Anomaly, AnomalyKind, Severity};
-    use serde_json::json;
 
     use super::*;
 
@@ -349,7 +346,7 @@ mod evidence_tests {
             end_unix_nano: end * SECOND,
             summary: String::new(),
             cause: String::new(),
-            evidence: json!({}),
+            evidence: lagscope_model::Evidence::empty(),
             open: false,
             fingerprint: String::new(),
         }
@@ -400,6 +397,6 @@ mod evidence_tests {
         assert_eq!(lines["last"], node_line);
         assert_eq!(anomalies[1].evidence["log_lines"]["count"], 1);
         assert_eq!(anomalies[1].evidence["log_lines"]["first_node"], "nn-obs-1");
-        assert_eq!(anomalies[2].evidence, json!({}), "other kinds take no lines");
+        assert_eq!(anomalies[2].evidence, lagscope_model::Evidence::empty(), "other kinds take no lines");
     }
 }

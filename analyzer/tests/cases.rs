@@ -244,7 +244,7 @@ fn render(spans: &[Span], samples: Vec<Sample>) -> String {
     let _ = writeln!(out, "anomalies: {}", anomalies.len());
     for anomaly in anomalies {
         // The evidence without the bulky span and operation references (their count stays).
-        let mut evidence = anomaly.evidence.clone();
+        let mut evidence = anomaly.evidence.value().clone();
         let n_spans = evidence["spans"].as_array().map_or(0, Vec::len);
         if let Some(object) = evidence.as_object_mut() {
             for bulky in ["spans", "read", "floor_set_by", "seen_from", "request"] {

@@ -143,7 +143,7 @@ pub struct Anomaly {
     pub cause: String,
     /// The events, states, nodes and window that prove it; at least the ids of the spans
     /// involved (`spans`).
-    pub evidence: serde_json::Value,
+    pub evidence: crate::Evidence,
     pub fingerprint: String,
     /// A window anomaly whose condition still held at the end of the data seen so far; it is
     /// resolved (false) once the data shows the condition ended. Point anomalies are never open.

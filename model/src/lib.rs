@@ -9,6 +9,7 @@
 
 pub mod anomaly;
 pub mod conventions;
+pub mod evidence;
 pub mod lag;
 pub mod log;
 pub mod metric;
@@ -16,6 +17,7 @@ pub mod span;
 pub mod timeline;
 
 pub use anomaly::{Anomaly, AnomalyKind, Guarantee, Severity};
+pub use evidence::Evidence;
 pub use lag::{ApplyLagBucket, LagQuery, LagReport, Percentiles, ReadStalenessBucket, RejectionBucket};
 pub use log::LogRecord;
 pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};

@@ -258,7 +258,7 @@ fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {
         end_unix_nano: start + SECOND,
         summary: "stale".to_string(),
         cause: "lag".to_string(),
-        evidence: json!({"guarantee": "read_your_writes", "floor": 120, "served": 110}),
+        evidence: json!({"guarantee": "read_your_writes", "floor": 120, "served": 110}).into(),
         open: false,
         fingerprint: fingerprint.to_string(),
     }

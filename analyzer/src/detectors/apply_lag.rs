@@ -9,6 +9,7 @@ use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, 
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
+use super::evidence::{NO_SPANS, evidence};
 use crate::series::{Points, Scope, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -158,14 +159,14 @@ pub(crate) fn episode_anomaly(scope: &Scope, episode: &Episode, rate: f64, min_s
         } else {
             format!("apply lag: {node} applies slower than the namespace commits")
         },
-        evidence: json!({
+        evidence: evidence!({
             "max_lag_states": episode.max_lag,
             "max_lag_seconds": if lag_seconds.is_finite() { json!(lag_seconds) } else { json!(null) },
             "commit_rate_per_second": rate,
             "status": status,
             "applied_when_stalled": episode.applied_at_stall,
             "window_seconds": duration,
-            "spans": [],
+            "spans": NO_SPANS,
         }),
         open: false,
         fingerprint: format!(

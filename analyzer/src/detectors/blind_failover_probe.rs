@@ -4,9 +4,8 @@
 
 use lagscope_model::conventions::METRIC_PROBE_UP;
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt};
-use serde_json::json;
 
-use super::evidence::span_ids;
+use super::evidence::{evidence, span_ids};
 use crate::series::series_of;
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -93,7 +92,7 @@ pub(crate) fn blind(
              passes it while produce/consume fail, so the client never fails over (PIP-121's probeAvailable; a health \
              check is needed)"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "server_address": address,
             "probe_kind": kind,
             "probe_up_verdicts": verdicts,

@@ -3,9 +3,8 @@
 //! the next read on a lagging observer will be stale.
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
-use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
 use crate::floor::{FloorContribution, seen_before};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -65,7 +64,7 @@ pub(crate) fn regression(
             method(seen_call),
         ),
         cause,
-        evidence: json!({
+        evidence: evidence!({
             "carried": carried,
             "seen": seen.state,
             "states_behind": seen.state.saturating_sub(carried),

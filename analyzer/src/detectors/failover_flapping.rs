@@ -9,9 +9,8 @@
 use std::collections::BTreeMap;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt};
-use serde_json::json;
 
-use super::evidence::span_ids;
+use super::evidence::{evidence, span_ids};
 use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -126,7 +125,7 @@ pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEv
         end_unix_nano: end,
         summary: summary(client, run.len(), end - start, &path, min_gap),
         cause: CAUSE.to_string(),
-        evidence: json!({
+        evidence: evidence!({
             "switches": run.len(),
             "path": path,
             "switch_times_unix_nano": run.iter().map(|event| event.time_unix_nano).collect::<Vec<_>>(),
@@ -158,7 +157,7 @@ pub(crate) fn flapping(timeline: &ClientTimeline, run: &[&Switch<'_>], min_gap: 
         end_unix_nano: end,
         summary: summary(&timeline.client_id, run.len(), end - start, &path, min_gap),
         cause: CAUSE.to_string(),
-        evidence: json!({
+        evidence: evidence!({
             "switches": run.len(),
             "path": path,
             "switch_times_unix_nano": run.iter().map(|switch| switch.0).collect::<Vec<_>>(),

@@ -5,9 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
-use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, span_ids};
 use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -138,7 +137,7 @@ pub(crate) fn disabled_as_logged(
              off client-wide and nothing turns it back on (HDDS-17548 MC-1); unhinted reads now take the leader \
              consistency"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "rejected_by": peer,
             "rejection_error": "OMNotLeaderException",
             "source": "client log",
@@ -251,7 +250,7 @@ pub(crate) fn disabled_for_good(
              nothing turns it back on (HDDS-17548 MC-1); unhinted reads now take the leader consistency",
             rejected.error_type.as_deref().and_then(|error| error.rsplit('.').next()).unwrap_or("rejection"),
         ),
-        evidence: json!({
+        evidence: evidence!({
             "rejected_by": node,
             "rejection_error": rejected.error_type,
             "rejected_consistency": rejected.consistency,

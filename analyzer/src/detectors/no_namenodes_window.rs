@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::conventions::{CLUSTER, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE};
 use lagscope_model::{Anomaly, AnomalyKind, Outcome, Severity};
-use serde_json::json;
 
+use super::evidence::evidence;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub(crate) const NO_NAMENODES: &str = "NoNamenodesAvailableException";
@@ -160,7 +160,7 @@ pub(crate) fn window_anomaly(cluster: Option<&str>, namespace: Option<&str>, rou
             active.as_ref().map_or(String::new(), |node| format!(" while {node} was ACTIVE"))
         ),
         cause,
-        evidence: json!({
+        evidence: evidence!({
             "window_start_unix_nano": start,
             "window_end_unix_nano": end,
             "window_seconds": seconds,

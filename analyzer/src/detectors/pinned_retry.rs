@@ -8,9 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt, TimelineCall};
-use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, method, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, method, span_ids};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 /// (cluster, namespace) → (time, node) of every successful answer.
@@ -130,7 +129,7 @@ pub(crate) fn pinned(
             "pinned retry: the client's retry and failover choice kept selecting {node}; {others_text} could have served \
              (a not-ready new leader retried as the believed leader, HDDS-17548 MC-4)"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "attempts": run.len(),
             "node": node,
             "error_type": run[0].error_type,

@@ -4,8 +4,8 @@
 
 use lagscope_model::conventions::{METRIC_REQUEUE_CALLS, METRIC_RPC_PROCESSING_OPS, METRIC_RPC_QUEUE_OPS};
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
-use serde_json::json;
 
+use super::evidence::{NO_SPANS, evidence};
 use crate::series::{Scope, rates, runs, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -71,14 +71,14 @@ pub(crate) fn storm(
             "requeue storm: calls carry states {node} has not applied, so it requeues them until its applied state catches \
              up; its applied state is stalled or far behind (see apply_lag), holding callers' and routers' handlers"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "requeued": requeued,
             "peak_requeues_per_second": peak,
             "queue_time_ops": queued,
             "processing_time_ops": processed,
             "excess_queue_ops": queued - processed,
             "window_seconds": seconds,
-            "spans": [],
+            "spans": NO_SPANS,
         }),
         open: false,
         fingerprint: format!(

@@ -2,9 +2,8 @@
 //! request did (HDFS-16826: a connection pool not advanced by the client's state).
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
-use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -53,7 +52,7 @@ pub(crate) fn dropped(
             "router dropped client state: {router}'s connection pool to {target} was not advanced by the client's state \
              (HDFS-16826); a read there may be served below what the client has seen"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "carried": carried,
             "forwarded": forwarded,
             "states_behind": carried.saturating_sub(forwarded),

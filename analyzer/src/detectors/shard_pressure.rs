@@ -3,8 +3,8 @@
 
 use lagscope_model::conventions::{METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMIT_BYTES};
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
-use serde_json::json;
 
+use super::evidence::{NO_SPANS, evidence};
 use crate::series::{Points, Scope, runs, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -77,13 +77,13 @@ pub(crate) fn pressure(
             "shard pressure: {shard}'s {role} operations hold their bytes until they complete; a slow path (a slow or \
              unreachable replica, a hot shard) keeps them in flight"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "role": role,
             "peak_ratio": peak,
             "status": if red { "red" } else { "yellow" },
             "limit_bytes": limit,
             "window_seconds": seconds,
-            "spans": [],
+            "spans": NO_SPANS,
         }),
         open: false,
         fingerprint: format!("shard_pressure|{}|{shard}|{node}|{role}|{start}", scope.cluster.as_deref().unwrap_or("")),

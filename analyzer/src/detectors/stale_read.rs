@@ -6,9 +6,8 @@
 //! where the state fell below the floor is where the guarantee broke.
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
-use serde_json::{Value, json};
 
-use super::evidence::{attempt_fingerprint, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
 use crate::floor::{FloorContribution, FloorSource, served_reads};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -64,8 +63,8 @@ pub(crate) fn stale_read(
         floor.state,
         guarantee.as_str().replace('_', "-"),
     );
-    let spans: Vec<Value> = span_ids(attempt).into_iter().chain(span_ids(floor_attempt)).collect();
-    let evidence = json!({
+    let spans: Vec<_> = span_ids(attempt).into_iter().chain(span_ids(floor_attempt)).collect();
+    let evidence = evidence!({
         "guarantee": guarantee.as_str(),
         "floor": floor.state,
         "served": served,

@@ -6,9 +6,8 @@
 //! session guarantee are reported by `stale_read` as that.
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
-use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, method, operation, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
 use crate::committed::{committed_reports, first_seen};
 use crate::floor::served_reads;
 use crate::{AnalysisInput, AnalyzerConfig};
@@ -75,7 +74,7 @@ pub(crate) fn cross_client(
             "{node} served data older than the system's cross-client bound ({bound} s): it is lagging (see apply_lag) or \
                  the bound's refresh did not happen (HDFS RBF: no call to the active within the refresh period)"
         ),
-        evidence: json!({
+        evidence: evidence!({
             "guarantee": Guarantee::CrossClient.as_str(),
             "served": served,
             "floor": newer_state,

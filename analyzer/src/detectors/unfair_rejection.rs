@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use lagscope_model::conventions::{METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMIT_BYTES, METRIC_SHARD_REJECTIONS};
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
-use serde_json::json;
 
+use super::evidence::{NO_SPANS, evidence};
 use super::shard_pressure::{SHARD_ROLE, ratios};
 use crate::series::{Scope, rates, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
@@ -91,12 +91,12 @@ pub(crate) fn unfair_anomaly(
              {shard}'s healthy ones; shard-level accounting (OpenSearch shard indexing backpressure) isolates them",
             heaviest.as_deref().unwrap_or("another shard")
         ),
-        evidence: json!({
+        evidence: evidence!({
             "role": role,
             "rejected": rejected,
             "pressure_held_by": heaviest,
             "window_seconds": (last - first) as f64 / 1e9,
-            "spans": [],
+            "spans": NO_SPANS,
         }),
         open: false,
         fingerprint: format!(

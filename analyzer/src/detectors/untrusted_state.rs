@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 use serde_json::json;
 
-use super::evidence::{attempt_fingerprint, span_ids};
+use super::evidence::{attempt_fingerprint, evidence, span_ids};
 use crate::committed::committed_reports;
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -140,7 +140,7 @@ pub(crate) fn untrusted(timeline: &ClientTimeline, run: &Untrusted<'_>, margin: 
                 format!(" and to the other clients sharing those pools ({})", victims.len())
             }
         ),
-        evidence: json!({
+        evidence: evidence!({
             "carried": carried,
             "highest_committed_reported": committed,
             "margin": margin,
