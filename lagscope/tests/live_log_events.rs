@@ -98,4 +98,8 @@ fn the_store_marks_exactly_the_phrases_the_analyzer_recognises() {
     let marked: Vec<&str> =
         migration.split("instr(body, '").skip(1).filter_map(|rest| rest.split('\'').next()).collect();
     assert_eq!(marked, lagscope_analyzer::log_events::PHRASES, "migration 0007 and log_events::PHRASES differ");
+    let postgres = include_str!("../../migrations/postgres/0001_create_schema.sql");
+    let marked: Vec<&str> =
+        postgres.split("strpos(body, '").skip(1).filter_map(|rest| rest.split('\'').next()).collect();
+    assert_eq!(marked, lagscope_analyzer::log_events::PHRASES, "the PostgreSQL schema and PHRASES differ");
 }

@@ -194,7 +194,7 @@ mod tests {
             "floor": 120, "served": 110, "node": null, "ratio": null,
             "text": "a \"quoted\" <script>", "read": {"rpc_method": "getFileInfo"},
         });
-        assert_eq!(evidence.as_json(), serde_json::to_string(&expected).unwrap());
+        assert_eq!(evidence.as_json(), serde_json::to_string(&expected).expect("serializes"));
         assert_eq!(evidence["read"]["rpc_method"], "getFileInfo");
         assert_eq!(evidence, Evidence::from(expected));
     }
@@ -202,11 +202,11 @@ mod tests {
     #[test]
     fn round_trips_through_json_and_compares_by_meaning() {
         let evidence = Evidence::of(&Object(Field("b", &1, Field("a", &[1, 2], End))));
-        let text = serde_json::to_string(&evidence).unwrap();
+        let text = serde_json::to_string(&evidence).expect("serializes");
         assert_eq!(text, r#"{"b":1,"a":[1,2]}"#);
-        let back: Evidence = serde_json::from_str(&text).unwrap();
+        let back: Evidence = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, evidence);
-        let reordered: Evidence = serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).unwrap();
+        let reordered: Evidence = serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).expect("parses");
         assert_eq!(reordered, evidence);
         assert_ne!(Evidence::empty(), evidence);
     }

@@ -8,6 +8,8 @@
 //! reaches SQL is bound, never spliced into the statement text.
 
 mod error;
+mod postgres;
+mod rows;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -15,6 +17,7 @@ use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, SeriesKey, SeriesM
 use serde_json::Value;
 
 pub use error::StoreError;
+pub use postgres::{PARTITIONED_TABLES, PgStore, day_partition_name};
 pub use sqlite::SqliteStore;
 
 /// The file name of the SQLite database inside a data directory.

@@ -184,48 +184,15 @@ type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::Sqlite
 
 /// Binds the resource columns spans and log records share, in table order (service_name,
 /// system, cluster, component, node_id, resource_attributes).
-fn bind_resource<'q>(query: SqliteQuery<'q>, resource: &'q lagscope_model::ResourceFields) -> SqliteQuery<'q> {
+pub(super) fn bind_resource<'q>(
+    query: SqliteQuery<'q>,
+    resource: &'q lagscope_model::ResourceFields,
+) -> SqliteQuery<'q> {
     query
         .bind(&resource.service_name)
         .bind(&resource.system)
         .bind(&resource.cluster)
         .bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
         .bind(&resource.node_id)
-        .bind(to_json_text(&resource.attributes))
-}
-
-/// The resource columns spans and log records share.
-#[derive(sqlx::FromRow)]
-struct ResourceRow {
-    service_name: Option<String>,
-    system: Option<String>,
-    cluster: Option<String>,
-    component: Option<String>,
-    node_id: Option<String>,
-    resource_attributes: String,
-}
-
-impl ResourceRow {
-    /// `what` names the table in a corruption error.
-    fn into_fields(self, what: &'static str) -> Result<lagscope_model::ResourceFields> {
-        Ok(lagscope_model::ResourceFields {
-            service_name: self.service_name,
-            system: self.system,
-            cluster: self.cluster,
-            component: self.component.as_deref().map(lagscope_model::Component::parse),
-            node_id: self.node_id,
-            attributes: from_json_text(what, &self.resource_attributes)?,
-        })
-    }
-}
-
-/// Renders JSON for a TEXT column.
-fn to_json_text<T: serde::Serialize>(value: &T) -> String {
-    // Serializing plain data (maps, vectors, numbers, strings) to a String cannot fail.
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
-}
-
-/// Parses a JSON TEXT column back, naming the column when it is corrupt.
-fn from_json_text<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|error| StoreError::Corrupt { what, detail: error.to_string() })
+        .bind(crate::rows::to_json_text(&resource.attributes))
 }

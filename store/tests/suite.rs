@@ -8,7 +8,7 @@ use lagscope_model::{
     Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, LogRecord, MetricKind, Op, Outcome, PointValue,
     ResourceFields, Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
 };
-use lagscope_store::{AnomalyFilter, IngestBatch, SqliteStore, Store, TimeRange};
+use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, SqliteStore, Store, TimeRange};
 use serde_json::json;
 
 macro_rules! store_suite {
@@ -46,6 +46,17 @@ async fn open_sqlite() -> (SqliteStore, tempfile::TempDir) {
 }
 
 store_suite!(sqlite, open_sqlite());
+
+#[path = "support/postgres.rs"]
+mod postgres_support;
+
+async fn open_postgres() -> (PgStore, ()) {
+    let url = postgres_support::fresh_database().await;
+    let store = PgStore::connect(&url).await.unwrap_or_else(|error| panic!("cannot open {url}: {error}"));
+    (store, ())
+}
+
+store_suite!(postgres, open_postgres());
 
 const SECOND: i64 = 1_000_000_000;
 const T0: i64 = 1_764_435_600 * SECOND;

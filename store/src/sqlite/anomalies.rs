@@ -1,10 +1,10 @@
 //! Anomaly rows, unique by fingerprint.
 
-use lagscope_model::{Anomaly, AnomalyKind, Severity, UnixNanos};
-use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+use lagscope_model::{Anomaly, AnomalyKind, UnixNanos};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use super::{from_json_text, to_json_text};
-use crate::{AnomalyFilter, Result, StoreError, StoredAnomaly, UpsertOutcome};
+use crate::rows::{AnomalyRow, to_json_text};
+use crate::{AnomalyFilter, Result, StoredAnomaly, UpsertOutcome};
 
 pub(super) async fn upsert(
     transaction: &mut Transaction<'_, Sqlite>,
@@ -89,53 +89,4 @@ pub(super) async fn get(pool: &SqlitePool, id: i64) -> Result<Option<StoredAnoma
     let row: Option<AnomalyRow> =
         sqlx::query_as("SELECT * FROM anomalies WHERE id = ?1").bind(id).fetch_optional(pool).await?;
     row.map(AnomalyRow::into_stored).transpose()
-}
-
-#[derive(FromRow)]
-struct AnomalyRow {
-    id: i64,
-    fingerprint: String,
-    kind: String,
-    severity: String,
-    cluster: Option<String>,
-    namespace: Option<String>,
-    client_id: Option<String>,
-    node_id: Option<String>,
-    start_unix_nano: i64,
-    end_unix_nano: i64,
-    summary: String,
-    cause: String,
-    evidence: String,
-    first_seen_unix_nano: i64,
-    last_seen_unix_nano: i64,
-    open: bool,
-}
-
-impl AnomalyRow {
-    fn into_stored(self) -> Result<StoredAnomaly> {
-        let kind = AnomalyKind::parse(&self.kind)
-            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.kind", detail: self.kind.clone() })?;
-        let severity = Severity::parse(&self.severity)
-            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.severity", detail: self.severity.clone() })?;
-        Ok(StoredAnomaly {
-            id: self.id,
-            anomaly: Anomaly {
-                kind,
-                severity,
-                cluster: self.cluster,
-                namespace: self.namespace,
-                client_id: self.client_id,
-                node_id: self.node_id,
-                start_unix_nano: self.start_unix_nano,
-                end_unix_nano: self.end_unix_nano,
-                summary: self.summary,
-                cause: self.cause,
-                evidence: from_json_text("anomalies.evidence", &self.evidence)?,
-                open: self.open,
-                fingerprint: self.fingerprint,
-            },
-            first_seen_unix_nano: self.first_seen_unix_nano,
-            last_seen_unix_nano: self.last_seen_unix_nano,
-        })
-    }
 }

@@ -1,9 +1,10 @@
 //! Log record rows.
 
 use lagscope_model::LogRecord;
-use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use super::{ResourceRow, bind_resource, from_json_text, to_json_text};
+use super::bind_resource;
+use crate::rows::{LogRow, to_json_text};
 use crate::{Result, TimeRange};
 
 pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[LogRecord]) -> Result<u64> {
@@ -68,40 +69,4 @@ pub(super) async fn recognised_for_cluster(
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(LogRow::into_record).collect()
-}
-
-#[derive(FromRow)]
-struct LogRow {
-    time_unix_nano: i64,
-    observed_time_unix_nano: Option<i64>,
-    severity_number: i32,
-    severity_text: Option<String>,
-    body: String,
-    event_name: Option<String>,
-    trace_id: Option<String>,
-    span_id: Option<String>,
-    #[sqlx(flatten)]
-    resource: ResourceRow,
-    scope_name: Option<String>,
-    scope_version: Option<String>,
-    attributes: String,
-}
-
-impl LogRow {
-    fn into_record(self) -> Result<LogRecord> {
-        Ok(LogRecord {
-            time_unix_nano: self.time_unix_nano,
-            observed_time_unix_nano: self.observed_time_unix_nano,
-            severity_number: self.severity_number,
-            severity_text: self.severity_text,
-            body: from_json_text("logs.body", &self.body)?,
-            event_name: self.event_name,
-            trace_id: self.trace_id,
-            span_id: self.span_id,
-            resource: self.resource.into_fields("logs.resource_attributes")?,
-            scope_name: self.scope_name,
-            scope_version: self.scope_version,
-            attributes: from_json_text("logs.attributes", &self.attributes)?,
-        })
-    }
 }

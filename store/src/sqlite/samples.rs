@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
 use lagscope_model::{MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
 use serde_json::Value;
-use sqlx::{FromRow, Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use super::{from_json_text, to_json_text};
+use crate::rows::{SampleRow, ScopeSampleRow, SeriesRow, from_json_text, to_json_text};
 use crate::{Result, SeriesSamples, StoreError, TimeRange};
 
 /// Inserts samples, creating their series on first sight. A sample re-sent for the same
@@ -71,23 +71,6 @@ async fn upsert_series(transaction: &mut Transaction<'_, Sqlite>, key: &SeriesKe
     Ok(id)
 }
 
-#[derive(FromRow)]
-struct SeriesRow {
-    id: i64,
-    name: String,
-    labels: String,
-    kind: String,
-    unit: Option<String>,
-    description: Option<String>,
-}
-
-#[derive(FromRow)]
-struct SampleRow {
-    time_unix_nano: i64,
-    value: Option<f64>,
-    distribution: Option<String>,
-}
-
 pub(super) async fn series_range(
     pool: &SqlitePool,
     name: &str,
@@ -144,19 +127,6 @@ pub(super) async fn series_range(
     Ok(result)
 }
 
-#[derive(FromRow)]
-struct ScopeSampleRow {
-    name: String,
-    labels: String,
-    kind: String,
-    unit: Option<String>,
-    description: Option<String>,
-    time_unix_nano: i64,
-    start_time_unix_nano: Option<i64>,
-    value: Option<f64>,
-    distribution: Option<String>,
-}
-
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
@@ -210,23 +180,4 @@ pub(super) async fn in_range(
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(ScopeSampleRow::into_sample).collect()
-}
-
-impl ScopeSampleRow {
-    fn into_sample(self) -> Result<Sample> {
-        let row = self;
-        let kind = MetricKind::parse(&row.kind)
-            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
-        let value = match (&row.distribution, row.value) {
-            (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
-            (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
-        };
-        Ok(Sample {
-            series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
-            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
-            time_unix_nano: row.time_unix_nano,
-            start_time_unix_nano: row.start_time_unix_nano,
-            value,
-        })
-    }
 }

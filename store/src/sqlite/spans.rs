@@ -1,9 +1,9 @@
 //! Span rows: written column by column, read back into domain spans.
 
-use lagscope_model::{CallFields, Op, Outcome, Span, SpanKind, StateFields};
-use sqlx::{FromRow, QueryBuilder, Sqlite, SqlitePool, Transaction};
+use lagscope_model::{Op, Outcome, Span};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
-use super::{ResourceRow, from_json_text, to_json_text};
+use crate::rows::{SpanRow, to_json_text};
 use crate::{Result, TimeRange};
 
 const INSERT_HEAD: &str = "INSERT INTO spans (
@@ -117,97 +117,6 @@ pub(super) async fn clients_of_traces(pool: &SqlitePool, trace_ids: &[String]) -
     .fetch_all(pool)
     .await?;
     Ok(clients.into_iter().map(|(client,)| client).collect())
-}
-
-/// A stored span, column for column. Private: the rest of the workspace sees [`Span`].
-#[derive(FromRow)]
-struct SpanRow {
-    trace_id: Option<String>,
-    span_id: Option<String>,
-    parent_span_id: Option<String>,
-    name: String,
-    kind: i32,
-    start_unix_nano: i64,
-    end_unix_nano: i64,
-    status_code: i32,
-    status_message: Option<String>,
-    #[sqlx(flatten)]
-    resource: ResourceRow,
-    scope_name: Option<String>,
-    scope_version: Option<String>,
-    scope_attributes: String,
-    client_id: Option<String>,
-    call_id: Option<String>,
-    attempt: Option<i64>,
-    namespace: Option<String>,
-    op: Option<String>,
-    rpc_method: Option<String>,
-    target_node: Option<String>,
-    target_role: Option<String>,
-    node_role: Option<String>,
-    consistency: Option<String>,
-    follower_read: Option<bool>,
-    state_carried: Option<i64>,
-    state_returned: Option<i64>,
-    state_served: Option<i64>,
-    state_committed: Option<i64>,
-    state_router: Option<i64>,
-    outcome: Option<String>,
-    error_type: Option<String>,
-    requeues: Option<i64>,
-    retry_delay_ms: Option<i64>,
-    bytes: Option<i64>,
-    attributes: String,
-    events: String,
-    links: String,
-}
-
-impl SpanRow {
-    fn into_span(self) -> Result<Span> {
-        Ok(Span {
-            trace_id: self.trace_id,
-            span_id: self.span_id,
-            parent_span_id: self.parent_span_id,
-            name: self.name,
-            kind: SpanKind::from_otlp(self.kind),
-            start_unix_nano: self.start_unix_nano,
-            end_unix_nano: self.end_unix_nano,
-            status_code: self.status_code,
-            status_message: self.status_message,
-            resource: self.resource.into_fields("spans.resource_attributes")?,
-            scope_name: self.scope_name,
-            scope_version: self.scope_version,
-            scope_attributes: from_json_text("spans.scope_attributes", &self.scope_attributes)?,
-            call: CallFields {
-                client_id: self.client_id,
-                call_id: self.call_id,
-                attempt: self.attempt,
-                namespace: self.namespace,
-                op: self.op.as_deref().map(Op::parse),
-                rpc_method: self.rpc_method,
-                target_node: self.target_node,
-                target_role: self.target_role,
-                node_role: self.node_role,
-                consistency: self.consistency,
-                follower_read: self.follower_read,
-                state: StateFields {
-                    carried: self.state_carried,
-                    returned: self.state_returned,
-                    served: self.state_served,
-                    committed: self.state_committed,
-                    router: self.state_router,
-                },
-                outcome: self.outcome.as_deref().map(Outcome::parse),
-                error_type: self.error_type,
-                requeues: self.requeues,
-                retry_delay_ms: self.retry_delay_ms,
-                bytes: self.bytes,
-            },
-            attributes: from_json_text("spans.attributes", &self.attributes)?,
-            events: from_json_text("spans.events", &self.events)?,
-            links: from_json_text("spans.links", &self.links)?,
-        })
-    }
 }
 
 pub(super) async fn for_scope(

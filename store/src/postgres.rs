@@ -1,0 +1,619 @@
+//! The production backend: PostgreSQL, through a connection pool.
+//!
+//! Spans, samples and logs live in tables partitioned by time (daily ranges, created ahead of
+//! time by [`partitions`]; anything outside them lands in each table's DEFAULT partition).
+//! Ingest streams rows with `COPY ... FROM STDIN` into per-connection staging tables and moves
+//! them with one `INSERT ... SELECT ... ON CONFLICT` per table, all in one transaction: a batch
+//! is committed whole or not at all, and durable when `ingest` returns (the server's default
+//! `synchronous_commit = on`). Every value is bound or sent as COPY data, never spliced into
+//! SQL; the only generated SQL text is partition DDL made from integers.
+
+mod copy;
+mod partitions;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Op, Outcome, PointValue, Sample, SeriesKey, Span, UnixNanos};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use self::copy::CopyRows;
+use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, from_json_text, to_json_text};
+use crate::{
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly,
+    TimeRange, UpsertOutcome,
+};
+
+pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
+
+static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// Span columns in COPY order (every column but the generated id).
+const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, name, kind, start_unix_nano, end_unix_nano, \
+    status_code, status_message, service_name, system, cluster, component, node_id, resource_attributes, \
+    scope_name, scope_version, scope_attributes, client_id, call_id, attempt, namespace, op, rpc_method, \
+    target_node, target_role, node_role, consistency, follower_read, state_carried, state_returned, \
+    state_served, state_committed, state_router, outcome, error_type, requeues, retry_delay_ms, bytes, \
+    attributes, events, links";
+
+const LOG_COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_number, severity_text, body, \
+    event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
+    scope_name, scope_version, attributes";
+
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    partitions: std::sync::Arc<partitions::Partitions>,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/database`), applies the migrations
+    /// (under PostgreSQL's advisory lock, so instances starting together apply them once) and
+    /// creates the partitions around today.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let redacted = redact(url);
+        let open_error = |source| StoreError::Open { path: redacted.clone(), source };
+        let options: PgConnectOptions = url.parse().map_err(open_error)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(open_error)?;
+        MIGRATIONS.run(&pool).await?;
+        let store = Self { pool, partitions: Default::default() };
+        store.partitions.ensure_around_now(&store.pool).await?;
+        Ok(store)
+    }
+
+    /// The pool (for tests and operations commands).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn ingest(&self, batch: &IngestBatch) -> Result<IngestReceipt> {
+        if batch.is_empty() {
+            return Ok(IngestReceipt::default());
+        }
+        let times = batch
+            .spans
+            .iter()
+            .map(|span| span.start_unix_nano)
+            .chain(batch.samples.iter().map(|sample| sample.time_unix_nano))
+            .chain(batch.logs.iter().map(|record| record.time_unix_nano));
+        self.partitions.ensure_for(&self.pool, times).await;
+        let mut transaction = self.pool.begin().await?;
+        let spans_written = insert_spans(&mut transaction, &batch.spans).await?;
+        let samples_written = insert_samples(&mut transaction, &batch.samples).await?;
+        let logs_written = insert_logs(&mut transaction, &batch.logs).await?;
+        transaction.commit().await?;
+        Ok(IngestReceipt { spans_written, samples_written, logs_written })
+    }
+
+    async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
+        let rows: Vec<SpanRow> = sqlx::query_as(
+            "WITH own AS (
+                 SELECT id, trace_id, start_unix_nano FROM spans
+                 WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
+                 ORDER BY start_unix_nano DESC LIMIT $4
+             )
+             SELECT * FROM spans WHERE (id, start_unix_nano) IN (SELECT id, start_unix_nano FROM own)
+             UNION
+             SELECT * FROM spans
+             WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
+               AND trace_id IS NOT NULL AND span_id IS NOT NULL
+             ORDER BY start_unix_nano, id",
+        )
+        .bind(client_id)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn scope_spans(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        let rows: Vec<SpanRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM spans
+                 WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
+                   AND start_unix_nano >= $3 AND start_unix_nano < $4
+                 ORDER BY start_unix_nano DESC LIMIT $5
+             ) AS recent ORDER BY start_unix_nano, id",
+        )
+        .bind(cluster)
+        .bind(namespace)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
+        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+            "WITH scope AS (
+                 SELECT * FROM series
+                 WHERE cluster IS NOT DISTINCT FROM $1
+                   AND (namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL)
+             ),
+             latest AS (
+                 SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
+             )
+             SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
+                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+             FROM samples JOIN scope ON scope.id = samples.series_id, latest
+             WHERE samples.time_unix_nano >= latest.at - $3
+             ORDER BY samples.time_unix_nano",
+        )
+        .bind(cluster)
+        .bind(namespace)
+        .bind(window)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    }
+
+    async fn spans_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        let rows: Vec<SpanRow> = sqlx::query_as(
+            "SELECT * FROM spans
+             WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR namespace = $2)
+               AND start_unix_nano >= $3 AND start_unix_nano < $4
+             ORDER BY start_unix_nano, id LIMIT $5",
+        )
+        .bind(cluster)
+        .bind(namespace)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn samples_in_range(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+    ) -> Result<Vec<Sample>> {
+        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+            "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+             FROM samples JOIN series ON series.id = samples.series_id
+             WHERE ($1::text IS NULL OR series.cluster = $1)
+               AND ($2::text IS NULL OR series.namespace = $2 OR series.namespace IS NULL)
+               AND samples.time_unix_nano >= $3 AND samples.time_unix_nano < $4
+             ORDER BY samples.time_unix_nano LIMIT $5",
+        )
+        .bind(cluster)
+        .bind(namespace)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    }
+
+    async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {
+        if trace_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let clients: Vec<(String,)> = sqlx::query_as(
+            "SELECT DISTINCT client_id FROM spans
+             WHERE trace_id = ANY($1) AND span_id IS NOT NULL AND client_id IS NOT NULL",
+        )
+        .bind(trace_ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(clients.into_iter().map(|(client,)| client).collect())
+    }
+
+    async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
+        let mut transaction = self.pool.begin().await?;
+        let mut outcome = UpsertOutcome::default();
+        for anomaly in anomalies {
+            // `first_seen = last_seen` only on the row's first insert: that tells new from known.
+            let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
+                "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
+                     node_id, start_unix_nano, end_unix_nano, summary, cause, evidence,
+                     first_seen_unix_nano, last_seen_unix_nano, open)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)
+                 ON CONFLICT (fingerprint) DO UPDATE SET
+                     severity = excluded.severity,
+                     node_id = excluded.node_id,
+                     start_unix_nano = least(anomalies.start_unix_nano, excluded.start_unix_nano),
+                     end_unix_nano = greatest(anomalies.end_unix_nano, excluded.end_unix_nano),
+                     summary = excluded.summary,
+                     cause = excluded.cause,
+                     evidence = excluded.evidence,
+                     open = excluded.open,
+                     last_seen_unix_nano = greatest(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
+                 RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
+            )
+            .bind(&anomaly.fingerprint)
+            .bind(anomaly.kind.as_str())
+            .bind(anomaly.severity.as_str())
+            .bind(&anomaly.cluster)
+            .bind(&anomaly.namespace)
+            .bind(&anomaly.client_id)
+            .bind(&anomaly.node_id)
+            .bind(anomaly.start_unix_nano)
+            .bind(anomaly.end_unix_nano)
+            .bind(copy::text(&anomaly.summary))
+            .bind(copy::text(&anomaly.cause))
+            .bind(copy::text(anomaly.evidence.as_json()))
+            .bind(seen_at)
+            .bind(anomaly.open)
+            .fetch_one(&mut *transaction)
+            .await?;
+            if first_seen == last_seen {
+                outcome.inserted.push(id);
+            } else {
+                outcome.updated += 1;
+            }
+        }
+        transaction.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
+        let rows: Vec<AnomalyRow> = sqlx::query_as(
+            "SELECT * FROM anomalies
+             WHERE ($1::text IS NULL OR kind = $1)
+               AND ($2::text IS NULL OR cluster = $2)
+               AND ($3::text IS NULL OR namespace = $3)
+               AND ($4::text IS NULL OR client_id = $4)
+               AND ($5::bigint IS NULL OR end_unix_nano >= $5)
+               AND ($6::bigint IS NULL OR start_unix_nano < $6)
+               AND ($7::bigint IS NULL OR id < $7)
+               AND ($9::boolean IS NULL OR open = $9)
+             ORDER BY id DESC
+             LIMIT $8",
+        )
+        .bind(filter.kind.map(AnomalyKind::as_str))
+        .bind(&filter.cluster)
+        .bind(&filter.namespace)
+        .bind(&filter.client_id)
+        .bind(filter.since)
+        .bind(filter.until)
+        .bind(filter.before_id)
+        .bind(i64::from(filter.limit))
+        .bind(filter.open)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(AnomalyRow::into_stored).collect()
+    }
+
+    async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>> {
+        let row: Option<AnomalyRow> =
+            sqlx::query_as("SELECT * FROM anomalies WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        row.map(AnomalyRow::into_stored).transpose()
+    }
+
+    async fn series_samples(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+    ) -> Result<Vec<SeriesSamples>> {
+        let matcher_object: BTreeMap<&str, &str> =
+            matchers.iter().map(|(label, value)| (label.as_str(), value.as_str())).collect();
+        // Every matcher must equal the series' label of the same key: jsonb containment.
+        let series_rows: Vec<SeriesRow> = sqlx::query_as(
+            "SELECT id, name, labels, kind, unit, description FROM series
+             WHERE name = $1 AND labels::jsonb @> $2::jsonb
+             ORDER BY id",
+        )
+        .bind(name)
+        .bind(to_json_text(&matcher_object))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut result = Vec::with_capacity(series_rows.len());
+        for row in series_rows {
+            let samples: Vec<SampleRow> = sqlx::query_as(
+                "SELECT time_unix_nano, value, distribution FROM samples
+                 WHERE series_id = $1 AND time_unix_nano >= $2 AND time_unix_nano < $3
+                 ORDER BY time_unix_nano",
+            )
+            .bind(row.id)
+            .bind(range.from)
+            .bind(range.to)
+            .fetch_all(&self.pool)
+            .await?;
+            result.push(row.into_series(samples)?);
+        }
+        Ok(result)
+    }
+
+    async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {
+        let rows: Vec<LogRow> = sqlx::query_as(
+            "SELECT * FROM logs WHERE time_unix_nano >= $1 AND time_unix_nano < $2
+             ORDER BY time_unix_nano, id LIMIT $3",
+        )
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(LogRow::into_record).collect()
+    }
+
+    async fn recognised_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>> {
+        let rows: Vec<LogRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM logs
+                 WHERE cluster IS NOT DISTINCT FROM $1 AND recognised
+                   AND time_unix_nano >= (
+                       SELECT max(time_unix_nano) FROM logs WHERE cluster IS NOT DISTINCT FROM $1
+                   ) - $2
+                 ORDER BY time_unix_nano DESC, id DESC LIMIT $3
+             ) AS recent ORDER BY time_unix_nano, id",
+        )
+        .bind(cluster)
+        .bind(window)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(LogRow::into_record).collect()
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \
+             (SELECT count(*) FROM samples), (SELECT count(*) FROM logs), (SELECT count(*) FROM anomalies)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let count = |value: i64| u64::try_from(value).unwrap_or_default();
+        Ok(StoreStats {
+            spans: count(spans),
+            series: count(series),
+            samples: count(samples),
+            logs: count(logs),
+            anomalies: count(anomalies),
+        })
+    }
+}
+
+/// Streams the spans into this connection's staging table, then moves the new ones.
+async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span]) -> Result<u64> {
+    if spans.is_empty() {
+        return Ok(0);
+    }
+    let connection: &mut PgConnection = transaction;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TEMP TABLE IF NOT EXISTS spans_staging ON COMMIT DELETE ROWS AS \
+         SELECT {SPAN_COLUMNS} FROM spans WITH NO DATA"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    let mut rows = CopyRows::default();
+    for span in spans {
+        let resource = &span.resource;
+        let call = &span.call;
+        rows.opt_text(span.trace_id.as_deref())
+            .opt_text(span.span_id.as_deref())
+            .opt_text(span.parent_span_id.as_deref())
+            .text(&span.name)
+            .int(i64::from(span.kind.to_otlp()))
+            .int(span.start_unix_nano)
+            .int(span.end_unix_nano)
+            .int(i64::from(span.status_code))
+            .opt_text(span.status_message.as_deref())
+            .opt_text(resource.service_name.as_deref())
+            .opt_text(resource.system.as_deref())
+            .opt_text(resource.cluster.as_deref())
+            .opt_text(resource.component.as_ref().map(lagscope_model::Component::as_str))
+            .opt_text(resource.node_id.as_deref())
+            .text(&to_json_text(&resource.attributes))
+            .opt_text(span.scope_name.as_deref())
+            .opt_text(span.scope_version.as_deref())
+            .text(&to_json_text(&span.scope_attributes))
+            .opt_text(call.client_id.as_deref())
+            .opt_text(call.call_id.as_deref())
+            .opt_int(call.attempt)
+            .opt_text(call.namespace.as_deref())
+            .opt_text(call.op.as_ref().map(Op::as_str))
+            .opt_text(call.rpc_method.as_deref())
+            .opt_text(call.target_node.as_deref())
+            .opt_text(call.target_role.as_deref())
+            .opt_text(call.node_role.as_deref())
+            .opt_text(call.consistency.as_deref())
+            .opt_bool(call.follower_read)
+            .opt_int(call.state.carried)
+            .opt_int(call.state.returned)
+            .opt_int(call.state.served)
+            .opt_int(call.state.committed)
+            .opt_int(call.state.router)
+            .opt_text(call.outcome.as_ref().map(Outcome::as_str))
+            .opt_text(call.error_type.as_deref())
+            .opt_int(call.requeues)
+            .opt_int(call.retry_delay_ms)
+            .opt_int(call.bytes)
+            .text(&to_json_text(&span.attributes))
+            .text(&to_json_text(&span.events))
+            .text(&to_json_text(&span.links))
+            .end_row();
+    }
+    rows.send(connection, &format!("COPY spans_staging ({SPAN_COLUMNS}) FROM STDIN")).await?;
+    let result = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO spans ({SPAN_COLUMNS}) SELECT {SPAN_COLUMNS} FROM spans_staging \
+         ON CONFLICT (trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL \
+         DO NOTHING"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query("TRUNCATE spans_staging").execute(&mut *connection).await?;
+    Ok(result.rows_affected())
+}
+
+/// Creates the batch's series on first sight, then streams the samples (the last one of a
+/// series and time wins, as a re-sent sample replaces the stored one).
+async fn insert_samples(transaction: &mut Transaction<'_, Postgres>, samples: &[Sample]) -> Result<u64> {
+    if samples.is_empty() {
+        return Ok(0);
+    }
+    let connection: &mut PgConnection = transaction;
+    let mut series_ids: BTreeMap<&SeriesKey, i64> = BTreeMap::new();
+    let mut latest: BTreeMap<(i64, i64), &Sample> = BTreeMap::new();
+    for sample in samples {
+        let series_id = match series_ids.get(&sample.series) {
+            Some(id) => *id,
+            None => {
+                let (id,): (i64,) = sqlx::query_as(
+                    "INSERT INTO series (name, labels, kind, unit, description, cluster, namespace, node_id)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                     ON CONFLICT (name, labels) DO UPDATE SET
+                         kind = excluded.kind,
+                         unit = coalesce(excluded.unit, series.unit),
+                         description = coalesce(excluded.description, series.description)
+                     RETURNING id",
+                )
+                .bind(copy::text(&sample.series.name))
+                .bind(copy::text(&to_json_text(&sample.series.labels)))
+                .bind(sample.meta.kind.as_str())
+                .bind(sample.meta.unit.as_deref().map(copy::text))
+                .bind(sample.meta.description.as_deref().map(copy::text))
+                .bind(sample.series.label(CLUSTER).map(copy::text))
+                .bind(sample.series.label(NAMESPACE).map(copy::text))
+                .bind(sample.series.label(NODE_ID).map(copy::text))
+                .fetch_one(&mut *connection)
+                .await?;
+                series_ids.insert(&sample.series, id);
+                id
+            }
+        };
+        latest.insert((series_id, sample.time_unix_nano), sample);
+    }
+    sqlx::query(
+        "CREATE TEMP TABLE IF NOT EXISTS samples_staging ON COMMIT DELETE ROWS AS \
+         SELECT series_id, time_unix_nano, start_time_unix_nano, value, distribution FROM samples WITH NO DATA",
+    )
+    .execute(&mut *connection)
+    .await?;
+    let mut rows = CopyRows::default();
+    for ((series_id, time), sample) in &latest {
+        let (value, distribution) = match &sample.value {
+            PointValue::Number(number) => (Some(*number).filter(|number| number.is_finite()), None),
+            PointValue::Distribution(point) => (None, Some(to_json_text(point))),
+        };
+        rows.int(*series_id)
+            .int(*time)
+            .opt_int(sample.start_time_unix_nano)
+            .opt_float(value)
+            .opt_text(distribution.as_deref())
+            .end_row();
+    }
+    rows.send(
+        connection,
+        "COPY samples_staging (series_id, time_unix_nano, start_time_unix_nano, value, distribution) FROM STDIN",
+    )
+    .await?;
+    let result = sqlx::query(
+        "INSERT INTO samples (series_id, time_unix_nano, start_time_unix_nano, value, distribution)
+         SELECT series_id, time_unix_nano, start_time_unix_nano, value, distribution FROM samples_staging
+         ON CONFLICT (series_id, time_unix_nano) DO UPDATE SET
+             start_time_unix_nano = excluded.start_time_unix_nano,
+             value = excluded.value,
+             distribution = excluded.distribution",
+    )
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query("TRUNCATE samples_staging").execute(&mut *connection).await?;
+    Ok(result.rows_affected())
+}
+
+/// Log records have no natural key: they are streamed straight into their table.
+async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRecord]) -> Result<u64> {
+    if logs.is_empty() {
+        return Ok(0);
+    }
+    let connection: &mut PgConnection = transaction;
+    let mut rows = CopyRows::default();
+    for record in logs {
+        let resource = &record.resource;
+        rows.int(record.time_unix_nano)
+            .opt_int(record.observed_time_unix_nano)
+            .int(i64::from(record.severity_number))
+            .opt_text(record.severity_text.as_deref())
+            .text(&to_json_text(&record.body))
+            .opt_text(record.event_name.as_deref())
+            .opt_text(record.trace_id.as_deref())
+            .opt_text(record.span_id.as_deref())
+            .opt_text(resource.service_name.as_deref())
+            .opt_text(resource.system.as_deref())
+            .opt_text(resource.cluster.as_deref())
+            .opt_text(resource.component.as_ref().map(lagscope_model::Component::as_str))
+            .opt_text(resource.node_id.as_deref())
+            .text(&to_json_text(&resource.attributes))
+            .opt_text(record.scope_name.as_deref())
+            .opt_text(record.scope_version.as_deref())
+            .text(&to_json_text(&record.attributes))
+            .end_row();
+    }
+    rows.send(connection, &format!("COPY logs ({LOG_COLUMNS}) FROM STDIN")).await
+}
+
+impl SeriesRow {
+    fn into_series(self, samples: Vec<SampleRow>) -> Result<SeriesSamples> {
+        let points = samples
+            .into_iter()
+            .map(|sample| {
+                let distribution: Option<Value> = sample
+                    .distribution
+                    .as_deref()
+                    .map(|text| from_json_text("samples.distribution", text))
+                    .transpose()?;
+                Ok((sample.time_unix_nano, sample.value, distribution))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let kind = lagscope_model::MetricKind::parse(&self.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: self.kind.clone() })?;
+        Ok(SeriesSamples {
+            key: SeriesKey { name: self.name, labels: from_json_text("series.labels", &self.labels)? },
+            meta: lagscope_model::SeriesMeta { kind, unit: self.unit, description: self.description },
+            points,
+        })
+    }
+}

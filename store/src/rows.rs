@@ -1,0 +1,272 @@
+//! Rows as both backends read them: one struct per table, column for column (sqlx's
+//! `FromRow` derive is generic over the database), turned into domain types here. Private to
+//! the store: the rest of the workspace sees only the model's types.
+
+use lagscope_model::{
+    Anomaly, AnomalyKind, CallFields, LogRecord, MetricKind, Op, Outcome, PointValue, Sample, SeriesKey, SeriesMeta,
+    Severity, Span, SpanKind, StateFields,
+};
+use sqlx::FromRow;
+
+use crate::{Result, StoreError, StoredAnomaly};
+
+/// A stored span, column for column. Private: the rest of the workspace sees [`Span`].
+#[derive(FromRow)]
+pub(crate) struct SpanRow {
+    pub(crate) trace_id: Option<String>,
+    pub(crate) span_id: Option<String>,
+    pub(crate) parent_span_id: Option<String>,
+    pub(crate) name: String,
+    pub(crate) kind: i32,
+    pub(crate) start_unix_nano: i64,
+    pub(crate) end_unix_nano: i64,
+    pub(crate) status_code: i32,
+    pub(crate) status_message: Option<String>,
+    #[sqlx(flatten)]
+    pub(crate) resource: ResourceRow,
+    pub(crate) scope_name: Option<String>,
+    pub(crate) scope_version: Option<String>,
+    pub(crate) scope_attributes: String,
+    pub(crate) client_id: Option<String>,
+    pub(crate) call_id: Option<String>,
+    pub(crate) attempt: Option<i64>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) op: Option<String>,
+    pub(crate) rpc_method: Option<String>,
+    pub(crate) target_node: Option<String>,
+    pub(crate) target_role: Option<String>,
+    pub(crate) node_role: Option<String>,
+    pub(crate) consistency: Option<String>,
+    pub(crate) follower_read: Option<bool>,
+    pub(crate) state_carried: Option<i64>,
+    pub(crate) state_returned: Option<i64>,
+    pub(crate) state_served: Option<i64>,
+    pub(crate) state_committed: Option<i64>,
+    pub(crate) state_router: Option<i64>,
+    pub(crate) outcome: Option<String>,
+    pub(crate) error_type: Option<String>,
+    pub(crate) requeues: Option<i64>,
+    pub(crate) retry_delay_ms: Option<i64>,
+    pub(crate) bytes: Option<i64>,
+    pub(crate) attributes: String,
+    pub(crate) events: String,
+    pub(crate) links: String,
+}
+
+impl SpanRow {
+    pub(crate) fn into_span(self) -> Result<Span> {
+        Ok(Span {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent_span_id: self.parent_span_id,
+            name: self.name,
+            kind: SpanKind::from_otlp(self.kind),
+            start_unix_nano: self.start_unix_nano,
+            end_unix_nano: self.end_unix_nano,
+            status_code: self.status_code,
+            status_message: self.status_message,
+            resource: self.resource.into_fields("spans.resource_attributes")?,
+            scope_name: self.scope_name,
+            scope_version: self.scope_version,
+            scope_attributes: from_json_text("spans.scope_attributes", &self.scope_attributes)?,
+            call: CallFields {
+                client_id: self.client_id,
+                call_id: self.call_id,
+                attempt: self.attempt,
+                namespace: self.namespace,
+                op: self.op.as_deref().map(Op::parse),
+                rpc_method: self.rpc_method,
+                target_node: self.target_node,
+                target_role: self.target_role,
+                node_role: self.node_role,
+                consistency: self.consistency,
+                follower_read: self.follower_read,
+                state: StateFields {
+                    carried: self.state_carried,
+                    returned: self.state_returned,
+                    served: self.state_served,
+                    committed: self.state_committed,
+                    router: self.state_router,
+                },
+                outcome: self.outcome.as_deref().map(Outcome::parse),
+                error_type: self.error_type,
+                requeues: self.requeues,
+                retry_delay_ms: self.retry_delay_ms,
+                bytes: self.bytes,
+            },
+            attributes: from_json_text("spans.attributes", &self.attributes)?,
+            events: from_json_text("spans.events", &self.events)?,
+            links: from_json_text("spans.links", &self.links)?,
+        })
+    }
+}
+
+/// The resource columns spans and log records share.
+#[derive(FromRow)]
+pub(crate) struct ResourceRow {
+    pub(crate) service_name: Option<String>,
+    pub(crate) system: Option<String>,
+    pub(crate) cluster: Option<String>,
+    pub(crate) component: Option<String>,
+    pub(crate) node_id: Option<String>,
+    pub(crate) resource_attributes: String,
+}
+
+impl ResourceRow {
+    /// `what` names the table in a corruption error.
+    pub(crate) fn into_fields(self, what: &'static str) -> Result<lagscope_model::ResourceFields> {
+        Ok(lagscope_model::ResourceFields {
+            service_name: self.service_name,
+            system: self.system,
+            cluster: self.cluster,
+            component: self.component.as_deref().map(lagscope_model::Component::parse),
+            node_id: self.node_id,
+            attributes: from_json_text(what, &self.resource_attributes)?,
+        })
+    }
+}
+
+/// Renders JSON for a TEXT column.
+pub(crate) fn to_json_text<T: serde::Serialize>(value: &T) -> String {
+    // Serializing plain data (maps, vectors, numbers, strings) to a String cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+/// Parses a JSON TEXT column back, naming the column when it is corrupt.
+pub(crate) fn from_json_text<T: serde::de::DeserializeOwned>(what: &'static str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|error| StoreError::Corrupt { what, detail: error.to_string() })
+}
+
+#[derive(FromRow)]
+pub(crate) struct SeriesRow {
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) labels: String,
+    pub(crate) kind: String,
+    pub(crate) unit: Option<String>,
+    pub(crate) description: Option<String>,
+}
+
+#[derive(FromRow)]
+pub(crate) struct SampleRow {
+    pub(crate) time_unix_nano: i64,
+    pub(crate) value: Option<f64>,
+    pub(crate) distribution: Option<String>,
+}
+
+#[derive(FromRow)]
+pub(crate) struct ScopeSampleRow {
+    pub(crate) name: String,
+    pub(crate) labels: String,
+    pub(crate) kind: String,
+    pub(crate) unit: Option<String>,
+    pub(crate) description: Option<String>,
+    pub(crate) time_unix_nano: i64,
+    pub(crate) start_time_unix_nano: Option<i64>,
+    pub(crate) value: Option<f64>,
+    pub(crate) distribution: Option<String>,
+}
+
+impl ScopeSampleRow {
+    pub(crate) fn into_sample(self) -> Result<Sample> {
+        let row = self;
+        let kind = MetricKind::parse(&row.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
+        let value = match (&row.distribution, row.value) {
+            (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
+            (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
+        };
+        Ok(Sample {
+            series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
+            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
+            time_unix_nano: row.time_unix_nano,
+            start_time_unix_nano: row.start_time_unix_nano,
+            value,
+        })
+    }
+}
+
+#[derive(FromRow)]
+pub(crate) struct LogRow {
+    pub(crate) time_unix_nano: i64,
+    pub(crate) observed_time_unix_nano: Option<i64>,
+    pub(crate) severity_number: i32,
+    pub(crate) severity_text: Option<String>,
+    pub(crate) body: String,
+    pub(crate) event_name: Option<String>,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) span_id: Option<String>,
+    #[sqlx(flatten)]
+    pub(crate) resource: ResourceRow,
+    pub(crate) scope_name: Option<String>,
+    pub(crate) scope_version: Option<String>,
+    pub(crate) attributes: String,
+}
+
+impl LogRow {
+    pub(crate) fn into_record(self) -> Result<LogRecord> {
+        Ok(LogRecord {
+            time_unix_nano: self.time_unix_nano,
+            observed_time_unix_nano: self.observed_time_unix_nano,
+            severity_number: self.severity_number,
+            severity_text: self.severity_text,
+            body: from_json_text("logs.body", &self.body)?,
+            event_name: self.event_name,
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            resource: self.resource.into_fields("logs.resource_attributes")?,
+            scope_name: self.scope_name,
+            scope_version: self.scope_version,
+            attributes: from_json_text("logs.attributes", &self.attributes)?,
+        })
+    }
+}
+
+#[derive(FromRow)]
+pub(crate) struct AnomalyRow {
+    pub(crate) id: i64,
+    pub(crate) fingerprint: String,
+    pub(crate) kind: String,
+    pub(crate) severity: String,
+    pub(crate) cluster: Option<String>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) client_id: Option<String>,
+    pub(crate) node_id: Option<String>,
+    pub(crate) start_unix_nano: i64,
+    pub(crate) end_unix_nano: i64,
+    pub(crate) summary: String,
+    pub(crate) cause: String,
+    pub(crate) evidence: String,
+    pub(crate) first_seen_unix_nano: i64,
+    pub(crate) last_seen_unix_nano: i64,
+    pub(crate) open: bool,
+}
+
+impl AnomalyRow {
+    pub(crate) fn into_stored(self) -> Result<StoredAnomaly> {
+        let kind = AnomalyKind::parse(&self.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.kind", detail: self.kind.clone() })?;
+        let severity = Severity::parse(&self.severity)
+            .ok_or_else(|| StoreError::Corrupt { what: "anomalies.severity", detail: self.severity.clone() })?;
+        Ok(StoredAnomaly {
+            id: self.id,
+            anomaly: Anomaly {
+                kind,
+                severity,
+                cluster: self.cluster,
+                namespace: self.namespace,
+                client_id: self.client_id,
+                node_id: self.node_id,
+                start_unix_nano: self.start_unix_nano,
+                end_unix_nano: self.end_unix_nano,
+                summary: self.summary,
+                cause: self.cause,
+                evidence: from_json_text("anomalies.evidence", &self.evidence)?,
+                open: self.open,
+                fingerprint: self.fingerprint,
+            },
+            first_seen_unix_nano: self.first_seen_unix_nano,
+            last_seen_unix_nano: self.last_seen_unix_nano,
+        })
+    }
+}
