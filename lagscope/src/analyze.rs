@@ -260,7 +260,10 @@ pub fn write_json(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Result
     struct Output<'a> {
         anomalies: &'a [Anomaly],
     }
-    serde_json::to_writer_pretty(&mut *out, &Output { anomalies })?;
+    // Through a Value, so that each anomaly's evidence (kept as compact JSON text) is indented
+    // with the rest; `--format jsonl` is the fast path that writes it as it is.
+    let document = serde_json::to_value(Output { anomalies })?;
+    serde_json::to_writer_pretty(&mut *out, &document)?;
     writeln!(out)?;
     out.flush()?;
     Ok(())
