@@ -30,6 +30,9 @@ pub struct Config {
 pub struct ServerConfig {
     /// Where the embedded SQLite store keeps its file.
     pub data_dir: PathBuf,
+    /// A PostgreSQL store instead of SQLite: `postgres://user[:password]@host[:port]/database`.
+    /// Its schema (migrations/postgres) is applied at start-up.
+    pub database_url: Option<String>,
     /// Address of the HTTP API and `/metrics`.
     pub listen: String,
     /// Address of the OTLP/HTTP receiver.
@@ -46,6 +49,11 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// The ingest queue must hold the largest request the receivers accept, decoded.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(url) = &self.database_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err("server.database_url must be a postgres:// or postgresql:// URL".to_string());
+        }
         let needed = self.max_body_bytes.saturating_mul(1 + lagscope_collector::queue::DECODED_BYTES_FACTOR);
         if self.ingest_queue_bytes < needed {
             return Err(format!(
@@ -64,6 +72,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("./lagscope-data"),
+            database_url: None,
             listen: "127.0.0.1:8080".to_string(),
             otlp_http: "127.0.0.1:4318".to_string(),
             otlp_grpc: "127.0.0.1:4317".to_string(),
@@ -111,6 +120,10 @@ impl Config {
         self.analyzer.stream.validate()?;
         self.server.validate()?;
         self.auth.validate()?;
+        if self.tenants.enabled && self.server.database_url.is_some() {
+            return Err("tenants keep one SQLite store each: they cannot be combined with server.database_url yet"
+                .to_string());
+        }
         let mut names = std::collections::BTreeSet::new();
         for target in &self.scrape {
             target.validate()?;

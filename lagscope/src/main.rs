@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the collectors, the live analyzer and the API on an embedded SQLite store.
+    /// Run the collectors, the live analyzer and the API on an embedded SQLite store (or
+    /// PostgreSQL with --database-url).
     Serve {
         /// TOML configuration file (see config/lagscope.example.toml).
         #[arg(long, env = "LAGSCOPE_CONFIG")]
@@ -32,6 +33,9 @@ enum Command {
         /// Directory of the embedded store [default: ./lagscope-data]
         #[arg(long, env = "LAGSCOPE_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// Store in PostgreSQL instead: postgres://user[:password]@host[:port]/database
+        #[arg(long, env = "LAGSCOPE_DATABASE_URL")]
+        database_url: Option<String>,
         /// Address of the HTTP API [default: 127.0.0.1:8080]; port 0 picks a free port.
         #[arg(long, env = "LAGSCOPE_LISTEN")]
         listen: Option<String>,
@@ -214,10 +218,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lagscope::export::print_report(&report, &parquet);
             Ok(())
         }
-        Command::Serve { config, data_dir, listen, otlp_http, otlp_grpc } => {
+        Command::Serve { config, data_dir, database_url, listen, otlp_http, otlp_grpc } => {
             let mut config = Config::load(config.as_deref())?;
             if let Some(data_dir) = data_dir {
                 config.server.data_dir = data_dir;
+            }
+            if let Some(database_url) = database_url {
+                config.server.database_url = Some(database_url);
+                config.validate().map_err(|message| anyhow::anyhow!("invalid configuration: {message}"))?;
             }
             if let Some(listen) = listen {
                 config.server.listen = listen;
@@ -231,12 +239,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             runtime.block_on(async {
                 let server = Server::start(&config).await?;
+                let data = match &config.server.database_url {
+                    Some(_) => "PostgreSQL (--database-url)".to_string(),
+                    None => config.server.data_dir.display().to_string(),
+                };
                 eprintln!(
-                    "lagscope: API on http://{}  OTLP/HTTP on http://{}  OTLP/gRPC on {}  data in {}",
-                    server.api_addr,
-                    server.otlp_http_addr,
-                    server.otlp_grpc_addr,
-                    config.server.data_dir.display()
+                    "lagscope: API on http://{}  OTLP/HTTP on http://{}  OTLP/gRPC on {}  data in {data}",
+                    server.api_addr, server.otlp_http_addr, server.otlp_grpc_addr,
                 );
                 server.run_until(shutdown_signal()).await
             })

@@ -13,7 +13,7 @@ use lagscope_collector::otlp::ingest::Ingestor;
 use lagscope_collector::queue::{Budget, IngestQueue};
 use lagscope_collector::scrape::run_scrapers;
 use lagscope_selfmetrics::SelfMetrics;
-use lagscope_store::{SqliteStore, Store};
+use lagscope_store::{PgStore, SqliteStore, Store};
 use lagscope_web::{ApiState, router as api_router};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -31,13 +31,48 @@ pub struct Server {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
     /// The single-tenant service's store; `None` with tenants on.
-    store: Option<SqliteStore>,
+    store: Option<OpenStore>,
     tenants: Option<Arc<Tenants>>,
+}
+
+/// The store a stack serves: the embedded SQLite file, or PostgreSQL (`server.database_url`).
+#[derive(Clone)]
+pub(crate) enum OpenStore {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+impl OpenStore {
+    /// PostgreSQL when `database_url` is set, else SQLite in `data_dir`.
+    async fn open(database_url: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<Self> {
+        Ok(match database_url {
+            Some(url) => Self::Postgres(PgStore::connect(url).await.context("cannot open the PostgreSQL store")?),
+            None => Self::Sqlite(
+                SqliteStore::open_dir(data_dir)
+                    .await
+                    .with_context(|| format!("cannot open the store in {}", data_dir.display()))?,
+            ),
+        })
+    }
+
+    fn shared(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Sqlite(store) => Arc::new(store.clone()),
+            Self::Postgres(store) => Arc::new(store.clone()),
+        }
+    }
+
+    pub(crate) async fn close(&self) {
+        match self {
+            Self::Sqlite(store) => store.close().await,
+            Self::Postgres(store) => store.close().await,
+        }
+    }
 }
 
 /// One store and what serves it: the whole service, or one tenant of it.
 pub(crate) struct Stack {
-    pub store: SqliteStore,
+    pub store: OpenStore,
     pub queue: IngestQueue,
     pub metrics: Arc<SelfMetrics>,
     pub api: Router,
@@ -46,7 +81,8 @@ pub(crate) struct Stack {
 }
 
 impl Stack {
-    /// Opens the store in `data_dir` and starts its committer and live analyzer on `tasks`.
+    /// Opens the store (PostgreSQL at `server.database_url`, else SQLite in `data_dir`) and
+    /// starts its committer and live analyzer on `tasks`.
     pub(crate) async fn open(
         config: &Config,
         data_dir: &std::path::Path,
@@ -54,10 +90,11 @@ impl Stack {
         shutdown_rx: &watch::Receiver<bool>,
         tasks: &mut JoinSet<anyhow::Result<()>>,
     ) -> anyhow::Result<Self> {
-        let store = SqliteStore::open_dir(data_dir)
-            .await
-            .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
-        let shared_store: Arc<dyn Store> = Arc::new(store.clone());
+        // Tenants (SQLite only: the configuration refuses them with a database URL) open
+        // their own directory; the single-tenant service uses the configured backend.
+        let database_url = if config.tenants.enabled { None } else { config.server.database_url.as_deref() };
+        let store = OpenStore::open(database_url, data_dir).await?;
+        let shared_store = store.shared();
         let metrics = Arc::new(SelfMetrics::default());
         let dirty = Arc::new(DirtyClients::default());
         let (queue, committer) = IngestQueue::sharing(budget, shared_store.clone(), metrics.clone(), dirty.clone());
@@ -115,7 +152,7 @@ impl Server {
         let api = crate::auth::api(api, &config.auth);
         tasks.spawn(serve_http(api_listener, api, shutdown_rx));
 
-        tracing::info!(%api_addr, %otlp_http_addr, %otlp_grpc_addr, data_dir = %config.server.data_dir.display(), tenants = config.tenants.enabled, "lagscope is serving");
+        tracing::info!(%api_addr, %otlp_http_addr, %otlp_grpc_addr, data_dir = %config.server.data_dir.display(), postgres = config.server.database_url.is_some(), tenants = config.tenants.enabled, "lagscope is serving");
         Ok(Self { api_addr, otlp_http_addr, otlp_grpc_addr, shutdown, tasks, store, tenants })
     }
 
