@@ -2,6 +2,8 @@
 //! answered over the API.
 
 mod support;
+#[path = "../../store/tests/support/postgres.rs"]
+mod postgres_support;
 
 use std::time::{Duration, SystemTime};
 
@@ -11,7 +13,7 @@ use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfi
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::Value;
-use support::{get_json, start_server, wait_until_analyzed};
+use support::{get_json, local_config, wait_until_analyzed};
 
 /// One participant: a tracer provider whose resource says who it is.
 fn provider(endpoint: &str, protocol: Protocol, service: &str, component: &str, node: &str) -> SdkTracerProvider {
@@ -229,7 +231,24 @@ async fn export(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_your_writes_violation_sent_by_a_real_exporter_is_reported_with_its_evidence() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let server = start_server(directory.path()).await;
+    violation_is_reported_with_its_evidence(local_config(directory.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_read_your_writes_violation_is_reported_with_its_evidence() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    violation_is_reported_with_its_evidence(postgres_config(directory.path()).await).await;
+}
+
+/// The service's configuration with its store in a fresh PostgreSQL database.
+async fn postgres_config(directory: &std::path::Path) -> lagscope::Config {
+    let mut config = local_config(directory);
+    config.server.database_url = Some(postgres_support::fresh_database().await);
+    config
+}
+
+async fn violation_is_reported_with_its_evidence(config: lagscope::Config) {
+    let server = lagscope::Server::start(&config).await.expect("server starts");
 
     // A clean history first (protobuf): the observer had caught up.
     export(&server, Protocol::HttpBinary, "clean-client", 120, 125).await;
@@ -278,7 +297,17 @@ async fn a_read_your_writes_violation_sent_by_a_real_exporter_is_reported_with_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_sent_before_a_restart_is_there_after_it() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let server = start_server(directory.path()).await;
+    survives_a_restart(local_config(directory.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_data_sent_before_a_restart_is_there_after_it() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    survives_a_restart(postgres_config(directory.path()).await).await;
+}
+
+async fn survives_a_restart(config: lagscope::Config) {
+    let server = lagscope::Server::start(&config).await.expect("server starts");
     export(&server, Protocol::HttpBinary, "stale-client", 300, 290).await;
     wait_until_analyzed(&server).await;
     let (_, before) = get_json(&server, "/api/v1/anomalies").await;
@@ -286,7 +315,7 @@ async fn data_sent_before_a_restart_is_there_after_it() {
     let (_, timeline_before) = get_json(&server, "/api/v1/clients/stale-client/timeline").await;
     server.shutdown().await.expect("clean shutdown");
 
-    let restarted = start_server(directory.path()).await;
+    let restarted = lagscope::Server::start(&config).await.expect("server restarts");
     let (_, health) = get_json(&restarted, "/api/v1/health").await;
     assert_eq!(health["store"]["spans"], 6, "{health}");
     let (_, after) = get_json(&restarted, "/api/v1/anomalies").await;
