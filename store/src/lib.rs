@@ -105,6 +105,32 @@ pub struct SeriesSamples {
     pub points: Vec<(UnixNanos, Option<f64>, Option<Value>)>,
 }
 
+/// Retention: rows older than a signal's cut-off (Unix nanoseconds; spans by start, samples
+/// and logs by time, anomalies resolved before it by end) are removed. `None` keeps all.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionCutoffs {
+    pub spans: Option<UnixNanos>,
+    pub samples: Option<UnixNanos>,
+    pub logs: Option<UnixNanos>,
+    pub anomalies: Option<UnixNanos>,
+}
+
+/// What one retention pass removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Rows deleted one by one (SQLite; PostgreSQL's default partitions and anomalies).
+    pub spans: u64,
+    pub samples: u64,
+    pub logs: u64,
+    pub anomalies: u64,
+    /// Whole time partitions dropped (PostgreSQL), by name.
+    pub partitions_dropped: Vec<String>,
+}
+
+/// Rows deleted per statement by retention: small enough that ingest, which shares the
+/// writer, never waits long behind a retention pass.
+pub const RETENTION_BATCH_ROWS: i64 = 5_000;
+
 /// Row counts, for health and the service's own metrics.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreStats {
@@ -190,4 +216,8 @@ pub trait Store: Send + Sync + 'static {
     async fn recognised_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>>;
 
     async fn stats(&self) -> Result<StoreStats>;
+
+    /// Removes what the retention no longer covers, in bounded steps that interleave with
+    /// ingest (see [`RetentionCutoffs`]).
+    async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport>;
 }

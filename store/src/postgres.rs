@@ -24,8 +24,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use self::copy::CopyRows;
 use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, from_json_text, to_json_text};
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly,
-    TimeRange, UpsertOutcome,
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, SeriesSamples, Store,
+    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
@@ -396,6 +396,39 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(LogRow::into_record).collect()
+    }
+
+    async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
+        let mut report = RetentionReport::default();
+        let signals = [(0, cutoffs.spans), (1, cutoffs.samples), (2, cutoffs.logs)];
+        for (index, cutoff) in signals {
+            let Some(cutoff) = cutoff else { continue };
+            let (table, key) = PARTITIONED_TABLES[index];
+            let (deleted, dropped) = partitions::drop_before(&self.pool, &self.partitions, table, key, cutoff).await?;
+            match index {
+                0 => report.spans = deleted,
+                1 => report.samples = deleted,
+                _ => report.logs = deleted,
+            }
+            report.partitions_dropped.extend(dropped);
+        }
+        if let Some(cutoff) = cutoffs.anomalies {
+            loop {
+                let result = sqlx::query(
+                    "DELETE FROM anomalies WHERE id IN (
+                         SELECT id FROM anomalies WHERE NOT open AND end_unix_nano < $1 LIMIT $2)",
+                )
+                .bind(cutoff)
+                .bind(crate::RETENTION_BATCH_ROWS)
+                .execute(&self.pool)
+                .await?;
+                report.anomalies += result.rows_affected();
+                if result.rows_affected() < crate::RETENTION_BATCH_ROWS as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(report)
     }
 
     async fn stats(&self) -> Result<StoreStats> {

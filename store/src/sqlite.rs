@@ -6,6 +6,7 @@
 
 mod anomalies;
 mod logs;
+mod retention;
 mod samples;
 mod spans;
 
@@ -18,8 +19,8 @@ use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly,
-    TimeRange, UpsertOutcome,
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, SeriesSamples, Store,
+    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -160,6 +161,10 @@ impl Store for SqliteStore {
 
     async fn recognised_logs(&self, cluster: Option<&str>, window: i64, limit: u32) -> Result<Vec<LogRecord>> {
         logs::recognised_for_cluster(&self.reader, cluster, window, limit).await
+    }
+
+    async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
+        retention::enforce(&self.writer, cutoffs).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -8,7 +8,7 @@ use lagscope_model::{
     Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, LogRecord, MetricKind, Op, Outcome, PointValue,
     ResourceFields, Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
 };
-use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, SqliteStore, Store, TimeRange};
+use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, RetentionCutoffs, SqliteStore, Store, TimeRange};
 use serde_json::json;
 
 macro_rules! store_suite {
@@ -35,6 +35,7 @@ macro_rules! store_suite {
             case!(logs_round_trip_in_time_order);
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
             case!(range_reads_filter_scope_time_and_limit);
+            case!(retention_removes_what_is_older_than_the_cutoff);
         }
     };
 }
@@ -434,4 +435,103 @@ async fn range_reads_filter_scope_time_and_limit(store: &dyn Store) {
     let later =
         store.samples_in_range(None, None, TimeRange { from: T0 + SECOND, to: i64::MAX }, 100).await.expect("samples");
     assert_eq!(values(later), [3.0]);
+}
+
+/// Now, to the nanosecond (retention works on wall-clock cut-offs; PostgreSQL keeps recent
+/// days in partitions of their own).
+fn now() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    i64::try_from(since_epoch.as_nanos()).expect("before 2262")
+}
+
+const DAY: i64 = 86_400 * SECOND;
+
+/// Three days of telemetry and anomalies, one day kept.
+async fn old_and_recent(store: &dyn Store) -> (i64, i64) {
+    let (old, recent) = (now() - 3 * DAY, now() - SECOND);
+    let applied = "lagscope.node.applied_state";
+    let batch = IngestBatch {
+        spans: vec![
+            span(Some("c1"), Component::Client, 1, 1, None, old),
+            span(None, Component::Server, 1, 2, Some(1), old + SECOND),
+            span(Some("c1"), Component::Client, 2, 3, None, recent),
+        ],
+        samples: vec![
+            sample(applied, &[("lagscope.node.id", "nn1")], old, PointValue::Number(1.0), MetricKind::Gauge),
+            sample(applied, &[("lagscope.node.id", "nn1")], recent, PointValue::Number(2.0), MetricKind::Gauge),
+        ],
+        logs: vec![log(old, "old line"), log(recent, "recent line")],
+    };
+    store.ingest(&batch).await.expect("ingest");
+    let mut open_old = anomaly("open-old", "c1", old);
+    open_old.open = true;
+    let anomalies = [anomaly("resolved-old", "c1", old), open_old, anomaly("resolved-recent", "c1", recent)];
+    store.upsert_anomalies(&anomalies, recent).await.expect("anomalies");
+    (old, recent)
+}
+
+async fn retention_removes_what_is_older_than_the_cutoff(store: &dyn Store) {
+    let (_, recent) = old_and_recent(store).await;
+    let cutoff = now() - DAY;
+    let everything = RetentionCutoffs {
+        spans: Some(cutoff),
+        samples: Some(cutoff),
+        logs: Some(cutoff),
+        anomalies: Some(cutoff),
+    };
+    let report = store.enforce_retention(&everything).await.expect("retention");
+    // SQLite deletes rows; PostgreSQL drops the old day's partitions (no rows to delete).
+    assert!(report.spans == 2 || report.partitions_dropped.iter().any(|name| name.starts_with("spans_p")), "{report:?}");
+    assert_eq!(report.anomalies, 1, "the open anomaly stays: {report:?}");
+
+    let spans = store.spans_in_range(None, None, TimeRange::ALL, 100).await.expect("spans");
+    assert_eq!(spans.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [recent]);
+    let samples = store.samples_in_range(None, None, TimeRange::ALL, 100).await.expect("samples");
+    assert_eq!(samples.iter().map(|sample| sample.time_unix_nano).collect::<Vec<_>>(), [recent]);
+    let logs = store.logs(TimeRange::ALL, 100).await.expect("logs");
+    assert_eq!(logs.iter().map(|record| record.time_unix_nano).collect::<Vec<_>>(), [recent]);
+    let listed = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("list");
+    let mut kept: Vec<&str> = listed.iter().map(|stored| stored.anomaly.fingerprint.as_str()).collect();
+    kept.sort_unstable();
+    assert_eq!(kept, ["open-old", "resolved-recent"]);
+    // Queries still answer, and new data still goes in.
+    assert_eq!(store.client_spans("c1", TimeRange::ALL, 10).await.expect("timeline").len(), 1);
+    store
+        .ingest(&IngestBatch { spans: vec![span(Some("c2"), Component::Client, 9, 9, None, now())], ..Default::default() })
+        .await
+        .expect("ingest after retention");
+    assert_eq!(store.stats().await.expect("stats").spans, 2);
+
+    let again = store.enforce_retention(&everything).await.expect("second pass");
+    assert_eq!((again.spans, again.samples, again.logs, again.anomalies), (0, 0, 0, 0));
+    assert!(again.partitions_dropped.is_empty(), "{again:?}");
+}
+
+/// PostgreSQL drops whole daily partitions (no row-by-row delete) and keeps today's.
+#[tokio::test]
+async fn postgres_retention_drops_whole_partitions() {
+    let (store, ()) = open_postgres().await;
+    let (old, recent) = old_and_recent(&store).await;
+    let day_of = |time: i64| time.div_euclid(DAY);
+    let exists = |name: String| {
+        let pool = store.pool().clone();
+        async move {
+            let (found,): (Option<String>,) =
+                sqlx::query_as("SELECT to_regclass($1)::text").bind(name).fetch_one(&pool).await.expect("catalog");
+            found.is_some()
+        }
+    };
+    for (table, _) in lagscope_store::PARTITIONED_TABLES {
+        assert!(exists(lagscope_store::day_partition_name(table, day_of(old))).await, "{table} has the old day");
+    }
+    let cutoff = now() - DAY;
+    let cutoffs = RetentionCutoffs { spans: Some(cutoff), samples: Some(cutoff), logs: Some(cutoff), anomalies: None };
+    let report = store.enforce_retention(&cutoffs).await.expect("retention");
+    assert_eq!((report.spans, report.samples, report.logs), (0, 0, 0), "no row deleted one by one: {report:?}");
+    for (table, _) in lagscope_store::PARTITIONED_TABLES {
+        let old_partition = lagscope_store::day_partition_name(table, day_of(old));
+        assert!(report.partitions_dropped.contains(&old_partition), "{old_partition} dropped: {report:?}");
+        assert!(!exists(old_partition).await);
+        assert!(exists(lagscope_store::day_partition_name(table, day_of(recent))).await, "today's {table} stays");
+    }
 }

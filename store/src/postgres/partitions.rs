@@ -42,6 +42,11 @@ pub(crate) fn today() -> i64 {
 }
 
 impl Partitions {
+    /// A day whose partitions retention dropped: created again if data for it comes back.
+    pub(crate) fn forget(&self, day: i64) {
+        self.done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&day);
+    }
+
     pub(crate) async fn ensure_around_now(&self, pool: &PgPool) -> Result<()> {
         let today = today();
         for day in today - 1..=today + 3 {
@@ -93,6 +98,75 @@ impl Partitions {
     }
 }
 
+/// The day of a partition named `<table>_pYYYYMMDD`, if `name` is one of `table`'s.
+pub(crate) fn partition_day(table: &str, name: &str) -> Option<i64> {
+    let date = name.strip_prefix(table)?.strip_prefix("_p")?;
+    if date.len() != 8 || !date.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    let (year, month, day) = (date[..4].parse().ok()?, date[4..6].parse().ok()?, date[6..].parse().ok()?);
+    let days = days_from_civil(year, month, day);
+    (day_partition_name(table, days) == name).then_some(days)
+}
+
+/// Drops `table`'s daily partitions that end at or before `cutoff`, then deletes the older
+/// rows of its DEFAULT partition in batches. Returns (rows deleted, partitions dropped).
+pub(crate) async fn drop_before(
+    pool: &PgPool,
+    partitions: &Partitions,
+    table: &str,
+    key: &str,
+    cutoff: i64,
+) -> Result<(u64, Vec<String>)> {
+    let children: Vec<(String,)> = sqlx::query_as(
+        "SELECT child.relname::text FROM pg_inherits
+         JOIN pg_class child ON child.oid = pg_inherits.inhrelid
+         JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
+         WHERE parent.relname = $1 ORDER BY 1",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await?;
+    let mut dropped = Vec::new();
+    for (name,) in children {
+        let Some(day) = partition_day(table, &name) else { continue };
+        if (day + 1).saturating_mul(DAY_NANOS) > cutoff {
+            continue;
+        }
+        // `name` was checked to be exactly `<table>_pYYYYMMDD` above.
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {name}"))).execute(pool).await?;
+        partitions.forget(day);
+        dropped.push(name);
+    }
+    let statement = format!(
+        "DELETE FROM {table}_default WHERE ctid = ANY(ARRAY(
+             SELECT ctid FROM {table}_default WHERE {key} < $1 LIMIT $2))"
+    );
+    let mut deleted = 0;
+    loop {
+        let result = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .bind(cutoff)
+            .bind(crate::RETENTION_BATCH_ROWS)
+            .execute(pool)
+            .await?;
+        deleted += result.rows_affected();
+        if result.rows_affected() < crate::RETENTION_BATCH_ROWS as u64 {
+            return Ok((deleted, dropped));
+        }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+pub(crate) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
 pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -117,5 +191,13 @@ mod tests {
         assert_eq!(day_partition_name("logs", 20_454), "logs_p20260101");
         assert_eq!(day_partition_name("samples", 11_016), "samples_p20000229");
         assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        for day in [-800_000, -1, 0, 11_016, 20_454, 2_932_896] {
+            let (year, month, date) = civil_from_days(day);
+            assert_eq!(days_from_civil(year, month, date), day);
+        }
+        assert_eq!(partition_day("spans", "spans_p20260101"), Some(20_454));
+        assert_eq!(partition_day("spans", "spans_default"), None);
+        assert_eq!(partition_day("spans", "spans_p20261399"), None);
+        assert_eq!(partition_day("logs", "spans_p20260101"), None);
     }
 }
