@@ -23,6 +23,77 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Data isolated per `X-Scope-OrgID` (off by default).
     pub tenants: TenantsConfig,
+    /// How long each signal is kept (forever by default).
+    pub retention: RetentionConfig,
+}
+
+/// `[retention]`: durations such as `"14d"`, `"12h"`, `"30m"`, `"90s"` (units s, m, h, d, w).
+/// `default` applies to every signal not given its own; a signal with neither is kept forever.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    #[serde(rename = "default")]
+    pub all: Option<String>,
+    pub spans: Option<String>,
+    pub samples: Option<String>,
+    pub logs: Option<String>,
+    /// Resolved anomalies, by the end of their window (open ones are kept).
+    pub anomalies: Option<String>,
+    /// How often a retention pass runs.
+    pub interval_seconds: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self { all: None, spans: None, samples: None, logs: None, anomalies: None, interval_seconds: 60 }
+    }
+}
+
+impl RetentionConfig {
+    /// Each signal's retention in nanoseconds (`None`: kept forever), or the bad setting.
+    pub fn durations(&self) -> Result<[Option<i64>; 4], String> {
+        let parse = |name: &str, own: &Option<String>| -> Result<Option<i64>, String> {
+            match own.as_ref().or(self.all.as_ref()) {
+                None => Ok(None),
+                Some(text) => {
+                    parse_duration(text).map(Some).map_err(|problem| format!("retention.{name} = {text:?}: {problem}"))
+                }
+            }
+        };
+        Ok([
+            parse("spans", &self.spans)?,
+            parse("samples", &self.samples)?,
+            parse("logs", &self.logs)?,
+            parse("anomalies", &self.anomalies)?,
+        ])
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.durations().is_ok_and(|durations| durations.iter().any(Option::is_some))
+    }
+}
+
+/// `"14d"` -> nanoseconds. Units: s, m, h, d, w; a positive whole number before them.
+pub fn parse_duration(text: &str) -> Result<i64, String> {
+    let text = text.trim();
+    let split = text.find(|character: char| !character.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: i64 = number.parse().map_err(|_| "expected a whole number followed by s, m, h, d or w".to_string())?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 604_800,
+        other => return Err(format!("unknown unit {other:?} (use s, m, h, d or w)")),
+    };
+    if number <= 0 {
+        return Err("must be longer than zero".to_string());
+    }
+    number
+        .checked_mul(seconds)
+        .and_then(|seconds| seconds.checked_mul(1_000_000_000))
+        .ok_or_else(|| "too long".to_string())
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,9 +191,14 @@ impl Config {
         self.analyzer.stream.validate()?;
         self.server.validate()?;
         self.auth.validate()?;
+        self.retention.durations()?;
+        if self.retention.interval_seconds == 0 {
+            return Err("retention.interval_seconds must be at least 1".to_string());
+        }
         if self.tenants.enabled && self.server.database_url.is_some() {
-            return Err("tenants keep one SQLite store each: they cannot be combined with server.database_url yet"
-                .to_string());
+            return Err(
+                "tenants keep one SQLite store each: they cannot be combined with server.database_url yet".to_string()
+            );
         }
         let mut names = std::collections::BTreeSet::new();
         for target in &self.scrape {

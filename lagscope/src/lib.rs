@@ -12,6 +12,7 @@ pub mod export;
 mod live;
 pub mod lscap;
 pub mod native_server;
+mod retention;
 pub mod server;
 pub mod sim_cmd;
 pub mod tenants;

@@ -110,6 +110,14 @@ impl Stack {
             tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
         let api =
             api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
+        if config.retention.is_enabled() {
+            tasks.spawn(crate::retention::run_retention(
+                shared_store.clone(),
+                metrics.clone(),
+                config.retention.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
         tasks.spawn(run_live_analyzer(shared_store, dirty, metrics.clone(), config.clone(), shutdown_rx.clone()));
         Ok(Self { store, queue, metrics, api, otlp_http, otlp_grpc })
     }

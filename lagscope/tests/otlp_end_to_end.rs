@@ -1,9 +1,9 @@
 //! Telemetry in through a real OpenTelemetry OTLP/HTTP exporter, stored, analyzed live,
 //! answered over the API.
 
-mod support;
 #[path = "../../store/tests/support/postgres.rs"]
 mod postgres_support;
+mod support;
 
 use std::time::{Duration, SystemTime};
 

@@ -202,6 +202,10 @@ pub struct SelfMetrics {
     responses: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// The scrape targets' health.
     pub scrapes: ScrapeStatus,
+    /// Retention: rows deleted, whole partitions dropped, passes that failed.
+    pub retention_rows_deleted: Counter,
+    pub retention_partitions_dropped: Counter,
+    pub retention_failures: Counter,
 }
 
 impl SelfMetrics {
@@ -214,7 +218,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 16] = [
+        let counters: [(&str, &str, &Counter); 19] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -247,6 +251,17 @@ impl SelfMetrics {
                 "Committed batches handed to the live analyzer.",
                 &self.batches_marked,
             ),
+            (
+                "lagscope_retention_rows_deleted_total",
+                "Rows the retention deleted (spans, samples, logs, anomalies).",
+                &self.retention_rows_deleted,
+            ),
+            (
+                "lagscope_retention_partitions_dropped_total",
+                "Whole time partitions the retention dropped (PostgreSQL).",
+                &self.retention_partitions_dropped,
+            ),
+            ("lagscope_retention_failures_total", "Retention passes that failed.", &self.retention_failures),
         ];
         for (name, help, counter) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", counter.get());

@@ -473,15 +473,14 @@ async fn old_and_recent(store: &dyn Store) -> (i64, i64) {
 async fn retention_removes_what_is_older_than_the_cutoff(store: &dyn Store) {
     let (_, recent) = old_and_recent(store).await;
     let cutoff = now() - DAY;
-    let everything = RetentionCutoffs {
-        spans: Some(cutoff),
-        samples: Some(cutoff),
-        logs: Some(cutoff),
-        anomalies: Some(cutoff),
-    };
+    let everything =
+        RetentionCutoffs { spans: Some(cutoff), samples: Some(cutoff), logs: Some(cutoff), anomalies: Some(cutoff) };
     let report = store.enforce_retention(&everything).await.expect("retention");
     // SQLite deletes rows; PostgreSQL drops the old day's partitions (no rows to delete).
-    assert!(report.spans == 2 || report.partitions_dropped.iter().any(|name| name.starts_with("spans_p")), "{report:?}");
+    assert!(
+        report.spans == 2 || report.partitions_dropped.iter().any(|name| name.starts_with("spans_p")),
+        "{report:?}"
+    );
     assert_eq!(report.anomalies, 1, "the open anomaly stays: {report:?}");
 
     let spans = store.spans_in_range(None, None, TimeRange::ALL, 100).await.expect("spans");
@@ -497,7 +496,10 @@ async fn retention_removes_what_is_older_than_the_cutoff(store: &dyn Store) {
     // Queries still answer, and new data still goes in.
     assert_eq!(store.client_spans("c1", TimeRange::ALL, 10).await.expect("timeline").len(), 1);
     store
-        .ingest(&IngestBatch { spans: vec![span(Some("c2"), Component::Client, 9, 9, None, now())], ..Default::default() })
+        .ingest(&IngestBatch {
+            spans: vec![span(Some("c2"), Component::Client, 9, 9, None, now())],
+            ..Default::default()
+        })
         .await
         .expect("ingest after retention");
     assert_eq!(store.stats().await.expect("stats").spans, 2);
