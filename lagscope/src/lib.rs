@@ -11,6 +11,7 @@ pub mod eval;
 pub mod export;
 mod live;
 pub mod lscap;
+pub mod migrate;
 pub mod native_server;
 mod retention;
 pub mod server;

@@ -135,6 +135,20 @@ enum Command {
         /// Capture files to read instead of the store.
         captures: Vec<PathBuf>,
     },
+    /// Show or apply the store's schema migrations (SQLite in --data-dir, or PostgreSQL with
+    /// --database-url). `serve` applies them at start-up as well.
+    Migrate {
+        /// `status` lists the migrations and whether the database has them; `apply` applies
+        /// the pending ones.
+        #[arg(value_enum, default_value = "status")]
+        action: lagscope::migrate::Action,
+        /// Directory of the embedded store [default: ./lagscope-data].
+        #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]
+        data_dir: PathBuf,
+        /// A PostgreSQL store instead: postgres://user[:password]@host[:port]/database
+        #[arg(long, env = "LAGSCOPE_DATABASE_URL")]
+        database_url: Option<String>,
+    },
     /// Convert OTLP JSON captures (JSON lines, .gz too) into one lscap capture, lagscope's
     /// compact analysis capture, which `analyze` reads many times faster.
     Convert {
@@ -197,6 +211,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 written.skipped_samples,
                 written.log_records as u64 - written.log_events
             );
+            Ok(())
+        }
+        Command::Migrate { action, data_dir, database_url } => {
+            let target = match database_url {
+                Some(url) => lagscope::migrate::Target::Postgres(url),
+                None => lagscope::migrate::Target::Sqlite(data_dir),
+            };
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            let states = runtime.block_on(lagscope::migrate::run(action, &target))?;
+            eprintln!("store: {}", target.describe());
+            print!("{}", lagscope::migrate::render(&states));
+            let pending = states.iter().filter(|state| !state.applied).count();
+            let modified = states.iter().filter(|state| state.modified).count();
+            eprintln!("{} migrations: {} applied, {pending} pending", states.len(), states.len() - pending);
+            anyhow::ensure!(modified == 0, "{modified} applied migrations differ from this build's files");
             Ok(())
         }
         Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {

@@ -17,7 +17,7 @@ use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, SeriesKey, SeriesM
 use serde_json::Value;
 
 pub use error::StoreError;
-pub use postgres::{PARTITIONED_TABLES, PgStore, day_partition_name};
+pub use postgres::{PARTITIONED_TABLES, PgStore, day_partition_name, redact as redact_url};
 pub use sqlite::SqliteStore;
 
 /// The file name of the SQLite database inside a data directory.
@@ -130,6 +130,34 @@ pub struct RetentionReport {
 /// Rows deleted per statement by retention: small enough that ingest, which shares the
 /// writer, never waits long behind a retention pass.
 pub const RETENTION_BATCH_ROWS: i64 = 5_000;
+
+/// One schema migration and whether a database has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationState {
+    pub version: i64,
+    pub description: String,
+    pub applied: bool,
+    /// Applied, but from a file that has changed since (the database needs attention).
+    pub modified: bool,
+}
+
+/// The migrations this build carries, against the `_sqlx_migrations` rows (version,
+/// checksum) a database holds.
+fn migration_states(migrator: &sqlx::migrate::Migrator, applied: &[(i64, bool, Vec<u8>)]) -> Vec<MigrationState> {
+    migrator
+        .iter()
+        .filter(|migration| migration.migration_type.is_up_migration())
+        .map(|migration| {
+            let row = applied.iter().find(|(version, success, _)| *version == migration.version && *success);
+            MigrationState {
+                version: migration.version,
+                description: migration.description.to_string(),
+                applied: row.is_some(),
+                modified: row.is_some_and(|(_, _, checksum)| checksum.as_slice() != &*migration.checksum),
+            }
+        })
+        .collect()
+}
 
 /// Row counts, for health and the service's own metrics.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

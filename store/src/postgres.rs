@@ -70,6 +70,30 @@ impl PgStore {
         Ok(store)
     }
 
+    /// The schema migrations and which of them the database at `url` has, without changing it.
+    pub async fn migration_status(url: &str) -> Result<Vec<crate::MigrationState>> {
+        let redacted = redact(url);
+        let open_error = |source| StoreError::Open { path: redacted.clone(), source };
+        let options: PgConnectOptions = url.parse().map_err(open_error)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(open_error)?;
+        let applied: Result<Vec<(i64, bool, Vec<u8>)>> = async {
+            let (exists,): (bool,) =
+                sqlx::query_as("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(&pool).await?;
+            if !exists {
+                return Ok(Vec::new());
+            }
+            Ok(sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations").fetch_all(&pool).await?)
+        }
+        .await;
+        pool.close().await;
+        Ok(crate::migration_states(&MIGRATIONS, &applied?))
+    }
+
     /// The pool (for tests and operations commands).
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -81,7 +105,7 @@ impl PgStore {
 }
 
 /// The URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
     let authority_end = rest.find('/').unwrap_or(rest.len());
     match rest[..authority_end].rfind('@') {

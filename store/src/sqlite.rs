@@ -68,11 +68,37 @@ impl SqliteStore {
         Ok(Self { writer, reader })
     }
 
+    /// The schema migrations and which of them the database file at `path` has, without
+    /// changing it (a missing file has none).
+    pub async fn migration_status(path: &Path) -> Result<Vec<crate::MigrationState>> {
+        if !path.exists() {
+            return Ok(crate::migration_states(&MIGRATIONS, &[]));
+        }
+        let open_error = |source| StoreError::Open { path: path.display().to_string(), source };
+        let options = SqliteConnectOptions::from_str("sqlite://").map_err(open_error)?.filename(path).read_only(true);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.map_err(open_error)?;
+        let applied = applied_migrations(&pool).await;
+        pool.close().await;
+        Ok(crate::migration_states(&MIGRATIONS, &applied?))
+    }
+
     /// Closes both pools, checkpointing the WAL.
     pub async fn close(&self) {
         self.reader.close().await;
         self.writer.close().await;
     }
+}
+
+/// The `_sqlx_migrations` rows (none when the table does not exist yet).
+async fn applied_migrations(pool: &SqlitePool) -> Result<Vec<(i64, bool, Vec<u8>)>> {
+    let (exists,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+            .fetch_one(pool)
+            .await?;
+    if exists == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations").fetch_all(pool).await?)
 }
 
 #[async_trait]
