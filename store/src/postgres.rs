@@ -141,11 +141,11 @@ impl Store for PgStore {
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
         let rows: Vec<SpanRow> = sqlx::query_as(
             "WITH own AS (
-                 SELECT id, trace_id, start_unix_nano FROM spans
+                 SELECT * FROM spans
                  WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
                  ORDER BY start_unix_nano DESC LIMIT $4
              )
-             SELECT * FROM spans WHERE (id, start_unix_nano) IN (SELECT id, start_unix_nano FROM own)
+             SELECT * FROM own
              UNION
              SELECT * FROM spans
              WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)

@@ -3,7 +3,10 @@
 //! with Debian's `initdb` and `pg_ctl`-equivalent binaries (package `postgresql-15`), as the
 //! `postgres` OS user when running as root, in a temp dir, on a free loopback port, stopped
 //! by a watchdog when the test process exits. Missing PostgreSQL fails the test loudly: it is
-//! never skipped.
+//! never skipped. Test clusters run with fsync off (nothing here tests the disk);
+//! [`fresh_durable_database`] starts one with PostgreSQL's durable defaults for benchmarks.
+
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,14 +18,29 @@ fn server() -> &'static str {
     static SERVER: OnceLock<String> = OnceLock::new();
     SERVER.get_or_init(|| match std::env::var("LAGSCOPE_TEST_DATABASE_URL") {
         Ok(url) if !url.is_empty() => url.rsplit_once('/').map_or(url.clone(), |(base, _)| base.to_string()),
-        _ => start_cluster(),
+        _ => start_cluster(false),
     })
+}
+
+/// A cluster this process starts with fsync on (PostgreSQL's defaults: a commit is on disk),
+/// for benchmarks of durable ingest.
+fn durable_server() -> &'static str {
+    static SERVER: OnceLock<String> = OnceLock::new();
+    SERVER.get_or_init(|| start_cluster(true))
 }
 
 /// A fresh, empty database on the test server: its URL.
 pub async fn fresh_database() -> String {
+    database_on(server()).await
+}
+
+/// A fresh database on a durable cluster (fsync on) started by this process.
+pub async fn fresh_durable_database() -> String {
+    database_on(durable_server()).await
+}
+
+async fn database_on(base: &str) -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let base = server();
     let name = format!("lagscope_test_{}_{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
     let admin = format!("{base}/postgres");
     let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
@@ -77,7 +95,7 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).map_or(55432, |a| a.port())
 }
 
-fn start_cluster() -> String {
+fn start_cluster(durable: bool) -> String {
     let bin = postgres_bin();
     let directory = tempfile::Builder::new().prefix("lagscope-pg-").tempdir().expect("temp dir").keep();
     let (data, socket) = (directory.join("data"), directory.join("sock"));
@@ -104,20 +122,21 @@ fn start_cluster() -> String {
     // The server, and a watchdog that stops it (fast shutdown) once this test process is
     // gone: the watchdog waits for EOF on a pipe whose write end only this process holds.
     let script = format!(
-        "{postgres} -D {data} -k {socket} -h 127.0.0.1 -p {port} -c fsync=off -c max_connections=200 \
+        "{postgres} -D {data} -k {socket} -h 127.0.0.1 -p {port} -c fsync={fsync} -c max_connections=200 \
          > {log} 2>&1 & server=$!; read _; kill -INT $server 2>/dev/null; wait $server",
+        fsync = if durable { "on" } else { "off" },
         postgres = bin.join("postgres").display(),
         data = data.display(),
         socket = socket.display(),
         log = log.display(),
     );
     // Kept (with its stdin) for the life of the process, never waited on: exiting closes it.
-    static WATCHDOG: OnceLock<std::sync::Mutex<std::process::Child>> = OnceLock::new();
+    static WATCHDOGS: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
     let watchdog = as_server_user(Path::new("/bin/sh"), &["-c", &script])
         .stdin(std::process::Stdio::piped())
         .spawn()
         .expect("postgres starts");
-    let _ = WATCHDOG.set(std::sync::Mutex::new(watchdog));
+    WATCHDOGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(watchdog);
     let url = format!("postgres://postgres@127.0.0.1:{port}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
