@@ -2,9 +2,11 @@
 //!
 //! Spans, samples and logs live in tables partitioned by time (daily ranges, created ahead of
 //! time by [`partitions`]; anything outside them lands in each table's DEFAULT partition).
-//! Ingest streams rows with `COPY ... FROM STDIN` into per-connection staging tables and moves
-//! them with one `INSERT ... SELECT ... ON CONFLICT` per table, all in one transaction: a batch
-//! is committed whole or not at all, and durable when `ingest` returns (the server's default
+//! Ingest streams rows with `COPY ... FROM STDIN`: spans straight into their partitions under
+//! a savepoint (a repeated span makes the batch go through a staging table and `INSERT ...
+//! ON CONFLICT DO NOTHING` instead), samples through staging (a re-sent sample replaces the
+//! stored one), logs straight in, all in one transaction: a batch is committed whole or not at
+//! all, and durable when `ingest` returns (the server's default
 //! `synchronous_commit = on`). Every value is bound or sent as COPY data, never spliced into
 //! SQL; the only generated SQL text is partition DDL made from integers.
 
@@ -478,13 +480,6 @@ async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span
     if spans.is_empty() {
         return Ok(0);
     }
-    let connection: &mut PgConnection = transaction;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TEMP TABLE IF NOT EXISTS spans_staging ON COMMIT DELETE ROWS AS \
-         SELECT {SPAN_COLUMNS} FROM spans WITH NO DATA"
-    )))
-    .execute(&mut *connection)
-    .await?;
     let mut rows = CopyRows::default();
     for span in spans {
         let resource = &span.resource;
@@ -533,6 +528,28 @@ async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span
             .text(&to_json_text(&span.links))
             .end_row();
     }
+    // The common case: none of the spans is stored yet, and they go straight into their
+    // partitions. A retried export (or a batch repeating a span) breaks the unique index: the
+    // savepoint is rolled back and the batch takes the staging path, which skips what is
+    // already stored.
+    let connection: &mut PgConnection = transaction;
+    sqlx::query("SAVEPOINT spans_copy").execute(&mut *connection).await?;
+    match rows.send(connection, &format!("COPY spans ({SPAN_COLUMNS}) FROM STDIN")).await {
+        Ok(written) => {
+            sqlx::query("RELEASE SAVEPOINT spans_copy").execute(&mut *connection).await?;
+            return Ok(written);
+        }
+        Err(StoreError::Query(sqlx::Error::Database(error))) if error.code().as_deref() == Some("23505") => {
+            sqlx::query("ROLLBACK TO SAVEPOINT spans_copy").execute(&mut *connection).await?;
+        }
+        Err(error) => return Err(error),
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TEMP TABLE IF NOT EXISTS spans_staging ON COMMIT DELETE ROWS AS \
+         SELECT {SPAN_COLUMNS} FROM spans WITH NO DATA"
+    )))
+    .execute(&mut *connection)
+    .await?;
     rows.send(connection, &format!("COPY spans_staging ({SPAN_COLUMNS}) FROM STDIN")).await?;
     let result = sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO spans ({SPAN_COLUMNS}) SELECT {SPAN_COLUMNS} FROM spans_staging \

@@ -160,6 +160,12 @@ async fn a_resent_span_is_stored_once(store: &dyn Store) {
     let receipt = store.ingest(&batch).await.expect("second");
     assert_eq!(receipt.spans_written, 0);
     assert_eq!(store.stats().await.expect("stats").spans, 1);
+    // A batch repeating a span, alongside a new one: the new one is stored, the repeat once.
+    let mut other = full_span();
+    other.span_id = Some(format!("{:016x}", 0xfeed));
+    let repeating = IngestBatch { spans: vec![full_span(), other.clone(), other], ..IngestBatch::default() };
+    assert_eq!(store.ingest(&repeating).await.expect("repeating").spans_written, 1);
+    assert_eq!(store.stats().await.expect("stats").spans, 2);
 }
 
 async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn Store) {

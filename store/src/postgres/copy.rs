@@ -110,7 +110,7 @@ impl CopyRows {
 
     /// Runs `statement` (a `COPY ... FROM STDIN`) and streams the rows; returns the rows
     /// the server took.
-    pub(crate) async fn send(self, connection: &mut PgConnection, statement: &str) -> Result<u64> {
+    pub(crate) async fn send(&self, connection: &mut PgConnection, statement: &str) -> Result<u64> {
         if self.rows == 0 {
             return Ok(0);
         }
