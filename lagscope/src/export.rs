@@ -7,15 +7,17 @@ use anyhow::Context;
 use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
 use lagscope_model::{LagQuery, Span};
-use lagscope_store::{SqliteStore, TimeRange};
+use lagscope_store::{PgStore, SqliteStore, Store, TimeRange};
 
 /// What to export and where from.
 #[derive(Debug, Clone)]
 pub struct ExportRequest {
     pub dir: PathBuf,
-    /// Capture files to read; empty: read the store in `data_dir`.
+    /// Capture files to read; empty: read the store (PostgreSQL at `database_url`, else
+    /// SQLite in `data_dir`).
     pub captures: Vec<PathBuf>,
     pub data_dir: PathBuf,
+    pub database_url: Option<String>,
     pub cluster: Option<String>,
     pub namespace: Option<String>,
     pub from: Option<i64>,
@@ -80,18 +82,33 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
 type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
 
 fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telemetry> {
-    let file = request.data_dir.join(lagscope_store::sqlite_database_file());
-    anyhow::ensure!(file.exists(), "no store at {} (pass --data-dir, or capture files)", file.display());
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let store = SqliteStore::open_dir(&request.data_dir)
-            .await
-            .with_context(|| format!("cannot open the store in {}", request.data_dir.display()))?;
+        let (source, store): (String, Box<dyn Store>) = match &request.database_url {
+            Some(url) => {
+                let source = format!("PostgreSQL {}", lagscope_store::redact_url(url));
+                let store = PgStore::connect(url).await.with_context(|| format!("cannot open {source}"))?;
+                (source, Box::new(store))
+            }
+            None => {
+                let file = request.data_dir.join(lagscope_store::sqlite_database_file());
+                anyhow::ensure!(
+                    file.exists(),
+                    "no store at {} (pass --data-dir or --database-url, or capture files)",
+                    file.display()
+                );
+                let store = SqliteStore::open_dir(&request.data_dir)
+                    .await
+                    .with_context(|| format!("cannot open the store in {}", request.data_dir.display()))?;
+                (file.display().to_string(), Box::new(store))
+            }
+        };
         let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
         let lagscope_web::RangeTelemetry { spans, samples, truncated } =
-            lagscope_web::read_range(&store, cluster, namespace, range, request.max_spans, request.max_spans).await?;
-        Ok((file.display().to_string(), spans, samples, truncated))
+            lagscope_web::read_range(store.as_ref(), cluster, namespace, range, request.max_spans, request.max_spans)
+                .await?;
+        Ok((source, spans, samples, truncated))
     })
 }
 

@@ -114,6 +114,9 @@ enum Command {
         /// Directory of the embedded store to read [default: ./lagscope-data].
         #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]
         data_dir: PathBuf,
+        /// Read a PostgreSQL store instead: postgres://user[:password]@host[:port]/database
+        #[arg(long, env = "LAGSCOPE_DATABASE_URL")]
+        database_url: Option<String>,
         /// Only this cluster.
         #[arg(long)]
         cluster: Option<String>,
@@ -228,7 +231,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(modified == 0, "{modified} applied migrations differ from this build's files");
             Ok(())
         }
-        Command::Export { parquet, data_dir, cluster, namespace, from, to, step, max_spans, captures } => {
+        Command::Export {
+            parquet,
+            data_dir,
+            database_url,
+            cluster,
+            namespace,
+            from,
+            to,
+            step,
+            max_spans,
+            captures,
+        } => {
             let time = |name: &str, text: Option<String>| {
                 text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
             };
@@ -236,6 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 dir: parquet.clone(),
                 captures,
                 data_dir,
+                database_url,
                 cluster,
                 namespace,
                 from: time("--from", from)?,

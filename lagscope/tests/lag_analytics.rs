@@ -1,6 +1,8 @@
 //! Lag analytics end to end: simulated telemetry over OTLP/HTTP into the server, aggregated
 //! at `GET /api/v1/lag`, and exported from the same store as Parquet by `lagscope export`.
 
+#[path = "../../store/tests/support/postgres.rs"]
+mod postgres_support;
 mod support;
 
 use std::process::Command;
@@ -9,7 +11,7 @@ use lagscope::sim_cmd::{Target, run};
 use lagscope_sim::{SECOND, SimConfig, Truth};
 use polars::prelude::*;
 use serde_json::Value;
-use support::{get_json, start_server, wait_until_analyzed};
+use support::{get_json, wait_until_analyzed};
 
 fn simulate(scenario: &str, seconds: i64, target: Target) -> Truth {
     let mut config = SimConfig::new(scenario);
@@ -28,7 +30,23 @@ fn parquet(path: &std::path::Path) -> DataFrame {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_is_aggregated_served_and_exported() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let server = start_server(directory.path()).await;
+    let store = vec!["--data-dir".to_string(), directory.path().display().to_string()];
+    aggregated_served_and_exported(support::local_config(directory.path()), directory.path(), &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_lag_is_aggregated_served_and_exported() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let mut config = support::local_config(directory.path());
+    let url = postgres_support::fresh_database().await;
+    config.server.database_url = Some(url.clone());
+    aggregated_served_and_exported(config, directory.path(), &["--database-url".to_string(), url]).await;
+}
+
+/// Serves the simulator's telemetry from `config`'s store, checks the lag API, then exports
+/// the store (`store_args` name it to `lagscope export`) into `directory`.
+async fn aggregated_served_and_exported(config: lagscope::Config, directory: &std::path::Path, store_args: &[String]) {
+    let server = lagscope::Server::start(&config).await.expect("server starts");
     let http = format!("http://{}", server.otlp_http_addr);
     let (first, second) = (Target::OtlpHttp(http.clone()), Target::OtlpHttp(http));
     let (stale, _) = tokio::task::spawn_blocking(move || {
@@ -99,12 +117,11 @@ async fn lag_is_aggregated_served_and_exported() {
     server.shutdown().await.expect("clean shutdown");
 
     // The same store, exported.
-    let out = directory.path().join("parquet");
+    let out = directory.join("parquet");
     let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
         .args(["export", "--parquet"])
         .arg(&out)
-        .arg("--data-dir")
-        .arg(directory.path())
+        .args(store_args)
         .args(["--from", &from.to_string(), "--to", &to.to_string(), "--step", "10s"])
         .output()
         .expect("lagscope export runs");
@@ -135,7 +152,7 @@ async fn lag_is_aggregated_served_and_exported() {
         .args(["export", "--parquet"])
         .arg(&out)
         .arg("--data-dir")
-        .arg(directory.path().join("missing"))
+        .arg(directory.join("missing"))
         .output()
         .expect("lagscope export runs");
     assert!(!output.status.success());
