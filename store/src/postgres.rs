@@ -19,12 +19,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Op, Outcome, PointValue, Sample, SeriesKey, Span, UnixNanos};
-use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::copy::CopyRows;
-use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, from_json_text, to_json_text};
+use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, to_json_text};
 use crate::{
     AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, SeriesSamples, Store,
     StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
@@ -667,27 +666,4 @@ async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRec
             .end_row();
     }
     rows.send(connection, &format!("COPY logs ({LOG_COLUMNS}) FROM STDIN")).await
-}
-
-impl SeriesRow {
-    fn into_series(self, samples: Vec<SampleRow>) -> Result<SeriesSamples> {
-        let points = samples
-            .into_iter()
-            .map(|sample| {
-                let distribution: Option<Value> = sample
-                    .distribution
-                    .as_deref()
-                    .map(|text| from_json_text("samples.distribution", text))
-                    .transpose()?;
-                Ok((sample.time_unix_nano, sample.value, distribution))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let kind = lagscope_model::MetricKind::parse(&self.kind)
-            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: self.kind.clone() })?;
-        Ok(SeriesSamples {
-            key: SeriesKey { name: self.name, labels: from_json_text("series.labels", &self.labels)? },
-            meta: lagscope_model::SeriesMeta { kind, unit: self.unit, description: self.description },
-            points,
-        })
-    }
 }

@@ -270,3 +270,27 @@ impl AnomalyRow {
         })
     }
 }
+
+impl SeriesRow {
+    /// The series with its points (a distribution's point as JSON).
+    pub(crate) fn into_series(self, samples: Vec<SampleRow>) -> Result<crate::SeriesSamples> {
+        let points = samples
+            .into_iter()
+            .map(|sample| {
+                let distribution: Option<serde_json::Value> = sample
+                    .distribution
+                    .as_deref()
+                    .map(|text| from_json_text("samples.distribution", text))
+                    .transpose()?;
+                Ok((sample.time_unix_nano, sample.value, distribution))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let kind = MetricKind::parse(&self.kind)
+            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: self.kind.clone() })?;
+        Ok(crate::SeriesSamples {
+            key: SeriesKey { name: self.name, labels: from_json_text("series.labels", &self.labels)? },
+            meta: SeriesMeta { kind, unit: self.unit, description: self.description },
+            points,
+        })
+    }
+}

@@ -3,12 +3,11 @@
 use std::collections::BTreeMap;
 
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
-use lagscope_model::{MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
-use serde_json::Value;
+use lagscope_model::{PointValue, Sample, SeriesKey, SeriesMeta};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use crate::rows::{SampleRow, ScopeSampleRow, SeriesRow, from_json_text, to_json_text};
-use crate::{Result, SeriesSamples, StoreError, TimeRange};
+use crate::rows::{SampleRow, ScopeSampleRow, SeriesRow, to_json_text};
+use crate::{Result, SeriesSamples, TimeRange};
 
 /// Inserts samples, creating their series on first sight. A sample re-sent for the same
 /// series and time replaces the stored one.
@@ -105,24 +104,7 @@ pub(super) async fn series_range(
         .bind(range.to)
         .fetch_all(pool)
         .await?;
-        let points = samples
-            .into_iter()
-            .map(|sample| {
-                let distribution: Option<Value> = sample
-                    .distribution
-                    .as_deref()
-                    .map(|text| from_json_text("samples.distribution", text))
-                    .transpose()?;
-                Ok((sample.time_unix_nano, sample.value, distribution))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let kind = MetricKind::parse(&row.kind)
-            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
-        result.push(SeriesSamples {
-            key: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
-            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
-            points,
-        });
+        result.push(row.into_series(samples)?);
     }
     Ok(result)
 }
