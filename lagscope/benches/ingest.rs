@@ -16,11 +16,6 @@ use std::time::{Duration, Instant};
 mod support;
 
 use lagscope::Server;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use prost::Message;
-use support::text;
 
 /// The allocator `lagscope serve` runs with.
 #[global_allocator]
@@ -28,40 +23,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const SPANS_PER_REQUEST: u64 = 200;
 const SECONDS_PER_LEVEL: u64 = 6;
-
-fn body(sender: u64, sequence: u64) -> Vec<u8> {
-    let base = 1_764_435_600_000_000_000u64 + sequence * 1_000_000_000;
-    let spans = (0..SPANS_PER_REQUEST)
-        .map(|index| {
-            let id = ((sender + 1) << 40) | (sequence << 12) | index;
-            Span {
-                trace_id: u128::from(id).to_be_bytes().to_vec(),
-                span_id: (id | 1 << 63).to_be_bytes().to_vec(),
-                name: "getFileInfo".to_string(),
-                kind: 3,
-                start_time_unix_nano: base + index * 1_000_000,
-                end_time_unix_nano: base + index * 1_000_000 + 400_000,
-                attributes: vec![
-                    text("lagscope.client.id", &format!("bench-{sender}-{}", index % 4)),
-                    text("lagscope.namespace", "ns1"),
-                    text("lagscope.op", "read"),
-                ],
-                ..Span::default()
-            }
-        })
-        .collect();
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![text("service.name", "bench"), text("lagscope.component", "client")],
-                ..Resource::default()
-            }),
-            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
-            ..ResourceSpans::default()
-        }],
-    }
-    .encode_to_vec()
-}
 
 fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * fraction).round() as usize]
@@ -95,7 +56,8 @@ async fn level(senders: u64) -> Level {
             let mut latencies = Vec::new();
             let mut sequence = 0;
             while Instant::now() < deadline {
-                let payload = body(sender, sequence);
+                let payload =
+                    support::client_spans_body(1_764_435_600_000_000_000, sender, sequence, SPANS_PER_REQUEST);
                 let sent = Instant::now();
                 let response = client
                     .post(&url)

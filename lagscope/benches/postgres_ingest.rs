@@ -19,12 +19,7 @@ mod postgres_support;
 mod support;
 
 use lagscope::Server;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use prost::Message;
 use sqlx::Connection;
-use support::text;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -43,40 +38,6 @@ const COLUMNS: &str = "trace_id, span_id, parent_span_id, name, kind, start_unix
 fn now() -> u64 {
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
     u64::try_from(since_epoch.as_nanos()).expect("before 2262")
-}
-
-fn body(base: u64, sender: u64, sequence: u64) -> Vec<u8> {
-    let start = base + sequence * 1_000_000;
-    let spans = (0..SPANS_PER_REQUEST)
-        .map(|index| {
-            let id = ((sender + 1) << 40) | (sequence << 12) | index;
-            Span {
-                trace_id: u128::from(id).to_be_bytes().to_vec(),
-                span_id: (id | 1 << 63).to_be_bytes().to_vec(),
-                name: "getFileInfo".to_string(),
-                kind: 3,
-                start_time_unix_nano: start + index * 1_000,
-                end_time_unix_nano: start + index * 1_000 + 400_000,
-                attributes: vec![
-                    text("lagscope.client.id", &format!("bench-{sender}-{}", index % 4)),
-                    text("lagscope.namespace", "ns1"),
-                    text("lagscope.op", "read"),
-                ],
-                ..Span::default()
-            }
-        })
-        .collect();
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![text("service.name", "bench"), text("lagscope.component", "client")],
-                ..Resource::default()
-            }),
-            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
-            ..ResourceSpans::default()
-        }],
-    }
-    .encode_to_vec()
 }
 
 /// Spans/s acknowledged by `serve` on PostgreSQL with `senders` senders; the database's URL.
@@ -101,7 +62,7 @@ async fn serve_level(senders: u64) -> (f64, u64, String) {
                 let response = client
                     .post(&url)
                     .header("content-type", "application/x-protobuf")
-                    .body(body(base, sender, sequence))
+                    .body(support::client_spans_body(base, sender, sequence, SPANS_PER_REQUEST))
                     .send()
                     .await
                     .expect("answer");

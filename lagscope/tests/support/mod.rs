@@ -28,6 +28,47 @@ pub fn kv(key: &str, value: any_value::Value) -> KeyValue {
     KeyValue { key: key.to_string(), value: Some(AnyValue { value: Some(value) }), ..KeyValue::default() }
 }
 
+/// An OTLP/HTTP protobuf body of `spans` client spans of sender `sender`'s request number
+/// `sequence` (unique ids; starts from `base`, a millisecond apart per request), as the ingest
+/// benchmarks send.
+pub fn client_spans_body(base: u64, sender: u64, sequence: u64, spans: u64) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+    let start = base + sequence * 1_000_000;
+    let spans = (0..spans)
+        .map(|index| {
+            let id = ((sender + 1) << 40) | (sequence << 12) | index;
+            Span {
+                trace_id: u128::from(id).to_be_bytes().to_vec(),
+                span_id: (id | 1 << 63).to_be_bytes().to_vec(),
+                name: "getFileInfo".to_string(),
+                kind: 3,
+                start_time_unix_nano: start + index * 1_000,
+                end_time_unix_nano: start + index * 1_000 + 400_000,
+                attributes: vec![
+                    text("lagscope.client.id", &format!("bench-{sender}-{}", index % 4)),
+                    text("lagscope.namespace", "ns1"),
+                    text("lagscope.op", "read"),
+                ],
+                ..Span::default()
+            }
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![text("service.name", "bench"), text("lagscope.component", "client")],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+            ..ResourceSpans::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
 /// An OTLP string attribute.
 pub fn text(key: &str, value: &str) -> KeyValue {
     kv(key, any_value::Value::StringValue(value.to_string()))
