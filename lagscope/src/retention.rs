@@ -26,7 +26,7 @@ pub async fn run_retention(
             _ = ticks.tick() => {}
             _ = shutdown.changed() => return Ok(()),
         }
-        let now = now_nanos();
+        let now = crate::live::now_unix_nano();
         let cutoff = |keep: Option<i64>| keep.map(|keep| now.saturating_sub(keep));
         let cutoffs = RetentionCutoffs {
             spans: cutoff(spans),
@@ -56,9 +56,4 @@ pub async fn run_retention(
             }
         }
     }
-}
-
-fn now_nanos() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_epoch.as_nanos()).unwrap_or(i64::MAX)
 }

@@ -169,19 +169,20 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = sqlx::query_as(
-            "SELECT * FROM (
+        let rows: Vec<SpanRow> = scoped(
+            sqlx::query_as(
+                "SELECT * FROM (
                  SELECT * FROM spans
                  WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
                    AND start_unix_nano >= $3 AND start_unix_nano < $4
                  ORDER BY start_unix_nano DESC LIMIT $5
              ) AS recent ORDER BY start_unix_nano, id",
+            ),
+            cluster,
+            namespace,
+            range,
+            limit,
         )
-        .bind(cluster)
-        .bind(namespace)
-        .bind(range.from)
-        .bind(range.to)
-        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(SpanRow::into_span).collect()
@@ -218,17 +219,18 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = sqlx::query_as(
-            "SELECT * FROM spans
+        let rows: Vec<SpanRow> = scoped(
+            sqlx::query_as(
+                "SELECT * FROM spans
              WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR namespace = $2)
                AND start_unix_nano >= $3 AND start_unix_nano < $4
              ORDER BY start_unix_nano, id LIMIT $5",
+            ),
+            cluster,
+            namespace,
+            range,
+            limit,
         )
-        .bind(cluster)
-        .bind(namespace)
-        .bind(range.from)
-        .bind(range.to)
-        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(SpanRow::into_span).collect()
@@ -241,20 +243,21 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Sample>> {
-        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
-            "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+        let rows: Vec<ScopeSampleRow> = scoped(
+            sqlx::query_as(
+                "SELECT series.name, series.labels, series.kind, series.unit, series.description,
                     samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
              FROM samples JOIN series ON series.id = samples.series_id
              WHERE ($1::text IS NULL OR series.cluster = $1)
                AND ($2::text IS NULL OR series.namespace = $2 OR series.namespace IS NULL)
                AND samples.time_unix_nano >= $3 AND samples.time_unix_nano < $4
              ORDER BY samples.time_unix_nano LIMIT $5",
+            ),
+            cluster,
+            namespace,
+            range,
+            limit,
         )
-        .bind(cluster)
-        .bind(namespace)
-        .bind(range.from)
-        .bind(range.to)
-        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(ScopeSampleRow::into_sample).collect()
@@ -474,7 +477,20 @@ impl Store for PgStore {
     }
 }
 
-/// Streams the spans into this connection's staging table, then moves the new ones.
+/// Binds the scope and range parameters `$1`..`$5` of a range read: cluster, namespace, from,
+/// to, limit.
+fn scoped<'q, O>(
+    query: sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments>,
+    cluster: Option<&'q str>,
+    namespace: Option<&'q str>,
+    range: TimeRange,
+    limit: u32,
+) -> sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
+    query.bind(cluster).bind(namespace).bind(range.from).bind(range.to).bind(i64::from(limit))
+}
+
+/// Streams the spans into their partitions; returns how many were new (see the comment inside
+/// for the staging path a repeated span takes).
 async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span]) -> Result<u64> {
     if spans.is_empty() {
         return Ok(0);
