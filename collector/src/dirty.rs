@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lagscope_model::{LogRecord, Sample, Span};
+use lagscope_store::Mark;
 use tokio::sync::Notify;
 
 /// Trace ids kept for resolution at most; beyond this the oldest marks are dropped (and
@@ -57,40 +58,18 @@ impl DirtyClients {
     /// Marks a committed batch of spans, metric samples and log records: the clusters of log
     /// records are looked at again (their recognised lines name the namespaces).
     pub fn mark_all(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord]) {
+        let marks = Mark::of_batch(spans, samples, logs);
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            for log in logs {
-                if !pending.log_clusters.contains(&log.resource.cluster) {
-                    pending.log_clusters.insert(log.resource.cluster.clone());
-                }
-            }
             self.batches.fetch_add(1, Ordering::Relaxed);
             pending.through_batch = self.batches.load(Ordering::Relaxed);
-            for sample in samples {
-                let scope = (
-                    sample.series.label(lagscope_model::conventions::CLUSTER).map(str::to_string),
-                    sample.series.label(lagscope_model::conventions::NAMESPACE).map(str::to_string),
-                );
-                if scope.0.is_some() && !pending.scopes.contains(&scope) {
-                    pending.scopes.insert(scope);
-                }
-            }
-            for span in spans {
-                if span.resource.cluster.is_some() || span.call.namespace.is_some() {
-                    let scope = (span.resource.cluster.clone(), span.call.namespace.clone());
-                    if !pending.scopes.contains(&scope) {
-                        pending.scopes.insert(scope);
-                    }
-                }
-                match (&span.call.client_id, &span.trace_id) {
-                    (Some(client_id), _) => {
-                        pending.clients.insert(client_id.clone());
-                    }
-                    (None, Some(trace_id)) => {
-                        pending.traces.insert(trace_id.clone());
-                    }
-                    (None, None) => {}
-                }
+            for mark in marks {
+                match mark {
+                    Mark::Client(client_id) => pending.clients.insert(client_id),
+                    Mark::Trace(trace_id) => pending.traces.insert(trace_id),
+                    Mark::Scope(cluster, namespace) => pending.scopes.insert((cluster, namespace)),
+                    Mark::LogCluster(cluster) => pending.log_clusters.insert(cluster),
+                };
             }
             while pending.traces.len() > MAX_PENDING_TRACES {
                 pending.traces.pop_first();

@@ -25,6 +25,61 @@ pub struct Config {
     pub tenants: TenantsConfig,
     /// How long each signal is kept (forever by default).
     pub retention: RetentionConfig,
+    /// Several instances on one PostgreSQL database: how they split the live analysis.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: instances sharing one PostgreSQL database split the live analysis into
+/// shards held under leases in the database (SQLite stores ignore it: one process, one file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This instance's name in the lease table; unique per running instance (default: the
+    /// host name, the process id and the start time).
+    pub instance_id: Option<String>,
+    /// How long a lease lasts unless renewed (it is renewed every third of it): an instance
+    /// that dies has its shards taken over by the others within this time.
+    pub lease_seconds: u64,
+    /// How often marks committed by other instances are looked for (marks committed by this
+    /// one wake the analyzer at once).
+    pub poll_interval_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self { instance_id: None, lease_seconds: 6, poll_interval_ms: 200 }
+    }
+}
+
+impl ClusterConfig {
+    /// The configured instance id, or one made from the host name, process id and clock.
+    pub fn instance_id(&self) -> String {
+        if let Some(id) = &self.instance_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|name| name.trim().to_string())
+            .filter(|name| !name.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "lagscope".to_string());
+        let started =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis());
+        format!("{host}-{}-{started:x}", std::process::id())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.lease_seconds == 0 || self.lease_seconds > 3_600 {
+            return Err(format!("cluster.lease_seconds = {}: must be 1 to 3600", self.lease_seconds));
+        }
+        if self.poll_interval_ms == 0 || self.poll_interval_ms > 60_000 {
+            return Err(format!("cluster.poll_interval_ms = {}: must be 1 to 60000", self.poll_interval_ms));
+        }
+        if self.instance_id.as_ref().is_some_and(|id| id.trim().is_empty() || id.len() > 200) {
+            return Err("cluster.instance_id must be 1 to 200 characters".to_string());
+        }
+        Ok(())
+    }
 }
 
 /// `[retention]`: durations such as `"14d"`, `"12h"`, `"30m"`, `"90s"` (units s, m, h, d, w).
@@ -192,6 +247,7 @@ impl Config {
         self.server.validate()?;
         self.auth.validate()?;
         self.retention.durations()?;
+        self.cluster.validate()?;
         if self.retention.interval_seconds == 0 {
             return Err("retention.interval_seconds must be at least 1".to_string());
         }

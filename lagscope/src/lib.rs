@@ -7,6 +7,7 @@
 pub mod analyze;
 pub mod auth;
 pub mod config;
+pub mod dump;
 pub mod eval;
 pub mod export;
 mod live;

@@ -1,27 +1,43 @@
 //! The live analyzer: re-analyzes each client whose spans were just committed and stores
 //! what it finds. Same detectors as `lagscope analyze`, over the store instead of a file.
+//!
+//! On SQLite (one process) the receivers' in-memory marks say what to look at. On PostgreSQL
+//! several instances may share the database: marks are committed with the data, the work is
+//! split into shards held under leases ([`lagscope_store::Coordinator`]), and each instance
+//! analyses the marks of its shards, whoever ingested them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify};
 use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds};
-use lagscope_collector::DirtyClients;
+use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::AnomalyKind;
 use lagscope_selfmetrics::SelfMetrics;
-use lagscope_store::{Store, TimeRange};
+use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
+
+/// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
+/// and lease changes are looked at again soon.
+const MARKS_PER_PASS: u32 = 2_000;
+
+/// After a failed pass, the marks stay; the next try waits this long.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 pub async fn run_live_analyzer(
     store: Arc<dyn Store>,
     dirty: Arc<DirtyClients>,
     metrics: Arc<SelfMetrics>,
     config: Config,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    if store.coordinator().is_some() {
+        return run_coordinated(store, dirty, metrics, config, shutdown).await;
+    }
+    let mut shutdown = shutdown;
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -42,11 +58,187 @@ pub async fn run_live_analyzer(
     }
 }
 
+/// The live analyzer on a database several instances share: a lease keeper renews and
+/// balances this instance's shards while the analyzer works through their marks.
+async fn run_coordinated(
+    store: Arc<dyn Store>,
+    dirty: Arc<DirtyClients>,
+    metrics: Arc<SelfMetrics>,
+    config: Config,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(coordinator) = store.coordinator() else { return Ok(()) };
+    let instance = config.cluster.instance_id();
+    let lease = Duration::from_secs(config.cluster.lease_seconds);
+    tracing::info!(%instance, lease_seconds = config.cluster.lease_seconds, "live analysis shared through database leases");
+    let (leases_tx, leases_rx) = watch::channel(Leases::default());
+    let keeper = keep_leases(coordinator, &instance, lease, &metrics, leases_tx, shutdown.clone());
+    let analyzer = analyze_marks(store.as_ref(), coordinator, &dirty, &metrics, &config, leases_rx, shutdown);
+    let ((), ()) = tokio::join!(keeper, analyzer);
+    // A clean stop hands the shards over now rather than when the leases run out.
+    if let Err(error) = coordinator.release(&instance).await {
+        tracing::warn!(%error, %instance, "could not release the analysis leases; they expire on their own");
+    }
+    Ok(())
+}
+
+/// Balances every third of the lease and publishes the shards held. A round that fails keeps
+/// the shards known to be held until their leases would have run out.
+async fn keep_leases(
+    coordinator: &dyn Coordinator,
+    instance: &str,
+    lease: Duration,
+    metrics: &SelfMetrics,
+    leases_tx: watch::Sender<Leases>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut held_until = Instant::now();
+    loop {
+        let round_started = Instant::now();
+        match coordinator.balance(instance, lease).await {
+            Ok(leases) => {
+                if !leases.claimed.is_empty() || !leases.released.is_empty() {
+                    tracing::info!(
+                        %instance,
+                        claimed = ?leases.claimed,
+                        released = ?leases.released,
+                        held = leases.shards.len(),
+                        live_instances = leases.live_instances,
+                        "analysis shards moved"
+                    );
+                }
+                metrics.cluster_shards_claimed.add(leases.claimed.len() as u64);
+                metrics.cluster_shards_held.set(leases.shards.len() as u64);
+                metrics.cluster_live_instances.set(u64::from(leases.live_instances));
+                held_until = round_started + lease;
+                leases_tx.send_replace(leases);
+            }
+            Err(error) => {
+                metrics.cluster_lease_failures.add(1);
+                tracing::error!(%error, %instance, "lease balancing round failed");
+                if Instant::now() >= held_until {
+                    metrics.cluster_shards_held.set(0);
+                    leases_tx.send_replace(Leases::default());
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(lease / 3) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// Takes the marks of the shards held, oldest first, and analyses them; removes each mark
+/// once analysed (unless it was marked again meanwhile). Wakes on this instance's commits,
+/// and every poll interval for the others'.
+async fn analyze_marks(
+    store: &dyn Store,
+    coordinator: &dyn Coordinator,
+    dirty: &DirtyClients,
+    metrics: &SelfMetrics,
+    config: &Config,
+    mut leases: watch::Receiver<Leases>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let poll = Duration::from_millis(config.cluster.poll_interval_ms);
+    loop {
+        let shards = leases.borrow_and_update().shards.clone();
+        // Batches committed here before the marks are read: analysed once the marks are.
+        let marked = metrics.batches_marked.get();
+        let started = Instant::now();
+        let outcome = async {
+            let marks = coordinator.pending_marks(&shards, MARKS_PER_PASS).await?;
+            if marks.is_empty() {
+                return Ok(true);
+            }
+            let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
+            analysis_pass(store, metrics, config, pass).await?;
+            coordinator.finish_marks(&marks).await?;
+            Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
+        }
+        .await;
+        match outcome {
+            // Nothing more waiting: sleep until woken.
+            Ok(true) => {
+                // (Once shards are held: batches whose marks fall in shards held elsewhere are
+                // those instances' to analyse; /api/v1/cluster counts what waits anywhere.)
+                if !shards.is_empty() {
+                    metrics.batches_analyzed.raise_to(marked);
+                }
+                tokio::select! {
+                    _ = dirty.take() => {}
+                    _ = leases.changed() => {}
+                    () = tokio::time::sleep(poll) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+                continue;
+            }
+            Ok(false) => {}
+            Err(error) => {
+                metrics.analysis_errors.add(1);
+                tracing::error!(%error, "live analysis pass failed; its marks stay for the next one");
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY_AFTER_FAILURE) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+                continue;
+            }
+        }
+        metrics.analysis_passes.add(1);
+        metrics.analysis_latency.observe(started.elapsed());
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+/// What a set of marks asks for, as one pass: the clients of marked traces (their spans are
+/// committed now) join the pass when their shard is held here and are marked for their own
+/// shard's holder otherwise.
+async fn resolve_marks(
+    store: &dyn Store,
+    coordinator: &dyn Coordinator,
+    shards: &[i32],
+    marks: &[lagscope_store::PendingMark],
+) -> Result<Pending, lagscope_store::StoreError> {
+    let held: HashSet<i32> = shards.iter().copied().collect();
+    let mut pass = Pending::default();
+    let mut traces = Vec::new();
+    for pending in marks {
+        match &pending.mark {
+            Mark::Client(client_id) => {
+                pass.clients.insert(client_id.clone());
+            }
+            Mark::Trace(trace_id) => traces.push(trace_id.clone()),
+            Mark::Scope(cluster, namespace) => {
+                pass.scopes.insert((cluster.clone(), namespace.clone()));
+            }
+            Mark::LogCluster(cluster) => {
+                pass.log_clusters.insert(cluster.clone());
+            }
+        }
+    }
+    let mut elsewhere = Vec::new();
+    for client_id in store.clients_of_traces(&traces).await? {
+        let mark = Mark::Client(client_id);
+        if held.contains(&mark.shard()) {
+            if let Mark::Client(client_id) = mark {
+                pass.clients.insert(client_id);
+            }
+        } else {
+            elsewhere.push(mark);
+        }
+    }
+    coordinator.add_marks(&elsewhere).await?;
+    Ok(pass)
+}
+
 async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    pending: lagscope_collector::Pending,
+    pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
     // The recognised lines of each cluster with new log records: they name the scopes to look
@@ -85,6 +277,7 @@ async fn analysis_pass(
     }
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
+    let scopes_seen = scopes.clone();
     for (cluster, namespace) in scopes {
         let spans = store
             .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
@@ -105,11 +298,31 @@ async fn analysis_pass(
                     .collect()
             })
             .unwrap_or_default();
-        // Only the window kinds: the per-attempt ones were found by the client passes.
-        let anomalies = analyze_kinds(&input, &config.analyzer, AnomalyKind::is_window);
+        let anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
+        record(store, metrics, &anomalies).await?;
+    }
+    // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
+    let clusters: BTreeSet<Option<String>> = scopes_seen.into_iter().map(|(cluster, _)| cluster).collect();
+    for cluster in clusters {
+        let samples =
+            store.cluster_samples(cluster.as_deref(), config.live.scope_window_seconds * 1_000_000_000).await?;
+        let input = AnalysisInput::from_telemetry(&[], samples);
+        let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
         record(store, metrics, &anomalies).await?;
     }
     Ok(())
+}
+
+/// Kinds found once per (cluster, namespace) from every client's spans and the scope's
+/// metrics: the window kinds, and `pinned_retry` (whether another node served meanwhile is
+/// in other clients' spans). The other per-attempt kinds come from the client passes.
+fn is_scope_kind(kind: AnomalyKind) -> bool {
+    (kind.is_window() && !is_cluster_kind(kind)) || kind == AnomalyKind::PinnedRetry
+}
+
+/// Kinds found once per cluster from the metrics of all its namespaces.
+fn is_cluster_kind(kind: AnomalyKind) -> bool {
+    kind == AnomalyKind::UnfairRejection
 }
 
 async fn record(

@@ -106,11 +106,17 @@ enum Command {
         serve_native: Option<String>,
     },
     /// Export lag analytics (per-read staleness, apply lag, rejections, their per-step
-    /// percentiles) and the spans they came from as Parquet, from the store or from captures.
+    /// percentiles) and the spans they came from as Parquet, from the store or from captures;
+    /// or, with --dump, everything the store holds, for `lagscope import`.
+    #[command(group(clap::ArgGroup::new("output").required(true).args(["parquet", "dump"])))]
     Export {
         /// Directory to write the Parquet files into (created if missing).
         #[arg(long, value_name = "DIR")]
-        parquet: PathBuf,
+        parquet: Option<PathBuf>,
+        /// Write every span, sample, log record and anomaly of the store to this file (gzip
+        /// JSON lines, lossless) for `lagscope import`; the filters do not apply.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["captures", "cluster", "namespace", "from", "to", "step"])]
+        dump: Option<PathBuf>,
         /// Directory of the embedded store to read [default: ./lagscope-data].
         #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]
         data_dir: PathBuf,
@@ -137,6 +143,21 @@ enum Command {
         max_spans: u32,
         /// Capture files to read instead of the store.
         captures: Vec<PathBuf>,
+    },
+    /// Import dumps written by `lagscope export --dump` into a store (SQLite in --data-dir,
+    /// created if missing, or PostgreSQL with --database-url): moves data between backends.
+    /// Importing a file again stores no span, sample or anomaly twice (log records, which have
+    /// no identity, are appended again).
+    Import {
+        /// Directory of the embedded store to import into [default: ./lagscope-data].
+        #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]
+        data_dir: PathBuf,
+        /// Import into PostgreSQL instead: postgres://user[:password]@host[:port]/database
+        #[arg(long, env = "LAGSCOPE_DATABASE_URL")]
+        database_url: Option<String>,
+        /// Dump files (`export --dump`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
     },
     /// Show or apply the store's schema migrations (SQLite in --data-dir, or PostgreSQL with
     /// --database-url). `serve` applies them at start-up as well.
@@ -231,8 +252,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(modified == 0, "{modified} applied migrations differ from this build's files");
             Ok(())
         }
+        Command::Import { data_dir, database_url, files } => {
+            let counts = lagscope::dump::import(&files, &data_dir, database_url.as_deref())?;
+            eprintln!("imported {counts}");
+            Ok(())
+        }
+        Command::Export { dump: Some(dump), data_dir, database_url, .. } => {
+            let counts = lagscope::dump::export_dump(&dump, &data_dir, database_url.as_deref())?;
+            eprintln!("dumped {counts} to {}", dump.display());
+            Ok(())
+        }
         Command::Export {
             parquet,
+            dump: None,
             data_dir,
             database_url,
             cluster,
@@ -243,6 +275,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_spans,
             captures,
         } => {
+            // clap requires one of --parquet and --dump.
+            let parquet = parquet.context("--parquet DIR or --dump FILE is required")?;
             let time = |name: &str, text: Option<String>| {
                 text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
             };

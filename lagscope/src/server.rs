@@ -94,6 +94,9 @@ impl Stack {
         // their own directory; the single-tenant service uses the configured backend.
         let database_url = if config.tenants.enabled { None } else { config.server.database_url.as_deref() };
         let store = OpenStore::open(database_url, data_dir).await?;
+        // One id for this instance's leases and what its API reports.
+        let mut config = config.clone();
+        config.cluster.instance_id = Some(config.cluster.instance_id());
         let shared_store = store.shared();
         let metrics = Arc::new(SelfMetrics::default());
         let dirty = Arc::new(DirtyClients::default());
@@ -108,8 +111,12 @@ impl Stack {
         let (traces, metrics_service, logs) = grpc::services(ingestor, config.server.max_body_bytes);
         let otlp_grpc =
             tonic::service::Routes::new(traces).add_service(metrics_service).add_service(logs).into_axum_router();
-        let api =
-            api_router(ApiState { store: shared_store.clone(), metrics: metrics.clone(), lag: Some(lag_aggregator()) });
+        let api = api_router(ApiState {
+            store: shared_store.clone(),
+            metrics: metrics.clone(),
+            lag: Some(lag_aggregator()),
+            instance: config.cluster.instance_id.clone(),
+        });
         if config.retention.is_enabled() {
             tasks.spawn(crate::retention::run_retention(
                 shared_store.clone(),
@@ -118,7 +125,7 @@ impl Stack {
                 shutdown_rx.clone(),
             ));
         }
-        tasks.spawn(run_live_analyzer(shared_store, dirty, metrics.clone(), config.clone(), shutdown_rx.clone()));
+        tasks.spawn(run_live_analyzer(shared_store, dirty, metrics.clone(), config, shutdown_rx.clone()));
         Ok(Self { store, queue, metrics, api, otlp_http, otlp_grpc })
     }
 }

@@ -206,6 +206,12 @@ pub struct SelfMetrics {
     pub retention_rows_deleted: Counter,
     pub retention_partitions_dropped: Counter,
     pub retention_failures: Counter,
+    /// Several instances on one database: the analysis shards this instance holds a lease
+    /// on, the live instances it saw, shards it took over, balancing rounds that failed.
+    pub cluster_shards_held: Gauge,
+    pub cluster_live_instances: Gauge,
+    pub cluster_shards_claimed: Counter,
+    pub cluster_lease_failures: Counter,
 }
 
 impl SelfMetrics {
@@ -218,7 +224,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 19] = [
+        let counters: [(&str, &str, &Counter); 21] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -262,6 +268,16 @@ impl SelfMetrics {
                 &self.retention_partitions_dropped,
             ),
             ("lagscope_retention_failures_total", "Retention passes that failed.", &self.retention_failures),
+            (
+                "lagscope_cluster_shards_claimed_total",
+                "Analysis shards this instance took (free, released, or expired with a dead holder).",
+                &self.cluster_shards_claimed,
+            ),
+            (
+                "lagscope_cluster_lease_failures_total",
+                "Lease balancing rounds that failed (the database did not answer).",
+                &self.cluster_lease_failures,
+            ),
         ];
         for (name, help, counter) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", counter.get());
@@ -300,6 +316,16 @@ impl SelfMetrics {
                 "lagscope_ingest_queue_capacity_bytes",
                 "The ingest queue's size in bytes.",
                 &self.ingest_queue_capacity_bytes,
+            ),
+            (
+                "lagscope_cluster_shards_held",
+                "Analysis shards whose lease this instance holds (PostgreSQL).",
+                &self.cluster_shards_held,
+            ),
+            (
+                "lagscope_cluster_live_instances",
+                "Instances with a live heartbeat on the shared database, this one included.",
+                &self.cluster_live_instances,
             ),
         ];
         for (name, help, gauge) in own_gauges {

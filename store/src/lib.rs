@@ -7,6 +7,7 @@
 //! before it returns, because receivers acknowledge data on its return. Every value that
 //! reaches SQL is bound, never spliced into the statement text.
 
+mod coordination;
 mod error;
 mod postgres;
 mod rows;
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
 use serde_json::Value;
 
+pub use coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark, PendingMark, SHARDS};
 pub use error::StoreError;
 pub use postgres::{PARTITIONED_TABLES, PgStore, day_partition_name, redact as redact_url};
 pub use sqlite::SqliteStore;
@@ -49,6 +51,25 @@ pub struct IngestReceipt {
     pub spans_written: u64,
     pub samples_written: u64,
     pub logs_written: u64,
+}
+
+/// Which series of a cluster a scope read takes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Namespaces<'a> {
+    /// Those naming this namespace (`None`: naming none), and those naming none.
+    One(Option<&'a str>),
+    /// Every series of the cluster.
+    All,
+}
+
+impl<'a> Namespaces<'a> {
+    /// The namespace and "all" binds of the scope queries.
+    pub(crate) fn binds(self) -> (Option<&'a str>, bool) {
+        match self {
+            Namespaces::One(namespace) => (namespace, false),
+            Namespaces::All => (None, true),
+        }
+    }
 }
 
 /// A half-open time range `[from, to)` in Unix nanoseconds.
@@ -194,8 +215,14 @@ pub trait Store: Send + Sync + 'static {
     /// namespace, from `window` before the scope's latest sample on.
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>>;
 
+    /// Metric samples of every series of `cluster`, whatever namespace they name, from
+    /// `window` before the cluster's latest sample on: for detectors that compare a node's
+    /// namespaces (shards) with each other.
+    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>>;
+
     /// Spans of `cluster`/`namespace` (`None` = any) whose start lies in `range`, the oldest
-    /// `limit`, ordered by start time: what lag analytics and exports read.
+    /// `limit`, ordered by start time and then by arrival (a total order, so a reader can
+    /// page through them): what lag analytics and exports read.
     async fn spans_in_range(
         &self,
         cluster: Option<&str>,
@@ -205,7 +232,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Span>>;
 
     /// Metric samples of `cluster`/`namespace` (`None` = any; a namespace also takes the
-    /// series that name none) whose time lies in `range`, the oldest `limit`, oldest first.
+    /// series that name none) whose time lies in `range`, the oldest `limit`, oldest first
+    /// (samples of one time by series, a total order).
     async fn samples_in_range(
         &self,
         cluster: Option<&str>,
@@ -248,4 +276,10 @@ pub trait Store: Send + Sync + 'static {
     /// Removes what the retention no longer covers, in bounded steps that interleave with
     /// ingest (see [`RetentionCutoffs`]).
     async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport>;
+
+    /// Leases and marks shared by several instances, where the backend supports them
+    /// (PostgreSQL); `None` for a store only one process uses.
+    fn coordinator(&self) -> Option<&dyn Coordinator> {
+        None
+    }
 }

@@ -10,6 +10,7 @@
 //! `synchronous_commit = on`). Every value is bound or sent as COPY data, never spliced into
 //! SQL; the only generated SQL text is partition DDL made from integers.
 
+mod coordination;
 mod copy;
 mod partitions;
 
@@ -103,6 +104,39 @@ impl PgStore {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+
+    /// Samples of `cluster`'s series naming the namespace or none (`Namespaces::All`: every
+    /// series of the cluster), from `window` before the latest of them on.
+    async fn samples_of_scope(
+        &self,
+        cluster: Option<&str>,
+        namespaces: crate::Namespaces<'_>,
+        window: i64,
+    ) -> Result<Vec<Sample>> {
+        let (namespace, all) = namespaces.binds();
+        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+            "WITH scope AS (
+                 SELECT * FROM series
+                 WHERE cluster IS NOT DISTINCT FROM $1
+                   AND ($4 OR namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL)
+             ),
+             latest AS (
+                 SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
+             )
+             SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
+                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+             FROM samples JOIN scope ON scope.id = samples.series_id, latest
+             WHERE samples.time_unix_nano >= latest.at - $3
+             ORDER BY samples.time_unix_nano",
+        )
+        .bind(cluster)
+        .bind(namespace)
+        .bind(window)
+        .bind(all)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    }
 }
 
 /// The URL without its password, for messages.
@@ -135,6 +169,10 @@ impl Store for PgStore {
         let spans_written = insert_spans(&mut transaction, &batch.spans).await?;
         let samples_written = insert_samples(&mut transaction, &batch.samples).await?;
         let logs_written = insert_logs(&mut transaction, &batch.logs).await?;
+        // What the batch asks the live analyzer to look at, committed with it: whichever
+        // instance holds the marks' shards analyses them, even if this one dies now.
+        let marks = crate::Mark::of_batch(&batch.spans, &batch.samples, &batch.logs);
+        coordination::write_marks(&mut transaction, &marks).await?;
         transaction.commit().await?;
         Ok(IngestReceipt { spans_written, samples_written, logs_written })
     }
@@ -189,27 +227,11 @@ impl Store for PgStore {
     }
 
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
-            "WITH scope AS (
-                 SELECT * FROM series
-                 WHERE cluster IS NOT DISTINCT FROM $1
-                   AND (namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL)
-             ),
-             latest AS (
-                 SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
-             )
-             SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
-                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-             FROM samples JOIN scope ON scope.id = samples.series_id, latest
-             WHERE samples.time_unix_nano >= latest.at - $3
-             ORDER BY samples.time_unix_nano",
-        )
-        .bind(cluster)
-        .bind(namespace)
-        .bind(window)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+        self.samples_of_scope(cluster, crate::Namespaces::One(namespace), window).await
+    }
+
+    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>> {
+        self.samples_of_scope(cluster, crate::Namespaces::All, window).await
     }
 
     async fn spans_in_range(
@@ -251,7 +273,7 @@ impl Store for PgStore {
              WHERE ($1::text IS NULL OR series.cluster = $1)
                AND ($2::text IS NULL OR series.namespace = $2 OR series.namespace IS NULL)
                AND samples.time_unix_nano >= $3 AND samples.time_unix_nano < $4
-             ORDER BY samples.time_unix_nano LIMIT $5",
+             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $5",
             ),
             cluster,
             namespace,
@@ -278,9 +300,13 @@ impl Store for PgStore {
     }
 
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
+        // Rows are locked in fingerprint order, so instances upserting the same anomalies
+        // around a lease hand-over never deadlock.
+        let mut ordered: Vec<&Anomaly> = anomalies.iter().collect();
+        ordered.sort_by(|left, right| left.fingerprint.cmp(&right.fingerprint));
         let mut transaction = self.pool.begin().await?;
         let mut outcome = UpsertOutcome::default();
-        for anomaly in anomalies {
+        for anomaly in ordered {
             // `first_seen = last_seen` only on the row's first insert: that tells new from known.
             let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
                 "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
@@ -457,6 +483,10 @@ impl Store for PgStore {
             }
         }
         Ok(report)
+    }
+
+    fn coordinator(&self) -> Option<&dyn crate::Coordinator> {
+        Some(self)
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -130,7 +130,11 @@ impl Store for SqliteStore {
     }
 
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        samples::for_scope(&self.reader, cluster, namespace, window).await
+        samples::for_scope(&self.reader, cluster, crate::Namespaces::One(namespace), window).await
+    }
+
+    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>> {
+        samples::for_scope(&self.reader, cluster, crate::Namespaces::All, window).await
     }
 
     async fn spans_in_range(

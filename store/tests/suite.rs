@@ -31,6 +31,7 @@ macro_rules! store_suite {
             case!(client_spans_bring_their_traces_and_respect_range_and_limit);
             case!(clients_of_traces_finds_the_client_of_a_hop);
             case!(series_range_matches_labels_and_time);
+            case!(scope_and_cluster_samples_take_their_series_and_window);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
             case!(logs_round_trip_in_time_order);
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
@@ -262,6 +263,53 @@ async fn series_range_matches_labels_and_time(store: &dyn Store) {
     let histogram = store.series_samples("rpc.latency", &[], TimeRange::ALL).await.expect("histogram");
     assert_eq!(histogram[0].meta.kind, MetricKind::Histogram);
     assert_eq!(histogram[0].points[0].2.as_ref().map(|value| value["count"].clone()), Some(json!(2)));
+}
+
+/// A scope read takes its namespace's series and the cluster's namespace-less ones; a cluster
+/// read takes every namespace (a node's shards compared with each other); both from the
+/// window before the latest sample.
+async fn scope_and_cluster_samples_take_their_series_and_window(store: &dyn Store) {
+    let inflight = "lagscope.shard.inflight_bytes";
+    let labels = |namespace: Option<&'static str>| {
+        let mut labels = vec![("lagscope.cluster", "es-prod"), ("lagscope.node.id", "es-1")];
+        labels.extend(namespace.map(|namespace| ("lagscope.namespace", namespace)));
+        labels
+    };
+    let gauge = |namespace, time, value| {
+        sample(inflight, &labels(namespace), time, PointValue::Number(value), MetricKind::Gauge)
+    };
+    let samples = vec![
+        gauge(Some("shard-0"), T0, 1.0),
+        gauge(Some("shard-0"), T0 + 100 * SECOND, 2.0),
+        gauge(Some("shard-1"), T0 + 100 * SECOND, 3.0),
+        gauge(None, T0 + 100 * SECOND, 4.0),
+        sample(
+            inflight,
+            &[("lagscope.cluster", "other"), ("lagscope.namespace", "shard-0")],
+            T0 + 100 * SECOND,
+            PointValue::Number(5.0),
+            MetricKind::Gauge,
+        ),
+    ];
+    store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("ingest");
+    let values = |samples: Vec<Sample>| {
+        let mut values: Vec<f64> = samples
+            .iter()
+            .filter_map(|sample| match sample.value {
+                PointValue::Number(value) => Some(value),
+                _ => None,
+            })
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values
+    };
+    let scope = store.scope_samples(Some("es-prod"), Some("shard-0"), 1_000 * SECOND).await.expect("scope");
+    assert_eq!(values(scope), [1.0, 2.0, 4.0], "the shard's own series and the namespace-less one");
+    let recent = store.scope_samples(Some("es-prod"), Some("shard-0"), 10 * SECOND).await.expect("scope");
+    assert_eq!(values(recent), [2.0, 4.0], "only the window before the latest sample");
+    let cluster = store.cluster_samples(Some("es-prod"), 10 * SECOND).await.expect("cluster");
+    assert_eq!(values(cluster), [2.0, 3.0, 4.0], "every namespace of the cluster, no other cluster");
+    assert!(store.cluster_samples(Some("absent"), 10 * SECOND).await.expect("absent").is_empty());
 }
 
 fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {
@@ -542,4 +590,97 @@ async fn postgres_retention_drops_whole_partitions() {
         assert!(!exists(old_partition).await);
         assert!(exists(lagscope_store::day_partition_name(table, day_of(recent))).await, "today's {table} stays");
     }
+}
+
+/// SQLite is one process's file: no leases, the live analyzer uses in-memory marks.
+#[tokio::test]
+async fn sqlite_has_no_coordinator() {
+    let (store, _directory) = open_sqlite().await;
+    assert!(store.coordinator().is_none());
+}
+
+/// Leases split the shards between live instances, move to the survivor when one stops
+/// renewing, and a clean release hands them over at once.
+#[tokio::test]
+async fn postgres_leases_split_shards_and_move_when_an_instance_stops() {
+    use lagscope_store::SHARDS;
+    use std::time::Duration;
+    let (store, ()) = open_postgres().await;
+    let coordinator = store.coordinator().expect("PostgreSQL coordinates instances");
+    let lease = Duration::from_millis(1_500);
+    let first = coordinator.balance("a", lease).await.expect("a balances");
+    assert_eq!(first.shards, (0..SHARDS).collect::<Vec<_>>(), "alone, a takes every shard");
+    assert_eq!(first.live_instances, 1);
+    // b arrives: nothing is free yet, but a sees two live instances and gives up half.
+    let arriving = coordinator.balance("b", lease).await.expect("b balances");
+    assert!(arriving.shards.is_empty(), "{arriving:?}");
+    let shrunk = coordinator.balance("a", lease).await.expect("a balances again");
+    assert_eq!(shrunk.shards.len(), (SHARDS / 2) as usize, "{shrunk:?}");
+    assert_eq!(shrunk.released.len(), (SHARDS / 2) as usize);
+    let joined = coordinator.balance("b", lease).await.expect("b claims");
+    assert_eq!(joined.claimed, shrunk.released, "b takes exactly what a gave up");
+    let status = coordinator.status().await.expect("status");
+    assert!(status.unowned_shards.is_empty(), "{status:?}");
+    let held: Vec<usize> = status.instances.iter().map(|instance| instance.shards.len()).collect();
+    assert_eq!(held, vec![(SHARDS / 2) as usize; 2], "{status:?}");
+    // a stops renewing (a crash): its leases run out and b takes them, not before.
+    let early = coordinator.balance("b", lease).await.expect("b renews");
+    assert_eq!(early.shards.len(), (SHARDS / 2) as usize, "a's leases are still valid: {early:?}");
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let took_over = coordinator.balance("b", lease).await.expect("b takes over");
+    assert_eq!(took_over.shards, (0..SHARDS).collect::<Vec<_>>(), "{took_over:?}");
+    assert_eq!(took_over.live_instances, 1);
+    let status = coordinator.status().await.expect("status");
+    let a = status.instances.iter().find(|instance| instance.instance == "a").expect("a is still listed");
+    assert!(!a.alive && a.shards.is_empty(), "{a:?}");
+    // A clean stop releases at once: a newcomer gets everything on its first round.
+    coordinator.release("b").await.expect("b releases");
+    let newcomer = coordinator.balance("c", lease).await.expect("c balances");
+    assert_eq!(newcomer.shards.len(), SHARDS as usize, "{newcomer:?}");
+}
+
+/// Marks are committed with the data; an analysed mark is removed unless a batch marked it
+/// again after it was read (that batch's data must be analysed too).
+#[tokio::test]
+async fn postgres_marks_follow_ingest_and_survive_a_remark() {
+    use lagscope_store::{Mark, SHARDS};
+    let (store, ()) = open_postgres().await;
+    let coordinator = store.coordinator().expect("coordinator");
+    let all: Vec<i32> = (0..SHARDS).collect();
+    let mut client_span = span(Some("client-7"), Component::Client, 1, 1, None, T0);
+    client_span.resource.cluster = Some("prod".into());
+    client_span.call.namespace = Some("ns1".into());
+    let server_span = span(None, Component::Server, 2, 2, None, T0 + SECOND);
+    let batch = IngestBatch { spans: vec![client_span.clone(), server_span], ..IngestBatch::default() };
+    store.ingest(&batch).await.expect("ingest");
+    let pending = coordinator.pending_marks(&all, 100).await.expect("marks");
+    let marks: Vec<&Mark> = pending.iter().map(|pending| &pending.mark).collect();
+    assert!(marks.contains(&&Mark::Client("client-7".into())), "{marks:?}");
+    assert!(marks.contains(&&Mark::Scope(Some("prod".into()), Some("ns1".into()))), "{marks:?}");
+    let trace = format!("{:032x}", 2);
+    assert!(marks.contains(&&Mark::Trace(trace)), "the client-less hop marks its trace: {marks:?}");
+    // Only the shards asked for.
+    let client_shard = Mark::Client("client-7".into()).shard();
+    let others: Vec<i32> = all.iter().copied().filter(|shard| *shard != client_shard).collect();
+    let elsewhere = coordinator.pending_marks(&others, 100).await.expect("marks");
+    assert!(elsewhere.iter().all(|pending| pending.mark.shard() != client_shard), "{elsewhere:?}");
+    // The client is marked again while its first mark is being analysed.
+    let mut again = client_span;
+    again.span_id = Some("0000000000000009".into());
+    store.ingest(&IngestBatch { spans: vec![again], ..IngestBatch::default() }).await.expect("ingest again");
+    coordinator.finish_marks(&pending).await.expect("finish");
+    let left = coordinator.pending_marks(&all, 100).await.expect("marks");
+    let left: Vec<&Mark> = left.iter().map(|pending| &pending.mark).collect();
+    assert!(left.contains(&&Mark::Client("client-7".into())), "the re-marked client stays: {left:?}");
+    assert!(!left.iter().any(|mark| matches!(mark, Mark::Trace(_))), "finished marks are gone: {left:?}");
+    // Finishing the latest read removes it.
+    let latest = coordinator.pending_marks(&all, 100).await.expect("marks");
+    coordinator.finish_marks(&latest).await.expect("finish");
+    assert!(coordinator.pending_marks(&all, 100).await.expect("marks").is_empty());
+    assert_eq!(coordinator.status().await.expect("status").pending_marks, 0);
+    // Marks added by an analyzer (a trace's clients) land in their own shards.
+    coordinator.add_marks(&[Mark::Client("client-8".into())]).await.expect("add");
+    let shard = Mark::Client("client-8".into()).shard();
+    let found = coordinator.pending_marks(&[shard], 10).await.expect("marks");
+    assert_eq!(found.iter().map(|pending| &pending.mark).collect::<Vec<_>>(), vec![&Mark::Client("client-8".into())]);
 }

@@ -33,6 +33,8 @@ pub struct ApiState {
     pub metrics: Arc<SelfMetrics>,
     /// Aggregates lag analytics (`None`: `/api/v1/lag` answers 503).
     pub lag: Option<crate::LagAggregator>,
+    /// This instance's id among the instances sharing the database (`/api/v1/cluster`).
+    pub instance: Option<String>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -42,6 +44,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/anomalies/{id}", get(get_anomaly))
         .route("/api/v1/clients/{client_id}/timeline", get(client_timeline))
         .route("/api/v1/lag", get(crate::lag::lag))
+        .route("/api/v1/cluster", get(cluster))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -70,6 +73,36 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "committed_requests_total": state.metrics.ingest_committed_requests.get(),
         },
         "scrape": scrape_health(&state.metrics),
+    })))
+}
+
+/// The instances sharing the database, the analysis shards each holds, and the marks waiting
+/// to be analysed. A store only one process uses says so.
+async fn cluster(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let Some(coordinator) = state.store.coordinator() else {
+        return Ok(Json(json!({ "shared": false, "instance": state.instance })));
+    };
+    let status = coordinator.status().await?;
+    let instances: Vec<Value> = status
+        .instances
+        .iter()
+        .map(|instance| {
+            json!({
+                "instance": instance.instance,
+                "alive": instance.alive,
+                "heartbeat_age_ms": instance.heartbeat_age_ms,
+                "lease_ms": instance.lease_ms,
+                "shards": instance.shards,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "shared": true,
+        "instance": state.instance,
+        "shards": status.shards,
+        "instances": instances,
+        "unowned_shards": status.unowned_shards,
+        "pending_marks": status.pending_marks,
     })))
 }
 

@@ -109,15 +109,18 @@ pub(super) async fn series_range(
     Ok(result)
 }
 
+/// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::All`: every series of
+/// the cluster), from `window` before the latest of them on.
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
-    namespace: Option<&str>,
+    namespaces: crate::Namespaces<'_>,
     window: i64,
 ) -> Result<Vec<Sample>> {
+    let (namespace, all) = namespaces.binds();
     let rows: Vec<ScopeSampleRow> = sqlx::query_as(
         "WITH scope AS (
-             SELECT * FROM series WHERE cluster IS ?1 AND (namespace IS ?2 OR namespace IS NULL)
+             SELECT * FROM series WHERE cluster IS ?1 AND (?4 OR namespace IS ?2 OR namespace IS NULL)
          ),
          latest AS (
              SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
@@ -131,6 +134,7 @@ pub(super) async fn for_scope(
     .bind(cluster)
     .bind(namespace)
     .bind(window)
+    .bind(all)
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(ScopeSampleRow::into_sample).collect()
@@ -152,7 +156,7 @@ pub(super) async fn in_range(
          WHERE (?1 IS NULL OR series.cluster = ?1)
            AND (?2 IS NULL OR series.namespace = ?2 OR series.namespace IS NULL)
            AND samples.time_unix_nano >= ?3 AND samples.time_unix_nano < ?4
-         ORDER BY samples.time_unix_nano LIMIT ?5",
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?5",
     )
     .bind(cluster)
     .bind(namespace)

@@ -1,0 +1,365 @@
+//! `lagscope export --dump FILE` and `lagscope import FILE`: everything a store holds (spans,
+//! metric samples with their series, log records, anomalies) as gzip-compressed JSON lines,
+//! to move data between backends (SQLite to PostgreSQL and back) or machines.
+//!
+//! The format: the first line is `{"header":{"format":"lagscope-dump","version":1,...}}`;
+//! every other line is one record, `{"span":{...}}`, `{"sample":{...}}`, `{"log":{...}}` or
+//! `{"anomaly":{"anomaly":{...},"first_seen_unix_nano":...,"last_seen_unix_nano":...}}`, in the
+//! model's own serde form, so nothing a sender sent is lost on the way. Records are read
+//! from the store a page at a time and imported a batch at a time: memory stays bounded by
+//! the page size whatever the store holds. Importing again stores no span, sample or anomaly
+//! twice (a span already stored is skipped, a sample replaces itself, an anomaly is upserted
+//! by fingerprint); log records have no identity in OTLP, so an import run again appends the
+//! log records of the batches it had already committed (it says how far it got).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use flate2::Compression;
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
+use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, SqliteStore, Store, TimeRange};
+use serde::{Deserialize, Serialize};
+
+const FORMAT: &str = "lagscope-dump";
+const VERSION: u32 = 1;
+/// Rows read from the store per query.
+const PAGE: u32 = 10_000;
+/// Records committed per import transaction.
+const IMPORT_BATCH: usize = 5_000;
+/// Progress is printed every this many records.
+const PROGRESS_EVERY: u64 = 100_000;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Record {
+    Header(Header),
+    Span(Box<Span>),
+    Sample(Box<Sample>),
+    Log(Box<LogRecord>),
+    Anomaly(Box<DumpedAnomaly>),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    format: String,
+    version: u32,
+    source: String,
+    lagscope_version: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct DumpedAnomaly {
+    anomaly: Anomaly,
+    first_seen_unix_nano: UnixNanos,
+    last_seen_unix_nano: UnixNanos,
+}
+
+/// How many records of each kind a dump or an import carried.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub spans: u64,
+    pub samples: u64,
+    pub logs: u64,
+    pub anomalies: u64,
+}
+
+impl Counts {
+    fn total(&self) -> u64 {
+        self.spans + self.samples + self.logs + self.anomalies
+    }
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "{} spans, {} samples, {} log records, {} anomalies",
+            self.spans, self.samples, self.logs, self.anomalies
+        )
+    }
+}
+
+/// The store at `database_url` (PostgreSQL) or in `data_dir` (SQLite; `must_exist`: refuse to
+/// create an empty one), and how to name it in messages.
+async fn open(
+    database_url: Option<&str>,
+    data_dir: &Path,
+    must_exist: bool,
+) -> anyhow::Result<(String, Box<dyn Store>)> {
+    match database_url {
+        Some(url) => {
+            let name = format!("PostgreSQL {}", lagscope_store::redact_url(url));
+            let store = PgStore::connect(url).await.with_context(|| format!("cannot open {name}"))?;
+            Ok((name, Box::new(store)))
+        }
+        None => {
+            let file = data_dir.join(lagscope_store::sqlite_database_file());
+            if must_exist && !file.exists() {
+                bail!("no store at {} (pass --data-dir or --database-url)", file.display());
+            }
+            let store = SqliteStore::open_dir(data_dir)
+                .await
+                .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
+            Ok((file.display().to_string(), Box::new(store)))
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
+}
+
+/// Writes everything the store holds to `out`.
+pub fn export_dump(out: &Path, data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Counts> {
+    runtime()?.block_on(async {
+        let (source, store) = open(database_url, data_dir, true).await?;
+        let file = std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+        let mut writer = DumpWriter {
+            out: GzEncoder::new(std::io::BufWriter::new(file), Compression::fast()),
+            path: out.to_path_buf(),
+            counts: Counts::default(),
+            started: Instant::now(),
+        };
+        writer.write(&Record::Header(Header {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            source: source.clone(),
+            lagscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        }))?;
+        eprintln!("dumping {source} to {}", out.display());
+        let store = store.as_ref();
+        page_through(
+            async |range, limit| store.spans_in_range(None, None, range, limit).await,
+            |span: &Span| span.start_unix_nano,
+            |span| writer.write(&Record::Span(Box::new(span))),
+        )
+        .await?;
+        page_through(
+            async |range, limit| store.samples_in_range(None, None, range, limit).await,
+            |sample: &Sample| sample.time_unix_nano,
+            |sample| writer.write(&Record::Sample(Box::new(sample))),
+        )
+        .await?;
+        page_through(
+            async |range, limit| store.logs(range, limit).await,
+            |log: &LogRecord| log.time_unix_nano,
+            |log| writer.write(&Record::Log(Box::new(log))),
+        )
+        .await?;
+        // Anomalies page by id, newest first; written oldest first within each page.
+        let mut before_id = None;
+        loop {
+            let filter = AnomalyFilter { before_id, limit: PAGE, ..AnomalyFilter::default() };
+            let page = store.anomalies(&filter).await?;
+            let full = page.len() == PAGE as usize;
+            before_id = page.last().map(|stored| stored.id);
+            for stored in page {
+                writer.write(&Record::Anomaly(Box::new(DumpedAnomaly {
+                    anomaly: stored.anomaly,
+                    first_seen_unix_nano: stored.first_seen_unix_nano,
+                    last_seen_unix_nano: stored.last_seen_unix_nano,
+                })))?;
+            }
+            if !full {
+                break;
+            }
+        }
+        let counts = writer.counts;
+        writer
+            .out
+            .finish()
+            .and_then(|mut inner| inner.flush())
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        Ok(counts)
+    })
+}
+
+struct DumpWriter<W: Write> {
+    out: W,
+    path: PathBuf,
+    counts: Counts,
+    started: Instant,
+}
+
+impl<W: Write> DumpWriter<W> {
+    fn write(&mut self, record: &Record) -> anyhow::Result<()> {
+        serde_json::to_writer(&mut self.out, record)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| self.out.write_all(b"\n").map_err(anyhow::Error::from))
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        match record {
+            Record::Header(_) => return Ok(()),
+            Record::Span(_) => self.counts.spans += 1,
+            Record::Sample(_) => self.counts.samples += 1,
+            Record::Log(_) => self.counts.logs += 1,
+            Record::Anomaly(_) => self.counts.anomalies += 1,
+        }
+        progress(&self.counts, self.started, "dumped");
+        Ok(())
+    }
+}
+
+fn progress(counts: &Counts, started: Instant, verb: &str) {
+    let total = counts.total();
+    if total > 0 && total.is_multiple_of(PROGRESS_EVERY) {
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("{verb} {total} records in {seconds:.1} s ({:.0}/s)", total as f64 / seconds.max(1e-9));
+    }
+}
+
+/// Reads every row a time-ordered range read returns, a page at a time: the next page starts
+/// at the last row's time and skips the rows of that time already seen (range reads order
+/// rows totally, so the same rows come first again). A page all of one instant is read again
+/// twice as large.
+async fn page_through<T>(
+    mut fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
+    time_of: impl Fn(&T) -> i64,
+    mut each: impl FnMut(T) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let (mut from, mut skip, mut limit) = (i64::MIN, 0usize, PAGE);
+    loop {
+        let page = fetch(TimeRange { from, to: i64::MAX }, limit).await?;
+        let full = page.len() >= limit as usize;
+        let last = page.last().map(&time_of);
+        let at_last = page.iter().rev().take_while(|row| Some(time_of(row)) == last).count();
+        if full && at_last == page.len() {
+            limit = limit.checked_mul(2).context("more rows share one instant than one read can hold")?;
+            continue;
+        }
+        for row in page.into_iter().skip(skip) {
+            each(row)?;
+        }
+        match last {
+            Some(last) if full => {
+                from = last;
+                skip = at_last;
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Imports dump files into the store at `database_url` (PostgreSQL) or in `data_dir`
+/// (SQLite, created if missing).
+pub fn import(files: &[PathBuf], data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Counts> {
+    runtime()?.block_on(async {
+        let (target, store) = open(database_url, data_dir, false).await?;
+        let mut counts = Counts::default();
+        let started = Instant::now();
+        for path in files {
+            eprintln!("importing {} into {target}", path.display());
+            import_file(path, store.as_ref(), &mut counts, started).await?;
+        }
+        Ok(counts)
+    })
+}
+
+async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, started: Instant) -> anyhow::Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let gzipped =
+        reader.fill_buf().with_context(|| format!("cannot read {}", path.display()))?.starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn BufRead> =
+        if gzipped { Box::new(BufReader::new(MultiGzDecoder::new(reader))) } else { Box::new(reader) };
+    let mut batch = IngestBatch::default();
+    let mut anomalies: Vec<DumpedAnomaly> = Vec::new();
+    // The first line of the batch being gathered (for saying how far an import got).
+    let mut batch_start = 2;
+    for (index, line) in reader.lines().enumerate() {
+        let number = index + 1;
+        let line = line.with_context(|| format!("{}:{number}: cannot read", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: Record = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{number}: not a lagscope dump record", path.display()))?;
+        match record {
+            Record::Header(header) if number == 1 => {
+                if header.format != FORMAT || header.version != VERSION {
+                    bail!(
+                        "{}: a {} dump version {}; this lagscope reads {FORMAT} version {VERSION}",
+                        path.display(),
+                        header.format,
+                        header.version
+                    );
+                }
+                continue;
+            }
+            _ if number == 1 => {
+                bail!("{}: not a lagscope dump (no header line; see `lagscope export --dump`)", path.display())
+            }
+            Record::Header(_) => bail!("{}:{number}: a second header line", path.display()),
+            Record::Span(span) => {
+                batch.spans.push(*span);
+                counts.spans += 1;
+            }
+            Record::Sample(sample) => {
+                batch.samples.push(*sample);
+                counts.samples += 1;
+            }
+            Record::Log(log) => {
+                batch.logs.push(*log);
+                counts.logs += 1;
+            }
+            Record::Anomaly(anomaly) => {
+                anomalies.push(*anomaly);
+                counts.anomalies += 1;
+            }
+        }
+        if batch.spans.len() + batch.samples.len() + batch.logs.len() + anomalies.len() >= IMPORT_BATCH {
+            commit(store, &mut batch, &mut anomalies).await.with_context(|| {
+                format!(
+                    "{}:{batch_start}-{number}: import stopped; the lines before {batch_start} are imported",
+                    path.display()
+                )
+            })?;
+            batch_start = number + 1;
+        }
+        progress(counts, started, "imported");
+    }
+    commit(store, &mut batch, &mut anomalies).await.with_context(|| {
+        format!("{}:{batch_start}-: import stopped; the lines before {batch_start} are imported", path.display())
+    })
+}
+
+/// Ingests the batch and upserts the anomalies, each with its first-seen time (so the
+/// anomaly keeps when it was first reported; its last-seen time becomes the same).
+async fn commit(store: &dyn Store, batch: &mut IngestBatch, anomalies: &mut Vec<DumpedAnomaly>) -> anyhow::Result<()> {
+    if !batch.is_empty() {
+        store.ingest(batch).await.context("the store refused a batch")?;
+        *batch = IngestBatch::default();
+    }
+    for dumped in anomalies.drain(..) {
+        store
+            .upsert_anomalies(std::slice::from_ref(&dumped.anomaly), dumped.first_seen_unix_nano)
+            .await
+            .context("the store refused an anomaly")?;
+    }
+    Ok(())
+}
+
+/// Reads a whole dump's records (for tests and tools), header first.
+pub fn read_records(path: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut file| file.read_to_end(&mut bytes))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut text = String::new();
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        MultiGzDecoder::new(bytes.as_slice())
+            .read_to_string(&mut text)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+    } else {
+        text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
+    }
+    text.lines()
+        .enumerate()
+        .map(|(index, line)| {
+            serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), index + 1))
+        })
+        .collect()
+}
