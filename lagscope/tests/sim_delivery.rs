@@ -158,3 +158,43 @@ async fn window_anomalies_open_live_and_resolve_when_the_condition_ends() {
     assert_eq!(status, 400, "{bad}");
     server.shutdown().await.expect("clean shutdown");
 }
+
+/// Kinds whose evidence lies outside one client's spans are found live too: `pinned_retry`
+/// (another node served other clients meanwhile) and `unfair_rejection` (another shard of the
+/// node held the bytes), exactly as the truth names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_finds_what_other_clients_and_shards_show() {
+    for scenario in ["ozone-pinned-retry", "es-node-level-pressure"] {
+        let directory = tempfile::tempdir().expect("temp dir");
+        let server = start_server(directory.path()).await;
+        let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+        let (truth, _) =
+            tokio::task::spawn_blocking(move || simulate(SimConfig::new(scenario), target)).await.expect("join");
+        // (Tens of thousands of spans, analysed by a debug build.)
+        support::wait_until_analyzed_within(&server, std::time::Duration::from_secs(180)).await;
+        let (_, listed) = get_json(&server, "/api/v1/anomalies?limit=1000").await;
+        let found: Vec<lagscope_sim::score::Found> = listed["anomalies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|anomaly| lagscope_sim::score::Found {
+                kind: anomaly["kind"].as_str().unwrap_or_default().to_string(),
+                cluster: anomaly["cluster"].as_str().map(str::to_string),
+                namespace: anomaly["namespace"].as_str().map(str::to_string),
+                client_id: anomaly["client_id"].as_str().map(str::to_string),
+                node_id: anomaly["node_id"].as_str().map(str::to_string),
+                start_unix_nano: anomaly["start_unix_nano"].as_i64().unwrap_or_default(),
+                end_unix_nano: anomaly["end_unix_nano"].as_i64().unwrap_or_default(),
+            })
+            .collect();
+        let scores = lagscope_sim::score::score(&truth, &found);
+        assert!(
+            scores.iter().any(|row| row.kind == "pinned_retry" || row.kind == "unfair_rejection"),
+            "{scenario}: {scores:#?}"
+        );
+        for row in &scores {
+            assert_eq!((row.missed, row.false_positives), (0, 0), "{scenario}: {row:#?}");
+        }
+        server.shutdown().await.expect("clean shutdown");
+    }
+}

@@ -82,7 +82,12 @@ pub async fn get_json(server: &Server, path_and_query: &str) -> (u16, Value) {
 
 /// Waits until the live analyzer has finished every batch committed so far.
 pub async fn wait_until_analyzed(server: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    wait_until_analyzed_within(server, Duration::from_secs(10)).await;
+}
+
+/// [`wait_until_analyzed`] for runs whose analysis takes longer (large scenarios).
+pub async fn wait_until_analyzed_within(server: &Server, limit: Duration) {
+    let deadline = Instant::now() + limit;
     loop {
         let (_, health) = get_json(server, "/api/v1/health").await;
         let marked = health["analysis"]["batches_marked"].as_u64().unwrap_or(u64::MAX);

@@ -119,16 +119,18 @@ fn start_cluster(durable: bool) -> String {
     assert!(output.status.success(), "initdb failed: {}", String::from_utf8_lossy(&output.stderr));
     let port = free_port();
     let log = directory.join("server.log");
-    // The server, and a watchdog that stops it (fast shutdown) once this test process is
-    // gone: the watchdog waits for EOF on a pipe whose write end only this process holds.
+    // The server, and a watchdog that stops it (fast shutdown) and removes its directory once
+    // this test process is gone: the watchdog waits for EOF on a pipe whose write end only this
+    // process holds.
     let script = format!(
         "{postgres} -D {data} -k {socket} -h 127.0.0.1 -p {port} -c fsync={fsync} -c max_connections=200 \
-         > {log} 2>&1 & server=$!; read _; kill -INT $server 2>/dev/null; wait $server",
+         > {log} 2>&1 & server=$!; read _; kill -INT $server 2>/dev/null; wait $server; rm -rf {directory}",
         fsync = if durable { "on" } else { "off" },
         postgres = bin.join("postgres").display(),
         data = data.display(),
         socket = socket.display(),
         log = log.display(),
+        directory = directory.display(),
     );
     // Kept (with its stdin) for the life of the process, never waited on: exiting closes it.
     static WATCHDOGS: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
