@@ -6,7 +6,12 @@
 //! 2 ms. Reported: median and p99 of that latency, next to the median acknowledgement time of
 //! the same requests (the baseline measured in the same run), idle and under background load
 //! (the simulator streaming `hdfs-observer-healthy` into the same server).
+//!
+//! `-- --postgres`: on PostgreSQL instead (a throwaway cluster, fsync on, as the tests start
+//! it): marks then go through the database and its lease holder (one instance, every shard).
 
+#[path = "../../store/tests/support/postgres.rs"]
+mod postgres_support;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -152,8 +157,20 @@ fn report(label: &str, mut detect: Vec<f64>, mut ack: Vec<f64>) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let directory = tempfile::tempdir().expect("temp dir");
-    let server = Server::start(&support::local_config(directory.path())).await.expect("server");
+    let mut config = support::local_config(directory.path());
+    if std::env::args().any(|arg| arg == "--postgres") {
+        config.server.database_url = Some(postgres_support::fresh_durable_database().await);
+        println!("store: PostgreSQL (fsync on)");
+        // Let the instance take its leases before the first trial.
+        let server = Server::start(&config).await.expect("server");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        return measure(server).await;
+    }
+    println!("store: SQLite");
+    measure(Server::start(&config).await.expect("server")).await;
+}
 
+async fn measure(server: Server) {
     let (detect, ack) = trials(&server, 0).await;
     report("idle", detect, ack);
 

@@ -304,8 +304,11 @@ async fn analysis_pass(
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
     let clusters: BTreeSet<Option<String>> = scopes_seen.into_iter().map(|(cluster, _)| cluster).collect();
     for cluster in clusters {
-        let samples =
-            store.cluster_samples(cluster.as_deref(), config.live.scope_window_seconds * 1_000_000_000).await?;
+        let window = config.live.scope_window_seconds * 1_000_000_000;
+        let samples = store.cluster_samples(cluster.as_deref(), CLUSTER_METRICS, window).await?;
+        if samples.is_empty() {
+            continue;
+        }
         let input = AnalysisInput::from_telemetry(&[], samples);
         let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
         record(store, metrics, &anomalies).await?;
@@ -319,6 +322,13 @@ async fn analysis_pass(
 fn is_scope_kind(kind: AnomalyKind) -> bool {
     (kind.is_window() && !is_cluster_kind(kind)) || kind == AnomalyKind::PinnedRetry
 }
+
+/// The metrics the per-cluster kinds read (a cluster without them costs one index lookup).
+const CLUSTER_METRICS: &[&str] = &[
+    lagscope_model::conventions::METRIC_SHARD_INFLIGHT_BYTES,
+    lagscope_model::conventions::METRIC_SHARD_LIMIT_BYTES,
+    lagscope_model::conventions::METRIC_SHARD_REJECTIONS,
+];
 
 /// Kinds found once per cluster from the metrics of all its namespaces.
 fn is_cluster_kind(kind: AnomalyKind) -> bool {

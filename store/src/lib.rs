@@ -58,16 +58,17 @@ pub struct IngestReceipt {
 pub(crate) enum Namespaces<'a> {
     /// Those naming this namespace (`None`: naming none), and those naming none.
     One(Option<&'a str>),
-    /// Every series of the cluster.
-    All,
+    /// The series of these metric names, whatever namespace they name.
+    Every(&'a [&'a str]),
 }
 
 impl<'a> Namespaces<'a> {
-    /// The namespace and "all" binds of the scope queries.
-    pub(crate) fn binds(self) -> (Option<&'a str>, bool) {
+    /// The binds of the scope queries: the namespace, and the metric names as a JSON array
+    /// when every namespace is taken.
+    pub(crate) fn binds(self) -> (Option<&'a str>, Option<String>) {
         match self {
-            Namespaces::One(namespace) => (namespace, false),
-            Namespaces::All => (None, true),
+            Namespaces::One(namespace) => (namespace, None),
+            Namespaces::Every(names) => (None, Some(serde_json::json!(names).to_string())),
         }
     }
 }
@@ -215,10 +216,10 @@ pub trait Store: Send + Sync + 'static {
     /// namespace, from `window` before the scope's latest sample on.
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>>;
 
-    /// Metric samples of every series of `cluster`, whatever namespace they name, from
-    /// `window` before the cluster's latest sample on: for detectors that compare a node's
+    /// Metric samples of the series of `cluster` named `names`, whatever namespace they name,
+    /// from `window` before the latest of them on: for detectors that compare a node's
     /// namespaces (shards) with each other.
-    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>>;
+    async fn cluster_samples(&self, cluster: Option<&str>, names: &[&str], window: i64) -> Result<Vec<Sample>>;
 
     /// Spans of `cluster`/`namespace` (`None` = any) whose start lies in `range`, the oldest
     /// `limit`, ordered by start time and then by arrival (a total order, so a reader can

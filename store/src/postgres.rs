@@ -105,20 +105,22 @@ impl PgStore {
         self.pool.close().await;
     }
 
-    /// Samples of `cluster`'s series naming the namespace or none (`Namespaces::All`: every
-    /// series of the cluster), from `window` before the latest of them on.
+    /// Samples of `cluster`'s series naming the namespace or none (`Namespaces::Every`: the
+    /// series of the given names in every namespace), from `window` before the latest on.
     async fn samples_of_scope(
         &self,
         cluster: Option<&str>,
         namespaces: crate::Namespaces<'_>,
         window: i64,
     ) -> Result<Vec<Sample>> {
-        let (namespace, all) = namespaces.binds();
+        let (namespace, names) = namespaces.binds();
         let rows: Vec<ScopeSampleRow> = sqlx::query_as(
             "WITH scope AS (
                  SELECT * FROM series
                  WHERE cluster IS NOT DISTINCT FROM $1
-                   AND ($4 OR namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL)
+                   AND CASE WHEN $4::text IS NULL
+                            THEN namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL
+                            ELSE name IN (SELECT jsonb_array_elements_text($4::jsonb)) END
              ),
              latest AS (
                  SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
@@ -132,7 +134,7 @@ impl PgStore {
         .bind(cluster)
         .bind(namespace)
         .bind(window)
-        .bind(all)
+        .bind(names)
         .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(ScopeSampleRow::into_sample).collect()
@@ -230,8 +232,8 @@ impl Store for PgStore {
         self.samples_of_scope(cluster, crate::Namespaces::One(namespace), window).await
     }
 
-    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        self.samples_of_scope(cluster, crate::Namespaces::All, window).await
+    async fn cluster_samples(&self, cluster: Option<&str>, names: &[&str], window: i64) -> Result<Vec<Sample>> {
+        self.samples_of_scope(cluster, crate::Namespaces::Every(names), window).await
     }
 
     async fn spans_in_range(

@@ -133,8 +133,8 @@ impl Store for SqliteStore {
         samples::for_scope(&self.reader, cluster, crate::Namespaces::One(namespace), window).await
     }
 
-    async fn cluster_samples(&self, cluster: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        samples::for_scope(&self.reader, cluster, crate::Namespaces::All, window).await
+    async fn cluster_samples(&self, cluster: Option<&str>, names: &[&str], window: i64) -> Result<Vec<Sample>> {
+        samples::for_scope(&self.reader, cluster, crate::Namespaces::Every(names), window).await
     }
 
     async fn spans_in_range(

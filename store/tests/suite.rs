@@ -307,9 +307,11 @@ async fn scope_and_cluster_samples_take_their_series_and_window(store: &dyn Stor
     assert_eq!(values(scope), [1.0, 2.0, 4.0], "the shard's own series and the namespace-less one");
     let recent = store.scope_samples(Some("es-prod"), Some("shard-0"), 10 * SECOND).await.expect("scope");
     assert_eq!(values(recent), [2.0, 4.0], "only the window before the latest sample");
-    let cluster = store.cluster_samples(Some("es-prod"), 10 * SECOND).await.expect("cluster");
+    let cluster = store.cluster_samples(Some("es-prod"), &[inflight], 10 * SECOND).await.expect("cluster");
     assert_eq!(values(cluster), [2.0, 3.0, 4.0], "every namespace of the cluster, no other cluster");
-    assert!(store.cluster_samples(Some("absent"), 10 * SECOND).await.expect("absent").is_empty());
+    let other = store.cluster_samples(Some("es-prod"), &["lagscope.shard.limit_bytes"], 10 * SECOND).await;
+    assert!(other.expect("other metric").is_empty(), "only the metrics asked for");
+    assert!(store.cluster_samples(Some("absent"), &[inflight], 10 * SECOND).await.expect("absent").is_empty());
 }
 
 fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {

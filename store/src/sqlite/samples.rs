@@ -109,18 +109,21 @@ pub(super) async fn series_range(
     Ok(result)
 }
 
-/// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::All`: every series of
-/// the cluster), from `window` before the latest of them on.
+/// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::Every`: the series of
+/// the given names in every namespace), from `window` before the latest of them on.
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
     namespaces: crate::Namespaces<'_>,
     window: i64,
 ) -> Result<Vec<Sample>> {
-    let (namespace, all) = namespaces.binds();
+    let (namespace, names) = namespaces.binds();
     let rows: Vec<ScopeSampleRow> = sqlx::query_as(
         "WITH scope AS (
-             SELECT * FROM series WHERE cluster IS ?1 AND (?4 OR namespace IS ?2 OR namespace IS NULL)
+             SELECT * FROM series
+             WHERE cluster IS ?1
+               AND CASE WHEN ?4 IS NULL THEN namespace IS ?2 OR namespace IS NULL
+                        ELSE name IN (SELECT value FROM json_each(?4)) END
          ),
          latest AS (
              SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
@@ -134,7 +137,7 @@ pub(super) async fn for_scope(
     .bind(cluster)
     .bind(namespace)
     .bind(window)
-    .bind(all)
+    .bind(names)
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(ScopeSampleRow::into_sample).collect()
