@@ -129,33 +129,24 @@ async fn a_store_moves_between_backends_without_loss() {
 fn bad_dumps_are_refused_with_file_and_line() {
     let directory = tempfile::tempdir().expect("temp dir");
     let target = directory.path().join("store");
-    let target = target.to_str().expect("path");
-    let not_a_dump = directory.path().join("capture.jsonl");
-    std::fs::write(&not_a_dump, "{\"resourceSpans\":[]}\n").expect("write");
-    let (ok, stderr) = lagscope(&["import", "--data-dir", target, not_a_dump.to_str().expect("path")]);
-    assert!(!ok);
-    assert!(stderr.contains("capture.jsonl:1: not a lagscope dump record"), "{stderr}");
-
-    let broken = directory.path().join("broken.jsonl");
-    std::fs::write(
-        &broken,
-        "{\"header\":{\"format\":\"lagscope-dump\",\"version\":1,\"source\":\"t\",\"lagscope_version\":\"0\"}}\n{\"span\":{\"name\":3}}\n",
-    )
-    .expect("write");
-    let (ok, stderr) = lagscope(&["import", "--data-dir", target, broken.to_str().expect("path")]);
-    assert!(!ok);
-    assert!(stderr.contains("broken.jsonl:2: not a lagscope dump record"), "{stderr}");
-
-    let newer = directory.path().join("newer.jsonl");
-    std::fs::write(
-        &newer,
-        "{\"header\":{\"format\":\"lagscope-dump\",\"version\":9,\"source\":\"t\",\"lagscope_version\":\"9\"}}\n",
-    )
-    .expect("write");
-    let (ok, stderr) = lagscope(&["import", "--data-dir", target, newer.to_str().expect("path")]);
-    assert!(!ok);
-    assert!(stderr.contains("version 9; this lagscope reads lagscope-dump version 1"), "{stderr}");
-
+    let header = |version: u32| {
+        format!(
+            "{{\"header\":{{\"format\":\"lagscope-dump\",\"version\":{version},\"source\":\"t\",\"lagscope_version\":\"0\"}}}}\n"
+        )
+    };
+    let cases = [
+        ("capture.jsonl", "{\"resourceSpans\":[]}\n".to_string(), "capture.jsonl:1: not a lagscope dump record"),
+        ("broken.jsonl", header(1) + "{\"span\":{\"name\":3}}\n", "broken.jsonl:2: not a lagscope dump record"),
+        ("newer.jsonl", header(9), "version 9; this lagscope reads lagscope-dump version 1"),
+    ];
+    for (name, content, expected) in cases {
+        let file = directory.path().join(name);
+        std::fs::write(&file, content).expect("write");
+        let (ok, stderr) =
+            lagscope(&["import", "--data-dir", target.to_str().expect("path"), file.to_str().expect("path")]);
+        assert!(!ok, "{name} was imported");
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+    }
     let (ok, stderr) =
         lagscope(&["export", "--dump", "x.gz", "--data-dir", directory.path().join("none").to_str().expect("path")]);
     assert!(!ok);
