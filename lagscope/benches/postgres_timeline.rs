@@ -9,6 +9,10 @@
 //! is the table, not the answer. At each size: `ANALYZE`, then 300 requests of
 //! `GET /api/v1/clients/{id}/timeline` for clients drawn at random (seeded), through `serve
 //! --database-url` in-process, and the store's `client_spans` read alone: p50, p99, max.
+//!
+//! `-- --cold`: also after dropping the kernel's page cache (root only), for clients not
+//! read before: what a table larger than memory costs (PostgreSQL's own 128 MB of shared
+//! buffers stay).
 
 use std::time::{Duration, Instant};
 
@@ -123,6 +127,7 @@ async fn measure(server: &Server, store: &PgStore, clients: i64, seed: &mut u64)
 
 #[tokio::main]
 async fn main() {
+    let cold = std::env::args().any(|arg| arg == "--cold");
     let mut sizes: Vec<i64> =
         std::env::args().skip(1).filter(|arg| !arg.starts_with('-')).filter_map(|arg| arg.parse().ok()).collect();
     if sizes.is_empty() {
@@ -143,8 +148,8 @@ async fn main() {
         - DAY;
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut loaded = 0;
-    println!("| spans stored | clients | table + indexes | load | timeline API | store read (client_spans) |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| spans stored | clients | table + indexes | load | cache | timeline API | store read (client_spans) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     for size in sizes {
         let calls = size / SPANS_PER_CALL;
         // Every client of a complete block has made its 100 calls.
@@ -168,13 +173,28 @@ async fn main() {
         // Warm up the connection pools, then measure.
         let _ = measure(&server, &store, clients, &mut seed.clone()).await;
         let (api, reads) = measure(&server, &store, clients, &mut seed).await;
-        println!(
-            "| {} | {clients} | {:.1} GiB ({:.0} B/span) | {:.0} s | {api} | {reads} |",
-            loaded * SPANS_PER_CALL,
-            bytes as f64 / f64::from(1 << 30),
-            bytes as f64 / (loaded * SPANS_PER_CALL) as f64,
-            load.as_secs_f64()
-        );
+        let row = |cache: &str, api: &str, reads: &str| {
+            println!(
+                "| {} | {clients} | {:.1} GiB ({:.0} B/span) | {:.0} s | {cache} | {api} | {reads} |",
+                loaded * SPANS_PER_CALL,
+                bytes as f64 / f64::from(1 << 30),
+                bytes as f64 / (loaded * SPANS_PER_CALL) as f64,
+                load.as_secs_f64()
+            );
+        };
+        row("warm", &api, &reads);
+        if cold {
+            let _ = std::process::Command::new("sync").status();
+            match std::fs::write("/proc/sys/vm/drop_caches", "3") {
+                Ok(()) => {
+                    // Clients no request has read yet.
+                    let mut fresh = seed ^ 0x5555_5555_5555_5555;
+                    let (api, reads) = measure(&server, &store, clients, &mut fresh).await;
+                    row("cold (page cache dropped)", &api, &reads);
+                }
+                Err(error) => eprintln!("--cold: cannot drop the page cache ({error}); needs root"),
+            }
+        }
     }
     server.shutdown().await.expect("shutdown");
 }
