@@ -12,7 +12,7 @@
 //! by fingerprint); log records have no identity in OTLP, so an import run again appends the
 //! log records of the batches it had already committed (it says how far it got).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -259,12 +259,7 @@ pub fn import(files: &[PathBuf], data_dir: &Path, database_url: Option<&str>) ->
 }
 
 async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, started: Instant) -> anyhow::Result<()> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader = BufReader::new(file);
-    let gzipped =
-        reader.fill_buf().with_context(|| format!("cannot read {}", path.display()))?.starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn BufRead> =
-        if gzipped { Box::new(BufReader::new(MultiGzDecoder::new(reader))) } else { Box::new(reader) };
+    let reader = open_dump(path)?;
     let mut batch = IngestBatch::default();
     let mut anomalies: Vec<DumpedAnomaly> = Vec::new();
     // The first line of the batch being gathered (for saying how far an import got).
@@ -342,24 +337,23 @@ async fn commit(store: &dyn Store, batch: &mut IngestBatch, anomalies: &mut Vec<
     Ok(())
 }
 
+/// A dump's lines, gzip-compressed (as `export --dump` writes) or not.
+fn open_dump(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let gzipped =
+        reader.fill_buf().with_context(|| format!("cannot read {}", path.display()))?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gzipped { Box::new(BufReader::new(MultiGzDecoder::new(reader))) } else { Box::new(reader) })
+}
+
 /// Reads a whole dump's records (for tests and tools), header first.
 pub fn read_records(path: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|mut file| file.read_to_end(&mut bytes))
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let mut text = String::new();
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        MultiGzDecoder::new(bytes.as_slice())
-            .read_to_string(&mut text)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-    } else {
-        text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
-    }
-    text.lines()
+    open_dump(path)?
+        .lines()
         .enumerate()
         .map(|(index, line)| {
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), index + 1))
+            let line = line.with_context(|| format!("{}:{}: cannot read", path.display(), index + 1))?;
+            serde_json::from_str(&line).with_context(|| format!("{}:{}: not JSON", path.display(), index + 1))
         })
         .collect()
 }

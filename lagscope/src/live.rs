@@ -277,7 +277,8 @@ async fn analysis_pass(
     }
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
-    let scopes_seen = scopes.clone();
+    // (The clusters of these scopes get the per-cluster pass below.)
+    let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
     for (cluster, namespace) in scopes {
         let spans = store
             .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
@@ -302,7 +303,6 @@ async fn analysis_pass(
         record(store, metrics, &anomalies).await?;
     }
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
-    let clusters: BTreeSet<Option<String>> = scopes_seen.into_iter().map(|(cluster, _)| cluster).collect();
     for cluster in clusters {
         let window = config.live.scope_window_seconds * 1_000_000_000;
         let samples = store.cluster_samples(cluster.as_deref(), CLUSTER_METRICS, window).await?;
