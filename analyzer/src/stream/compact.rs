@@ -4,7 +4,7 @@
 use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
 use super::intern::{Interner, Sym, known};
-use super::record::{SpanKey, SpanRec};
+use super::record::{CallId, SpanKey, SpanRec};
 
 /// A span reference in compact form.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +103,7 @@ impl Attempt {
 /// One final call (a compact `TimelineCall`).
 #[derive(Debug)]
 pub(crate) struct Call {
-    pub(crate) call_id: Option<Box<str>>,
+    pub(crate) call_id: Option<CallId>,
     pub(crate) op: Sym,
     pub(crate) rpc_method: Sym,
     pub(crate) start: UnixNanos,

@@ -17,8 +17,7 @@
 //! The anomalies are built by the batch detectors' own constructors; a streamed and a batch
 //! analysis of the same telemetry agree (tested on every simulator scenario and golden case).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use lagscope_model::conventions::{
@@ -33,7 +32,8 @@ use super::compact::{Attempt, Call, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
-use super::record::{SpanKey, SpanRec};
+use super::queue::{TimeQueue, Timed};
+use super::record::{CallId, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
 use crate::detectors::{
     blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
@@ -102,7 +102,7 @@ struct OpenCall {
     namespace: Sym,
     /// Its key in `open_index` (call id hash, probed past collisions).
     index_key: Option<u64>,
-    call_id: Option<Box<str>>,
+    call_id: Option<CallId>,
     op: Sym,
     rpc_method: Sym,
     attempts: Vec<Slot>,
@@ -123,7 +123,7 @@ const TOMBSTONE: u32 = u32::MAX;
 #[derive(Debug)]
 enum Waiting {
     Traced(u128),
-    ByCall(Sym, Box<str>),
+    ByCall(Sym, CallId),
 }
 
 /// One router answer for a namespace (`no_namenodes_window`).
@@ -139,6 +139,26 @@ struct Answer {
 
 /// (cluster, namespace, router).
 type RouterKey = (Sym, Sym, Sym);
+
+/// An answer waiting to be fed to its router's window, in start order.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RouterAnswer(Answer, RouterKey);
+
+impl Timed for RouterAnswer {
+    fn time(&self) -> i64 {
+        self.0.start
+    }
+}
+
+/// An open call waiting for the horizon: (first attempt's start, arrival sequence, call).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Due(UnixNanos, u64, CallRef);
+
+impl Timed for Due {
+    fn time(&self) -> i64 {
+        self.0
+    }
+}
 
 /// A router's current run of NoNamenodesAvailable answers.
 #[derive(Debug, Default)]
@@ -206,7 +226,7 @@ pub struct Engine<'c> {
     sequence: u64,
     traces: FxHashMap<u128, Vec<SpanRec>>,
     pending_spans: usize,
-    by_call: FxHashMap<Sym, FxHashMap<Box<str>, Vec<SpanRec>>>,
+    by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<SpanRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u32)>,
     calls: Vec<Option<OpenCall>>,
@@ -214,10 +234,10 @@ pub struct Engine<'c> {
     free_slots: Vec<u32>,
     open_calls: usize,
     open_index: FxHashMap<(Sym, Sym, u64), u32>,
-    queue: BinaryHeap<Reverse<(UnixNanos, u64, CallRef)>>,
+    queue: TimeQueue<Due>,
     clients: FxHashMap<(Sym, Sym), ClientState>,
     namespaces: FxHashMap<(Sym, Sym), NamespaceState>,
-    answers: BinaryHeap<Reverse<(Answer, RouterKey)>>,
+    answers: TimeQueue<RouterAnswer>,
     windows: BTreeMap<RouterKey, RouterWindow>,
     probes: BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
     series: Vec<SeriesInfo>,
@@ -286,10 +306,10 @@ impl<'c> Engine<'c> {
             free_slots: Vec::new(),
             open_calls: 0,
             open_index: FxHashMap::default(),
-            queue: BinaryHeap::new(),
+            queue: TimeQueue::default(),
             clients: FxHashMap::default(),
             namespaces: FxHashMap::default(),
-            answers: BinaryHeap::new(),
+            answers: TimeQueue::default(),
             windows: BTreeMap::new(),
             probes: BTreeMap::new(),
             series: Vec::new(),
@@ -383,7 +403,7 @@ impl<'c> Engine<'c> {
             let tried = self.interner.intern_opt(event.fields.get("namenode").map(String::as_str));
             let answer =
                 Answer { start: time, order: self.sequence, end: time, no_namenodes: true, client: Sym::NONE, tried };
-            self.answers.push(Reverse((answer, key)));
+            self.answers.push(RouterAnswer(answer, key));
         }
         if self.watermark >= self.next_advance {
             self.next_advance = self.watermark.saturating_add(1_000_000_000);
@@ -583,7 +603,7 @@ impl<'c> Engine<'c> {
         });
         let call = CallRef { slot, generation: self.generations[slot as usize] };
         self.sequence += 1;
-        self.queue.push(Reverse((span.start, self.sequence, call)));
+        self.queue.push(Due(span.start, self.sequence, call));
         self.calls[slot as usize] = Some(OpenCall {
             client: span.client,
             namespace: span.namespace,
@@ -644,11 +664,7 @@ impl<'c> Engine<'c> {
             self.join_slot(call, index as usize);
         }
         let final_before = self.watermark.saturating_sub(self.horizon);
-        while let Some(Reverse((start, _, _))) = self.queue.peek() {
-            if *start >= final_before {
-                break;
-            }
-            let Some(Reverse((start, _, call))) = self.queue.pop() else { break };
+        while let Some(Due(start, _, call)) = self.queue.pop_through(final_before.saturating_sub(1)) {
             if let Some(open) = self.close_call(call) {
                 self.finalize(open);
             }
@@ -809,7 +825,7 @@ impl<'c> Engine<'c> {
         &mut self,
         client: Sym,
         namespace: Sym,
-        call_id: Option<Box<str>>,
+        call_id: Option<CallId>,
         op: Sym,
         rpc_method: Sym,
         attempts: Vec<Attempt>,
@@ -958,7 +974,7 @@ impl<'c> Engine<'c> {
                         client,
                         tried: attempt.served_by,
                     };
-                    answers.push(Reverse((answer, (state.cluster, state.namespace, attempt.router_node))));
+                    answers.push(RouterAnswer(answer, (state.cluster, state.namespace, attempt.router_node)));
                 }
             }
         }
@@ -984,11 +1000,7 @@ impl<'c> Engine<'c> {
     fn release_answers(&mut self, until: UnixNanos) {
         let settings = &self.config.no_namenodes_window;
         let max_gap = settings.max_gap_seconds * 1_000_000_000;
-        while let Some(Reverse((answer, _))) = self.answers.peek() {
-            if answer.start > until {
-                break;
-            }
-            let Some(Reverse((answer, key))) = self.answers.pop() else { break };
+        while let Some(RouterAnswer(answer, key)) = self.answers.pop_through(until) {
             let gap_too_long =
                 self.windows.get(&key).is_some_and(|window| answer.start.saturating_sub(window.last_start) > max_gap);
             if (!answer.no_namenodes || gap_too_long)

@@ -11,6 +11,7 @@ mod engine;
 mod intern;
 mod metrics;
 mod namespace;
+mod queue;
 mod record;
 
 pub use engine::{Engine, EngineStats};

@@ -20,6 +20,10 @@ macro_rules! symbol_fields {
     };
 }
 
+/// A call id, inline up to 24 bytes (call ids are unique per call: never interned, and short
+/// enough in practice that no span allocates for one).
+pub type CallId = compact_str::CompactString;
+
 /// Span ids as integers (OTLP's 16- and 8-byte ids; zero means absent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct SpanKey {
@@ -51,7 +55,7 @@ pub struct SpanRec {
     pub client: Sym,
     /// Call ids are unique per call: kept inline, never interned (the dictionary would grow
     /// with history).
-    pub call_id: Option<Box<str>>,
+    pub call_id: Option<CallId>,
     pub attempt: Option<i64>,
     pub namespace: Sym,
     pub op: Sym,
