@@ -4,7 +4,7 @@
 use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
 use super::intern::{Interner, Sym, known};
-use super::record::{CallId, SpanKey, SpanRec};
+use super::record::{CallId, HopRec, SpanKey, SpanRec};
 
 /// A span reference in compact form.
 #[derive(Debug, Clone, Copy)]
@@ -16,6 +16,10 @@ pub(crate) struct Ref {
 
 impl Ref {
     pub(crate) fn of(span: &SpanRec) -> Self {
+        Self { id: span.id, service: span.service, node: span.node }
+    }
+
+    pub(crate) fn of_hop(span: &HopRec) -> Self {
         Self { id: span.id, service: span.service, node: span.node }
     }
 
@@ -127,7 +131,7 @@ impl Call {
 
 /// One attempt from its client span and the router and server spans joined to it, choosing
 /// the executing server and the router hop as the batch join does.
-pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<SpanRec>, join: TimelineJoin) -> Attempt {
+pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<HopRec>, join: TimelineJoin) -> Attempt {
     hops.sort_by_key(|span| span.start);
     let routers = || hops.iter().filter(|span| span.component == known::ROUTER);
     let servers = || hops.iter().filter(|span| span.component == known::SERVER);
@@ -141,7 +145,7 @@ pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<SpanRec>, join: Time
         start: client.start,
         end: client.end,
         client_span: Ref::of(client),
-        hops: routers().chain(servers()).map(Ref::of).collect(),
+        hops: routers().chain(servers()).map(Ref::of_hop).collect(),
         routers: u8::try_from(router_count).unwrap_or(u8::MAX),
         join,
         target_node: client.target_node,

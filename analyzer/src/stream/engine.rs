@@ -33,7 +33,7 @@ use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
 use super::queue::{TimeQueue, Timed};
-use super::record::{CallId, SpanKey, SpanRec};
+use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
 use crate::detectors::{
     blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
@@ -224,9 +224,9 @@ pub struct Engine<'c> {
     next_advance: i64,
     next_prune: i64,
     sequence: u64,
-    traces: FxHashMap<u128, Vec<SpanRec>>,
+    traces: FxHashMap<u128, Vec<HopRec>>,
     pending_spans: usize,
-    by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<SpanRec>>>,
+    by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u32)>,
     calls: Vec<Option<OpenCall>>,
@@ -643,12 +643,12 @@ impl<'c> Engine<'c> {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
             self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
-            self.traces.entry(span.id.trace_id).or_default().push(span);
+            self.traces.entry(span.id.trace_id).or_default().push(HopRec::of(&span));
             self.pending_spans += 1;
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.clone()) {
             self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
-            self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(span);
+            self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(HopRec::of(&span));
         }
     }
 
@@ -769,7 +769,7 @@ impl<'c> Engine<'c> {
             return;
         }
         // Raw attempts: their traced hops now, then the untraced hops by call id.
-        let mut hops: Vec<Option<(Vec<SpanRec>, TimelineJoin)>> = open
+        let mut hops: Vec<Option<(Vec<HopRec>, TimelineJoin)>> = open
             .attempts
             .iter()
             .map(|slot| match slot {
@@ -1176,7 +1176,7 @@ impl<'c> Engine<'c> {
 
 /// The router and server spans under the client attempt `root`, taken out of its trace's
 /// waiting spans (intermediate spans are taken too).
-fn descendants(traces: &mut FxHashMap<u128, Vec<SpanRec>>, pending: &mut usize, root: SpanKey) -> Vec<SpanRec> {
+fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, root: SpanKey) -> Vec<HopRec> {
     let mut found = Vec::new();
     if !root.is_some() {
         return found;

@@ -76,6 +76,52 @@ pub struct SpanRec {
     pub requeues: Option<i64>,
 }
 
+/// A router, server or intermediate span waiting to be joined to its client attempt: only
+/// what the join and the attempt read (smaller than a [`SpanRec`], so the waiting traces move
+/// less memory).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HopRec {
+    pub id: SpanKey,
+    pub parent_span_id: u64,
+    pub start: UnixNanos,
+    pub end: UnixNanos,
+    pub attempt: Option<i64>,
+    pub component: Sym,
+    pub service: Sym,
+    pub node: Sym,
+    pub node_role: Sym,
+    pub ok: bool,
+    pub carried: Option<StateId>,
+    pub returned: Option<StateId>,
+    pub served: Option<StateId>,
+    pub committed: Option<StateId>,
+    pub router_state: Option<StateId>,
+    pub requeues: Option<i64>,
+}
+
+impl HopRec {
+    pub fn of(span: &SpanRec) -> Self {
+        Self {
+            id: span.id,
+            parent_span_id: span.parent_span_id,
+            start: span.start,
+            end: span.end,
+            attempt: span.attempt,
+            component: span.component,
+            service: span.service,
+            node: span.node,
+            node_role: span.node_role,
+            ok: span.ok,
+            carried: span.carried,
+            returned: span.returned,
+            served: span.served,
+            committed: span.committed,
+            router_state: span.router_state,
+            requeues: span.requeues,
+        }
+    }
+}
+
 impl SpanRec {
     /// The compact form of a model span. Ids that are not the collector's lowercase hex are
     /// dropped (the span then joins by call id).
