@@ -4,7 +4,10 @@
 //! **Group commit.** The committer takes every request waiting in the queue, commits them in
 //! one store transaction, and only then answers each of them. While one transaction is being
 //! made durable, new requests gather behind it, so the cost of durability (a WAL sync) is
-//! shared by everything that arrived meanwhile instead of paid per request.
+//! shared by everything that arrived meanwhile instead of paid per request. A store that can
+//! (`Store::concurrent_ingests`: PostgreSQL) has more than one group in flight, so one group's
+//! rows stream in while another waits for its flush; each request is still answered only once
+//! its own group has committed.
 //!
 //! **Back-pressure.** The queue is bounded in bytes. A receiver reserves room for a request's
 //! body as it reads it (the bytes received plus, after decompression, a multiple of the
@@ -231,24 +234,40 @@ struct Committer {
 
 impl Committer {
     async fn run(self, mut receiver: mpsc::UnboundedReceiver<Job>) {
-        let mut group = Vec::new();
-        while let Some(first) = receiver.recv().await {
-            let mut bytes = first.reservation.bytes();
-            group.push(first);
-            while bytes < MAX_GROUP_BYTES && group.len() < MAX_GROUP_REQUESTS {
-                let Ok(job) = receiver.try_recv() else { break };
-                bytes += job.reservation.bytes();
-                group.push(job);
+        use futures::stream::{FuturesUnordered, StreamExt};
+        // Groups in flight at once: one for SQLite (one writer); for PostgreSQL, the next
+        // group's COPY runs while the previous one waits for its WAL flush.
+        let parallel = self.store.concurrent_ingests().max(1);
+        let mut running = FuturesUnordered::new();
+        let mut open = true;
+        while open || !running.is_empty() {
+            tokio::select! {
+                job = receiver.recv(), if open && running.len() < parallel => match job {
+                    Some(first) => {
+                        let mut bytes = first.reservation.bytes();
+                        let mut group = vec![first];
+                        while bytes < MAX_GROUP_BYTES && group.len() < MAX_GROUP_REQUESTS {
+                            let Ok(job) = receiver.try_recv() else { break };
+                            bytes += job.reservation.bytes();
+                            group.push(job);
+                        }
+                        running.push(self.commit_group(group));
+                    }
+                    None => open = false,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {
+                    self.metrics
+                        .ingest_queue_bytes
+                        .set(self.capacity.saturating_sub(self.budget.available_permits()) as u64);
+                }
             }
-            self.commit_group(&mut group).await;
-            self.metrics.ingest_queue_bytes.set(self.capacity.saturating_sub(self.budget.available_permits()) as u64);
         }
     }
 
     /// Commits a group in one transaction and answers each request. If the group's transaction
     /// fails, each request is tried alone, so one request the store cannot take does not keep
     /// failing the others it happened to be grouped with.
-    async fn commit_group(&self, group: &mut Vec<Job>) {
+    async fn commit_group(&self, mut group: Vec<Job>) {
         if group.len() > 1 {
             let mut merged = IngestBatch::default();
             let sizes: Vec<[usize; 3]> = group

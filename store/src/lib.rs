@@ -283,4 +283,12 @@ pub trait Store: Send + Sync + 'static {
     fn coordinator(&self) -> Option<&dyn Coordinator> {
         None
     }
+
+    /// How many ingest transactions the committer may have in flight at once. One for a
+    /// single-writer store (SQLite); more where one transaction's COPY can run while another
+    /// waits for its WAL flush (PostgreSQL). Concurrent ingests must not deadlock each other:
+    /// every row lock an ingest takes on shared rows (series, marks) is taken in key order.
+    fn concurrent_ingests(&self) -> usize {
+        1
+    }
 }

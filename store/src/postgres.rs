@@ -46,6 +46,9 @@ const LOG_COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_num
     event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
     scope_name, scope_version, attributes";
 
+/// Ingest transactions in flight at once (see `Store::concurrent_ingests`).
+const INGEST_TRANSACTIONS: usize = 2;
+
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
@@ -491,6 +494,13 @@ impl Store for PgStore {
         Some(self)
     }
 
+    /// Two: one group's COPY runs while the previous one waits for its WAL flush. Shared rows
+    /// (series, samples, analysis marks) are locked in key order by every ingest; spans are
+    /// new rows, and a span two concurrent batches both repeat waits for the first to commit.
+    fn concurrent_ingests(&self) -> usize {
+        INGEST_TRANSACTIONS
+    }
+
     async fn stats(&self) -> Result<StoreStats> {
         let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \
@@ -616,35 +626,39 @@ async fn insert_samples(transaction: &mut Transaction<'_, Postgres>, samples: &[
         return Ok(0);
     }
     let connection: &mut PgConnection = transaction;
+    // Each series once, in key order: an upsert locks the series row, and ingests committing
+    // at once (`concurrent_ingests`) must take shared rows in one order or deadlock. A series'
+    // metadata comes from its first sample in the batch.
+    let mut first_of_series: BTreeMap<&SeriesKey, &Sample> = BTreeMap::new();
+    for sample in samples {
+        first_of_series.entry(&sample.series).or_insert(sample);
+    }
     let mut series_ids: BTreeMap<&SeriesKey, i64> = BTreeMap::new();
+    for (series, sample) in first_of_series {
+        let (id,): (i64,) = sqlx::query_as(
+            "INSERT INTO series (name, labels, kind, unit, description, cluster, namespace, node_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (name, labels) DO UPDATE SET
+                 kind = excluded.kind,
+                 unit = coalesce(excluded.unit, series.unit),
+                 description = coalesce(excluded.description, series.description)
+             RETURNING id",
+        )
+        .bind(copy::text(&series.name))
+        .bind(copy::text(&to_json_text(&series.labels)))
+        .bind(sample.meta.kind.as_str())
+        .bind(sample.meta.unit.as_deref().map(copy::text))
+        .bind(sample.meta.description.as_deref().map(copy::text))
+        .bind(series.label(CLUSTER).map(copy::text))
+        .bind(series.label(NAMESPACE).map(copy::text))
+        .bind(series.label(NODE_ID).map(copy::text))
+        .fetch_one(&mut *connection)
+        .await?;
+        series_ids.insert(series, id);
+    }
     let mut latest: BTreeMap<(i64, i64), &Sample> = BTreeMap::new();
     for sample in samples {
-        let series_id = match series_ids.get(&sample.series) {
-            Some(id) => *id,
-            None => {
-                let (id,): (i64,) = sqlx::query_as(
-                    "INSERT INTO series (name, labels, kind, unit, description, cluster, namespace, node_id)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                     ON CONFLICT (name, labels) DO UPDATE SET
-                         kind = excluded.kind,
-                         unit = coalesce(excluded.unit, series.unit),
-                         description = coalesce(excluded.description, series.description)
-                     RETURNING id",
-                )
-                .bind(copy::text(&sample.series.name))
-                .bind(copy::text(&to_json_text(&sample.series.labels)))
-                .bind(sample.meta.kind.as_str())
-                .bind(sample.meta.unit.as_deref().map(copy::text))
-                .bind(sample.meta.description.as_deref().map(copy::text))
-                .bind(sample.series.label(CLUSTER).map(copy::text))
-                .bind(sample.series.label(NAMESPACE).map(copy::text))
-                .bind(sample.series.label(NODE_ID).map(copy::text))
-                .fetch_one(&mut *connection)
-                .await?;
-                series_ids.insert(&sample.series, id);
-                id
-            }
-        };
+        let series_id = series_ids.get(&sample.series).copied().expect("every series was upserted above");
         latest.insert((series_id, sample.time_unix_nano), sample);
     }
     sqlx::query(
@@ -674,6 +688,7 @@ async fn insert_samples(transaction: &mut Transaction<'_, Postgres>, samples: &[
     let result = sqlx::query(
         "INSERT INTO samples (series_id, time_unix_nano, start_time_unix_nano, value, distribution)
          SELECT series_id, time_unix_nano, start_time_unix_nano, value, distribution FROM samples_staging
+         ORDER BY series_id, time_unix_nano
          ON CONFLICT (series_id, time_unix_nano) DO UPDATE SET
              start_time_unix_nano = excluded.start_time_unix_nano,
              value = excluded.value,

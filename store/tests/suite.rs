@@ -37,6 +37,7 @@ macro_rules! store_suite {
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
             case!(range_reads_filter_scope_time_and_limit);
             case!(retention_removes_what_is_older_than_the_cutoff);
+            case!(concurrent_ingests_sharing_series_and_clients_all_commit);
         }
     };
 }
@@ -685,4 +686,53 @@ async fn postgres_marks_follow_ingest_and_survive_a_remark() {
     let shard = Mark::Client("client-8".into()).shard();
     let found = coordinator.pending_marks(&[shard], 10).await.expect("marks");
     assert_eq!(found.iter().map(|pending| &pending.mark).collect::<Vec<_>>(), vec![&Mark::Client("client-8".into())]);
+}
+
+/// Ingests committing at once (the committer keeps `concurrent_ingests` groups in flight)
+/// upsert the same series and mark the same clients, listed in opposite orders: none may
+/// deadlock or fail, and every sample and span is stored once.
+async fn concurrent_ingests_sharing_series_and_clients_all_commit(store: &dyn Store) {
+    const BATCHES: usize = 8;
+    const SERIES: usize = 24;
+    let batch = |index: usize| {
+        let mut order: Vec<usize> = (0..SERIES).collect();
+        if index % 2 == 1 {
+            order.reverse();
+        }
+        let samples = order
+            .iter()
+            .map(|series| {
+                let node = format!("nn{series}");
+                let labels = [("cluster", "prod"), ("namespace", "ns1"), ("node.id", node.as_str())];
+                let time = T0 + index as i64 * SECOND;
+                sample("lagscope_test_state", &labels, time, PointValue::Number(index as f64), MetricKind::Gauge)
+            })
+            .collect();
+        let spans = order
+            .iter()
+            .map(|client| {
+                let mut span = span(None, Component::Client, 0, 0, None, T0 + index as i64 * SECOND);
+                span.trace_id = Some(format!("{:032x}", 1000 * (index + 1) + client));
+                span.span_id = Some(format!("{:016x}", 1000 * (index + 1) + client));
+                span.call.client_id = Some(format!("client-{client}"));
+                span.resource.cluster = Some("prod".into());
+                span.call.namespace = Some("ns1".into());
+                span
+            })
+            .collect();
+        IngestBatch { spans, samples, ..IngestBatch::default() }
+    };
+    let batches: Vec<IngestBatch> = (0..BATCHES).map(batch).collect();
+    for round in 0..3 {
+        let results = futures::future::join_all(batches.iter().map(|batch| store.ingest(batch))).await;
+        for (index, result) in results.into_iter().enumerate() {
+            if let Err(error) = result {
+                panic!("round {round}, batch {index}: {error}");
+            }
+        }
+    }
+    let stats = store.stats().await.expect("stats");
+    assert_eq!(stats.series, SERIES as u64, "{stats:?}");
+    assert_eq!(stats.samples, (SERIES * BATCHES) as u64, "{stats:?}");
+    assert_eq!(stats.spans, (SERIES * BATCHES) as u64, "re-sent spans are stored once: {stats:?}");
 }
