@@ -46,6 +46,18 @@ const LOG_COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_num
     event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
     scope_name, scope_version, attributes";
 
+/// Heap pages a bitmap scan reads ahead (`effective_io_concurrency`, set for the timeline's
+/// trace lookup only): a client's hops lie on a few hundred scattered pages.
+const PREFETCH_PAGES: u32 = 64;
+
+/// A span row with its row id (the order ties in start time are broken by).
+#[derive(sqlx::FromRow)]
+struct IdentifiedSpanRow {
+    id: i64,
+    #[sqlx(flatten)]
+    span: SpanRow,
+}
+
 /// Ingest transactions in flight at once (see `Store::concurrent_ingests`).
 const INGEST_TRANSACTIONS: usize = 2;
 
@@ -183,26 +195,51 @@ impl Store for PgStore {
     }
 
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = sqlx::query_as(
-            "WITH own AS (
-                 SELECT * FROM spans
-                 WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
-                 ORDER BY start_unix_nano DESC LIMIT $4
-             )
-             SELECT * FROM own
-             UNION
-             SELECT * FROM spans
-             WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
-               AND trace_id IS NOT NULL AND span_id IS NOT NULL
-             ORDER BY start_unix_nano, id",
+        // Two statements in one read-only transaction. The client's own spans: an index scan
+        // by (client, start), newest first, that stops at the limit however long the history.
+        // Then every span of their traces (the router and server hops name no client): one
+        // bitmap scan of the trace index for all of them, so PostgreSQL reads the heap pages in
+        // block order and prefetches them (`effective_io_concurrency`) instead of one
+        // synchronous random read per trace, which is what a client's timeline costs once the
+        // table is larger than memory (BENCHMARKS.md, "A client's timeline from PostgreSQL").
+        let mut transaction = self.pool.begin().await?;
+        let mut rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM spans
+             WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
+             ORDER BY start_unix_nano DESC LIMIT $4",
         )
         .bind(client_id)
         .bind(range.from)
         .bind(range.to)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *transaction)
         .await?;
-        rows.into_iter().map(SpanRow::into_span).collect()
+        let mut traces: Vec<&str> = rows.iter().filter_map(|row| row.span.trace_id.as_deref()).collect();
+        traces.sort_unstable();
+        traces.dedup();
+        if !traces.is_empty() {
+            let traces: Vec<String> = traces.into_iter().map(str::to_string).collect();
+            sqlx::query(
+                "SELECT set_config('enable_indexscan', 'off', true),
+                        set_config('effective_io_concurrency', $1, true)",
+            )
+            .bind(PREFETCH_PAGES.to_string())
+            .execute(&mut *transaction)
+            .await?;
+            let hops: Vec<IdentifiedSpanRow> = sqlx::query_as(
+                "SELECT * FROM spans WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL",
+            )
+            .bind(&traces)
+            .fetch_all(&mut *transaction)
+            .await?;
+            rows.extend(hops);
+        }
+        transaction.commit().await?;
+        // The client's own spans come back with their traces: each stored row once, in
+        // (start, row id) order.
+        rows.sort_unstable_by_key(|row| (row.span.start_unix_nano, row.id));
+        rows.dedup_by_key(|row| row.id);
+        rows.into_iter().map(|row| row.span.into_span()).collect()
     }
 
     async fn scope_spans(
