@@ -79,8 +79,7 @@ impl<T: Timed> TimeQueue<T> {
 
     /// Removes and returns the least item if its time is at most `until`.
     pub(crate) fn pop_through(&mut self, until: i64) -> Option<T> {
-        loop {
-            let Some(front) = self.ring.front_mut() else { break };
+        while let Some(front) = self.ring.front_mut() {
             if front.is_empty() {
                 // Nothing in this bucket: move on, unless the next one lies beyond `until`
                 // (its items are not due, and the ring would be walked for nothing).
@@ -165,7 +164,7 @@ mod tests {
                     out.0.push(item);
                 }
                 while heap.peek().is_some_and(|Reverse(item)| item.0 < limit) {
-                    out.1.push(heap.pop().map(|Reverse(item)| item).unwrap());
+                    out.1.push(heap.pop().map(|Reverse(item)| item).expect("peeked"));
                 }
                 assert_eq!(queue.len(), heap.len());
             }
