@@ -46,10 +46,6 @@ const LOG_COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_num
     event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
     scope_name, scope_version, attributes";
 
-/// Heap pages a bitmap scan reads ahead (`effective_io_concurrency`, set for the timeline's
-/// trace lookup only): a client's hops lie on a few hundred scattered pages.
-const PREFETCH_PAGES: u32 = 64;
-
 /// A span row with its row id (the order ties in start time are broken by).
 #[derive(sqlx::FromRow)]
 struct IdentifiedSpanRow {
@@ -219,11 +215,17 @@ impl Store for PgStore {
         traces.dedup();
         if !traces.is_empty() {
             let traces: Vec<String> = traces.into_iter().map(str::to_string).collect();
+            // For this transaction only. A server built without posix_fadvise refuses any
+            // read-ahead but 0: the scan then runs without it rather than failing.
             sqlx::query(
-                "SELECT set_config('enable_indexscan', 'off', true),
-                        set_config('effective_io_concurrency', $1, true)",
+                "DO $$ BEGIN
+                     PERFORM set_config('enable_indexscan', 'off', true);
+                     BEGIN
+                         PERFORM set_config('effective_io_concurrency', '64', true);
+                     EXCEPTION WHEN others THEN NULL;
+                     END;
+                 END $$",
             )
-            .bind(PREFETCH_PAGES.to_string())
             .execute(&mut *transaction)
             .await?;
             let hops: Vec<IdentifiedSpanRow> = sqlx::query_as(
