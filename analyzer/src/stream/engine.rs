@@ -639,14 +639,14 @@ impl<'c> Engine<'c> {
         Some(open)
     }
 
-    fn push_hop(&mut self, span: SpanRec) {
+    fn push_hop(&mut self, mut span: SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
             self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
             self.traces.entry(span.id.trace_id).or_default().push(HopRec::of(&span));
             self.pending_spans += 1;
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
-        } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.clone()) {
+        } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
             self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
             self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(HopRec::of(&span));
         }
