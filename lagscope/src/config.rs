@@ -170,9 +170,22 @@ pub struct ServerConfig {
     /// Room in the ingest queue, in bytes: requests being read, decoded and committed. When it
     /// is full, receivers answer 429 / RESOURCE_EXHAUSTED with a retry hint.
     pub ingest_queue_bytes: usize,
+    /// Dashboards defined as data (`*.toml`, see dashboards/README.md), added to the built-in
+    /// ones and replacing those of the same name; read at start-up. Unset: `./dashboards`
+    /// when that directory exists, else the built-in dashboards only.
+    pub dashboards_dir: Option<PathBuf>,
 }
 
 impl ServerConfig {
+    /// The dashboards the pages show: the built-in ones plus those of `dashboards_dir`.
+    pub fn dashboards(&self) -> anyhow::Result<lagscope_web::ui::Dashboards> {
+        let directory = match &self.dashboards_dir {
+            Some(directory) => Some(directory.clone()),
+            None => Some(PathBuf::from("dashboards")).filter(|default| default.is_dir()),
+        };
+        lagscope_web::ui::Dashboards::load(directory.as_deref()).map_err(anyhow::Error::msg)
+    }
+
     /// The ingest queue must hold the largest request the receivers accept, decoded.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(url) = &self.database_url
@@ -204,6 +217,7 @@ impl Default for ServerConfig {
             otlp_grpc: "127.0.0.1:4317".to_string(),
             max_body_bytes: lagscope_collector::otlp::http::DEFAULT_MAX_BODY_BYTES,
             ingest_queue_bytes: lagscope_collector::queue::DEFAULT_QUEUE_BYTES,
+            dashboards_dir: None,
         }
     }
 }

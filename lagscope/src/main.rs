@@ -45,6 +45,10 @@ enum Command {
         /// Address of the OTLP/gRPC receiver [default: 127.0.0.1:4317]; port 0 picks a free port.
         #[arg(long, env = "LAGSCOPE_OTLP_GRPC")]
         otlp_grpc: Option<String>,
+        /// Directory of dashboards defined as data (*.toml), added to the built-in ones
+        /// [default: ./dashboards when it exists]
+        #[arg(long, env = "LAGSCOPE_DASHBOARDS", value_name = "DIR")]
+        dashboards: Option<PathBuf>,
     },
     /// Run every detector over captured OTLP JSON (one export request per file, or JSON lines
     /// of them as the OpenTelemetry Collector's file exporter writes; .gz too).
@@ -296,8 +300,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lagscope::export::print_report(&report, &parquet);
             Ok(())
         }
-        Command::Serve { config, data_dir, database_url, listen, otlp_http, otlp_grpc } => {
+        Command::Serve { config, data_dir, database_url, listen, otlp_http, otlp_grpc, dashboards } => {
             let mut config = Config::load(config.as_deref())?;
+            if let Some(dashboards) = dashboards {
+                config.server.dashboards_dir = Some(dashboards);
+            }
             if let Some(data_dir) = data_dir {
                 config.server.data_dir = data_dir;
             }

@@ -116,7 +116,13 @@ impl Stack {
             metrics: metrics.clone(),
             lag: Some(lag_aggregator()),
             instance: config.cluster.instance_id.clone(),
-        });
+        })
+        .merge(lagscope_web::ui::router(lagscope_web::ui::UiState::new(
+            shared_store.clone(),
+            metrics.clone(),
+            Some(lag_aggregator()),
+            config.server.dashboards()?,
+        )));
         if config.retention.is_enabled() {
             tasks.spawn(crate::retention::run_retention(
                 shared_store.clone(),
@@ -134,6 +140,8 @@ impl Server {
     /// Opens the store (or, with tenants on, gets ready to open one per tenant), binds the
     /// listeners and starts serving.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {
+        // A dashboard file that does not parse stops the start-up, naming file and line.
+        config.server.dashboards()?;
         let api_listener = bind(&config.server.listen, "the API (--listen)").await?;
         let otlp_listener = bind(&config.server.otlp_http, "the OTLP/HTTP receiver (--otlp-http)").await?;
         let grpc_listener = bind(&config.server.otlp_grpc, "the OTLP/gRPC receiver (--otlp-grpc)").await?;

@@ -274,6 +274,11 @@ pub trait Store: Send + Sync + 'static {
 
     async fn stats(&self) -> Result<StoreStats>;
 
+    /// The latest time any span starts or sample is taken (`None` for an empty store): where
+    /// dashboards put the end of their default range, so that data from the past (an imported
+    /// capture, a paused simulator) is shown rather than an empty "now". Two index look-ups.
+    async fn latest_time(&self) -> Result<Option<UnixNanos>>;
+
     /// Removes what the retention no longer covers, in bounded steps that interleave with
     /// ingest (see [`RetentionCutoffs`]).
     async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport>;

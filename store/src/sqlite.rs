@@ -197,6 +197,15 @@ impl Store for SqliteStore {
         retention::enforce(&self.writer, cutoffs).await
     }
 
+    async fn latest_time(&self) -> Result<Option<UnixNanos>> {
+        let (spans, samples): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT (SELECT max(start_unix_nano) FROM spans), (SELECT max(time_unix_nano) FROM samples)",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(spans.max(samples))
+    }
+
     async fn stats(&self) -> Result<StoreStats> {
         let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \

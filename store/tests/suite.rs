@@ -38,6 +38,7 @@ macro_rules! store_suite {
             case!(range_reads_filter_scope_time_and_limit);
             case!(retention_removes_what_is_older_than_the_cutoff);
             case!(concurrent_ingests_sharing_series_and_clients_all_commit);
+            case!(latest_time_is_the_newest_span_start_or_sample);
         }
     };
 }
@@ -384,6 +385,22 @@ fn log(time: i64, body: &str) -> LogRecord {
         scope_version: None,
         attributes: json!({"lagscope.namespace": "ns60", "thread": 7}).as_object().cloned().unwrap_or_default(),
     }
+}
+
+async fn latest_time_is_the_newest_span_start_or_sample(store: &dyn Store) {
+    assert_eq!(store.latest_time().await.expect("empty"), None);
+    let spans = vec![
+        span(Some("c1"), Component::Client, 1, 1, None, T0),
+        span(Some("c1"), Component::Client, 2, 2, None, T0 + 5),
+    ];
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("spans");
+    assert_eq!(store.latest_time().await.expect("spans only"), Some(T0 + 5));
+    let samples = vec![sample("m", &[], T0 + 9, PointValue::Number(1.0), MetricKind::Gauge)];
+    store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("samples");
+    assert_eq!(store.latest_time().await.expect("a later sample"), Some(T0 + 9));
+    let late = vec![span(Some("c2"), Component::Client, 3, 3, None, T0 + 20)];
+    store.ingest(&IngestBatch { spans: late, ..IngestBatch::default() }).await.expect("span");
+    assert_eq!(store.latest_time().await.expect("a later span"), Some(T0 + 20));
 }
 
 async fn logs_round_trip_in_time_order(store: &dyn Store) {

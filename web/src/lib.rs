@@ -8,6 +8,7 @@ mod api;
 mod error;
 mod lag;
 mod time_param;
+pub mod ui;
 
 pub use api::{ApiState, router};
 pub use error::ApiError;

@@ -1,0 +1,706 @@
+//! The page handlers.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use lagscope_analyzer::{build_timelines, enrich};
+use lagscope_model::conventions::METRIC_COMMITTED_STATE;
+use lagscope_model::{AnomalyKind, ClientTimeline, Outcome, Severity, Span};
+use lagscope_store::{AnomalyFilter, StoredAnomaly, TimeRange};
+use serde::{Deserialize, Serialize};
+
+use super::charts::{self, Bar, Line, STATE_UNIT};
+use super::panels::{self, PanelView};
+use super::{Cell, PageRange, RangeParams, Table, UiState, client_link, duration_text, encode_path, time_text};
+use crate::ApiError;
+
+/// Anomalies the overview reads at most (open ones, and those of the range).
+const OVERVIEW_ANOMALIES: u32 = 1000;
+/// The most recent anomalies the overview lists.
+const OVERVIEW_LISTED: usize = 50;
+/// A client's spans a timeline page reads at most (the most recent of the range).
+pub const MAX_PAGE_SPANS: u32 = 2_000;
+/// The client's most recent spans whose time a timeline page shows when it names no range.
+const DEFAULT_CLIENT_SPANS: u32 = 200;
+/// Calls a timeline page draws at most (the most recent).
+pub const MAX_PAGE_CALLS: usize = 300;
+/// Samples a timeline page reads to say what the metrics showed at each attempt.
+const MAX_PAGE_SAMPLES: u32 = 100_000;
+/// How much of a client's timeline an anomaly page shows around the anomaly.
+const ANOMALY_CONTEXT: i64 = 30 * 1_000_000_000;
+
+fn query_params<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query.map(|Query(params)| params).map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
+}
+
+#[derive(Debug, Serialize, Default)]
+struct KindRow {
+    kind: String,
+    open: usize,
+    in_range: usize,
+    critical: usize,
+    link: String,
+}
+
+#[derive(Debug, Serialize)]
+struct ClusterRow {
+    cluster: String,
+    status: &'static str,
+    open: usize,
+    in_range: usize,
+}
+
+pub async fn overview(State(state): State<UiState>, query: Result<Query<RangeParams>, QueryRejection>) -> Response {
+    match overview_page(&state, query).await {
+        Ok(response) => response,
+        Err(error) => state.error_page(error),
+    }
+}
+
+async fn overview_page(
+    state: &UiState,
+    query: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let params = query_params(query)?;
+    let range = PageRange::resolve(state.store.as_ref(), &params).await?;
+    let open = state
+        .store
+        .anomalies(&AnomalyFilter { open: Some(true), limit: OVERVIEW_ANOMALIES, ..AnomalyFilter::default() })
+        .await?;
+    let recent = state
+        .store
+        .anomalies(&AnomalyFilter {
+            since: Some(range.from),
+            until: Some(range.to),
+            limit: OVERVIEW_ANOMALIES,
+            ..AnomalyFilter::default()
+        })
+        .await?;
+    let mut kinds: BTreeMap<String, KindRow> = BTreeMap::new();
+    let mut clusters: BTreeMap<String, (usize, usize, Severity)> = BTreeMap::new();
+    let cluster_name = |stored: &StoredAnomaly| stored.anomaly.cluster.clone().unwrap_or_else(|| "-".to_string());
+    for stored in &open {
+        let kind = stored.anomaly.kind.as_str().to_string();
+        kinds.entry(kind.clone()).or_default().open += 1;
+        let entry = clusters.entry(cluster_name(stored)).or_insert((0, 0, Severity::Info));
+        entry.0 += 1;
+        entry.2 = entry.2.max(stored.anomaly.severity);
+    }
+    for stored in &recent {
+        let row = kinds.entry(stored.anomaly.kind.as_str().to_string()).or_default();
+        row.in_range += 1;
+        if stored.anomaly.severity == Severity::Critical {
+            row.critical += 1;
+        }
+        clusters.entry(cluster_name(stored)).or_insert((0, 0, Severity::Info)).1 += 1;
+    }
+    for (kind, row) in &mut kinds {
+        row.kind = kind.clone();
+        row.link = format!("/?{}#kind-{kind}", range_query(&range));
+    }
+    let clusters: Vec<ClusterRow> = clusters
+        .into_iter()
+        .map(|(cluster, (open, in_range, worst))| ClusterRow {
+            cluster,
+            status: match (open, worst) {
+                (0, _) => "ok",
+                (_, Severity::Critical) => "critical",
+                _ => "warning",
+            },
+            open,
+            in_range,
+        })
+        .collect();
+    let listed: Vec<StoredAnomaly> = recent.iter().take(OVERVIEW_LISTED).cloned().collect();
+    let mut by_start = listed.clone();
+    by_start.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+    let open_table = panels::anomaly_table(&{
+        let mut open = open.clone();
+        open.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+        open.into_iter().rev().take(OVERVIEW_LISTED).rev().collect::<Vec<_>>()
+    });
+    let latest = state.store.latest_time().await?;
+    let metrics = &state.metrics;
+    let queue_bytes = metrics.ingest_queue_bytes.get();
+    let queue_capacity = metrics.ingest_queue_capacity_bytes.get().max(1);
+    let ingest = vec![
+        ("latest data".to_string(), latest.map(time_text).unwrap_or_else(|| "none yet".to_string())),
+        (
+            "ingest queue".to_string(),
+            format!(
+                "{} of {} bytes ({:.0}%)",
+                queue_bytes,
+                queue_capacity,
+                queue_bytes as f64 * 100.0 / queue_capacity as f64
+            ),
+        ),
+        ("requests refused, queue full".to_string(), metrics.ingest_queue_full.get().to_string()),
+        ("group commits".to_string(), metrics.ingest_commits.get().to_string()),
+        ("requests committed".to_string(), metrics.ingest_committed_requests.get().to_string()),
+        (
+            "batches analysed / marked".to_string(),
+            format!("{} / {}", metrics.batches_analyzed.get(), metrics.batches_marked.get()),
+        ),
+    ];
+    let scrapes: Vec<Vec<Cell>> = metrics
+        .scrapes
+        .snapshot()
+        .into_iter()
+        .map(|(name, status)| {
+            vec![
+                Cell::text(name),
+                Cell::text(status.url.clone()),
+                if status.up { Cell::class("up", "ok") } else { Cell::class("down", "critical") },
+                Cell::text(status.failures.to_string()),
+                Cell::text(status.last_error.clone().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    let timeline = panels::anomaly_lanes(
+        &by_start_all(&recent),
+        super::dashboards::AnomalyLane::Kind,
+        charts::Span { from: range.from, to: range.to },
+    );
+    let context = minijinja::context! {
+        timeline => timeline,
+        kinds => kinds.into_values().collect::<Vec<_>>(),
+        clusters => clusters,
+        open_table => open_table,
+        open_count => open.len(),
+        recent_table => panels::anomaly_table(&by_start),
+        recent_count => recent.len(),
+        recent_cut => recent.len() >= OVERVIEW_ANOMALIES as usize,
+        ingest => ingest,
+        scrapes => scrapes,
+    };
+    Ok(state.render("overview.html", "Overview", Some(&range), context))
+}
+
+fn by_start_all(found: &[StoredAnomaly]) -> Vec<StoredAnomaly> {
+    let mut sorted = found.to_vec();
+    sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+    sorted
+}
+
+fn range_query(range: &PageRange) -> String {
+    format!("from={}&to={}", super::unix_seconds(range.from), super::unix_seconds(range.to))
+}
+
+pub async fn anomaly(State(state): State<UiState>, Path(id): Path<String>) -> Response {
+    match anomaly_page(&state, &id).await {
+        Ok(response) => response,
+        Err(error) => state.error_page(error),
+    }
+}
+
+async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
+    let id: i64 = id.parse().map_err(|_| ApiError::BadRequest(format!("anomaly id {id:?} is not a number")))?;
+    let stored =
+        state.store.anomaly(id).await?.ok_or_else(|| ApiError::NotFound(format!("no anomaly with id {id}")))?;
+    let anomaly = &stored.anomaly;
+    let end =
+        if anomaly.end_unix_nano > anomaly.start_unix_nano { anomaly.end_unix_nano } else { anomaly.start_unix_nano };
+    let window = PageRange::new(anomaly.start_unix_nano - ANOMALY_CONTEXT, end + ANOMALY_CONTEXT);
+    let evidence = anomaly.evidence.value();
+    // The slice of the client's timeline, when the anomaly has a client.
+    let mut timeline = None;
+    if let Some(client) = &anomaly.client_id {
+        let view =
+            timeline_view(state, client, anomaly.namespace.as_deref(), &window, std::slice::from_ref(&stored)).await?;
+        timeline = Some(view);
+    }
+    // The metrics that show the condition around it.
+    let related = related_chart(state, anomaly, &window).await?;
+    let title = format!("{} #{}", anomaly.kind.as_str(), stored.id);
+    let facts = vec![
+        ("kind", anomaly.kind.as_str().to_string()),
+        ("severity", anomaly.severity.as_str().to_string()),
+        (
+            "status",
+            if anomaly.open {
+                "open".to_string()
+            } else if anomaly.kind.is_window() {
+                "resolved".to_string()
+            } else {
+                "event".to_string()
+            },
+        ),
+        ("cluster", anomaly.cluster.clone().unwrap_or_default()),
+        ("namespace", anomaly.namespace.clone().unwrap_or_default()),
+        ("node", anomaly.node_id.clone().unwrap_or_default()),
+        ("client", anomaly.client_id.clone().unwrap_or_default()),
+        ("started", time_text(anomaly.start_unix_nano)),
+        ("ended", if anomaly.open { "(still open)".to_string() } else { time_text(anomaly.end_unix_nano) }),
+        ("duration", duration_text(anomaly.end_unix_nano - anomaly.start_unix_nano)),
+        ("first reported", time_text(stored.first_seen_unix_nano)),
+        ("last reported", time_text(stored.last_seen_unix_nano)),
+        ("fingerprint", anomaly.fingerprint.clone()),
+    ];
+    let evidence_text =
+        serde_json::to_string_pretty(evidence).unwrap_or_else(|_| anomaly.evidence.as_json().to_string());
+    let context = minijinja::context! {
+        anomaly_id => stored.id,
+        severity => anomaly.severity.as_str(),
+        summary => anomaly.summary.clone(),
+        cause => anomaly.cause.clone(),
+        facts => facts,
+        evidence => evidence_text,
+        timeline => timeline,
+        related_title => related.as_ref().map(|(title, _)| title.clone()),
+        related_chart => related.map(|(_, svg)| svg),
+        client_link => anomaly.client_id.as_deref().map(|client| client_link(client, anomaly.start_unix_nano)),
+        api_link => format!("/api/v1/anomalies/{}", stored.id),
+    };
+    Ok(state.render("anomaly.html", &title, Some(&window), context))
+}
+
+/// The series that show an anomaly's condition: (metric, per-second rate of a counter, what
+/// the line is), read for the anomaly's cluster and the scope its kind names.
+fn related_series(kind: AnomalyKind) -> (&'static str, &'static [(&'static str, bool, &'static str)], Scope) {
+    use lagscope_model::conventions as c;
+    const STATES: &[(&str, bool, &str)] =
+        &[(c::METRIC_COMMITTED_STATE, false, "committed"), (c::METRIC_APPLIED_STATE, false, "applied")];
+    match kind {
+        AnomalyKind::RequeueStorm => (
+            "Requeues and RPC counts of the node (per second)",
+            &[
+                (c::METRIC_REQUEUE_CALLS, true, "requeued"),
+                (c::METRIC_RPC_QUEUE_OPS, true, "queue-time ops"),
+                (c::METRIC_RPC_PROCESSING_OPS, true, "processing-time ops"),
+            ],
+            Scope::Node,
+        ),
+        AnomalyKind::ShardPressure | AnomalyKind::UnfairRejection => (
+            "In-flight write bytes of the node's shards, and their limits",
+            &[(c::METRIC_SHARD_INFLIGHT_BYTES, false, "in flight"), (c::METRIC_SHARD_LIMIT_BYTES, false, "limit")],
+            Scope::Node,
+        ),
+        AnomalyKind::NoNamenodesWindow => (
+            "NoNamenodesAvailable answers of the namespace (per second)",
+            &[(c::METRIC_ROUTER_NO_NAMENODES, true, "NoNamenodesAvailable")],
+            Scope::Namespace,
+        ),
+        AnomalyKind::BlindFailoverProbe => {
+            ("Probe verdicts of the cluster (1 up, 0 down)", &[(c::METRIC_PROBE_UP, false, "probe")], Scope::Cluster)
+        }
+        _ => ("States of the namespace around it", STATES, Scope::Namespace),
+    }
+}
+
+/// How much of an anomaly's place the related series must share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Cluster,
+    Namespace,
+    Node,
+}
+
+async fn related_chart(
+    state: &UiState,
+    anomaly: &lagscope_model::Anomaly,
+    window: &PageRange,
+) -> Result<Option<(String, String)>, ApiError> {
+    use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+    let (title, metrics, scope) = related_series(anomaly.kind);
+    let mut matchers = Vec::new();
+    if let Some(cluster) = &anomaly.cluster {
+        matchers.push((CLUSTER.to_string(), cluster.clone()));
+    }
+    match (scope, &anomaly.namespace, &anomaly.node_id) {
+        (Scope::Namespace, Some(namespace), _) => matchers.push((NAMESPACE.to_string(), namespace.clone())),
+        (Scope::Node, _, Some(node)) => matchers.push((NODE_ID.to_string(), node.clone())),
+        (Scope::Cluster, _, _) if anomaly.cluster.is_some() => {}
+        _ => return Ok(None),
+    }
+    let mut lines = Vec::new();
+    for (metric, rate, what) in metrics {
+        for series in state.store.series_samples(metric, &matchers, window.range()).await? {
+            let mut points: Vec<(i64, f64)> = series
+                .points
+                .iter()
+                .filter_map(|(at, value, _)| value.filter(|v| v.is_finite()).map(|v| (*at, v)))
+                .collect();
+            if *rate {
+                points = panels::rates(&points);
+            }
+            let mut name = vec![what.to_string()];
+            for label in [NODE_ID, NAMESPACE, "lagscope.shard.role", "server.address"] {
+                if let Some(value) = series.key.label(label).filter(|_| !matchers.iter().any(|(key, _)| key == label)) {
+                    name.push(value.to_string());
+                }
+            }
+            lines.push(Line {
+                name: name.join(" "),
+                points: panels::bucket_last(&points, window.range(), panels::MAX_POINTS),
+            });
+        }
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    lines.truncate(panels::MAX_LINES);
+    let unit =
+        if metrics.first().is_some_and(|(metric, _, _)| *metric == METRIC_COMMITTED_STATE) { STATE_UNIT } else { "" };
+    Ok(Some((title.to_string(), charts::line_chart(&lines, charts::Span { from: window.from, to: window.to }, unit))))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientParams {
+    from: Option<String>,
+    to: Option<String>,
+    last: Option<String>,
+    refresh: Option<String>,
+    namespace: Option<String>,
+}
+
+pub async fn client(
+    State(state): State<UiState>,
+    Path(client_id): Path<String>,
+    query: Result<Query<ClientParams>, QueryRejection>,
+) -> Response {
+    match client_page(&state, &client_id, query).await {
+        Ok(response) => response,
+        Err(error) => state.error_page(error),
+    }
+}
+
+async fn client_page(
+    state: &UiState,
+    client_id: &str,
+    query: Result<Query<ClientParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let params = query_params(query)?;
+    let explicit = params.from.is_some() || params.to.is_some() || params.last.is_some();
+    let range_params = RangeParams { from: params.from, to: params.to, last: params.last, refresh: params.refresh };
+    let range = if explicit {
+        PageRange::resolve(state.store.as_ref(), &range_params).await?
+    } else {
+        // The client's latest activity: the time its most recent spans cover, a little wider.
+        let latest = state.store.client_spans(client_id, TimeRange::ALL, DEFAULT_CLIENT_SPANS).await?;
+        let own = latest.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id));
+        let (first, last) = own.fold((i64::MAX, i64::MIN), |(first, last), span| {
+            (first.min(span.start_unix_nano), last.max(span.end_unix_nano.max(span.start_unix_nano)))
+        });
+        if first > last {
+            return Err(ApiError::NotFound(format!("no spans of client {client_id:?}")));
+        }
+        let pad = ((last - first) / 20).max(1_000_000_000);
+        PageRange::new(first - pad, last + pad)
+    };
+    let anomalies = state
+        .store
+        .anomalies(&AnomalyFilter {
+            client_id: Some(client_id.to_string()),
+            since: Some(range.from),
+            until: Some(range.to),
+            limit: 500,
+            ..AnomalyFilter::default()
+        })
+        .await?;
+    let view = timeline_view(state, client_id, params.namespace.as_deref(), &range, &anomalies).await?;
+    let mut sorted = anomalies.clone();
+    sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+    let context = minijinja::context! {
+        client_id => client_id,
+        timeline => view,
+        anomaly_table => panels::anomaly_table(&sorted),
+        anomaly_count => anomalies.len(),
+        api_link => format!("/api/v1/clients/{}/timeline?from={}&to={}", encode_path(client_id), super::unix_seconds(range.from), super::unix_seconds(range.to)),
+    };
+    Ok(state.render("client.html", &format!("client {client_id}"), Some(&range), context))
+}
+
+/// A client's timeline drawn for a page: swimlanes and the table of attempts.
+#[derive(Debug, Serialize)]
+struct TimelineView {
+    svg: String,
+    legend: Vec<(String, String)>,
+    table: Table,
+    calls: usize,
+    shown_calls: usize,
+    spans_cut: bool,
+    namespaces: Vec<String>,
+}
+
+fn outcome_color(outcome: Option<&Outcome>) -> plotters::style::RGBColor {
+    match outcome {
+        Some(Outcome::Ok) => charts::GREEN,
+        Some(Outcome::Rejected) => charts::AMBER,
+        Some(Outcome::Error | Outcome::Timeout) => charts::RED,
+        _ => charts::GREY,
+    }
+}
+
+async fn timeline_view(
+    state: &UiState,
+    client_id: &str,
+    namespace: Option<&str>,
+    range: &PageRange,
+    anomalies: &[StoredAnomaly],
+) -> Result<TimelineView, ApiError> {
+    let spans = state.store.client_spans(client_id, range.range(), MAX_PAGE_SPANS).await?;
+    let own = spans.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id)).count();
+    let mut timelines: Vec<ClientTimeline> = build_timelines(&spans)
+        .into_iter()
+        .filter(|timeline| timeline.client_id == client_id)
+        .filter(|timeline| namespace.is_none() || timeline.namespace.as_deref() == namespace)
+        .collect();
+    let namespaces: Vec<String> =
+        timelines.iter().map(|timeline| timeline.namespace.clone().unwrap_or_else(|| "-".to_string())).collect();
+    for timeline in &mut timelines {
+        let samples = state
+            .store
+            .samples_in_range(
+                timeline.cluster.as_deref(),
+                timeline.namespace.as_deref(),
+                TimeRange { from: range.from - 60_000_000_000, to: range.to },
+                MAX_PAGE_SAMPLES,
+            )
+            .await?;
+        enrich(std::slice::from_mut(timeline), &samples);
+    }
+    // Spans by id, for the router and server bars' times.
+    let by_id: HashMap<&str, &Span> =
+        spans.iter().filter_map(|span| span.span_id.as_deref().map(|id| (id, span))).collect();
+    // Which attempts broke a guarantee: their span ids are in an anomaly's evidence.
+    let mut flagged: HashMap<String, (i64, String)> = HashMap::new();
+    let mut floor_setters: HashMap<String, i64> = HashMap::new();
+    for stored in anomalies {
+        let evidence = stored.anomaly.evidence.value();
+        for id in super::span_ids(evidence, "spans") {
+            flagged.entry(id).or_insert((stored.id, stored.anomaly.kind.as_str().to_string()));
+        }
+        if let Some(setter) = evidence.get("floor_set_by") {
+            for id in super::span_ids(setter, "spans") {
+                floor_setters.entry(id).or_insert(stored.id);
+            }
+        }
+    }
+    // The calls to draw: the most recent of every namespace.
+    let mut calls: Vec<(&ClientTimeline, &lagscope_model::TimelineCall)> =
+        timelines.iter().flat_map(|timeline| timeline.calls.iter().map(move |call| (timeline, call))).collect();
+    calls.sort_by_key(|(_, call)| call.start_unix_nano);
+    let total_calls = calls.len();
+    if calls.len() > MAX_PAGE_CALLS {
+        calls.drain(..calls.len() - MAX_PAGE_CALLS);
+    }
+    let mut lanes: Vec<String> = Vec::new();
+    let lane_of = |name: String, lanes: &mut Vec<String>| match lanes.iter().position(|lane| *lane == name) {
+        Some(index) => index,
+        None => {
+            lanes.push(name);
+            lanes.len() - 1
+        }
+    };
+    for timeline in &timelines {
+        lane_of(format!("client {} · {}", client_id, timeline.namespace.as_deref().unwrap_or("-")), &mut lanes);
+    }
+    let mut bars = Vec::new();
+    let mut table = Table::new(&[
+        "start",
+        "op",
+        "method",
+        "attempt",
+        "sent to",
+        "router",
+        "served by",
+        "carried",
+        "router carried",
+        "served",
+        "returned",
+        "floor",
+        "committed",
+        "outcome",
+        "anomaly",
+    ]);
+    for (timeline, call) in &calls {
+        let client_lane =
+            lane_of(format!("client {} · {}", client_id, timeline.namespace.as_deref().unwrap_or("-")), &mut lanes);
+        for attempt in &call.attempts {
+            let span_id = attempt.client_span.span_id.clone().unwrap_or_default();
+            let flag = flagged.get(&span_id).cloned().or_else(|| {
+                attempt
+                    .server_spans
+                    .iter()
+                    .chain(&attempt.router_spans)
+                    .find_map(|hop| hop.span_id.as_ref().and_then(|id| flagged.get(id).cloned()))
+            });
+            let below_floor = matches!((call.floor, attempt.served), (Some(floor), Some(served)) if served < floor);
+            bars.push(Bar {
+                lane: client_lane,
+                start: attempt.start_unix_nano,
+                end: attempt.end_unix_nano,
+                color: if flag.is_some() { charts::RED } else { outcome_color(attempt.outcome.as_ref()) },
+                highlight: flag.is_some(),
+                text: None,
+            });
+            for router in &attempt.router_spans {
+                let Some(span) = router.span_id.as_deref().and_then(|id| by_id.get(id)) else { continue };
+                let lane = lane_of(format!("router {}", router.node_id.as_deref().unwrap_or("-")), &mut lanes);
+                bars.push(Bar {
+                    lane,
+                    start: span.start_unix_nano,
+                    end: span.end_unix_nano,
+                    color: charts::color(0),
+                    highlight: false,
+                    text: None,
+                });
+            }
+            for server in &attempt.server_spans {
+                let Some(span) = server.span_id.as_deref().and_then(|id| by_id.get(id)) else { continue };
+                let lane = lane_of(format!("server {}", server.node_id.as_deref().unwrap_or("-")), &mut lanes);
+                bars.push(Bar {
+                    lane,
+                    start: span.start_unix_nano,
+                    end: span.end_unix_nano,
+                    color: if below_floor { charts::RED } else { charts::color(4) },
+                    highlight: flag.is_some(),
+                    text: None,
+                });
+            }
+            let state_cell = |value: Option<i64>| Cell::text(value.map(|v| v.to_string()).unwrap_or_default());
+            let served_cell = match (attempt.served, below_floor) {
+                (Some(served), true) => Cell::class(served.to_string(), "critical"),
+                (served, _) => state_cell(served),
+            };
+            let node_role = |node: &Option<String>, role: &Option<String>| match (node, role) {
+                (Some(node), Some(role)) => format!("{node} ({role})"),
+                (Some(node), None) => node.clone(),
+                (None, Some(role)) => format!("({role})"),
+                (None, None) => String::new(),
+            };
+            let served_role = attempt.served_role.clone().or_else(|| attempt.reported.node_role.clone());
+            table.rows.push(vec![
+                Cell::text(time_text(attempt.start_unix_nano)),
+                Cell::text(call.op.as_ref().map(|op| op.as_str().to_string()).unwrap_or_default()),
+                Cell::text(call.rpc_method.clone().unwrap_or_default()),
+                Cell::text(attempt.attempt.map(|a| a.to_string()).unwrap_or_default()),
+                Cell::text(node_role(&attempt.target_node, &attempt.target_role)),
+                Cell::text(attempt.router_node.clone().unwrap_or_default()),
+                Cell::text(node_role(&attempt.served_by, &served_role)),
+                state_cell(attempt.carried),
+                state_cell(attempt.router_carried),
+                served_cell,
+                state_cell(attempt.returned),
+                state_cell(call.floor),
+                state_cell(attempt.committed.or(attempt.reported.namespace_committed)),
+                {
+                    let outcome = attempt.outcome.as_ref().map(|o| o.as_str().to_string()).unwrap_or_default();
+                    let text = match &attempt.error_type {
+                        Some(error) => format!("{outcome}: {}", error.rsplit('.').next().unwrap_or(error)),
+                        None => outcome,
+                    };
+                    if matches!(attempt.outcome, Some(Outcome::Ok) | None) {
+                        Cell::text(text)
+                    } else {
+                        Cell::class(text, "warning")
+                    }
+                },
+                match (flag, floor_setters.get(&span_id)) {
+                    (Some((id, kind)), _) => {
+                        Cell { class: Some("critical".to_string()), ..Cell::link(kind, format!("/anomalies/{id}")) }
+                    }
+                    (None, Some(id)) => Cell::link("set the floor", format!("/anomalies/{id}")),
+                    (None, None) => Cell::text(""),
+                },
+            ]);
+        }
+    }
+    // Lanes in order: the client, then routers, then servers (each sorted by name).
+    let mut order: Vec<usize> = (0..lanes.len()).collect();
+    let rank = |name: &str| {
+        if name.starts_with("client ") {
+            0
+        } else if name.starts_with("router ") {
+            1
+        } else {
+            2
+        }
+    };
+    order.sort_by(|a, b| rank(&lanes[*a]).cmp(&rank(&lanes[*b])).then_with(|| lanes[*a].cmp(&lanes[*b])));
+    let mut position = vec![0; lanes.len()];
+    for (new, old) in order.iter().enumerate() {
+        position[*old] = new;
+    }
+    let names: Vec<String> = order.iter().map(|old| lanes[*old].clone()).collect();
+    for bar in &mut bars {
+        bar.lane = position[bar.lane];
+    }
+    let svg = charts::lanes(&names, &bars, charts::Span { from: range.from, to: range.to });
+    let legend = [
+        ("ok", charts::GREEN),
+        ("rejected", charts::AMBER),
+        ("error / timeout", charts::RED),
+        ("router hop", charts::color(0)),
+        ("server execution", charts::color(4)),
+    ]
+    .into_iter()
+    .map(|(name, color)| (name.to_string(), charts::hex(color)))
+    .chain(std::iter::once(("broke a guarantee (outlined)".to_string(), charts::hex(charts::RED))))
+    .collect();
+    Ok(TimelineView {
+        svg,
+        legend,
+        table,
+        calls: total_calls,
+        shown_calls: calls.len(),
+        spans_cut: own >= MAX_PAGE_SPANS as usize,
+        namespaces,
+    })
+}
+
+pub async fn dashboard(
+    State(state): State<UiState>,
+    Path(slug): Path<String>,
+    query: Result<Query<RangeParams>, QueryRejection>,
+) -> Response {
+    match dashboard_page(&state, &slug, query).await {
+        Ok(response) => response,
+        Err(error) => state.error_page(error),
+    }
+}
+
+async fn dashboard_page(
+    state: &UiState,
+    slug: &str,
+    query: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Some(dashboard) = state.dashboards.get(slug) else {
+        let known: Vec<&str> = state.dashboards.list.iter().map(|d| d.slug.as_str()).collect();
+        return Err(ApiError::NotFound(format!("no dashboard {slug:?} (there are: {})", known.join(", "))));
+    };
+    let params = query_params(query)?;
+    let range = PageRange::resolve(state.store.as_ref(), &params).await?;
+    let mut panels: Vec<PanelView> = Vec::with_capacity(dashboard.panels.len());
+    for panel in &dashboard.panels {
+        panels.push(panels::evaluate(state, panel, range.range()).await?);
+    }
+    let context = minijinja::context! {
+        description => dashboard.description.clone(),
+        panels => panels,
+        slug => slug,
+    };
+    Ok(state.render("dashboard.html", &dashboard.title, Some(&range), context))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ClientSearch {
+    id: Option<String>,
+}
+
+/// The navigation bar's client search (a plain GET form): on to that client's timeline.
+pub async fn client_search(
+    State(state): State<UiState>,
+    query: Result<Query<ClientSearch>, QueryRejection>,
+) -> Response {
+    match query_params(query) {
+        Ok(ClientSearch { id: Some(id) }) if !id.trim().is_empty() => {
+            axum::response::Redirect::to(&format!("/clients/{}", encode_path(id.trim()))).into_response()
+        }
+        Ok(_) => state.error_page(ApiError::BadRequest("parameter id: give a client id".to_string())),
+        Err(error) => state.error_page(error),
+    }
+}

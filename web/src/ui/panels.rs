@@ -1,0 +1,550 @@
+//! Runs a dashboard panel's query against the store and draws it: an SVG chart, a table, or
+//! both (lanes come with the table of their windows, so every bar is also a link and the page
+//! reads without the chart).
+
+use std::collections::BTreeMap;
+
+use lagscope_model::conventions::{
+    CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, METRIC_ROUTER_CACHED_ROLE, NAMESPACE, NODE_ID,
+    NODE_ROLE, TARGET_NODE,
+};
+use lagscope_model::{AnomalyKind, LagQuery, Severity};
+use lagscope_store::{AnomalyFilter, SeriesSamples, StoredAnomaly, TimeRange};
+use serde::Serialize;
+
+use super::charts::{self, Bar, Line};
+use super::dashboards::{AnomalyLane, ChartKind, HeatColors, Panel, Query, Width};
+use super::{Cell, Table, UiState};
+use crate::ApiError;
+
+/// Points per line a chart draws at most (samples are bucketed to this many).
+pub const MAX_POINTS: usize = 240;
+/// Cells per heatmap row.
+pub const HEATMAP_CELLS: usize = 80;
+/// Lines or rows per chart at most (the first ones by name; the panel says how many more).
+pub const MAX_LINES: usize = 40;
+/// Anomalies a panel reads per kind at most.
+pub const MAX_PANEL_ANOMALIES: u32 = 500;
+/// Spans the staleness panel reads at most (the oldest of the range first).
+pub const MAX_STALENESS_SPANS: u32 = 200_000;
+
+/// A panel ready for the template.
+#[derive(Debug, Serialize)]
+pub struct PanelView {
+    pub title: String,
+    pub description: String,
+    pub half: bool,
+    /// Trusted SVG from [`charts`] (which escapes what it prints).
+    pub svg: Option<String>,
+    pub table: Option<Table>,
+    /// A remark on what is shown (cut at a limit, nothing found).
+    pub note: Option<String>,
+}
+
+pub async fn evaluate(state: &UiState, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
+    let mut view = PanelView {
+        title: panel.title.clone(),
+        description: panel.description.clone(),
+        half: panel.width == Width::Half,
+        svg: None,
+        table: None,
+        note: None,
+    };
+    let span = charts::Span { from: range.from, to: range.to };
+    match &panel.query {
+        Query::Series { metric, matchers, group_by, rate, ratio_to, colors, unit } => {
+            let matchers: Vec<(String, String)> = matchers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let series = state.store.series_samples(metric, &matchers, range).await?;
+            let limits = match ratio_to {
+                Some(limit_metric) => {
+                    latest_by_scope(&state.store.series_samples(limit_metric, &matchers, range).await?)
+                }
+                None => BTreeMap::new(),
+            };
+            let mut groups = group_series(&series, group_by, *rate, ratio_to.as_ref().map(|_| &limits));
+            if groups.len() > MAX_LINES {
+                view.note = Some(format!("showing {MAX_LINES} of {} series", groups.len()));
+                groups.truncate(MAX_LINES);
+            }
+            match panel.chart {
+                ChartKind::Line => {
+                    let lines: Vec<Line> = groups
+                        .into_iter()
+                        .map(|(name, points)| Line { name, points: bucket_last(&points, range, MAX_POINTS) })
+                        .collect();
+                    view.svg = Some(charts::line_chart(&lines, span, unit));
+                }
+                ChartKind::Heatmap => {
+                    let rows: Vec<(String, Vec<Option<f64>>)> = groups
+                        .into_iter()
+                        .map(|(name, points)| {
+                            let cells = match colors {
+                                HeatColors::Pressure => bucket_max(&points, range, HEATMAP_CELLS),
+                                // 1 (up) is good, green; any 0 (down) in a cell makes it red.
+                                HeatColors::UpDown => {
+                                    let down: Vec<(i64, f64)> =
+                                        points.iter().map(|(at, value)| (*at, 1.0 - value.clamp(0.0, 1.0))).collect();
+                                    bucket_max(&down, range, HEATMAP_CELLS)
+                                }
+                            };
+                            (name, cells)
+                        })
+                        .collect();
+                    view.svg = Some(charts::heatmap(&rows, span));
+                }
+                _ => {
+                    let mut table = Table::new(&["series", "latest", "min", "max", "samples"]);
+                    for (name, points) in groups {
+                        let values = points.iter().map(|(_, v)| *v);
+                        let min = values.clone().fold(f64::INFINITY, f64::min);
+                        let max = values.fold(f64::NEG_INFINITY, f64::max);
+                        let latest = points.last().map(|(_, v)| charts::format_value(*v)).unwrap_or_default();
+                        table.rows.push(vec![
+                            Cell::text(name),
+                            Cell::text(latest),
+                            Cell::text(charts::format_value(min)),
+                            Cell::text(charts::format_value(max)),
+                            Cell::text(points.len().to_string()),
+                        ]);
+                    }
+                    view.table = Some(table);
+                }
+            }
+        }
+        Query::Anomalies { kinds, group_by } => {
+            let mut found = Vec::new();
+            for kind in kinds.iter().filter_map(|kind| AnomalyKind::parse(kind)) {
+                let filter = AnomalyFilter {
+                    kind: Some(kind),
+                    since: Some(range.from),
+                    until: Some(range.to),
+                    limit: MAX_PANEL_ANOMALIES,
+                    ..AnomalyFilter::default()
+                };
+                let listed = state.store.anomalies(&filter).await?;
+                if listed.len() >= MAX_PANEL_ANOMALIES as usize {
+                    view.note = Some(format!("showing the newest {MAX_PANEL_ANOMALIES} of each kind"));
+                }
+                found.extend(listed);
+            }
+            found.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+            if panel.chart == ChartKind::Lanes {
+                view.svg = Some(anomaly_lanes(&found, *group_by, span));
+            }
+            view.table = Some(anomaly_table(&found));
+            if found.is_empty() {
+                view.note = Some("none in this range".to_string());
+            }
+        }
+        Query::FollowerStatus {} => view.table = Some(follower_status(state, range).await?),
+        Query::BehindCommitted {} => {
+            let (lines, note) = behind_committed(state, range).await?;
+            view.svg = Some(charts::line_chart(&lines, span, "states behind"));
+            view.note = note;
+        }
+        Query::Staleness {} => {
+            let (table, note) = staleness(state, range).await?;
+            view.table = Some(table);
+            view.note = note;
+        }
+        Query::RoleComparison {} => view.table = Some(role_comparison(state, range).await?),
+    }
+    Ok(view)
+}
+
+/// The name of a series in a panel: its `group_by` labels' values (the metric's name when
+/// none are given).
+fn group_name(series: &SeriesSamples, group_by: &[String]) -> String {
+    if group_by.is_empty() {
+        return series.key.name.clone();
+    }
+    group_by.iter().map(|label| series.key.label(label).unwrap_or("-")).collect::<Vec<_>>().join(" / ")
+}
+
+/// (cluster, namespace, node) of a series.
+type Scope = (Option<String>, Option<String>, Option<String>);
+/// (cluster, namespace).
+type NamespaceKey = (Option<String>, Option<String>);
+/// (cluster, router, namespace, node): what a router's cache says about one node.
+type RouterView = (Option<String>, String, String, String);
+
+fn scope_of(series: &SeriesSamples) -> Scope {
+    let label = |key: &str| series.key.label(key).map(str::to_string);
+    (label(CLUSTER), label(NAMESPACE), label(NODE_ID))
+}
+
+fn numbers(series: &SeriesSamples) -> impl Iterator<Item = (i64, f64)> + '_ {
+    series.points.iter().filter_map(|(at, value, _)| value.filter(|v| v.is_finite()).map(|v| (*at, v)))
+}
+
+fn latest_by_scope(series: &[SeriesSamples]) -> BTreeMap<Scope, f64> {
+    series.iter().filter_map(|series| numbers(series).last().map(|(_, value)| (scope_of(series), value))).collect()
+}
+
+/// Series grouped into named point lists (values, rates, or ratios), by name.
+fn group_series(
+    series: &[SeriesSamples],
+    group_by: &[String],
+    rate: bool,
+    limits: Option<&BTreeMap<Scope, f64>>,
+) -> Vec<(String, Vec<(i64, f64)>)> {
+    let mut groups: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+    for series in series {
+        let mut points: Vec<(i64, f64)> = numbers(series).collect();
+        if rate {
+            points = rates(&points);
+        }
+        if let Some(limits) = limits {
+            let Some(limit) = limits.get(&scope_of(series)).copied().filter(|limit| *limit > 0.0) else { continue };
+            for point in &mut points {
+                point.1 /= limit;
+            }
+        }
+        groups.entry(group_name(series, group_by)).or_default().extend(points);
+    }
+    groups
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by_key(|(at, _)| *at);
+            (name, points)
+        })
+        .collect()
+}
+
+/// Per-second rates of a counter (a drop is a reset: the new value is the increase).
+pub fn rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    points
+        .windows(2)
+        .filter_map(|pair| {
+            let ((t0, v0), (t1, v1)) = (pair[0], pair[1]);
+            let seconds = (t1 - t0) as f64 / 1e9;
+            (seconds > 0.0).then(|| (t1, if v1 >= v0 { v1 - v0 } else { v1 } / seconds))
+        })
+        .collect()
+}
+
+fn bucket_index(at: i64, range: TimeRange, buckets: usize) -> Option<usize> {
+    if at < range.from || at >= range.to {
+        return None;
+    }
+    let width = (range.to - range.from) as f64;
+    Some((((at - range.from) as f64 / width) * buckets as f64) as usize).map(|index| index.min(buckets - 1))
+}
+
+/// The last point of each of `buckets` equal slices of the range (lines stay exact at
+/// their steps, and their size bounded).
+pub fn bucket_last(points: &[(i64, f64)], range: TimeRange, buckets: usize) -> Vec<(i64, f64)> {
+    let mut last: Vec<Option<(i64, f64)>> = vec![None; buckets];
+    for &(at, value) in points {
+        if let Some(index) = bucket_index(at, range, buckets) {
+            last[index] = Some((at, value));
+        }
+    }
+    last.into_iter().flatten().collect()
+}
+
+/// The largest value in each of `buckets` equal slices of the range.
+pub fn bucket_max(points: &[(i64, f64)], range: TimeRange, buckets: usize) -> Vec<Option<f64>> {
+    let mut cells: Vec<Option<f64>> = vec![None; buckets];
+    for &(at, value) in points {
+        if let Some(index) = bucket_index(at, range, buckets) {
+            cells[index] = Some(cells[index].map_or(value, |old: f64| old.max(value)));
+        }
+    }
+    cells
+}
+
+fn lane_of(stored: &StoredAnomaly, group_by: AnomalyLane) -> String {
+    let anomaly = &stored.anomaly;
+    let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".to_string());
+    match group_by {
+        AnomalyLane::Node => {
+            format!("{} / {} / {}", part(&anomaly.cluster), part(&anomaly.namespace), part(&anomaly.node_id))
+        }
+        AnomalyLane::Namespace => format!("{} / {}", part(&anomaly.cluster), part(&anomaly.namespace)),
+        AnomalyLane::Client => part(&anomaly.client_id),
+        AnomalyLane::Kind => anomaly.kind.as_str().to_string(),
+    }
+}
+
+pub fn severity_color(severity: Severity) -> plotters::style::RGBColor {
+    match severity {
+        Severity::Critical => charts::RED,
+        Severity::Warning => charts::AMBER,
+        _ => charts::GREY,
+    }
+}
+
+pub fn anomaly_lanes(found: &[StoredAnomaly], group_by: AnomalyLane, span: charts::Span) -> String {
+    let mut names: Vec<String> = found.iter().map(|stored| lane_of(stored, group_by)).collect();
+    names.sort();
+    names.dedup();
+    names.truncate(MAX_LINES);
+    let bars: Vec<Bar> = found
+        .iter()
+        .filter_map(|stored| {
+            let lane = names.binary_search(&lane_of(stored, group_by)).ok()?;
+            let anomaly = &stored.anomaly;
+            Some(Bar {
+                lane,
+                start: anomaly.start_unix_nano,
+                end: if anomaly.open { span.to } else { anomaly.end_unix_nano },
+                color: severity_color(anomaly.severity),
+                highlight: anomaly.open,
+                text: None,
+            })
+        })
+        .collect();
+    charts::lanes(&names, &bars, span)
+}
+
+/// Anomalies as rows linking to their pages.
+pub fn anomaly_table(found: &[StoredAnomaly]) -> Table {
+    let mut table =
+        Table::new(&["started", "duration", "kind", "severity", "cluster / namespace", "node", "client", "summary"]);
+    for stored in found.iter().rev().take(MAX_PANEL_ANOMALIES as usize) {
+        let anomaly = &stored.anomaly;
+        let link = format!("/anomalies/{}", stored.id);
+        let duration = if anomaly.open {
+            "open".to_string()
+        } else {
+            super::duration_text(anomaly.end_unix_nano - anomaly.start_unix_nano)
+        };
+        table.rows.push(vec![
+            Cell::link(super::time_text(anomaly.start_unix_nano), link.clone()),
+            Cell::text(duration),
+            Cell::text(anomaly.kind.as_str()),
+            Cell::class(anomaly.severity.as_str(), anomaly.severity.as_str()),
+            Cell::text(format!(
+                "{} / {}",
+                anomaly.cluster.as_deref().unwrap_or("-"),
+                anomaly.namespace.as_deref().unwrap_or("-")
+            )),
+            Cell::text(anomaly.node_id.clone().unwrap_or_default()),
+            match &anomaly.client_id {
+                Some(client) => Cell::link(client.clone(), super::client_link(client, anomaly.start_unix_nano)),
+                None => Cell::text(""),
+            },
+            Cell::link(anomaly.summary.clone(), link),
+        ]);
+    }
+    table
+}
+
+async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
+    let applied = state.store.series_samples(METRIC_APPLIED_STATE, &[], range).await?;
+    let committed = state.store.series_samples(METRIC_COMMITTED_STATE, &[], range).await?;
+    // A namespace's committed state: the highest any node reports.
+    let mut namespace_committed: BTreeMap<NamespaceKey, f64> = BTreeMap::new();
+    for (scope, value) in latest_by_scope(&committed) {
+        let entry = namespace_committed.entry((scope.0, scope.1)).or_insert(value);
+        *entry = entry.max(value);
+    }
+    // Open apply_lag windows give the node's status.
+    let filter = AnomalyFilter {
+        kind: Some(AnomalyKind::ApplyLag),
+        open: Some(true),
+        limit: MAX_PANEL_ANOMALIES,
+        ..AnomalyFilter::default()
+    };
+    let open_lag = state.store.anomalies(&filter).await?;
+    let mut table = Table::new(&["cluster", "namespace", "node", "applied", "committed", "behind (states)", "status"]);
+    for (scope, value) in latest_by_scope(&applied) {
+        let committed = namespace_committed.get(&(scope.0.clone(), scope.1.clone())).copied();
+        let behind = committed.map(|committed| (committed - value).max(0.0));
+        let window = open_lag.iter().find(|stored| {
+            stored.anomaly.node_id == scope.2
+                && stored.anomaly.namespace == scope.1
+                && stored.anomaly.cluster == scope.0
+        });
+        let status = window
+            .and_then(|stored| stored.anomaly.evidence.get("status").and_then(|s| s.as_str()).map(str::to_string))
+            .unwrap_or_else(|| if window.is_some() { "warn".to_string() } else { "ok".to_string() });
+        let status_cell = match window {
+            Some(stored) => Cell {
+                class: Some(format!("status-{status}")),
+                ..Cell::link(status.clone(), format!("/anomalies/{}", stored.id))
+            },
+            None => Cell::class(status.clone(), &format!("status-{status}")),
+        };
+        table.rows.push(vec![
+            Cell::text(scope.0.unwrap_or_default()),
+            Cell::text(scope.1.unwrap_or_default()),
+            Cell::text(scope.2.unwrap_or_default()),
+            Cell::text(format!("{value:.0}")),
+            Cell::text(committed.map(|c| format!("{c:.0}")).unwrap_or_default()),
+            Cell::text(behind.map(|b| format!("{b:.0}")).unwrap_or_default()),
+            status_cell,
+        ]);
+    }
+    Ok(table)
+}
+
+async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line>, Option<String>), ApiError> {
+    let applied = state.store.series_samples(METRIC_APPLIED_STATE, &[], range).await?;
+    let committed = state.store.series_samples(METRIC_COMMITTED_STATE, &[], range).await?;
+    // Each namespace's committed state as a staircase: the highest any node reported so far.
+    let mut staircases: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
+    for series in &committed {
+        let scope = scope_of(series);
+        staircases.entry((scope.0, scope.1)).or_default().extend(numbers(series));
+    }
+    for points in staircases.values_mut() {
+        points.sort_by_key(|(at, _)| *at);
+        let mut highest = f64::NEG_INFINITY;
+        for point in points.iter_mut() {
+            highest = highest.max(point.1);
+            point.1 = highest;
+        }
+    }
+    let mut lines: Vec<(f64, Line)> = Vec::new();
+    for series in &applied {
+        let scope = scope_of(series);
+        let Some(staircase) = staircases.get(&(scope.0.clone(), scope.1.clone())) else { continue };
+        let points: Vec<(i64, f64)> = numbers(series)
+            .filter_map(|(at, value)| {
+                let index = staircase.partition_point(|(time, _)| *time <= at);
+                index.checked_sub(1).map(|index| (at, (staircase[index].1 - value).max(0.0)))
+            })
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let worst = points.iter().map(|(_, behind)| *behind).fold(0.0, f64::max);
+        let name = format!(
+            "{} / {} / {}",
+            scope.0.as_deref().unwrap_or("-"),
+            scope.1.as_deref().unwrap_or("-"),
+            scope.2.as_deref().unwrap_or("-")
+        );
+        lines.push((worst, Line { name, points: bucket_last(&points, range, MAX_POINTS) }));
+    }
+    lines.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.name.cmp(&b.1.name)));
+    let note = (lines.len() > MAX_LINES / 4)
+        .then(|| format!("the {} nodes furthest behind of {}", MAX_LINES / 4, lines.len()));
+    lines.truncate(MAX_LINES / 4);
+    Ok((lines.into_iter().map(|(_, line)| line).collect(), note))
+}
+
+async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<String>), ApiError> {
+    let Some(aggregate) = &state.lag else {
+        return Ok((Table::new(&["lag analytics are not available in this build"]), None));
+    };
+    let query = LagQuery {
+        cluster: None,
+        namespace: None,
+        from_unix_nano: range.from,
+        to_unix_nano: range.to,
+        step_seconds: None,
+    };
+    let loaded = crate::load_lag_rows(state.store.as_ref(), &query, MAX_STALENESS_SPANS, MAX_STALENESS_SPANS).await?;
+    let aggregate = aggregate.clone();
+    let report =
+        tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded.truncated)))
+            .await
+            .map_err(|error| ApiError::Analysis(error.to_string()))?
+            .map_err(ApiError::Analysis)?;
+    let (report, truncated) = report;
+    let mut table = Table::new(&[
+        "cluster",
+        "namespace",
+        "node",
+        "reads",
+        "behind committed",
+        "behind p50 (states)",
+        "p99",
+        "max",
+        "behind p50 (s)",
+        "p99 (s)",
+        "max (s)",
+    ]);
+    let percentiles = |p: Option<lagscope_model::Percentiles>, seconds: bool| match p {
+        Some(p) if seconds => [format!("{:.3}", p.p50), format!("{:.3}", p.p99), format!("{:.3}", p.max)],
+        Some(p) => [format!("{:.0}", p.p50), format!("{:.0}", p.p99), format!("{:.0}", p.max)],
+        None => [String::new(), String::new(), String::new()],
+    };
+    for bucket in &report.reads {
+        let mut row = vec![
+            Cell::text(bucket.cluster.clone().unwrap_or_default()),
+            Cell::text(bucket.namespace.clone().unwrap_or_default()),
+            Cell::text(bucket.node.clone().unwrap_or_default()),
+            Cell::text(bucket.reads.to_string()),
+            Cell::text(bucket.stale_reads.to_string()),
+        ];
+        row.extend(percentiles(bucket.behind_states, false).into_iter().map(Cell::text));
+        row.extend(percentiles(bucket.behind_seconds, true).into_iter().map(Cell::text));
+        table.rows.push(row);
+    }
+    let note = truncated.then(|| {
+        format!("the range holds more than {MAX_STALENESS_SPANS} spans: these figures cover its first {MAX_STALENESS_SPANS}; narrow the range for all of it")
+    });
+    Ok((table, note))
+}
+
+async fn role_comparison(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
+    let cached = state.store.series_samples(METRIC_ROUTER_CACHED_ROLE, &[], range).await?;
+    let reported = state.store.series_samples(METRIC_ROLE, &[], range).await?;
+    // The role each node reports last: (cluster, node) -> (time, role).
+    let mut now_reported: BTreeMap<(Option<String>, String), (i64, String)> = BTreeMap::new();
+    for series in &reported {
+        let (Some(node), Some(role)) = (series.key.label(NODE_ID), series.key.label(NODE_ROLE)) else { continue };
+        let Some((at, _)) = numbers(series).filter(|(_, value)| *value > 0.0).last() else { continue };
+        let key = (series.key.label(CLUSTER).map(str::to_string), node.to_string());
+        if now_reported.get(&key).is_none_or(|(previous, _)| *previous <= at) {
+            now_reported.insert(key, (at, role.to_string()));
+        }
+    }
+    let mut table = Table::new(&["cluster", "router", "namespace", "node", "cached role", "reported role", ""]);
+    // (cluster, router, namespace, node) -> (time, cached role)
+    let mut rows: BTreeMap<RouterView, (i64, String)> = BTreeMap::new();
+    for series in &cached {
+        let (Some(router), Some(node), Some(role)) =
+            (series.key.label(NODE_ID), series.key.label(TARGET_NODE), series.key.label(NODE_ROLE))
+        else {
+            continue;
+        };
+        let Some((at, _)) = numbers(series).filter(|(_, value)| *value > 0.0).last() else { continue };
+        let key = (
+            series.key.label(CLUSTER).map(str::to_string),
+            router.to_string(),
+            series.key.label(NAMESPACE).unwrap_or("-").to_string(),
+            node.to_string(),
+        );
+        if rows.get(&key).is_none_or(|(previous, _)| *previous <= at) {
+            rows.insert(key, (at, role.to_string()));
+        }
+    }
+    for ((cluster, router, namespace, node), (_, role)) in rows {
+        let reported = now_reported.get(&(cluster.clone(), node.clone())).map(|(_, role)| role.clone());
+        let agrees = reported.as_deref().is_none_or(|reported| reported == role);
+        table.rows.push(vec![
+            Cell::text(cluster.unwrap_or_default()),
+            Cell::text(router),
+            Cell::text(namespace),
+            Cell::text(node),
+            Cell::text(role),
+            Cell::text(reported.unwrap_or_else(|| "(not reported)".to_string())),
+            if agrees { Cell::class("agrees", "ok") } else { Cell::class("stale cache", "critical") },
+        ]);
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_rates_survive_resets() {
+        let points = [(0, 10.0), (1_000_000_000, 30.0), (2_000_000_000, 5.0)];
+        assert_eq!(rates(&points), vec![(1_000_000_000, 20.0), (2_000_000_000, 5.0)]);
+    }
+
+    #[test]
+    fn buckets_keep_the_last_and_the_largest() {
+        let range = TimeRange { from: 0, to: 100 };
+        let points = [(0, 1.0), (10, 5.0), (60, 2.0), (99, 3.0), (100, 9.0)];
+        assert_eq!(bucket_last(&points, range, 2), vec![(10, 5.0), (99, 3.0)]);
+        assert_eq!(bucket_max(&points, range, 4), vec![Some(5.0), None, Some(2.0), Some(3.0)]);
+    }
+}
