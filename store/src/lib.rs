@@ -191,6 +191,14 @@ pub struct StoreStats {
     pub anomalies: u64,
 }
 
+/// A (cluster, namespace, node) that metric series name; any part may be absent.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, sqlx::FromRow)]
+pub struct Scope {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub node_id: Option<String>,
+}
+
 /// Where telemetry and anomalies live. SQLite today; PostgreSQL is a second implementation.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -278,6 +286,14 @@ pub trait Store: Send + Sync + 'static {
     /// dashboards put the end of their default range, so that data from the past (an imported
     /// capture, a paused simulator) is shown rather than an empty "now". Two index look-ups.
     async fn latest_time(&self) -> Result<Option<UnixNanos>>;
+
+    /// Every (cluster, namespace, node) some metric series names, sorted: what discovery lists
+    /// as clusters, namespaces and nodes. Read from the series table (one row per series).
+    async fn scopes(&self) -> Result<Vec<Scope>>;
+
+    /// Client ids after `after` (all when `None`), in order, at most `limit`: one index seek
+    /// per client (a loose index scan), however many spans each has.
+    async fn clients(&self, after: Option<&str>, limit: u32) -> Result<Vec<String>>;
 
     /// Removes what the retention no longer covers, in bounded steps that interleave with
     /// ingest (see [`RetentionCutoffs`]).

@@ -26,7 +26,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use self::copy::CopyRows;
 use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, to_json_text};
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, SeriesSamples, Store,
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store,
     StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
@@ -538,6 +538,31 @@ impl Store for PgStore {
     /// new rows, and a span two concurrent batches both repeat waits for the first to commit.
     fn concurrent_ingests(&self) -> usize {
         INGEST_TRANSACTIONS
+    }
+
+    async fn scopes(&self) -> Result<Vec<Scope>> {
+        Ok(sqlx::query_as(
+            "SELECT DISTINCT cluster, namespace, node_id FROM series ORDER BY cluster, namespace, node_id",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn clients(&self, after: Option<&str>, limit: u32) -> Result<Vec<String>> {
+        // A loose index scan over spans_by_client_time: each step seeks the next client id.
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "WITH RECURSIVE next_client(id) AS ( \
+               SELECT (SELECT min(client_id) FROM spans WHERE client_id > $1) \
+               UNION ALL \
+               SELECT (SELECT min(client_id) FROM spans WHERE client_id > next_client.id) \
+               FROM next_client WHERE next_client.id IS NOT NULL) \
+             SELECT id FROM next_client WHERE id IS NOT NULL LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     async fn latest_time(&self) -> Result<Option<UnixNanos>> {

@@ -19,7 +19,7 @@ use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, SeriesSamples, Store,
+    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store,
     StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
@@ -195,6 +195,31 @@ impl Store for SqliteStore {
 
     async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
         retention::enforce(&self.writer, cutoffs).await
+    }
+
+    async fn scopes(&self) -> Result<Vec<Scope>> {
+        Ok(sqlx::query_as(
+            "SELECT DISTINCT cluster, namespace, node_id FROM series ORDER BY cluster, namespace, node_id",
+        )
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    async fn clients(&self, after: Option<&str>, limit: u32) -> Result<Vec<String>> {
+        // A loose index scan over spans_by_client_time: each step seeks the next client id.
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "WITH RECURSIVE next_client(id) AS ( \
+               SELECT (SELECT min(client_id) FROM spans WHERE client_id > ?) \
+               UNION ALL \
+               SELECT (SELECT min(client_id) FROM spans WHERE client_id > next_client.id) \
+               FROM next_client WHERE next_client.id IS NOT NULL) \
+             SELECT id FROM next_client WHERE id IS NOT NULL LIMIT ?",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     async fn latest_time(&self) -> Result<Option<UnixNanos>> {

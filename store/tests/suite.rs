@@ -39,6 +39,7 @@ macro_rules! store_suite {
             case!(retention_removes_what_is_older_than_the_cutoff);
             case!(concurrent_ingests_sharing_series_and_clients_all_commit);
             case!(latest_time_is_the_newest_span_start_or_sample);
+            case!(discovery_lists_scopes_and_pages_through_clients);
         }
     };
 }
@@ -401,6 +402,53 @@ async fn latest_time_is_the_newest_span_start_or_sample(store: &dyn Store) {
     let late = vec![span(Some("c2"), Component::Client, 3, 3, None, T0 + 20)];
     store.ingest(&IngestBatch { spans: late, ..IngestBatch::default() }).await.expect("span");
     assert_eq!(store.latest_time().await.expect("a later span"), Some(T0 + 20));
+}
+
+async fn discovery_lists_scopes_and_pages_through_clients(store: &dyn Store) {
+    assert!(store.scopes().await.expect("no series").is_empty());
+    assert!(store.clients(None, 10).await.expect("no spans").is_empty());
+    let mut spans = Vec::new();
+    for (index, client) in ["c3", "c1", "c2", "c1", "c3"].iter().enumerate() {
+        spans.push(span(Some(client), Component::Client, index as u8 + 1, index as u8 + 1, None, T0 + index as i64));
+    }
+    // A hop names no client: not listed.
+    spans.push(span(None, Component::Server, 1, 9, Some(1), T0));
+    let samples = vec![
+        sample(
+            "m",
+            &[("lagscope.cluster", "a"), ("lagscope.namespace", "ns1"), ("lagscope.node.id", "n2")],
+            T0,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            "m",
+            &[("lagscope.cluster", "a"), ("lagscope.namespace", "ns1"), ("lagscope.node.id", "n1")],
+            T0,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            "other",
+            &[("lagscope.cluster", "a"), ("lagscope.namespace", "ns1"), ("lagscope.node.id", "n1")],
+            T0,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample("m", &[("lagscope.cluster", "b")], T0, PointValue::Number(1.0), MetricKind::Gauge),
+    ];
+    store.ingest(&IngestBatch { spans, samples, ..IngestBatch::default() }).await.expect("ingest");
+    let scopes = store.scopes().await.expect("scopes");
+    let named = |scope: &lagscope_store::Scope| (scope.cluster.clone(), scope.namespace.clone(), scope.node_id.clone());
+    let some = |text: &str| Some(text.to_string());
+    assert_eq!(
+        scopes.iter().map(named).collect::<Vec<_>>(),
+        vec![(some("a"), some("ns1"), some("n1")), (some("a"), some("ns1"), some("n2")), (some("b"), None, None)]
+    );
+    assert_eq!(store.clients(None, 10).await.expect("all"), vec!["c1", "c2", "c3"]);
+    assert_eq!(store.clients(None, 2).await.expect("first page"), vec!["c1", "c2"]);
+    assert_eq!(store.clients(Some("c2"), 2).await.expect("second page"), vec!["c3"]);
+    assert!(store.clients(Some("c3"), 2).await.expect("past the end").is_empty());
 }
 
 async fn logs_round_trip_in_time_order(store: &dyn Store) {

@@ -45,6 +45,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/clients/{client_id}/timeline", get(client_timeline))
         .route("/api/v1/lag", get(crate::lag::lag))
         .route("/api/v1/cluster", get(cluster))
+        .route("/api/v1/series", get(crate::query::series))
+        .route("/api/v1/windows", get(crate::query::windows))
+        .route("/api/v1/clusters", get(crate::query::clusters))
+        .route("/api/v1/namespaces", get(crate::query::namespaces))
+        .route("/api/v1/nodes", get(crate::query::nodes))
+        .route("/api/v1/clients", get(crate::query::clients))
+        .route("/api/v1/openapi.json", get(crate::query::openapi))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -157,6 +164,8 @@ async fn list_anomalies(
     query: Result<Query<AnomalyQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let (query_kind, query_since, query_until, query_status) =
+        (query.kind.clone(), query.since.clone(), query.until.clone(), query.status.clone());
     let kind = query
         .kind
         .as_deref()
@@ -202,9 +211,28 @@ async fn list_anomalies(
     };
     let anomalies = state.store.anomalies(&filter).await?;
     let next_before = (anomalies.len() == limit as usize).then(|| anomalies.last().map(|last| last.id)).flatten();
+    let next = next_before.map(|id| {
+        let mut serializer = form_urlencoded::Serializer::new(String::new());
+        for (key, value) in [
+            ("kind", query_kind.as_deref()),
+            ("cluster", filter.cluster.as_deref()),
+            ("namespace", filter.namespace.as_deref()),
+            ("client", filter.client_id.as_deref()),
+            ("since", query_since.as_deref()),
+            ("until", query_until.as_deref()),
+            ("status", query_status.as_deref()),
+        ] {
+            if let Some(value) = value {
+                serializer.append_pair(key, value);
+            }
+        }
+        serializer.append_pair("limit", &limit.to_string()).append_pair("before", &id.to_string());
+        format!("/api/v1/anomalies?{}", serializer.finish())
+    });
     Ok(Json(json!({
         "anomalies": anomalies.iter().map(anomaly_json).collect::<Vec<_>>(),
         "next_before": next_before,
+        "next": next,
     })))
 }
 

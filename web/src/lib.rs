@@ -7,6 +7,7 @@
 mod api;
 mod error;
 mod lag;
+mod query;
 mod time_param;
 pub mod ui;
 
@@ -15,4 +16,5 @@ pub use error::ApiError;
 pub use lag::{
     LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows, parse_step, read_range,
 };
+pub use query::OPENAPI;
 pub use time_param::parse_time;
