@@ -49,6 +49,10 @@ enum Command {
         /// [default: ./dashboards when it exists]
         #[arg(long, env = "LAGSCOPE_DASHBOARDS", value_name = "DIR")]
         dashboards: Option<PathBuf>,
+        /// Feed the service the simulator's `mixed` scenario in real time, round after round
+        /// (timestamped now), so that every page fills within seconds: a demo.
+        #[arg(long)]
+        demo: bool,
     },
     /// Run every detector over captured OTLP JSON (one export request per file, or JSON lines
     /// of them as the OpenTelemetry Collector's file exporter writes; .gz too).
@@ -300,7 +304,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             lagscope::export::print_report(&report, &parquet);
             Ok(())
         }
-        Command::Serve { config, data_dir, database_url, listen, otlp_http, otlp_grpc, dashboards } => {
+        Command::Serve { config, data_dir, database_url, listen, otlp_http, otlp_grpc, dashboards, demo } => {
             let mut config = Config::load(config.as_deref())?;
             if let Some(dashboards) = dashboards {
                 config.server.dashboards_dir = Some(dashboards);
@@ -332,6 +336,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     "lagscope: API on http://{}  OTLP/HTTP on http://{}  OTLP/gRPC on {}  data in {data}",
                     server.api_addr, server.otlp_http_addr, server.otlp_grpc_addr,
                 );
+                if demo {
+                    let target = lagscope::sim_cmd::Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+                    std::thread::Builder::new()
+                        .name("demo".to_string())
+                        .spawn(move || feed_demo(&target))
+                        .context("cannot start the demo feed")?;
+                    eprintln!(
+                        "lagscope demo: feeding the simulator's mixed scenario in real time; open http://{}/",
+                        server.api_addr
+                    );
+                }
                 server.run_until(shutdown_signal()).await
             })
         }
@@ -479,6 +494,28 @@ fn start_native_server(
     });
     eprintln!("sim: native endpoints on http://{bound}/ (Hadoop /jmx, node stats, Prometheus /metrics)");
     Ok((runtime, bound))
+}
+
+/// `serve --demo`: the simulator's `mixed` scenario, in real time and timestamped now, round
+/// after round (a new seed each time), into the service's own OTLP/HTTP receiver.
+fn feed_demo(target: &lagscope::sim_cmd::Target) {
+    for round in 1u64.. {
+        let mut config = lagscope_sim::SimConfig::new("mixed");
+        config.seed = round;
+        config.start_unix_nano = jiff::Timestamp::now().as_nanosecond() as i64;
+        match lagscope::sim_cmd::run(&config, target, true) {
+            Ok((truth, _)) => eprintln!(
+                "lagscope demo: round {round} sent {} spans ({} anomalies expected); starting round {}",
+                truth.figures["spans"],
+                truth.anomalies.len(),
+                round + 1
+            ),
+            Err(error) => {
+                eprintln!("lagscope demo: the feed stopped: {error:#}");
+                return;
+            }
+        }
+    }
 }
 
 /// Ctrl-C or SIGTERM.

@@ -196,5 +196,70 @@ async fn every_endpoint_answers_as_documented() {
     assert!(lag["input"]["spans"].as_u64().unwrap_or(0) > 0, "{}", lag["input"]);
     api.bad("/api/v1/lag", "/api/v1/lag?step=soon", "step").await;
 
+    // /metrics: the findings as gauges, and every metric the Grafana dashboards query.
+    let text =
+        reqwest::get(format!("http://{}/metrics", server.api_addr)).await.expect("scrape").text().await.expect("text");
+    for family in
+        ["lagscope_anomalies_open{", "lagscope_window_open_seconds{", "lagscope_reads{", "lagscope_read_behind_states{"]
+    {
+        assert!(text.contains(family), "/metrics lacks {family}");
+    }
+    let exported: BTreeSet<&str> =
+        text.lines().filter(|line| !line.starts_with('#')).filter_map(|line| line.split(['{', ' ']).next()).collect();
+    let grafana = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/grafana");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&grafana).expect("dashboards/grafana") {
+        let path = entry.expect("entry").path();
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("Grafana JSON");
+        let mut expressions = Vec::new();
+        collect_exprs(&dashboard, &mut expressions);
+        assert!(!expressions.is_empty(), "{} queries nothing", path.display());
+        for expression in expressions {
+            for metric in metric_names(&expression) {
+                assert!(
+                    exported.contains(metric.as_str()),
+                    "{}: {metric} (in {expression}) is not in /metrics",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 5, "the Grafana dashboards query lagscope's metrics");
+
     server.shutdown().await.expect("clean shutdown");
+}
+
+/// Every `expr` (and templating `query`) string of a Grafana dashboard.
+fn collect_exprs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(object) => {
+            for (key, field) in object {
+                match (key.as_str(), field) {
+                    ("expr" | "definition", Value::String(text)) => out.push(text.clone()),
+                    _ => collect_exprs(field, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_exprs(item, out)),
+        _ => {}
+    }
+}
+
+/// The `lagscope_*` metric names a PromQL expression reads.
+fn metric_names(expression: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let bytes = expression.as_bytes();
+    let mut index = 0;
+    while let Some(found) = expression[index..].find("lagscope_") {
+        let start = index + found;
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        names.push(expression[start..end].to_string());
+        index = end;
+    }
+    names
 }

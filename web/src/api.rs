@@ -286,7 +286,13 @@ async fn client_timeline(
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&[]))
+    let mut text = state.metrics.render(&[]);
+    // The findings as gauges; the service's own counters are served even if the store fails.
+    match crate::prometheus::analysis_gauges(&state).await {
+        Ok(gauges) => text.push_str(&gauges),
+        Err(error) => tracing::warn!(%error, "/metrics: the analysis gauges could not be read"),
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
 }
 
 fn optional_time(name: &str, text: Option<&str>) -> Result<Option<i64>, ApiError> {

@@ -7,6 +7,7 @@
 mod api;
 mod error;
 mod lag;
+mod prometheus;
 mod query;
 mod time_param;
 pub mod ui;

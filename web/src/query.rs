@@ -210,7 +210,7 @@ pub async fn windows(State(state): State<ApiState>, RawQuery(raw): RawQuery) -> 
         };
         found.extend(state.store.anomalies(&filter).await?);
     }
-    found.sort_by(|a, b| b.id.cmp(&a.id));
+    found.sort_by_key(|stored| std::cmp::Reverse(stored.id));
     found.truncate(limit as usize);
     let next_before = (found.len() == limit as usize).then(|| found.last().map(|last| last.id)).flatten();
     let windows: Vec<Value> = found

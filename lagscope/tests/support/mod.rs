@@ -113,6 +113,11 @@ impl ServeProcess {
     /// Starts `lagscope serve` on free loopback ports over `data_dir`, with `config` (TOML) as
     /// its configuration file, and waits until it listens.
     pub fn start(data_dir: &Path, config: &str) -> Self {
+        Self::start_with(data_dir, config, &[])
+    }
+
+    /// [`ServeProcess::start`] with more arguments to `serve`.
+    pub fn start_with(data_dir: &Path, config: &str, arguments: &[&str]) -> Self {
         use std::io::BufRead;
         let config_path = data_dir.with_extension("toml");
         std::fs::write(&config_path, config).expect("config file");
@@ -122,6 +127,7 @@ impl ServeProcess {
             .arg(data_dir)
             .arg("--config")
             .arg(&config_path)
+            .args(arguments)
             .env("RUST_LOG", "warn")
             .stderr(std::process::Stdio::piped())
             .spawn()

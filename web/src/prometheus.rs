@@ -1,0 +1,210 @@
+//! What `/metrics` adds to the service's own counters: lagscope's findings as Prometheus
+//! gauges, for teams that live in Grafana (`dashboards/grafana/`).
+//!
+//! - `lagscope_anomalies_open{kind,severity,cluster,namespace}`: anomalies whose condition
+//!   still holds;
+//! - `lagscope_window_open_seconds{kind,cluster,namespace,node}`: how long each open window
+//!   has lasted, up to the latest data;
+//! - over the last [`GAUGE_WINDOW`] of data, per (cluster, namespace, node):
+//!   `lagscope_reads{..}`, `lagscope_reads_behind_committed{..}`,
+//!   `lagscope_read_behind_states{..,quantile}`, `lagscope_read_behind_seconds{..,quantile}`,
+//!   `lagscope_apply_lag_states{..,quantile}`, `lagscope_apply_lag_seconds{..,quantile}`
+//!   (quantile 0.5, 0.99 and 1 for the maximum).
+//!
+//! Label values come from telemetry: they are escaped as the exposition format requires,
+//! and each family is capped at [`MAX_SERIES_PER_FAMILY`] series.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use lagscope_model::{LagQuery, Percentiles};
+use lagscope_store::AnomalyFilter;
+
+use crate::{ApiError, ApiState, load_lag_rows};
+
+/// The stretch of the latest data the lag and staleness gauges cover.
+pub const GAUGE_WINDOW: i64 = 60 * 1_000_000_000;
+/// Spans and samples one scrape reads at most for those gauges.
+pub const MAX_GAUGE_ROWS: u32 = 20_000;
+/// Series per metric family at most (telemetry decides label values).
+pub const MAX_SERIES_PER_FAMILY: usize = 2_000;
+/// Open anomalies one scrape reads at most.
+const MAX_OPEN: u32 = 1_000;
+
+/// A metric family being written.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    rows: BTreeMap<String, f64>,
+}
+
+impl Family {
+    fn new(name: &'static str, help: &'static str) -> Self {
+        Self { name, help, rows: BTreeMap::new() }
+    }
+
+    fn set(&mut self, labels: &[(&str, Option<&str>)], value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        let mut text = String::new();
+        for (index, (key, value)) in labels.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
+            }
+            let _ = write!(text, "{key}=\"{}\"", escape(value.unwrap_or("")));
+        }
+        if self.rows.len() >= MAX_SERIES_PER_FAMILY && !self.rows.contains_key(&text) {
+            return;
+        }
+        self.rows.insert(text, value);
+    }
+
+    fn add(&mut self, labels: &[(&str, Option<&str>)], value: f64) {
+        self.set(labels, value + self.get(labels));
+    }
+
+    fn get(&self, labels: &[(&str, Option<&str>)]) -> f64 {
+        let mut probe = Family::new(self.name, self.help);
+        probe.set(labels, 0.0);
+        probe.rows.keys().next().and_then(|key| self.rows.get(key)).copied().unwrap_or(0.0)
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} gauge", self.name);
+        for (labels, value) in &self.rows {
+            let _ = writeln!(out, "{}{{{labels}}} {value}", self.name);
+        }
+    }
+}
+
+/// A label value as the Prometheus text format needs it.
+pub fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The gauges, in the Prometheus text format.
+pub async fn analysis_gauges(state: &ApiState) -> Result<String, ApiError> {
+    let mut open = Family::new("lagscope_anomalies_open", "Anomalies whose condition still holds.");
+    let mut windows = Family::new(
+        "lagscope_window_open_seconds",
+        "How long each open window anomaly has lasted, up to the latest data.",
+    );
+    let latest = state.store.latest_time().await?;
+    let filter = AnomalyFilter { open: Some(true), limit: MAX_OPEN, ..AnomalyFilter::default() };
+    for stored in state.store.anomalies(&filter).await? {
+        let anomaly = &stored.anomaly;
+        let (cluster, namespace) = (anomaly.cluster.as_deref(), anomaly.namespace.as_deref());
+        open.add(
+            &[
+                ("kind", Some(anomaly.kind.as_str())),
+                ("severity", Some(anomaly.severity.as_str())),
+                ("cluster", cluster),
+                ("namespace", namespace),
+            ],
+            1.0,
+        );
+        let until = latest.unwrap_or(anomaly.end_unix_nano).max(anomaly.end_unix_nano);
+        let seconds = (until - anomaly.start_unix_nano) as f64 / 1e9;
+        let labels = [
+            ("kind", Some(anomaly.kind.as_str())),
+            ("cluster", cluster),
+            ("namespace", namespace),
+            ("node", anomaly.node_id.as_deref()),
+        ];
+        windows.set(&labels, seconds.max(windows.get(&labels)));
+    }
+    let mut families = vec![open, windows];
+    if let (Some(latest), Some(aggregate)) = (latest, state.lag.clone()) {
+        let query = LagQuery {
+            cluster: None,
+            namespace: None,
+            from_unix_nano: latest - GAUGE_WINDOW,
+            to_unix_nano: latest + 1,
+            step_seconds: None,
+        };
+        let loaded = load_lag_rows(state.store.as_ref(), &query, MAX_GAUGE_ROWS, MAX_GAUGE_ROWS).await?;
+        let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query))
+            .await
+            .map_err(|error| ApiError::Analysis(error.to_string()))?
+            .map_err(ApiError::Analysis)?;
+        let mut reads = Family::new("lagscope_reads", "Reads served in the last minute of data.");
+        let mut behind = Family::new(
+            "lagscope_reads_behind_committed",
+            "Reads served below the namespace's committed state, in the last minute of data.",
+        );
+        let mut read_states = Family::new(
+            "lagscope_read_behind_states",
+            "Served state behind the committed state at read time, in states (last minute of data).",
+        );
+        let mut read_seconds = Family::new(
+            "lagscope_read_behind_seconds",
+            "Served state behind the committed state at read time, in seconds (last minute of data).",
+        );
+        let mut apply_states = Family::new(
+            "lagscope_apply_lag_states",
+            "A node's applied state behind its namespace's committed state, in states (last minute of data).",
+        );
+        let mut apply_seconds = Family::new(
+            "lagscope_apply_lag_seconds",
+            "A node's applied state behind its namespace's committed state, in seconds (last minute of data).",
+        );
+        let quantiles = |family: &mut Family, scope: [(&str, Option<&str>); 3], p: &Percentiles| {
+            for (quantile, value) in [("0.5", p.p50), ("0.99", p.p99), ("1", p.max)] {
+                let [a, b, c] = scope;
+                family.set(&[a, b, c, ("quantile", Some(quantile))], value);
+            }
+        };
+        for bucket in &report.reads {
+            let scope = [
+                ("cluster", bucket.cluster.as_deref()),
+                ("namespace", bucket.namespace.as_deref()),
+                ("node", bucket.node.as_deref()),
+            ];
+            reads.set(&scope, bucket.reads as f64);
+            behind.set(&scope, bucket.stale_reads as f64);
+            if let Some(p) = &bucket.behind_states {
+                quantiles(&mut read_states, scope, p);
+            }
+            if let Some(p) = &bucket.behind_seconds {
+                quantiles(&mut read_seconds, scope, p);
+            }
+        }
+        for bucket in &report.apply_lag {
+            let scope = [
+                ("cluster", bucket.cluster.as_deref()),
+                ("namespace", bucket.namespace.as_deref()),
+                ("node", bucket.node.as_deref()),
+            ];
+            quantiles(&mut apply_states, scope, &bucket.behind_states);
+            quantiles(&mut apply_seconds, scope, &bucket.behind_seconds);
+        }
+        families.extend([reads, behind, read_states, read_seconds, apply_states, apply_seconds]);
+    }
+    let mut out = String::new();
+    for family in &families {
+        family.render(&mut out);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_families_capped() {
+        let mut family = Family::new("m", "help");
+        family.set(&[("client", Some("a\"b\\c\nd"))], 1.0);
+        let mut out = String::new();
+        family.render(&mut out);
+        assert!(out.contains(r#"m{client="a\"b\\c\nd"} 1"#), "{out}");
+        for index in 0..MAX_SERIES_PER_FAMILY + 10 {
+            family.set(&[("n", Some(&index.to_string()))], 1.0);
+        }
+        assert_eq!(family.rows.len(), MAX_SERIES_PER_FAMILY);
+        family.add(&[("client", Some("a\"b\\c\nd"))], 2.0);
+        assert_eq!(family.get(&[("client", Some("a\"b\\c\nd"))]), 3.0);
+    }
+}
