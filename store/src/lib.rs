@@ -191,6 +191,16 @@ pub struct StoreStats {
     pub anomalies: u64,
 }
 
+/// A number of anomalies of one kind, cluster, severity and status.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AnomalyCount {
+    pub kind: String,
+    pub cluster: Option<String>,
+    pub severity: String,
+    pub open: bool,
+    pub count: i64,
+}
+
 /// A (cluster, namespace, node) that metric series name; any part may be absent.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, sqlx::FromRow)]
 pub struct Scope {
@@ -262,6 +272,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// One anomaly by id.
     async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>>;
+
+    /// How many anomalies match the filter (its `limit` and `before_id` ignored), per kind,
+    /// cluster, severity and open: what an overview counts, without reading evidence.
+    async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>>;
 
     /// The series of a metric whose labels include every `(label, value)` in `matchers`,
     /// with their samples in `range`.

@@ -26,8 +26,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use self::copy::CopyRows;
 use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, to_json_text};
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store,
-    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
+    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope,
+    SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
@@ -538,6 +538,48 @@ impl Store for PgStore {
     /// new rows, and a span two concurrent batches both repeat waits for the first to commit.
     fn concurrent_ingests(&self) -> usize {
         INGEST_TRANSACTIONS
+    }
+
+    async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
+        // The open ones alone (what an overview asks most): through the partial index of open
+        // anomalies, not a scan of them all.
+        let AnomalyFilter { kind, cluster, namespace, client_id, since, until, open, .. } = filter;
+        let only_open = open == &Some(true)
+            && kind.is_none()
+            && cluster.is_none()
+            && namespace.is_none()
+            && client_id.is_none()
+            && since.is_none()
+            && until.is_none();
+        if only_open {
+            return Ok(sqlx::query_as(
+                "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies WHERE open \
+                 GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open",
+            )
+            .fetch_all(&self.pool)
+            .await?);
+        }
+        Ok(sqlx::query_as(
+            "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies
+             WHERE ($1::text IS NULL OR kind = $1)
+               AND ($2::text IS NULL OR cluster = $2)
+               AND ($3::text IS NULL OR namespace = $3)
+               AND ($4::text IS NULL OR client_id = $4)
+               AND ($5::bigint IS NULL OR end_unix_nano >= $5)
+               AND ($6::bigint IS NULL OR start_unix_nano < $6)
+               AND ($7::boolean IS NULL OR open = $7)
+             GROUP BY kind, cluster, severity, open
+             ORDER BY kind, cluster, severity, open",
+        )
+        .bind(filter.kind.map(lagscope_model::AnomalyKind::as_str))
+        .bind(&filter.cluster)
+        .bind(&filter.namespace)
+        .bind(&filter.client_id)
+        .bind(filter.since)
+        .bind(filter.until)
+        .bind(filter.open)
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn scopes(&self) -> Result<Vec<Scope>> {

@@ -19,8 +19,8 @@ use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::{
-    AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store,
-    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
+    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope,
+    SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -195,6 +195,48 @@ impl Store for SqliteStore {
 
     async fn enforce_retention(&self, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
         retention::enforce(&self.writer, cutoffs).await
+    }
+
+    async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
+        // The open ones alone (what an overview asks most): through the partial index of open
+        // anomalies, not a scan of them all.
+        let AnomalyFilter { kind, cluster, namespace, client_id, since, until, open, .. } = filter;
+        let only_open = open == &Some(true)
+            && kind.is_none()
+            && cluster.is_none()
+            && namespace.is_none()
+            && client_id.is_none()
+            && since.is_none()
+            && until.is_none();
+        if only_open {
+            return Ok(sqlx::query_as(
+                "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies WHERE open = 1 \
+                 GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open",
+            )
+            .fetch_all(&self.reader)
+            .await?);
+        }
+        Ok(sqlx::query_as(
+            "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies
+             WHERE (?1 IS NULL OR kind = ?1)
+               AND (?2 IS NULL OR cluster = ?2)
+               AND (?3 IS NULL OR namespace = ?3)
+               AND (?4 IS NULL OR client_id = ?4)
+               AND (?5 IS NULL OR end_unix_nano >= ?5)
+               AND (?6 IS NULL OR start_unix_nano < ?6)
+               AND (?7 IS NULL OR open = ?7)
+             GROUP BY kind, cluster, severity, open
+             ORDER BY kind, cluster, severity, open",
+        )
+        .bind(filter.kind.map(lagscope_model::AnomalyKind::as_str))
+        .bind(&filter.cluster)
+        .bind(&filter.namespace)
+        .bind(&filter.client_id)
+        .bind(filter.since)
+        .bind(filter.until)
+        .bind(filter.open)
+        .fetch_all(&self.reader)
+        .await?)
     }
 
     async fn scopes(&self) -> Result<Vec<Scope>> {

@@ -40,6 +40,7 @@ macro_rules! store_suite {
             case!(concurrent_ingests_sharing_series_and_clients_all_commit);
             case!(latest_time_is_the_newest_span_start_or_sample);
             case!(discovery_lists_scopes_and_pages_through_clients);
+            case!(anomaly_counts_group_what_the_filter_matches);
         }
     };
 }
@@ -449,6 +450,23 @@ async fn discovery_lists_scopes_and_pages_through_clients(store: &dyn Store) {
     assert_eq!(store.clients(None, 2).await.expect("first page"), vec!["c1", "c2"]);
     assert_eq!(store.clients(Some("c2"), 2).await.expect("second page"), vec!["c3"]);
     assert!(store.clients(Some("c3"), 2).await.expect("past the end").is_empty());
+}
+
+async fn anomaly_counts_group_what_the_filter_matches(store: &dyn Store) {
+    let mut open = anomaly("f-open", "c1", T0);
+    open.open = true;
+    let batch =
+        [anomaly("f-1", "c1", T0), anomaly("f-2", "c2", T0 + SECOND), anomaly("f-3", "c1", T0 + 50 * SECOND), open];
+    store.upsert_anomalies(&batch, T0).await.expect("upsert");
+    let all = store.anomaly_counts(&AnomalyFilter::default()).await.expect("counts");
+    assert_eq!(all.iter().map(|count| count.count).sum::<i64>(), 4, "{all:?}");
+    assert_eq!(all.iter().filter(|count| count.open).map(|count| count.count).sum::<i64>(), 1, "{all:?}");
+    let early = AnomalyFilter { until: Some(T0 + 10 * SECOND), ..AnomalyFilter::default() };
+    assert_eq!(store.anomaly_counts(&early).await.expect("counts").iter().map(|count| count.count).sum::<i64>(), 3);
+    let one_client = AnomalyFilter { client_id: Some("c2".to_string()), ..AnomalyFilter::default() };
+    let counted = store.anomaly_counts(&one_client).await.expect("counts");
+    assert_eq!(counted.len(), 1);
+    assert_eq!((counted[0].kind.as_str(), counted[0].count), ("stale_read", 1));
 }
 
 async fn logs_round_trip_in_time_order(store: &dyn Store) {

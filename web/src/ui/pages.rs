@@ -6,7 +6,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use lagscope_analyzer::{build_timelines, enrich};
-use lagscope_model::conventions::METRIC_COMMITTED_STATE;
+use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE};
 use lagscope_model::{AnomalyKind, ClientTimeline, Outcome, Severity, Span};
 use lagscope_store::{AnomalyFilter, StoredAnomaly, TimeRange};
 use serde::{Deserialize, Serialize};
@@ -65,36 +65,33 @@ async fn overview_page(
 ) -> Result<Response, ApiError> {
     let params = query_params(query)?;
     let range = PageRange::resolve(state.store.as_ref(), &params).await?;
-    let open = state
-        .store
-        .anomalies(&AnomalyFilter { open: Some(true), limit: OVERVIEW_ANOMALIES, ..AnomalyFilter::default() })
-        .await?;
-    let recent = state
-        .store
-        .anomalies(&AnomalyFilter {
-            since: Some(range.from),
-            until: Some(range.to),
-            limit: OVERVIEW_ANOMALIES,
-            ..AnomalyFilter::default()
-        })
-        .await?;
+    // The open ones counted in the store (through the index of open anomalies, no evidence
+    // read). The range's counted from the newest OVERVIEW_ANOMALIES of it (counting every
+    // anomaly of a long range would scan them all); the page says when it cut.
+    let in_range_filter = AnomalyFilter { since: Some(range.from), until: Some(range.to), ..AnomalyFilter::default() };
+    let open_counts =
+        state.store.anomaly_counts(&AnomalyFilter { open: Some(true), ..AnomalyFilter::default() }).await?;
+    let recent = state.store.anomalies(&AnomalyFilter { limit: OVERVIEW_ANOMALIES, ..in_range_filter }).await?;
     let mut kinds: BTreeMap<String, KindRow> = BTreeMap::new();
     let mut clusters: BTreeMap<String, (usize, usize, Severity)> = BTreeMap::new();
-    let cluster_name = |stored: &StoredAnomaly| stored.anomaly.cluster.clone().unwrap_or_else(|| "-".to_string());
-    for stored in &open {
-        let kind = stored.anomaly.kind.as_str().to_string();
-        kinds.entry(kind.clone()).or_default().open += 1;
-        let entry = clusters.entry(cluster_name(stored)).or_insert((0, 0, Severity::Info));
-        entry.0 += 1;
-        entry.2 = entry.2.max(stored.anomaly.severity);
+    let cluster_name = |cluster: &Option<String>| cluster.clone().unwrap_or_else(|| "-".to_string());
+    let mut open_total = 0;
+    for count in &open_counts {
+        let n = count.count as usize;
+        open_total += n;
+        kinds.entry(count.kind.clone()).or_default().open += n;
+        let entry = clusters.entry(cluster_name(&count.cluster)).or_insert((0, 0, Severity::Info));
+        entry.0 += n;
+        entry.2 = entry.2.max(Severity::parse(&count.severity).unwrap_or(Severity::Info));
     }
+    let range_total = recent.len();
     for stored in &recent {
         let row = kinds.entry(stored.anomaly.kind.as_str().to_string()).or_default();
         row.in_range += 1;
         if stored.anomaly.severity == Severity::Critical {
             row.critical += 1;
         }
-        clusters.entry(cluster_name(stored)).or_insert((0, 0, Severity::Info)).1 += 1;
+        clusters.entry(cluster_name(&stored.anomaly.cluster)).or_insert((0, 0, Severity::Info)).1 += 1;
     }
     for (kind, row) in &mut kinds {
         row.kind = kind.clone();
@@ -113,14 +110,13 @@ async fn overview_page(
             in_range,
         })
         .collect();
-    let listed: Vec<StoredAnomaly> = recent.iter().take(OVERVIEW_LISTED).cloned().collect();
-    let mut by_start = listed.clone();
+    let open = state
+        .store
+        .anomalies(&AnomalyFilter { open: Some(true), limit: OVERVIEW_LISTED as u32, ..AnomalyFilter::default() })
+        .await?;
+    let mut by_start: Vec<StoredAnomaly> = recent.iter().take(OVERVIEW_LISTED).cloned().collect();
     by_start.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
-    let open_table = panels::anomaly_table(&{
-        let mut open = open.clone();
-        open.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
-        open.into_iter().rev().take(OVERVIEW_LISTED).rev().collect::<Vec<_>>()
-    });
+    let open_table = panels::anomaly_table(&by_start_all(&open));
     let latest = state.store.latest_time().await?;
     let metrics = &state.metrics;
     let queue_bytes = metrics.ingest_queue_bytes.get();
@@ -168,10 +164,12 @@ async fn overview_page(
         kinds => kinds.into_values().collect::<Vec<_>>(),
         clusters => clusters,
         open_table => open_table,
-        open_count => open.len(),
+        open_count => open_total,
+        open_cut => open_total > open.len(),
         recent_table => panels::anomaly_table(&by_start),
-        recent_count => recent.len(),
-        recent_cut => recent.len() >= OVERVIEW_ANOMALIES as usize,
+        recent_count => range_total,
+        recent_cut => range_total > by_start.len(),
+        range_cut => range_total >= OVERVIEW_ANOMALIES as usize,
         ingest => ingest,
         scrapes => scrapes,
     };
@@ -451,15 +449,31 @@ async fn timeline_view(
     let namespaces: Vec<String> =
         timelines.iter().map(|timeline| timeline.namespace.clone().unwrap_or_else(|| "-".to_string())).collect();
     for timeline in &mut timelines {
-        let samples = state
-            .store
-            .samples_in_range(
-                timeline.cluster.as_deref(),
-                timeline.namespace.as_deref(),
-                TimeRange { from: range.from - 60_000_000_000, to: range.to },
-                MAX_PAGE_SAMPLES,
-            )
-            .await?;
+        // Only the three metrics enrichment reads, of the timeline's cluster: not every sample.
+        let matchers: Vec<(String, String)> = timeline
+            .cluster
+            .iter()
+            .map(|cluster| (lagscope_model::conventions::CLUSTER.to_string(), cluster.clone()))
+            .collect();
+        let window = TimeRange { from: range.from - 60_000_000_000, to: range.to };
+        let mut samples = Vec::new();
+        for metric in [METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE] {
+            for series in state.store.series_samples(metric, &matchers, window).await? {
+                for (at, value, _) in &series.points {
+                    let Some(value) = value else { continue };
+                    samples.push(lagscope_model::Sample {
+                        series: series.key.clone(),
+                        meta: series.meta.clone(),
+                        time_unix_nano: *at,
+                        start_time_unix_nano: None,
+                        value: lagscope_model::PointValue::Number(*value),
+                    });
+                    if samples.len() >= MAX_PAGE_SAMPLES as usize {
+                        break;
+                    }
+                }
+            }
+        }
         enrich(std::slice::from_mut(timeline), &samples);
     }
     // Spans by id, for the router and server bars' times.

@@ -39,9 +39,19 @@ pub struct PanelView {
     pub table: Option<Table>,
     /// A remark on what is shown (cut at a limit, nothing found).
     pub note: Option<String>,
+    /// How long the panel's query and drawing took (shown small on the page).
+    pub took: String,
 }
 
 pub async fn evaluate(state: &UiState, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
+    let started = std::time::Instant::now();
+    let mut view = evaluate_untimed(state, panel, range).await?;
+    view.took = format!("{:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    tracing::debug!(panel = %panel.title, took = %view.took, "panel drawn");
+    Ok(view)
+}
+
+async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
     let mut view = PanelView {
         title: panel.title.clone(),
         description: panel.description.clone(),
@@ -49,6 +59,7 @@ pub async fn evaluate(state: &UiState, panel: &Panel, range: TimeRange) -> Resul
         svg: None,
         table: None,
         note: None,
+        took: String::new(),
     };
     let span = charts::Span { from: range.from, to: range.to };
     match &panel.query {
