@@ -132,7 +132,8 @@ pub fn line_chart(lines: &[Line], span: Span, unit: &str) -> String {
     if !low.is_finite() {
         return "<p class=\"empty\">no samples in this range</p>".to_string();
     }
-    let pad = ((high - low) * 0.05).max(high.abs() * 0.01).max(1e-9);
+    // A flat line (all values equal, e.g. a counter's rate of 0) still gets a readable axis.
+    let pad = if high - low < 1e-9 { (high.abs() * 0.1).max(1.0) } else { ((high - low) * 0.05).max(1e-9) };
     let legend_rows = lines.len().min(12) as u32;
     render(300 + 18 * legend_rows.div_ceil(3), |root| {
         let (plot, legend) = root.split_vertically(300);
@@ -335,6 +336,15 @@ mod tests {
         }];
         let svg = lanes(std::slice::from_ref(&hostile), &bars, SPAN);
         assert!(!svg.contains("<script>") && svg.contains("&lt;script&gt;"), "{svg}");
+    }
+
+    #[test]
+    fn a_flat_line_gets_a_readable_axis() {
+        let lines = vec![Line { name: "zero".to_string(), points: vec![(SPAN.from, 0.0), (SPAN.to, 0.0)] }];
+        let svg = line_chart(&lines, SPAN, "answers/s");
+        // plotters writes each label's text on a line of its own.
+        assert!(svg.contains("\n0.50\n") && svg.contains("\n1\n"), "{svg}");
+        assert!(!svg.contains("-0.00"), "{svg}");
     }
 
     #[test]
