@@ -9,7 +9,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use lagscope_analyzer::{build_timelines, enrich};
+use lagscope_analyzer::build_timelines;
 use lagscope_model::AnomalyKind;
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{AnomalyFilter, Store, StoredAnomaly, TimeRange};
@@ -23,8 +23,6 @@ const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 /// The most of one client's spans a timeline request reads (the most recent ones).
 pub const MAX_TIMELINE_SPANS: u32 = 50_000;
-/// How far back from a namespace's latest metric sample a timeline reads metrics (1 hour).
-const TIMELINE_METRICS_WINDOW: i64 = 3_600 * 1_000_000_000;
 
 /// What the API reads.
 #[derive(Clone)]
@@ -269,11 +267,7 @@ async fn client_timeline(
         build_timelines(&spans).into_iter().filter(|timeline| timeline.client_id == client_id).collect();
     // What the metrics said about the nodes and namespaces at each attempt.
     for timeline in &mut timelines {
-        let samples = state
-            .store
-            .scope_samples(timeline.cluster.as_deref(), timeline.namespace.as_deref(), TIMELINE_METRICS_WINDOW)
-            .await?;
-        enrich(std::slice::from_mut(timeline), &samples);
+        crate::enrich_timeline(state.store.as_ref(), timeline).await?;
     }
     if timelines.is_empty() {
         return Err(ApiError::NotFound(format!("no spans of client {client_id:?} in the requested range")));

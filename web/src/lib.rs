@@ -5,6 +5,7 @@
 //! JSON error naming it; every value reaches SQL bound, never spliced.
 
 mod api;
+mod enrichment;
 mod error;
 mod lag;
 mod prometheus;
@@ -13,6 +14,7 @@ mod time_param;
 pub mod ui;
 
 pub use api::{ApiState, router};
+pub use enrichment::{MAX_ENRICHMENT_SAMPLES, enrich_timeline};
 pub use error::ApiError;
 pub use lag::{
     LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows, parse_step, read_range,

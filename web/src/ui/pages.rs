@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use lagscope_analyzer::{build_timelines, enrich};
-use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE};
+use lagscope_analyzer::build_timelines;
+use lagscope_model::conventions::METRIC_COMMITTED_STATE;
 use lagscope_model::{AnomalyKind, ClientTimeline, Outcome, Severity, Span};
 use lagscope_store::{AnomalyFilter, StoredAnomaly, TimeRange};
 use serde::{Deserialize, Serialize};
@@ -26,8 +26,6 @@ pub const MAX_PAGE_SPANS: u32 = 2_000;
 const DEFAULT_CLIENT_SPANS: u32 = 200;
 /// Calls a timeline page draws at most (the most recent).
 pub const MAX_PAGE_CALLS: usize = 300;
-/// Samples a timeline page reads to say what the metrics showed at each attempt.
-const MAX_PAGE_SAMPLES: u32 = 100_000;
 /// How much of a client's timeline an anomaly page shows around the anomaly.
 const ANOMALY_CONTEXT: i64 = 30 * 1_000_000_000;
 
@@ -449,32 +447,7 @@ async fn timeline_view(
     let namespaces: Vec<String> =
         timelines.iter().map(|timeline| timeline.namespace.clone().unwrap_or_else(|| "-".to_string())).collect();
     for timeline in &mut timelines {
-        // Only the three metrics enrichment reads, of the timeline's cluster: not every sample.
-        let matchers: Vec<(String, String)> = timeline
-            .cluster
-            .iter()
-            .map(|cluster| (lagscope_model::conventions::CLUSTER.to_string(), cluster.clone()))
-            .collect();
-        let window = TimeRange { from: range.from - 60_000_000_000, to: range.to };
-        let mut samples = Vec::new();
-        for metric in [METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE] {
-            for series in state.store.series_samples(metric, &matchers, window).await? {
-                for (at, value, _) in &series.points {
-                    let Some(value) = value else { continue };
-                    samples.push(lagscope_model::Sample {
-                        series: series.key.clone(),
-                        meta: series.meta.clone(),
-                        time_unix_nano: *at,
-                        start_time_unix_nano: None,
-                        value: lagscope_model::PointValue::Number(*value),
-                    });
-                    if samples.len() >= MAX_PAGE_SAMPLES as usize {
-                        break;
-                    }
-                }
-            }
-        }
-        enrich(std::slice::from_mut(timeline), &samples);
+        crate::enrich_timeline(state.store.as_ref(), timeline).await?;
     }
     // Spans by id, for the router and server bars' times.
     let by_id: HashMap<&str, &Span> =
