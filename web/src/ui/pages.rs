@@ -39,7 +39,6 @@ struct KindRow {
     open: usize,
     in_range: usize,
     critical: usize,
-    link: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -93,7 +92,6 @@ async fn overview_page(
     }
     for (kind, row) in &mut kinds {
         row.kind = kind.clone();
-        row.link = format!("/?{}#kind-{kind}", range_query(&range));
     }
     let clusters: Vec<ClusterRow> = clusters
         .into_iter()
@@ -178,10 +176,6 @@ fn by_start_all(found: &[StoredAnomaly]) -> Vec<StoredAnomaly> {
     let mut sorted = found.to_vec();
     sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
     sorted
-}
-
-fn range_query(range: &PageRange) -> String {
-    format!("from={}&to={}", super::unix_seconds(range.from), super::unix_seconds(range.to))
 }
 
 pub async fn anomaly(State(state): State<UiState>, Path(id): Path<String>) -> Response {
