@@ -7,12 +7,9 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use lagscope::sim_cmd::{Target, run};
-use lagscope_sim::{SECOND, SimConfig};
 use serde_json::{Value, json};
-use support::{get_json, start_server, wait_until_analyzed_within};
+use support::{get_json, start_server};
 
 /// The schema the document gives for `GET path` answering `status`, with its references
 /// made local so that a JSON Schema validator resolves them.
@@ -61,11 +58,7 @@ impl Api<'_> {
 async fn every_endpoint_answers_as_documented() {
     let directory = tempfile::tempdir().expect("temp dir");
     let server = start_server(directory.path()).await;
-    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
-    let mut config = SimConfig::new("mixed");
-    config.duration = Some(15 * SECOND);
-    tokio::task::spawn_blocking(move || run(&config, &target, false)).await.expect("join").expect("sim delivers");
-    wait_until_analyzed_within(&server, Duration::from_secs(180)).await;
+    support::feed_simulator(&server, "mixed", 15).await;
 
     let (status, document) = get_json(&server, "/api/v1/openapi.json").await;
     assert_eq!(status, 200);

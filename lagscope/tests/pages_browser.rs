@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use lagscope::sim_cmd::{Target, run};
-use lagscope_sim::{SECOND, SimConfig};
 use serde_json::json;
 use support::{get_json, start_server, wait_until_analyzed_within};
 
@@ -139,12 +137,7 @@ async fn every_page_renders_in_chromium_and_shows_hostile_telemetry_as_text() {
     let driver = browser_driver();
     let directory = tempfile::tempdir().expect("temp dir");
     let server = start_server(directory.path()).await;
-    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
-    let mut config = SimConfig::new("mixed");
-    config.duration = Some(15 * SECOND);
-    tokio::task::spawn_blocking(move || run(&config, &target, false)).await.expect("join").expect("sim delivers");
-
-    wait_until_analyzed_within(&server, Duration::from_secs(180)).await;
+    support::feed_simulator(&server, "mixed", 15).await;
     // The hostile client, a minute after the simulated data (the simulator's clock).
     let (_, latest) = get_json(&server, "/api/v1/anomalies?limit=1").await;
     let base =

@@ -102,6 +102,21 @@ pub struct AnomalyFilter {
     pub limit: u32,
 }
 
+impl AnomalyFilter {
+    /// Whether the filter asks for the open anomalies and nothing else (paging aside): what
+    /// the backends answer through their index of open anomalies.
+    pub fn is_open_only(&self) -> bool {
+        let AnomalyFilter { kind, cluster, namespace, client_id, since, until, open, before_id: _, limit: _ } = self;
+        *open == Some(true)
+            && kind.is_none()
+            && cluster.is_none()
+            && namespace.is_none()
+            && client_id.is_none()
+            && since.is_none()
+            && until.is_none()
+    }
+}
+
 /// An anomaly as stored: with its id and when it was first and last reported.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredAnomaly {

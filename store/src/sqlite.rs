@@ -200,15 +200,7 @@ impl Store for SqliteStore {
     async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
         // The open ones alone (what an overview asks most): through the partial index of open
         // anomalies, not a scan of them all.
-        let AnomalyFilter { kind, cluster, namespace, client_id, since, until, open, .. } = filter;
-        let only_open = open == &Some(true)
-            && kind.is_none()
-            && cluster.is_none()
-            && namespace.is_none()
-            && client_id.is_none()
-            && since.is_none()
-            && until.is_none();
-        if only_open {
+        if filter.is_open_only() {
             return Ok(sqlx::query_as(
                 "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies WHERE open = 1 \
                  GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open",

@@ -186,3 +186,16 @@ impl Drop for ServeProcess {
         }
     }
 }
+
+/// Sends `duration_seconds` of the simulator's `scenario` to `server` over OTLP/HTTP and waits
+/// (up to 3 minutes) until the live analyzer has caught up.
+pub async fn feed_simulator(server: &Server, scenario: &str, duration_seconds: i64) {
+    let target = lagscope::sim_cmd::Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    let mut config = lagscope_sim::SimConfig::new(scenario);
+    config.duration = Some(duration_seconds * lagscope_sim::SECOND);
+    tokio::task::spawn_blocking(move || lagscope::sim_cmd::run(&config, &target, false))
+        .await
+        .expect("join")
+        .expect("sim delivers");
+    wait_until_analyzed_within(server, Duration::from_secs(180)).await;
+}

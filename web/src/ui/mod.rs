@@ -75,6 +75,11 @@ impl UiState {
         }
     }
 
+    /// A page, or the error page of what went wrong.
+    fn page_or_error(&self, page: Result<Response, ApiError>) -> Response {
+        page.unwrap_or_else(|error| self.error_page(error))
+    }
+
     /// An error page with the status the API would answer.
     fn error_page(&self, error: ApiError) -> Response {
         let (status, message) = match &error {

@@ -50,10 +50,7 @@ struct ClusterRow {
 }
 
 pub async fn overview(State(state): State<UiState>, query: Result<Query<RangeParams>, QueryRejection>) -> Response {
-    match overview_page(&state, query).await {
-        Ok(response) => response,
-        Err(error) => state.error_page(error),
-    }
+    state.page_or_error(overview_page(&state, query).await)
 }
 
 async fn overview_page(
@@ -179,10 +176,7 @@ fn by_start_all(found: &[StoredAnomaly]) -> Vec<StoredAnomaly> {
 }
 
 pub async fn anomaly(State(state): State<UiState>, Path(id): Path<String>) -> Response {
-    match anomaly_page(&state, &id).await {
-        Ok(response) => response,
-        Err(error) => state.error_page(error),
-    }
+    state.page_or_error(anomaly_page(&state, &id).await)
 }
 
 async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
@@ -351,10 +345,7 @@ pub async fn client(
     Path(client_id): Path<String>,
     query: Result<Query<ClientParams>, QueryRejection>,
 ) -> Response {
-    match client_page(&state, &client_id, query).await {
-        Ok(response) => response,
-        Err(error) => state.error_page(error),
-    }
+    state.page_or_error(client_page(&state, &client_id, query).await)
 }
 
 async fn client_page(
@@ -638,10 +629,7 @@ pub async fn dashboard(
     Path(slug): Path<String>,
     query: Result<Query<RangeParams>, QueryRejection>,
 ) -> Response {
-    match dashboard_page(&state, &slug, query).await {
-        Ok(response) => response,
-        Err(error) => state.error_page(error),
-    }
+    state.page_or_error(dashboard_page(&state, &slug, query).await)
 }
 
 async fn dashboard_page(
