@@ -107,9 +107,8 @@ async fn overview_page(
         .store
         .anomalies(&AnomalyFilter { open: Some(true), limit: OVERVIEW_LISTED as u32, ..AnomalyFilter::default() })
         .await?;
-    let mut by_start: Vec<StoredAnomaly> = recent.iter().take(OVERVIEW_LISTED).cloned().collect();
-    by_start.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
-    let open_table = panels::anomaly_table(&by_start_all(&open));
+    let by_start = panels::by_start(&recent[..recent.len().min(OVERVIEW_LISTED)]);
+    let open_table = panels::anomaly_table(&panels::by_start(&open));
     let latest = state.store.latest_time().await?;
     let metrics = &state.metrics;
     let queue_bytes = metrics.ingest_queue_bytes.get();
@@ -148,7 +147,7 @@ async fn overview_page(
         })
         .collect();
     let timeline = panels::anomaly_lanes(
-        &by_start_all(&recent),
+        &panels::by_start(&recent),
         super::dashboards::AnomalyLane::Kind,
         charts::Span { from: range.from, to: range.to },
     );
@@ -167,12 +166,6 @@ async fn overview_page(
         scrapes => scrapes,
     };
     Ok(state.render("overview.html", "Overview", Some(&range), context))
-}
-
-fn by_start_all(found: &[StoredAnomaly]) -> Vec<StoredAnomaly> {
-    let mut sorted = found.to_vec();
-    sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
-    sorted
 }
 
 pub async fn anomaly(State(state): State<UiState>, Path(id): Path<String>) -> Response {
@@ -301,11 +294,7 @@ async fn related_chart(
     let mut lines = Vec::new();
     for (metric, rate, what) in metrics {
         for series in state.store.series_samples(metric, &matchers, window.range()).await? {
-            let mut points: Vec<(i64, f64)> = series
-                .points
-                .iter()
-                .filter_map(|(at, value, _)| value.filter(|v| v.is_finite()).map(|v| (*at, v)))
-                .collect();
+            let mut points: Vec<(i64, f64)> = panels::numbers(&series).collect();
             if *rate {
                 points = panels::rates(&points);
             }
@@ -382,8 +371,7 @@ async fn client_page(
         })
         .await?;
     let view = timeline_view(state, client_id, params.namespace.as_deref(), &range, &anomalies).await?;
-    let mut sorted = anomalies.clone();
-    sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+    let sorted = panels::by_start(&anomalies);
     let context = minijinja::context! {
         client_id => client_id,
         timeline => view,

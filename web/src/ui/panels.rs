@@ -184,7 +184,8 @@ fn scope_of(series: &SeriesSamples) -> Scope {
     (label(CLUSTER), label(NAMESPACE), label(NODE_ID))
 }
 
-fn numbers(series: &SeriesSamples) -> impl Iterator<Item = (i64, f64)> + '_ {
+/// A series' finite numeric points.
+pub fn numbers(series: &SeriesSamples) -> impl Iterator<Item = (i64, f64)> + '_ {
     series.points.iter().filter_map(|(at, value, _)| value.filter(|v| v.is_finite()).map(|v| (*at, v)))
 }
 
@@ -307,6 +308,13 @@ pub fn anomaly_lanes(found: &[StoredAnomaly], group_by: AnomalyLane, span: chart
         })
         .collect();
     charts::lanes(&names, &bars, span)
+}
+
+/// Anomalies in start order (ties by id).
+pub fn by_start(found: &[StoredAnomaly]) -> Vec<StoredAnomaly> {
+    let mut sorted = found.to_vec();
+    sorted.sort_by_key(|stored| (stored.anomaly.start_unix_nano, stored.id));
+    sorted
 }
 
 /// Anomalies as rows linking to their pages.
