@@ -8,6 +8,9 @@
 //! already committed. Both are 0 when the node was current.
 
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
+use std::collections::BTreeMap;
+
+use lagscope_model::{ReadRollup, rollup_step_of};
 use serde::Serialize;
 
 use crate::AnalysisInput;
@@ -64,6 +67,39 @@ pub struct LagRows {
     pub reads: Vec<ReadLag>,
     pub apply: Vec<ApplyLagPoint>,
     pub rejections: Vec<RejectionCount>,
+}
+
+/// The reads of the input, with how far behind each was (the `reads` of [`lag_rows`]).
+pub fn read_lag_rows(input: &AnalysisInput) -> Vec<ReadLag> {
+    read_lags(input, &first_seen(committed_reports(input)))
+}
+
+/// The reads served at or after `complete_from` rolled up per (cluster, namespace, node) and
+/// minute, in (minute, scope) order.
+pub fn read_rollups(reads: &[ReadLag], complete_from: i64) -> Vec<ReadRollup> {
+    let mut rollups: BTreeMap<(i64, &Option<String>, &Option<String>, &Option<String>), ReadRollup> = BTreeMap::new();
+    for read in reads.iter().filter(|read| read.time_unix_nano >= complete_from) {
+        let minute = rollup_step_of(read.time_unix_nano);
+        let rollup =
+            rollups.entry((minute, &read.cluster, &read.namespace, &read.node)).or_insert_with(|| ReadRollup {
+                cluster: read.cluster.clone(),
+                namespace: read.namespace.clone(),
+                node: read.node.clone(),
+                minute_unix_nano: minute,
+                ..ReadRollup::default()
+            });
+        rollup.reads += 1;
+        let (Some(states), Some(seconds)) = (read.behind_states, read.behind_seconds) else { continue };
+        rollup.compared += 1;
+        if states > 0 {
+            rollup.behind_reads += 1;
+        }
+        rollup.behind_states.record(states.max(0) as u64);
+        rollup.behind_millis.record((seconds.max(0.0) * 1e3).round() as u64);
+        rollup.max_behind_states = rollup.max_behind_states.max(Some(states));
+        rollup.max_behind_seconds = Some(rollup.max_behind_seconds.map_or(seconds, |max| max.max(seconds)));
+    }
+    rollups.into_values().collect()
 }
 
 pub fn lag_rows(input: &AnalysisInput) -> LagRows {

@@ -3,9 +3,10 @@
 //! scenario; default `4000s`, about 10 million spans).
 //!
 //! Loading (once; kept in `$LAGSCOPE_BENCH_DIR/pages-mixed-DURATION`, default
-//! `~/.cache/lagscope-bench`): `serve` in-process over an embedded SQLite store, the simulator
-//! sending `mixed` over OTLP/HTTP, the live analyzer storing what it finds; then the service is
-//! stopped. Measuring: `serve` again over that store (nothing arriving), and each page requested
+//! `~/.cache/lagscope-bench`): the simulator writes `mixed` as OTLP JSON lines, then `serve`
+//! in-process over an embedded SQLite store takes them over OTLP/HTTP from 8 concurrent
+//! senders, the live analyzer storing what it finds (and the read rollups); then the service
+//! is stopped. Measuring: `serve` again over that store (nothing arriving), and each page requested
 //! over HTTP, one request at a time: the overview, each dashboard, the pages of 20 anomalies and
 //! of 20 clients drawn at random (seeded), `ROUNDS` times each. Reported per page: p50, p99,
 //! max, and the p50 against the baseline measured in the same run (the 404 page of an unknown
@@ -18,7 +19,6 @@ use std::time::{Duration, Instant};
 mod support;
 
 use lagscope::Server;
-use lagscope::sim_cmd::{Target, run};
 use lagscope_sim::{SECOND, SimConfig};
 
 #[global_allocator]
@@ -54,6 +54,92 @@ async fn get(client: &reqwest::Client, url: &str) -> (u16, usize, Duration) {
     (status, body.len(), started.elapsed())
 }
 
+/// OTLP/HTTP requests in flight at once while loading.
+const SENDERS: usize = 8;
+
+/// Hands the simulator's requests, encoded as OTLP protobuf, to the senders.
+struct Encoder(tokio::sync::mpsc::Sender<(&'static str, Vec<u8>)>);
+
+impl lagscope_sim::Sink for Encoder {
+    fn export(&mut self, _at: lagscope_sim::Nanos, request: lagscope_sim::Request) {
+        use prost::Message;
+        let encoded = match &request {
+            lagscope_sim::Request::Traces(request) => ("/v1/traces", request.encode_to_vec()),
+            lagscope_sim::Request::Metrics(request) => ("/v1/metrics", request.encode_to_vec()),
+            lagscope_sim::Request::Logs(request) => ("/v1/logs", request.encode_to_vec()),
+        };
+        self.0.blocking_send(encoded).expect("senders alive");
+    }
+}
+
+/// Loads the store: the simulator runs `mixed` as fast as it can, and `SENDERS` concurrent
+/// senders post its requests (OTLP/HTTP protobuf, in the order made, so a call's hops arrive
+/// close together) to `serve`, again after 429/503 as an OTLP exporter does; then the live
+/// analyzer is waited for.
+async fn load(data_dir: &std::path::Path, seconds: i64) {
+    let started = Instant::now();
+    eprintln!(
+        "loading: mixed for {seconds} s over OTLP/HTTP from {SENDERS} senders into {} (once)",
+        data_dir.display()
+    );
+    let server = Server::start(&support::local_config(data_dir)).await.expect("serve");
+    let base = format!("http://{}", server.otlp_http_addr);
+    let client = reqwest::Client::new();
+    let (sender, receiver) = tokio::sync::mpsc::channel(SENDERS * 4);
+    let receiver = std::sync::Arc::new(tokio::sync::Mutex::new(receiver));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..SENDERS {
+        let (receiver, client, base, sent) = (receiver.clone(), client.clone(), base.clone(), sent.clone());
+        senders.spawn(async move {
+            loop {
+                let next = receiver.lock().await.recv().await;
+                let Some((path, body)) = next else { return };
+                post(&client, &format!("{base}{path}"), body).await;
+                let count = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if count % 100_000 == 0 {
+                    eprintln!("  {count} requests acknowledged after {:.0} s", started.elapsed().as_secs_f64());
+                }
+            }
+        });
+    }
+    let mut config = SimConfig::new("mixed");
+    config.duration = Some(seconds * SECOND);
+    let simulated = tokio::task::spawn_blocking(move || lagscope_sim::run(&config, &mut Encoder(sender)));
+    let truth = simulated.await.expect("join").expect("sim");
+    while let Some(done) = senders.join_next().await {
+        done.expect("sender");
+    }
+    eprintln!(
+        "  {} requests ({} spans) acknowledged after {:.0} s; waiting for the live analyzer",
+        sent.load(std::sync::atomic::Ordering::Relaxed),
+        truth.figures["spans"],
+        started.elapsed().as_secs_f64()
+    );
+    support::wait_until_analyzed_within(&server, Duration::from_secs(24 * 3600)).await;
+    eprintln!("  analyzed after {:.0} s", started.elapsed().as_secs_f64());
+    server.shutdown().await.expect("shutdown");
+}
+
+/// Posts one OTLP/HTTP protobuf request, again while the service answers 429 or 503 (it has
+/// not taken the request).
+async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) {
+    loop {
+        let response = client
+            .post(url)
+            .header("content-type", "application/x-protobuf")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("post");
+        match response.status().as_u16() {
+            200..=299 => return,
+            429 | 503 => tokio::time::sleep(Duration::from_millis(50)).await,
+            status => panic!("{url} answered {status}: {}", response.text().await.unwrap_or_default()),
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let duration = std::env::args().skip(1).find(|arg| !arg.starts_with('-')).unwrap_or_else(|| "4000s".to_string());
@@ -66,23 +152,8 @@ async fn main() {
     if !loaded_marker.exists() {
         let _ = std::fs::remove_dir_all(&data_dir);
         std::fs::create_dir_all(&data_dir).expect("data dir");
-        eprintln!("loading: mixed for {seconds} s over OTLP/HTTP into {} (once)", data_dir.display());
-        let started = Instant::now();
-        let server = Server::start(&support::local_config(&data_dir)).await.expect("serve");
-        let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
-        let mut config = SimConfig::new("mixed");
-        config.duration = Some(seconds * SECOND);
-        let (truth, _) =
-            tokio::task::spawn_blocking(move || run(&config, &target, false)).await.expect("join").expect("sim");
-        eprintln!(
-            "  sent {} spans in {:.0} s; waiting for the live analyzer",
-            truth.figures["spans"],
-            started.elapsed().as_secs_f64()
-        );
-        support::wait_until_analyzed_within(&server, Duration::from_secs(24 * 3600)).await;
-        eprintln!("  analyzed after {:.0} s", started.elapsed().as_secs_f64());
-        server.shutdown().await.expect("shutdown");
-        std::fs::write(&loaded_marker, truth.figures["spans"].to_string()).expect("marker");
+        load(&data_dir, seconds).await;
+        std::fs::write(&loaded_marker, "loaded").expect("marker");
     }
 
     let server = Server::start(&support::local_config(&data_dir)).await.expect("serve");

@@ -6,14 +6,14 @@
 //! split into shards held under leases ([`lagscope_store::Coordinator`]), and each instance
 //! analyses the marks of its shards, whoever ingested them.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify};
-use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds};
+use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds, read_lag_rows, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
-use lagscope_model::AnomalyKind;
+use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
 use tokio::sync::watch;
@@ -38,6 +38,7 @@ pub async fn run_live_analyzer(
         return run_coordinated(store, dirty, metrics, config, shutdown).await;
     }
     let mut shutdown = shutdown;
+    let mut rollups = WrittenRollups::default();
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -45,7 +46,7 @@ pub async fn run_live_analyzer(
         };
         let started = Instant::now();
         let through_batch = pending.through_batch;
-        match analysis_pass(store.as_ref(), &metrics, &config, pending).await {
+        match analysis_pass(store.as_ref(), &metrics, &config, &mut rollups, pending).await {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
                 // The data is committed; the next pass for these clients will find it again.
@@ -142,6 +143,7 @@ async fn analyze_marks(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
+    let mut rollups = WrittenRollups::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -153,7 +155,7 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, pass).await?;
+            analysis_pass(store, metrics, config, &mut rollups, pass).await?;
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
         }
@@ -234,10 +236,41 @@ async fn resolve_marks(
     Ok(pass)
 }
 
+/// The read rollups this analyzer last wrote, per scope: a pass writes only the rows that
+/// changed. Holds the minutes of each scope's latest pass (the scope window), no more.
+#[derive(Default)]
+struct WrittenRollups {
+    by_scope: HashMap<(Option<String>, Option<String>), HashMap<(i64, Option<String>), ReadRollup>>,
+}
+
+impl WrittenRollups {
+    /// Rolls up the scope's reads served from `complete_from` on and stores the rollups that
+    /// differ from what was written before.
+    async fn write(
+        &mut self,
+        store: &dyn Store,
+        scope: (Option<String>, Option<String>),
+        input: &AnalysisInput,
+        complete_from: i64,
+    ) -> Result<(), lagscope_store::StoreError> {
+        let rollups = read_rollups(&read_lag_rows(input), complete_from);
+        let written = self.by_scope.entry(scope).or_default();
+        let changed: Vec<ReadRollup> = rollups
+            .iter()
+            .filter(|rollup| written.get(&(rollup.minute_unix_nano, rollup.node.clone())) != Some(*rollup))
+            .cloned()
+            .collect();
+        store.upsert_read_rollups(&changed).await?;
+        *written = rollups.into_iter().map(|rollup| ((rollup.minute_unix_nano, rollup.node.clone()), rollup)).collect();
+        Ok(())
+    }
+}
+
 async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
+    rollups: &mut WrittenRollups,
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
@@ -301,6 +334,18 @@ async fn analysis_pass(
             .unwrap_or_default();
         let anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
         record(store, metrics, &anomalies).await?;
+        // The staleness of the scope's reads per node and minute, for the pages. When the read
+        // limit cut the scope's oldest spans, their first minute is partial: left as written.
+        let complete_from = if spans.len() >= config.live.max_spans_per_scope as usize {
+            spans
+                .iter()
+                .map(|span| span.start_unix_nano)
+                .min()
+                .map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
+        } else {
+            i64::MIN
+        };
+        rollups.write(store, (cluster, namespace), &input, complete_from).await?;
     }
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
     for cluster in clusters {

@@ -120,7 +120,6 @@ impl Stack {
         .merge(lagscope_web::ui::router(lagscope_web::ui::UiState::new(
             shared_store.clone(),
             metrics.clone(),
-            Some(lag_aggregator()),
             config.server.dashboards()?,
         )));
         if config.retention.is_enabled() {

@@ -13,6 +13,7 @@ pub mod evidence;
 pub mod lag;
 pub mod log;
 pub mod metric;
+pub mod rollup;
 pub mod span;
 pub mod timeline;
 
@@ -21,6 +22,7 @@ pub use evidence::Evidence;
 pub use lag::{ApplyLagBucket, LagQuery, LagReport, Percentiles, ReadStalenessBucket, RejectionBucket};
 pub use log::LogRecord;
 pub use metric::{ExponentialBuckets, HistogramPoint, MetricKind, PointValue, Sample, SeriesKey, SeriesMeta};
+pub use rollup::{LogHistogram, ROLLUP_STEP, ReadRollup, rollup_step_of};
 pub use span::{
     Attributes, CallFields, Component, Op, Outcome, ResourceFields, Span, SpanEvent, SpanKind, SpanLink, SpanRef,
     StateFields,

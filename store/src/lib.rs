@@ -7,6 +7,7 @@
 //! before it returns, because receivers acknowledge data on its return. Every value that
 //! reaches SQL is bound, never spliced into the statement text.
 
+mod anomaly_query;
 mod coordination;
 mod error;
 mod postgres;
@@ -14,7 +15,7 @@ mod rows;
 mod sqlite;
 
 use async_trait::async_trait;
-use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
+use lagscope_model::{Anomaly, AnomalyKind, LogRecord, ReadRollup, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
 use serde_json::Value;
 
 pub use coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark, PendingMark, SHARDS};
@@ -100,21 +101,9 @@ pub struct AnomalyFilter {
     /// Only open (true) or only resolved (false) anomalies.
     pub open: Option<bool>,
     pub limit: u32,
-}
-
-impl AnomalyFilter {
-    /// Whether the filter asks for the open anomalies and nothing else (paging aside): what
-    /// the backends answer through their index of open anomalies.
-    pub fn is_open_only(&self) -> bool {
-        let AnomalyFilter { kind, cluster, namespace, client_id, since, until, open, before_id: _, limit: _ } = self;
-        *open == Some(true)
-            && kind.is_none()
-            && cluster.is_none()
-            && namespace.is_none()
-            && client_id.is_none()
-            && since.is_none()
-            && until.is_none()
-    }
+    /// Leave each anomaly's evidence out (`Value::Null`): what lists and tables of many
+    /// anomalies show, without reading kilobytes of evidence per row.
+    pub skip_evidence: bool,
 }
 
 /// An anomaly as stored: with its id and when it was first and last reported.
@@ -142,6 +131,25 @@ pub struct SeriesSamples {
     pub points: Vec<(UnixNanos, Option<f64>, Option<Value>)>,
 }
 
+/// How [`Store::series_buckets`] reduces the samples of one slice of a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// The slice's last sample.
+    Last,
+    /// The smallest value of the slice.
+    Min,
+    /// The largest value of the slice.
+    Max,
+}
+
+/// The width of each of `buckets` equal slices of `range` (the last may be shorter), or
+/// `None` when the range is too wide to cut (more than `i64::MAX` nanoseconds).
+pub fn bucket_width(range: TimeRange, buckets: u32) -> Option<i64> {
+    let length = range.to.checked_sub(range.from).filter(|length| *length > 0)?;
+    let buckets = i64::from(buckets.max(1));
+    Some((length / buckets + i64::from(length % buckets != 0)).max(1))
+}
+
 /// Retention: rows older than a signal's cut-off (Unix nanoseconds; spans by start, samples
 /// and logs by time, anomalies resolved before it by end) are removed. `None` keeps all.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +168,8 @@ pub struct RetentionReport {
     pub samples: u64,
     pub logs: u64,
     pub anomalies: u64,
+    /// Read rollups of minutes before the spans' cut-off.
+    pub rollups: u64,
     /// Whole time partitions dropped (PostgreSQL), by name.
     pub partitions_dropped: Vec<String>,
 }
@@ -300,6 +310,29 @@ pub trait Store: Send + Sync + 'static {
         matchers: &[(String, String)],
         range: TimeRange,
     ) -> Result<Vec<SeriesSamples>>;
+
+    /// The series of a metric (matched as by [`Store::series_samples`]), each cut down to at
+    /// most `buckets` points: `range` is cut into equal slices ([`bucket_width`]), and each
+    /// slice with samples gives one point at the time of its last sample, valued as `reduce`
+    /// says. Samples without a value are left out. What a chart draws, without reading every
+    /// sample out of the store; `buckets = 1` with [`Reduce::Last`] is each series' latest
+    /// value in the range.
+    async fn series_buckets(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+        buckets: u32,
+        reduce: Reduce,
+    ) -> Result<Vec<SeriesSamples>>;
+
+    /// Stores read rollups, each replacing the stored one of its minute and scope (a later
+    /// analysis pass has seen more of the minute).
+    async fn upsert_read_rollups(&self, rollups: &[ReadRollup]) -> Result<()>;
+
+    /// The read rollups of the minutes starting in `range`, in (minute, scope) order, at most
+    /// `limit`.
+    async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>>;
 
     /// Log records whose time lies in `range`, oldest first, at most `limit`.
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>>;

@@ -19,15 +19,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
-use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Op, Outcome, PointValue, Sample, SeriesKey, Span, UnixNanos};
+use lagscope_model::{Anomaly, LogRecord, Op, Outcome, PointValue, ReadRollup, Sample, SeriesKey, Span, UnixNanos};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::copy::CopyRows;
-use crate::rows::{AnomalyRow, LogRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, to_json_text};
+use crate::anomaly_query::Dialect;
+use crate::rows::{
+    AnomalyRow, BucketRow, LogRow, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, series_with_buckets,
+    to_json_text,
+};
 use crate::{
-    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope,
-    SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
+    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Reduce, Result, RetentionCutoffs, RetentionReport, Scope,
+    SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome, bucket_width,
 };
 
 pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
@@ -64,6 +68,22 @@ pub struct PgStore {
 }
 
 impl PgStore {
+    /// The series of a metric whose labels include every matcher (jsonb containment), in id
+    /// order.
+    async fn matching_series(&self, name: &str, matchers: &[(String, String)]) -> Result<Vec<SeriesRow>> {
+        let matcher_object: BTreeMap<&str, &str> =
+            matchers.iter().map(|(label, value)| (label.as_str(), value.as_str())).collect();
+        Ok(sqlx::query_as(
+            "SELECT id, name, labels, kind, unit, description FROM series
+             WHERE name = $1 AND labels::jsonb @> $2::jsonb
+             ORDER BY id",
+        )
+        .bind(name)
+        .bind(to_json_text(&matcher_object))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Connects to `url` (`postgres://user@host:port/database`), applies the migrations
     /// (under PostgreSQL's advisory lock, so instances starting together apply them once) and
     /// creates the partitions around today.
@@ -396,30 +416,8 @@ impl Store for PgStore {
     }
 
     async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
-        let rows: Vec<AnomalyRow> = sqlx::query_as(
-            "SELECT * FROM anomalies
-             WHERE ($1::text IS NULL OR kind = $1)
-               AND ($2::text IS NULL OR cluster = $2)
-               AND ($3::text IS NULL OR namespace = $3)
-               AND ($4::text IS NULL OR client_id = $4)
-               AND ($5::bigint IS NULL OR end_unix_nano >= $5)
-               AND ($6::bigint IS NULL OR start_unix_nano < $6)
-               AND ($7::bigint IS NULL OR id < $7)
-               AND ($9::boolean IS NULL OR open = $9)
-             ORDER BY id DESC
-             LIMIT $8",
-        )
-        .bind(filter.kind.map(AnomalyKind::as_str))
-        .bind(&filter.cluster)
-        .bind(&filter.namespace)
-        .bind(&filter.client_id)
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(filter.before_id)
-        .bind(i64::from(filter.limit))
-        .bind(filter.open)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<AnomalyRow> =
+            crate::anomaly_query::list(Dialect::Postgres, filter).build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
@@ -435,18 +433,7 @@ impl Store for PgStore {
         matchers: &[(String, String)],
         range: TimeRange,
     ) -> Result<Vec<SeriesSamples>> {
-        let matcher_object: BTreeMap<&str, &str> =
-            matchers.iter().map(|(label, value)| (label.as_str(), value.as_str())).collect();
-        // Every matcher must equal the series' label of the same key: jsonb containment.
-        let series_rows: Vec<SeriesRow> = sqlx::query_as(
-            "SELECT id, name, labels, kind, unit, description FROM series
-             WHERE name = $1 AND labels::jsonb @> $2::jsonb
-             ORDER BY id",
-        )
-        .bind(name)
-        .bind(to_json_text(&matcher_object))
-        .fetch_all(&self.pool)
-        .await?;
+        let series_rows = self.matching_series(name, matchers).await?;
         let mut result = Vec::with_capacity(series_rows.len());
         for row in series_rows {
             let samples: Vec<SampleRow> = sqlx::query_as(
@@ -462,6 +449,87 @@ impl Store for PgStore {
             result.push(row.into_series(samples)?);
         }
         Ok(result)
+    }
+
+    async fn series_buckets(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+        buckets: u32,
+        reduce: Reduce,
+    ) -> Result<Vec<SeriesSamples>> {
+        let series_rows = self.matching_series(name, matchers).await?;
+        let Some(width) = bucket_width(range, buckets) else {
+            return series_with_buckets(series_rows, Vec::new());
+        };
+        let ids: Vec<i64> = series_rows.iter().map(|row| row.id).collect();
+        let value = match reduce {
+            Reduce::Last => "(array_agg(value ORDER BY time_unix_nano DESC))[1]",
+            Reduce::Min => "min(value)",
+            Reduce::Max => "max(value)",
+        };
+        // `value` is one of the three fragments above: nothing of the caller reaches the text.
+        let points: Vec<BucketRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
+             WHERE series_id = ANY($1) AND time_unix_nano >= $2 AND time_unix_nano < $3 AND value IS NOT NULL
+             GROUP BY series_id, (time_unix_nano - $2) / $4"
+        )))
+        .bind(&ids)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(width)
+        .fetch_all(&self.pool)
+        .await?;
+        series_with_buckets(series_rows, points)
+    }
+
+    async fn upsert_read_rollups(&self, rollups: &[ReadRollup]) -> Result<()> {
+        if rollups.is_empty() {
+            return Ok(());
+        }
+        let mut transaction = self.pool.begin().await?;
+        for rollup in rollups {
+            let row = RollupRow::from_rollup(rollup);
+            sqlx::query(
+                "INSERT INTO read_rollups (minute_unix_nano, cluster, namespace, node_id, reads, compared,
+                     behind_reads, behind_states, behind_millis, max_behind_states, max_behind_seconds)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                 ON CONFLICT (minute_unix_nano, cluster, namespace, node_id) DO UPDATE SET
+                     reads = excluded.reads, compared = excluded.compared, behind_reads = excluded.behind_reads,
+                     behind_states = excluded.behind_states, behind_millis = excluded.behind_millis,
+                     max_behind_states = excluded.max_behind_states,
+                     max_behind_seconds = excluded.max_behind_seconds",
+            )
+            .bind(row.minute_unix_nano)
+            .bind(row.cluster)
+            .bind(row.namespace)
+            .bind(row.node_id)
+            .bind(row.reads)
+            .bind(row.compared)
+            .bind(row.behind_reads)
+            .bind(row.behind_states)
+            .bind(row.behind_millis)
+            .bind(row.max_behind_states)
+            .bind(row.max_behind_seconds)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>> {
+        let rows: Vec<RollupRow> = sqlx::query_as(
+            "SELECT * FROM read_rollups WHERE minute_unix_nano >= $1 AND minute_unix_nano < $2
+             ORDER BY minute_unix_nano, cluster, namespace, node_id LIMIT $3",
+        )
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(RollupRow::into_rollup).collect()
     }
 
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {
@@ -526,6 +594,14 @@ impl Store for PgStore {
                 }
             }
         }
+        // Rollups summarise spans: they go with the spans' cut-off.
+        if let Some(cutoff) = cutoffs.spans {
+            let result = sqlx::query("DELETE FROM read_rollups WHERE minute_unix_nano < $1")
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await?;
+            report.rollups = result.rows_affected();
+        }
         Ok(report)
     }
 
@@ -541,37 +617,7 @@ impl Store for PgStore {
     }
 
     async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
-        // The open ones alone (what an overview asks most): through the partial index of open
-        // anomalies, not a scan of them all.
-        if filter.is_open_only() {
-            return Ok(sqlx::query_as(
-                "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies WHERE open \
-                 GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open",
-            )
-            .fetch_all(&self.pool)
-            .await?);
-        }
-        Ok(sqlx::query_as(
-            "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies
-             WHERE ($1::text IS NULL OR kind = $1)
-               AND ($2::text IS NULL OR cluster = $2)
-               AND ($3::text IS NULL OR namespace = $3)
-               AND ($4::text IS NULL OR client_id = $4)
-               AND ($5::bigint IS NULL OR end_unix_nano >= $5)
-               AND ($6::bigint IS NULL OR start_unix_nano < $6)
-               AND ($7::boolean IS NULL OR open = $7)
-             GROUP BY kind, cluster, severity, open
-             ORDER BY kind, cluster, severity, open",
-        )
-        .bind(filter.kind.map(lagscope_model::AnomalyKind::as_str))
-        .bind(&filter.cluster)
-        .bind(&filter.namespace)
-        .bind(&filter.client_id)
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(filter.open)
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(crate::anomaly_query::counts(Dialect::Postgres, filter).build_query_as().fetch_all(&self.pool).await?)
     }
 
     async fn scopes(&self) -> Result<Vec<Scope>> {

@@ -154,6 +154,34 @@ pub(crate) struct SampleRow {
     pub(crate) distribution: Option<String>,
 }
 
+/// One point of a series cut into buckets.
+#[derive(FromRow)]
+pub(crate) struct BucketRow {
+    pub(crate) series_id: i64,
+    pub(crate) time_unix_nano: i64,
+    pub(crate) value: Option<f64>,
+}
+
+/// The series with their bucket points, in the order of `series`.
+pub(crate) fn series_with_buckets(series: Vec<SeriesRow>, points: Vec<BucketRow>) -> Result<Vec<crate::SeriesSamples>> {
+    let mut by_series: std::collections::HashMap<i64, Vec<SampleRow>> = std::collections::HashMap::new();
+    for point in points {
+        by_series.entry(point.series_id).or_default().push(SampleRow {
+            time_unix_nano: point.time_unix_nano,
+            value: point.value,
+            distribution: None,
+        });
+    }
+    series
+        .into_iter()
+        .map(|row| {
+            let mut samples = by_series.remove(&row.id).unwrap_or_default();
+            samples.sort_by_key(|sample| sample.time_unix_nano);
+            row.into_series(samples)
+        })
+        .collect()
+}
+
 #[derive(FromRow)]
 pub(crate) struct ScopeSampleRow {
     pub(crate) name: String,
@@ -291,6 +319,64 @@ impl SeriesRow {
             key: SeriesKey { name: self.name, labels: from_json_text("series.labels", &self.labels)? },
             meta: SeriesMeta { kind, unit: self.unit, description: self.description },
             points,
+        })
+    }
+}
+
+/// A read rollup as stored (absent scope parts as '').
+#[derive(FromRow)]
+pub(crate) struct RollupRow {
+    pub(crate) minute_unix_nano: i64,
+    pub(crate) cluster: String,
+    pub(crate) namespace: String,
+    pub(crate) node_id: String,
+    pub(crate) reads: i64,
+    pub(crate) compared: i64,
+    pub(crate) behind_reads: i64,
+    pub(crate) behind_states: String,
+    pub(crate) behind_millis: String,
+    pub(crate) max_behind_states: Option<i64>,
+    pub(crate) max_behind_seconds: Option<f64>,
+}
+
+fn absent_as_empty(value: &Option<String>) -> String {
+    value.clone().unwrap_or_default()
+}
+
+fn empty_as_absent(value: String) -> Option<String> {
+    (!value.is_empty()).then_some(value)
+}
+
+impl RollupRow {
+    pub(crate) fn from_rollup(rollup: &lagscope_model::ReadRollup) -> Self {
+        RollupRow {
+            minute_unix_nano: rollup.minute_unix_nano,
+            cluster: absent_as_empty(&rollup.cluster),
+            namespace: absent_as_empty(&rollup.namespace),
+            node_id: absent_as_empty(&rollup.node),
+            reads: rollup.reads as i64,
+            compared: rollup.compared as i64,
+            behind_reads: rollup.behind_reads as i64,
+            behind_states: to_json_text(&rollup.behind_states),
+            behind_millis: to_json_text(&rollup.behind_millis),
+            max_behind_states: rollup.max_behind_states,
+            max_behind_seconds: rollup.max_behind_seconds,
+        }
+    }
+
+    pub(crate) fn into_rollup(self) -> Result<lagscope_model::ReadRollup> {
+        Ok(lagscope_model::ReadRollup {
+            cluster: empty_as_absent(self.cluster),
+            namespace: empty_as_absent(self.namespace),
+            node: empty_as_absent(self.node_id),
+            minute_unix_nano: self.minute_unix_nano,
+            reads: self.reads.max(0) as u64,
+            compared: self.compared.max(0) as u64,
+            behind_reads: self.behind_reads.max(0) as u64,
+            behind_states: from_json_text("read_rollups.behind_states", &self.behind_states)?,
+            behind_millis: from_json_text("read_rollups.behind_millis", &self.behind_millis)?,
+            max_behind_states: self.max_behind_states,
+            max_behind_seconds: self.max_behind_seconds,
         })
     }
 }

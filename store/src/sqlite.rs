@@ -15,11 +15,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
+use lagscope_model::{Anomaly, LogRecord, ReadRollup, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
+use crate::anomaly_query::Dialect;
+use crate::rows::RollupRow;
 use crate::{
-    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Result, RetentionCutoffs, RetentionReport, Scope,
+    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Reduce, Result, RetentionCutoffs, RetentionReport, Scope,
     SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
@@ -185,6 +187,65 @@ impl Store for SqliteStore {
         samples::series_range(&self.reader, name, matchers, range).await
     }
 
+    async fn series_buckets(
+        &self,
+        name: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+        buckets: u32,
+        reduce: Reduce,
+    ) -> Result<Vec<SeriesSamples>> {
+        samples::series_buckets(&self.reader, name, matchers, range, buckets, reduce).await
+    }
+
+    async fn upsert_read_rollups(&self, rollups: &[ReadRollup]) -> Result<()> {
+        if rollups.is_empty() {
+            return Ok(());
+        }
+        let mut transaction = self.writer.begin().await?;
+        for rollup in rollups {
+            let row = RollupRow::from_rollup(rollup);
+            sqlx::query(
+                "INSERT INTO read_rollups (minute_unix_nano, cluster, namespace, node_id, reads, compared,
+                     behind_reads, behind_states, behind_millis, max_behind_states, max_behind_seconds)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT (minute_unix_nano, cluster, namespace, node_id) DO UPDATE SET
+                     reads = excluded.reads, compared = excluded.compared, behind_reads = excluded.behind_reads,
+                     behind_states = excluded.behind_states, behind_millis = excluded.behind_millis,
+                     max_behind_states = excluded.max_behind_states,
+                     max_behind_seconds = excluded.max_behind_seconds",
+            )
+            .bind(row.minute_unix_nano)
+            .bind(row.cluster)
+            .bind(row.namespace)
+            .bind(row.node_id)
+            .bind(row.reads)
+            .bind(row.compared)
+            .bind(row.behind_reads)
+            .bind(row.behind_states)
+            .bind(row.behind_millis)
+            .bind(row.max_behind_states)
+            .bind(row.max_behind_seconds)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>> {
+        let rows: Vec<RollupRow> = sqlx::query_as(
+            "SELECT * FROM read_rollups WHERE minute_unix_nano >= ?1 AND minute_unix_nano < ?2
+             ORDER BY minute_unix_nano, cluster, namespace, node_id LIMIT ?3",
+        )
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.into_iter().map(RollupRow::into_rollup).collect()
+    }
+
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {
         logs::range(&self.reader, range, limit).await
     }
@@ -198,37 +259,7 @@ impl Store for SqliteStore {
     }
 
     async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
-        // The open ones alone (what an overview asks most): through the partial index of open
-        // anomalies, not a scan of them all.
-        if filter.is_open_only() {
-            return Ok(sqlx::query_as(
-                "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies WHERE open = 1 \
-                 GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open",
-            )
-            .fetch_all(&self.reader)
-            .await?);
-        }
-        Ok(sqlx::query_as(
-            "SELECT kind, cluster, severity, open, count(*) AS count FROM anomalies
-             WHERE (?1 IS NULL OR kind = ?1)
-               AND (?2 IS NULL OR cluster = ?2)
-               AND (?3 IS NULL OR namespace = ?3)
-               AND (?4 IS NULL OR client_id = ?4)
-               AND (?5 IS NULL OR end_unix_nano >= ?5)
-               AND (?6 IS NULL OR start_unix_nano < ?6)
-               AND (?7 IS NULL OR open = ?7)
-             GROUP BY kind, cluster, severity, open
-             ORDER BY kind, cluster, severity, open",
-        )
-        .bind(filter.kind.map(lagscope_model::AnomalyKind::as_str))
-        .bind(&filter.cluster)
-        .bind(&filter.namespace)
-        .bind(&filter.client_id)
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(filter.open)
-        .fetch_all(&self.reader)
-        .await?)
+        Ok(crate::anomaly_query::counts(Dialect::Sqlite, filter).build_query_as().fetch_all(&self.reader).await?)
     }
 
     async fn scopes(&self) -> Result<Vec<Scope>> {

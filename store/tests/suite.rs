@@ -8,7 +8,7 @@ use lagscope_model::{
     Anomaly, AnomalyKind, CallFields, Component, HistogramPoint, LogRecord, MetricKind, Op, Outcome, PointValue,
     ResourceFields, Sample, SeriesKey, SeriesMeta, Severity, Span, SpanEvent, SpanKind, SpanLink, StateFields,
 };
-use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, RetentionCutoffs, SqliteStore, Store, TimeRange};
+use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, Reduce, RetentionCutoffs, SqliteStore, Store, TimeRange};
 use serde_json::json;
 
 macro_rules! store_suite {
@@ -41,6 +41,9 @@ macro_rules! store_suite {
             case!(latest_time_is_the_newest_span_start_or_sample);
             case!(discovery_lists_scopes_and_pages_through_clients);
             case!(anomaly_counts_group_what_the_filter_matches);
+            case!(series_buckets_reduce_each_slice_of_the_range);
+            case!(anomaly_filters_combine_and_can_leave_evidence_out);
+            case!(read_rollups_replace_their_minute_and_scope);
         }
     };
 }
@@ -269,6 +272,91 @@ async fn series_range_matches_labels_and_time(store: &dyn Store) {
     assert_eq!(histogram[0].points[0].2.as_ref().map(|value| value["count"].clone()), Some(json!(2)));
 }
 
+/// A chart's read: each slice of the range gives one point at its last sample's time, valued
+/// by its last, smallest or largest value; samples without a value and outside the range are
+/// left out; one slice of `Last` is the latest value.
+async fn series_buckets_reduce_each_slice_of_the_range(store: &dyn Store) {
+    let name = "lagscope.shard.inflight_bytes";
+    let shard = [("lagscope.node.id", "es-1"), ("lagscope.namespace", "logs/0")];
+    let other = [("lagscope.node.id", "es-2"), ("lagscope.namespace", "logs/1")];
+    // Slices of 10 s from T0: [T0, T0+10s) holds 5, 9, 2; [T0+10s, T0+20s) holds 7 and a NaN
+    // (stored without a value); T0+25s is outside a range ending at T0+20s.
+    let mut samples: Vec<_> = [(0, 5.0), (3, 9.0), (9, 2.0), (12, 7.0), (15, f64::NAN), (25, 100.0)]
+        .into_iter()
+        .map(|(second, value)| sample(name, &shard, T0 + second * SECOND, PointValue::Number(value), MetricKind::Gauge))
+        .collect();
+    samples.push(sample(name, &other, T0 + SECOND, PointValue::Number(1.0), MetricKind::Gauge));
+    store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("ingest");
+    let range = TimeRange { from: T0, to: T0 + 20 * SECOND };
+    let matchers = vec![("lagscope.node.id".to_string(), "es-1".to_string())];
+    let points = |series: &[lagscope_store::SeriesSamples]| -> Vec<(i64, Option<f64>)> {
+        assert_eq!(series.len(), 1, "{series:?}");
+        series[0].points.iter().map(|(at, value, _)| ((at - T0) / SECOND, *value)).collect()
+    };
+    let last = store.series_buckets(name, &matchers, range, 2, Reduce::Last).await.expect("last");
+    assert_eq!(last[0].key.label("lagscope.node.id"), Some("es-1"));
+    assert_eq!(points(&last), [(9, Some(2.0)), (12, Some(7.0))]);
+    let max = store.series_buckets(name, &matchers, range, 2, Reduce::Max).await.expect("max");
+    assert_eq!(points(&max), [(9, Some(9.0)), (12, Some(7.0))]);
+    let min = store.series_buckets(name, &matchers, range, 2, Reduce::Min).await.expect("min");
+    assert_eq!(points(&min), [(9, Some(2.0)), (12, Some(7.0))]);
+    let latest = store.series_buckets(name, &matchers, range, 1, Reduce::Last).await.expect("latest");
+    assert_eq!(points(&latest), [(12, Some(7.0))]);
+    // Every series of the metric, each with its own points; an empty range gives none.
+    let both = store.series_buckets(name, &[], range, 4, Reduce::Last).await.expect("both");
+    assert_eq!(both.len(), 2);
+    assert_eq!(both.iter().map(|series| series.points.len()).collect::<Vec<_>>(), [3, 1]);
+    let empty = TimeRange { from: T0, to: T0 };
+    let none = store.series_buckets(name, &[], empty, 4, Reduce::Last).await.expect("empty range");
+    assert!(none.iter().all(|series| series.points.is_empty()));
+    let hostile = vec![("lagscope.node.id".to_string(), "x\"' OR 1=1".to_string())];
+    assert!(store.series_buckets(name, &hostile, range, 4, Reduce::Last).await.expect("hostile").is_empty());
+}
+
+/// A rollup replaces the stored one of its minute and scope (absent parts included), reads
+/// come back in (minute, scope) order within the range, and retention removes old minutes.
+async fn read_rollups_replace_their_minute_and_scope(store: &dyn Store) {
+    let rollup = |minute: i64, node: Option<&str>, reads: u64| {
+        let mut behind_states = lagscope_model::LogHistogram::default();
+        behind_states.record(reads * 1_000);
+        lagscope_model::ReadRollup {
+            cluster: Some("prod".to_string()),
+            namespace: Some("ns1".to_string()),
+            node: node.map(str::to_string),
+            minute_unix_nano: T0 + minute * 60 * SECOND,
+            reads,
+            compared: reads,
+            behind_reads: 1,
+            behind_states,
+            max_behind_states: Some(reads as i64 * 1_000),
+            max_behind_seconds: Some(1.5),
+            ..lagscope_model::ReadRollup::default()
+        }
+    };
+    let first = [rollup(0, Some("nn-obs1"), 3), rollup(0, None, 4), rollup(1, Some("nn-obs1"), 5)];
+    store.upsert_read_rollups(&first).await.expect("upsert");
+    // A later pass saw more of minute 0 of nn-obs1.
+    store
+        .upsert_read_rollups(&[rollup(0, Some("nn-obs1"), 7), rollup(2, Some("x' OR '1'='1"), 1)])
+        .await
+        .expect("again");
+    let all = store.read_rollups(TimeRange::ALL, 100).await.expect("all");
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(all[0], rollup(0, None, 4));
+    assert_eq!(all[1], rollup(0, Some("nn-obs1"), 7));
+    assert_eq!(all[3].node.as_deref(), Some("x' OR '1'='1"));
+    let middle =
+        store.read_rollups(TimeRange { from: T0 + 60 * SECOND, to: T0 + 120 * SECOND }, 100).await.expect("range");
+    assert_eq!(middle, [rollup(1, Some("nn-obs1"), 5)]);
+    assert_eq!(store.read_rollups(TimeRange::ALL, 2).await.expect("limit").len(), 2);
+    let report = store
+        .enforce_retention(&RetentionCutoffs { spans: Some(T0 + 60 * SECOND), ..RetentionCutoffs::default() })
+        .await
+        .expect("retention");
+    assert_eq!(report.rollups, 2);
+    assert_eq!(store.read_rollups(TimeRange::ALL, 100).await.expect("after").len(), 2);
+}
+
 /// A scope read takes its namespace's series and the cluster's namespace-less ones; a cluster
 /// read takes every namespace (a node's shards compared with each other); both from the
 /// window before the latest sample.
@@ -467,6 +555,61 @@ async fn anomaly_counts_group_what_the_filter_matches(store: &dyn Store) {
     let counted = store.anomaly_counts(&one_client).await.expect("counts");
     assert_eq!(counted.len(), 1);
     assert_eq!((counted[0].kind.as_str(), counted[0].count), ("stale_read", 1));
+}
+
+/// Every condition of a filter holds at once (each backend builds only the conditions given),
+/// and a list may leave the evidence out.
+async fn anomaly_filters_combine_and_can_leave_evidence_out(store: &dyn Store) {
+    let mut lag = anomaly("lag-1", "c1", T0 + 10 * SECOND);
+    lag.kind = AnomalyKind::ApplyLag;
+    lag.client_id = None;
+    lag.open = true;
+    lag.end_unix_nano = T0 + 200 * SECOND;
+    let mut other_cluster = anomaly("s-3", "c1", T0 + 20 * SECOND);
+    other_cluster.cluster = Some("dr".to_string());
+    // One at a time: ids follow this order (within one batch, a backend may order its upserts).
+    for anomaly in [anomaly("s-1", "c1", T0), anomaly("s-2", "c2", T0 + 30 * SECOND), other_cluster, lag] {
+        store.upsert_anomalies(&[anomaly], T0).await.expect("upsert");
+    }
+    let fingerprints = |found: Vec<lagscope_store::StoredAnomaly>| -> Vec<String> {
+        found.into_iter().map(|stored| stored.anomaly.fingerprint).collect()
+    };
+    let filter = |kind, cluster: Option<&str>, since, until, open| AnomalyFilter {
+        kind,
+        cluster: cluster.map(str::to_string),
+        since,
+        until,
+        open,
+        limit: 10,
+        ..AnomalyFilter::default()
+    };
+    let stale = Some(AnomalyKind::StaleRead);
+    assert_eq!(
+        fingerprints(store.anomalies(&filter(stale, Some("prod"), None, None, None)).await.unwrap()),
+        ["s-2", "s-1"]
+    );
+    // A window overlapping the range: ends at or after its start, starts before its end.
+    let overlapping = filter(None, None, Some(T0 + 15 * SECOND), Some(T0 + 25 * SECOND), None);
+    assert_eq!(fingerprints(store.anomalies(&overlapping).await.unwrap()), ["lag-1", "s-3"]);
+    let open_lag = filter(Some(AnomalyKind::ApplyLag), Some("prod"), Some(T0 + 150 * SECOND), None, Some(true));
+    assert_eq!(fingerprints(store.anomalies(&open_lag).await.unwrap()), ["lag-1"]);
+    let resolved = filter(None, Some("prod"), None, None, Some(false));
+    assert_eq!(fingerprints(store.anomalies(&resolved).await.unwrap()), ["s-2", "s-1"]);
+    assert!(store.anomalies(&filter(stale, Some("dr"), None, Some(T0 + 5 * SECOND), None)).await.unwrap().is_empty());
+    let limited = AnomalyFilter { limit: 1, ..filter(stale, None, None, None, None) };
+    assert_eq!(fingerprints(store.anomalies(&limited).await.unwrap()), ["s-3"]);
+    let hostile =
+        AnomalyFilter { cluster: Some("prod' OR '1'='1".to_string()), ..filter(None, None, None, None, None) };
+    assert!(store.anomalies(&hostile).await.unwrap().is_empty());
+    assert!(store.anomaly_counts(&hostile).await.unwrap().is_empty());
+
+    let light = AnomalyFilter { skip_evidence: true, ..filter(stale, None, None, None, None) };
+    let light = store.anomalies(&light).await.expect("without evidence");
+    assert_eq!(light.len(), 3);
+    assert!(light.iter().all(|stored| stored.anomaly.evidence.value().is_null()), "{light:?}");
+    assert_eq!(light[0].anomaly.summary, "stale");
+    let counted = store.anomaly_counts(&filter(None, Some("prod"), None, None, Some(true))).await.expect("open");
+    assert_eq!(counted.iter().map(|count| (count.kind.as_str(), count.count)).collect::<Vec<_>>(), [("apply_lag", 1)]);
 }
 
 async fn logs_round_trip_in_time_order(store: &dyn Store) {

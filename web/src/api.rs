@@ -206,6 +206,8 @@ async fn list_anomalies(
         until: optional_time("until", query.until.as_deref())?,
         before_id,
         limit,
+        // The API's anomalies carry their evidence.
+        skip_evidence: false,
     };
     let anomalies = state.store.anomalies(&filter).await?;
     let next_before = (anomalies.len() == limit as usize).then(|| anomalies.last().map(|last| last.id)).flatten();

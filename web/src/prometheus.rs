@@ -92,7 +92,7 @@ pub async fn analysis_gauges(state: &ApiState) -> Result<String, ApiError> {
         "How long each open window anomaly has lasted, up to the latest data.",
     );
     let latest = state.store.latest_time().await?;
-    let filter = AnomalyFilter { open: Some(true), limit: MAX_OPEN, ..AnomalyFilter::default() };
+    let filter = AnomalyFilter { open: Some(true), limit: MAX_OPEN, skip_evidence: true, ..AnomalyFilter::default() };
     for stored in state.store.anomalies(&filter).await? {
         let anomaly = &stored.anomaly;
         let (cluster, namespace) = (anomaly.cluster.as_deref(), anomaly.namespace.as_deref());

@@ -1,8 +1,9 @@
 //! Anomaly rows, unique by fingerprint.
 
-use lagscope_model::{Anomaly, AnomalyKind, UnixNanos};
+use lagscope_model::{Anomaly, UnixNanos};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
+use crate::anomaly_query::Dialect;
 use crate::rows::{AnomalyRow, to_json_text};
 use crate::{AnomalyFilter, Result, StoredAnomaly, UpsertOutcome};
 
@@ -58,30 +59,8 @@ pub(super) async fn upsert(
 }
 
 pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
-    let rows: Vec<AnomalyRow> = sqlx::query_as(
-        "SELECT * FROM anomalies
-         WHERE (?1 IS NULL OR kind = ?1)
-           AND (?2 IS NULL OR cluster = ?2)
-           AND (?3 IS NULL OR namespace = ?3)
-           AND (?4 IS NULL OR client_id = ?4)
-           AND (?5 IS NULL OR end_unix_nano >= ?5)
-           AND (?6 IS NULL OR start_unix_nano < ?6)
-           AND (?7 IS NULL OR id < ?7)
-           AND (?9 IS NULL OR open = ?9)
-         ORDER BY id DESC
-         LIMIT ?8",
-    )
-    .bind(filter.kind.map(AnomalyKind::as_str))
-    .bind(&filter.cluster)
-    .bind(&filter.namespace)
-    .bind(&filter.client_id)
-    .bind(filter.since)
-    .bind(filter.until)
-    .bind(filter.before_id)
-    .bind(i64::from(filter.limit))
-    .bind(filter.open)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<AnomalyRow> =
+        crate::anomaly_query::list(Dialect::Sqlite, filter).build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(AnomalyRow::into_stored).collect()
 }
 

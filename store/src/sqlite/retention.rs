@@ -14,6 +14,9 @@ const SAMPLES: &str = "DELETE FROM samples WHERE (series_id, time_unix_nano) IN 
 const LOGS: &str = "DELETE FROM logs WHERE id IN (SELECT id FROM logs WHERE time_unix_nano < ?1 LIMIT ?2)";
 const ANOMALIES: &str =
     "DELETE FROM anomalies WHERE id IN (SELECT id FROM anomalies WHERE open = 0 AND end_unix_nano < ?1 LIMIT ?2)";
+/// Rollups summarise spans: they go with the spans' cut-off.
+const ROLLUPS: &str = "DELETE FROM read_rollups WHERE (minute_unix_nano, cluster, namespace, node_id) IN (
+    SELECT minute_unix_nano, cluster, namespace, node_id FROM read_rollups WHERE minute_unix_nano < ?1 LIMIT ?2)";
 
 pub(super) async fn enforce(writer: &SqlitePool, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
     Ok(RetentionReport {
@@ -21,6 +24,7 @@ pub(super) async fn enforce(writer: &SqlitePool, cutoffs: &RetentionCutoffs) -> 
         samples: delete_batches(writer, SAMPLES, cutoffs.samples).await?,
         logs: delete_batches(writer, LOGS, cutoffs.logs).await?,
         anomalies: delete_batches(writer, ANOMALIES, cutoffs.anomalies).await?,
+        rollups: delete_batches(writer, ROLLUPS, cutoffs.spans).await?,
         partitions_dropped: Vec::new(),
     })
 }

@@ -6,8 +6,8 @@ use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
 use lagscope_model::{PointValue, Sample, SeriesKey, SeriesMeta};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use crate::rows::{SampleRow, ScopeSampleRow, SeriesRow, to_json_text};
-use crate::{Result, SeriesSamples, TimeRange};
+use crate::rows::{BucketRow, SampleRow, ScopeSampleRow, SeriesRow, series_with_buckets, to_json_text};
+use crate::{Reduce, Result, SeriesSamples, TimeRange, bucket_width};
 
 /// Inserts samples, creating their series on first sight. A sample re-sent for the same
 /// series and time replaces the stored one.
@@ -70,16 +70,12 @@ async fn upsert_series(transaction: &mut Transaction<'_, Sqlite>, key: &SeriesKe
     Ok(id)
 }
 
-pub(super) async fn series_range(
-    pool: &SqlitePool,
-    name: &str,
-    matchers: &[(String, String)],
-    range: TimeRange,
-) -> Result<Vec<SeriesSamples>> {
+/// The series of a metric whose labels include every matcher, in id order.
+async fn matching_series(pool: &SqlitePool, name: &str, matchers: &[(String, String)]) -> Result<Vec<SeriesRow>> {
     let matcher_object: BTreeMap<&str, &str> =
         matchers.iter().map(|(label, value)| (label.as_str(), value.as_str())).collect();
     // Every matcher must equal the series' label of the same key.
-    let series_rows: Vec<SeriesRow> = sqlx::query_as(
+    Ok(sqlx::query_as(
         "SELECT id, name, labels, kind, unit, description FROM series
          WHERE name = ?1
            AND NOT EXISTS (
@@ -91,7 +87,16 @@ pub(super) async fn series_range(
     .bind(name)
     .bind(to_json_text(&matcher_object))
     .fetch_all(pool)
-    .await?;
+    .await?)
+}
+
+pub(super) async fn series_range(
+    pool: &SqlitePool,
+    name: &str,
+    matchers: &[(String, String)],
+    range: TimeRange,
+) -> Result<Vec<SeriesSamples>> {
+    let series_rows = matching_series(pool, name, matchers).await?;
     let mut result = Vec::with_capacity(series_rows.len());
     for row in series_rows {
         let samples: Vec<SampleRow> = sqlx::query_as(
@@ -107,6 +112,42 @@ pub(super) async fn series_range(
         result.push(row.into_series(samples)?);
     }
     Ok(result)
+}
+
+pub(super) async fn series_buckets(
+    pool: &SqlitePool,
+    name: &str,
+    matchers: &[(String, String)],
+    range: TimeRange,
+    buckets: u32,
+    reduce: Reduce,
+) -> Result<Vec<SeriesSamples>> {
+    let series_rows = matching_series(pool, name, matchers).await?;
+    let Some(width) = bucket_width(range, buckets) else {
+        return series_with_buckets(series_rows, Vec::new());
+    };
+    let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
+    // With one max() in a group, SQLite takes the group's bare columns from the row holding
+    // the maximum: `value` is the value of the slice's last sample.
+    let value = match reduce {
+        Reduce::Last => "samples.value",
+        Reduce::Min => "min(samples.value)",
+        Reduce::Max => "max(samples.value)",
+    };
+    // `value` is one of the three fragments above: nothing of the caller reaches the text.
+    let points: Vec<BucketRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
+         WHERE series_id IN (SELECT value FROM json_each(?1))
+           AND time_unix_nano >= ?2 AND time_unix_nano < ?3 AND samples.value IS NOT NULL
+         GROUP BY series_id, (time_unix_nano - ?2) / ?4"
+    )))
+    .bind(ids)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(width)
+    .fetch_all(pool)
+    .await?;
+    series_with_buckets(series_rows, points)
 }
 
 /// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::Every`: the series of

@@ -26,26 +26,20 @@ use serde::{Deserialize, Serialize};
 
 pub use dashboards::{Dashboard, Dashboards};
 
-use crate::{ApiError, LagAggregator, parse_time};
+use crate::{ApiError, parse_time};
 
 /// What the pages read, and how they are drawn.
 #[derive(Clone)]
 pub struct UiState {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<SelfMetrics>,
-    pub lag: Option<LagAggregator>,
     pub dashboards: Arc<Dashboards>,
     templates: Arc<Environment<'static>>,
 }
 
 impl UiState {
-    pub fn new(
-        store: Arc<dyn Store>,
-        metrics: Arc<SelfMetrics>,
-        lag: Option<LagAggregator>,
-        dashboards: Dashboards,
-    ) -> Self {
-        Self { store, metrics, lag, dashboards: Arc::new(dashboards), templates: Arc::new(templates()) }
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<SelfMetrics>, dashboards: Dashboards) -> Self {
+        Self { store, metrics, dashboards: Arc::new(dashboards), templates: Arc::new(templates()) }
     }
 
     /// Renders a page template with the navigation every page shares.

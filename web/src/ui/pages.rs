@@ -62,7 +62,12 @@ async fn overview_page(
     // The open ones counted in the store (through the index of open anomalies, no evidence
     // read). The range's counted from the newest OVERVIEW_ANOMALIES of it (counting every
     // anomaly of a long range would scan them all); the page says when it cut.
-    let in_range_filter = AnomalyFilter { since: Some(range.from), until: Some(range.to), ..AnomalyFilter::default() };
+    let in_range_filter = AnomalyFilter {
+        since: Some(range.from),
+        until: Some(range.to),
+        skip_evidence: true,
+        ..AnomalyFilter::default()
+    };
     let open_counts =
         state.store.anomaly_counts(&AnomalyFilter { open: Some(true), ..AnomalyFilter::default() }).await?;
     let recent = state.store.anomalies(&AnomalyFilter { limit: OVERVIEW_ANOMALIES, ..in_range_filter }).await?;
@@ -105,7 +110,12 @@ async fn overview_page(
         .collect();
     let open = state
         .store
-        .anomalies(&AnomalyFilter { open: Some(true), limit: OVERVIEW_LISTED as u32, ..AnomalyFilter::default() })
+        .anomalies(&AnomalyFilter {
+            open: Some(true),
+            limit: OVERVIEW_LISTED as u32,
+            skip_evidence: true,
+            ..AnomalyFilter::default()
+        })
         .await?;
     let by_start = panels::by_start(&recent[..recent.len().min(OVERVIEW_LISTED)]);
     let open_table = panels::anomaly_table(&panels::by_start(&open));
@@ -631,10 +641,12 @@ async fn dashboard_page(
     };
     let params = query_params(query)?;
     let range = PageRange::resolve(state.store.as_ref(), &params).await?;
-    let mut panels: Vec<PanelView> = Vec::with_capacity(dashboard.panels.len());
-    for panel in &dashboard.panels {
-        panels.push(panels::evaluate(state, panel, range.range()).await?);
-    }
+    // The panels' queries run together: the store's reads proceed on its connections while
+    // other panels draw.
+    let panels: Vec<PanelView> = futures::future::try_join_all(
+        dashboard.panels.iter().map(|panel| panels::evaluate(state, panel, range.range())),
+    )
+    .await?;
     let context = minijinja::context! {
         description => dashboard.description.clone(),
         panels => panels,

@@ -8,8 +8,8 @@ use lagscope_model::conventions::{
     CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, METRIC_ROUTER_CACHED_ROLE, NAMESPACE, NODE_ID,
     NODE_ROLE, TARGET_NODE,
 };
-use lagscope_model::{AnomalyKind, LagQuery, Severity};
-use lagscope_store::{AnomalyFilter, SeriesSamples, StoredAnomaly, TimeRange};
+use lagscope_model::{AnomalyKind, ReadRollup, Severity, rollup_step_of};
+use lagscope_store::{AnomalyFilter, Reduce, SeriesSamples, StoredAnomaly, TimeRange};
 use serde::Serialize;
 
 use super::charts::{self, Bar, Line};
@@ -25,8 +25,9 @@ pub const HEATMAP_CELLS: usize = 80;
 pub const MAX_LINES: usize = 40;
 /// Anomalies a panel reads per kind at most.
 pub const MAX_PANEL_ANOMALIES: u32 = 500;
-/// Spans the staleness panel reads at most (the oldest of the range first).
-pub const MAX_STALENESS_SPANS: u32 = 200_000;
+/// Read rollups (node-minutes) the staleness panel reads at most (the oldest of the range
+/// first): a week of 20 nodes.
+pub const MAX_ROLLUPS: u32 = 200_000;
 
 /// A panel ready for the template.
 #[derive(Debug, Serialize)]
@@ -65,11 +66,18 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
     match &panel.query {
         Query::Series { metric, matchers, group_by, rate, ratio_to, colors, unit } => {
             let matchers: Vec<(String, String)> = matchers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            let series = state.store.series_samples(metric, &matchers, range).await?;
+            // The store cuts each series to what the chart draws: a line's last value per
+            // point (a counter's rate is then its average over each step), a heatmap cell's
+            // largest pressure or, for up/down, its smallest value (any down makes it red).
+            let (buckets, reduce) = match (panel.chart, colors) {
+                _ if *rate => (MAX_POINTS, Reduce::Last),
+                (ChartKind::Heatmap, HeatColors::Pressure) => (HEATMAP_CELLS, Reduce::Max),
+                (ChartKind::Heatmap, HeatColors::UpDown) => (HEATMAP_CELLS, Reduce::Min),
+                _ => (MAX_POINTS, Reduce::Last),
+            };
+            let series = state.store.series_buckets(metric, &matchers, range, buckets as u32, reduce).await?;
             let limits = match ratio_to {
-                Some(limit_metric) => {
-                    latest_by_scope(&state.store.series_samples(limit_metric, &matchers, range).await?)
-                }
+                Some(limit_metric) => latest_by_scope(&latest(state, limit_metric, &matchers, range).await?),
                 None => BTreeMap::new(),
             };
             let mut groups = group_series(&series, group_by, *rate, ratio_to.as_ref().map(|_| &limits));
@@ -104,18 +112,24 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
                     view.svg = Some(charts::heatmap(&rows, span));
                 }
                 _ => {
-                    let mut table = Table::new(&["series", "latest", "min", "max", "samples"]);
+                    // Per group: its latest value, and its smallest and largest in the range.
+                    let extreme = |reduce| state.store.series_buckets(metric, &matchers, range, 1, reduce);
+                    let (lows, highs) = (extreme(Reduce::Min).await?, extreme(Reduce::Max).await?);
+                    let lows = group_series(&lows, group_by, false, None);
+                    let highs = group_series(&highs, group_by, false, None);
+                    let mut table = Table::new(&["series", "latest", "min", "max"]);
                     for (name, points) in groups {
-                        let values = points.iter().map(|(_, v)| *v);
-                        let min = values.clone().fold(f64::INFINITY, f64::min);
-                        let max = values.fold(f64::NEG_INFINITY, f64::max);
+                        let of = |groups: &[(String, Vec<(i64, f64)>)], fold: fn(f64, f64) -> f64, start: f64| {
+                            let found = groups.iter().find(|(group, _)| *group == name);
+                            found.map(|(_, points)| points.iter().map(|(_, v)| *v).fold(start, fold))
+                        };
+                        let text = |value: Option<f64>| value.map(charts::format_value).unwrap_or_default();
                         let latest = points.last().map(|(_, v)| charts::format_value(*v)).unwrap_or_default();
                         table.rows.push(vec![
-                            Cell::text(name),
+                            Cell::text(name.clone()),
                             Cell::text(latest),
-                            Cell::text(charts::format_value(min)),
-                            Cell::text(charts::format_value(max)),
-                            Cell::text(points.len().to_string()),
+                            Cell::text(text(of(&lows, f64::min, f64::INFINITY))),
+                            Cell::text(text(of(&highs, f64::max, f64::NEG_INFINITY))),
                         ]);
                     }
                     view.table = Some(table);
@@ -130,6 +144,7 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
                     since: Some(range.from),
                     until: Some(range.to),
                     limit: MAX_PANEL_ANOMALIES,
+                    skip_evidence: true,
                     ..AnomalyFilter::default()
                 };
                 let listed = state.store.anomalies(&filter).await?;
@@ -350,9 +365,19 @@ pub fn anomaly_table(found: &[StoredAnomaly]) -> Table {
     table
 }
 
+/// Each series of a metric with its latest value in the range (one point).
+async fn latest(
+    state: &UiState,
+    metric: &str,
+    matchers: &[(String, String)],
+    range: TimeRange,
+) -> Result<Vec<SeriesSamples>, ApiError> {
+    Ok(state.store.series_buckets(metric, matchers, range, 1, Reduce::Last).await?)
+}
+
 async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
-    let applied = state.store.series_samples(METRIC_APPLIED_STATE, &[], range).await?;
-    let committed = state.store.series_samples(METRIC_COMMITTED_STATE, &[], range).await?;
+    let applied = latest(state, METRIC_APPLIED_STATE, &[], range).await?;
+    let committed = latest(state, METRIC_COMMITTED_STATE, &[], range).await?;
     // A namespace's committed state: the highest any node reports.
     let mut namespace_committed: BTreeMap<NamespaceKey, f64> = BTreeMap::new();
     for (scope, value) in latest_by_scope(&committed) {
@@ -400,8 +425,9 @@ async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, Api
 }
 
 async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line>, Option<String>), ApiError> {
-    let applied = state.store.series_samples(METRIC_APPLIED_STATE, &[], range).await?;
-    let committed = state.store.series_samples(METRIC_COMMITTED_STATE, &[], range).await?;
+    let points = MAX_POINTS as u32;
+    let applied = state.store.series_buckets(METRIC_APPLIED_STATE, &[], range, points, Reduce::Last).await?;
+    let committed = state.store.series_buckets(METRIC_COMMITTED_STATE, &[], range, points, Reduce::Last).await?;
     // Each namespace's committed state as a staircase: the highest any node reported so far.
     let mut staircases: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
     for series in &committed {
@@ -445,25 +471,17 @@ async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line
     Ok((lines.into_iter().map(|(_, line)| line).collect(), note))
 }
 
+/// Staleness of the reads each node served in the range, from the per-minute rollups the live
+/// analyzer writes (every whole minute overlapping the range).
 async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<String>), ApiError> {
-    let Some(aggregate) = &state.lag else {
-        return Ok((Table::new(&["lag analytics are not available in this build"]), None));
-    };
-    let query = LagQuery {
-        cluster: None,
-        namespace: None,
-        from_unix_nano: range.from,
-        to_unix_nano: range.to,
-        step_seconds: None,
-    };
-    let loaded = crate::load_lag_rows(state.store.as_ref(), &query, MAX_STALENESS_SPANS, MAX_STALENESS_SPANS).await?;
-    let aggregate = aggregate.clone();
-    let report =
-        tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded.truncated)))
-            .await
-            .map_err(|error| ApiError::Analysis(error.to_string()))?
-            .map_err(ApiError::Analysis)?;
-    let (report, truncated) = report;
+    let minutes = TimeRange { from: rollup_step_of(range.from), to: range.to };
+    let rollups = state.store.read_rollups(minutes, MAX_ROLLUPS).await?;
+    let truncated = rollups.len() >= MAX_ROLLUPS as usize;
+    let mut merged: BTreeMap<Scope, ReadRollup> = BTreeMap::new();
+    for rollup in &rollups {
+        let scope = (rollup.cluster.clone(), rollup.namespace.clone(), rollup.node.clone());
+        merged.entry(scope).or_default().merge(rollup);
+    }
     let mut table = Table::new(&[
         "cluster",
         "namespace",
@@ -477,32 +495,40 @@ async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<S
         "p99 (s)",
         "max (s)",
     ]);
-    let percentiles = |p: Option<lagscope_model::Percentiles>, seconds: bool| match p {
-        Some(p) if seconds => [format!("{:.3}", p.p50), format!("{:.3}", p.p99), format!("{:.3}", p.max)],
-        Some(p) => [format!("{:.0}", p.p50), format!("{:.0}", p.p99), format!("{:.0}", p.max)],
-        None => [String::new(), String::new(), String::new()],
+    let quantile = |histogram: &lagscope_model::LogHistogram, q: f64, scale: f64, digits: usize| {
+        histogram.quantile(q).map(|value| format!("{:.digits$}", value * scale)).unwrap_or_default()
     };
-    for bucket in &report.reads {
-        let mut row = vec![
-            Cell::text(bucket.cluster.clone().unwrap_or_default()),
-            Cell::text(bucket.namespace.clone().unwrap_or_default()),
-            Cell::text(bucket.node.clone().unwrap_or_default()),
-            Cell::text(bucket.reads.to_string()),
-            Cell::text(bucket.stale_reads.to_string()),
-        ];
-        row.extend(percentiles(bucket.behind_states, false).into_iter().map(Cell::text));
-        row.extend(percentiles(bucket.behind_seconds, true).into_iter().map(Cell::text));
-        table.rows.push(row);
+    for ((cluster, namespace, node), rollup) in merged {
+        table.rows.push(vec![
+            Cell::text(cluster.unwrap_or_default()),
+            Cell::text(namespace.unwrap_or_default()),
+            Cell::text(node.unwrap_or_default()),
+            Cell::text(rollup.reads.to_string()),
+            Cell::text(rollup.behind_reads.to_string()),
+            Cell::text(quantile(&rollup.behind_states, 0.5, 1.0, 0)),
+            Cell::text(quantile(&rollup.behind_states, 0.99, 1.0, 0)),
+            Cell::text(rollup.max_behind_states.map(|max| max.to_string()).unwrap_or_default()),
+            Cell::text(quantile(&rollup.behind_millis, 0.5, 1e-3, 3)),
+            Cell::text(quantile(&rollup.behind_millis, 0.99, 1e-3, 3)),
+            Cell::text(rollup.max_behind_seconds.map(|max| format!("{max:.3}")).unwrap_or_default()),
+        ]);
     }
-    let note = truncated.then(|| {
-        format!("the range holds more than {MAX_STALENESS_SPANS} spans: these figures cover its first {MAX_STALENESS_SPANS}; narrow the range for all of it")
-    });
-    Ok((table, note))
+    let note = if truncated {
+        format!(
+            "the range holds more than {MAX_ROLLUPS} node-minutes: these figures cover its first {MAX_ROLLUPS}; narrow the range for all of it"
+        )
+    } else {
+        "per whole minute overlapping the range; percentiles within 1/16 (exact below 16), counts and maxima exact"
+            .to_string()
+    };
+    Ok((table, Some(note)))
 }
 
 async fn role_comparison(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
-    let cached = state.store.series_samples(METRIC_ROUTER_CACHED_ROLE, &[], range).await?;
-    let reported = state.store.series_samples(METRIC_ROLE, &[], range).await?;
+    // A role series is 1 while the node (or the router's cache) holds that role: its latest
+    // value in the range says whether it still does.
+    let cached = latest(state, METRIC_ROUTER_CACHED_ROLE, &[], range).await?;
+    let reported = latest(state, METRIC_ROLE, &[], range).await?;
     // The role each node reports last: (cluster, node) -> (time, role).
     let mut now_reported: BTreeMap<(Option<String>, String), (i64, String)> = BTreeMap::new();
     for series in &reported {
