@@ -77,7 +77,9 @@ pub fn read_lag_rows(input: &AnalysisInput) -> Vec<ReadLag> {
 /// The reads served at or after `complete_from` rolled up per (cluster, namespace, node) and
 /// minute, in (minute, scope) order.
 pub fn read_rollups(reads: &[ReadLag], complete_from: i64) -> Vec<ReadRollup> {
-    let mut rollups: BTreeMap<(i64, &Option<String>, &Option<String>, &Option<String>), ReadRollup> = BTreeMap::new();
+    // (minute, cluster, namespace, node)
+    type Key<'a> = (i64, &'a Option<String>, &'a Option<String>, &'a Option<String>);
+    let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
     for read in reads.iter().filter(|read| read.time_unix_nano >= complete_from) {
         let minute = rollup_step_of(read.time_unix_nano);
         let rollup =

@@ -240,8 +240,11 @@ async fn resolve_marks(
 /// changed. Holds the minutes of each scope's latest pass (the scope window), no more.
 #[derive(Default)]
 struct WrittenRollups {
-    by_scope: HashMap<(Option<String>, Option<String>), HashMap<(i64, Option<String>), ReadRollup>>,
+    by_scope: HashMap<ScopeKey, HashMap<(i64, Option<String>), ReadRollup>>,
 }
+
+/// (cluster, namespace).
+type ScopeKey = (Option<String>, Option<String>);
 
 impl WrittenRollups {
     /// Rolls up the scope's reads served from `complete_from` on and stores the rollups that
@@ -249,7 +252,7 @@ impl WrittenRollups {
     async fn write(
         &mut self,
         store: &dyn Store,
-        scope: (Option<String>, Option<String>),
+        scope: ScopeKey,
         input: &AnalysisInput,
         complete_from: i64,
     ) -> Result<(), lagscope_store::StoreError> {

@@ -188,6 +188,14 @@ async fn every_endpoint_answers_as_documented() {
     let lag = api.get("/api/v1/lag", &format!("/api/v1/lag?from={from}&to={to}&step=10s"), 200).await;
     assert!(lag["input"]["spans"].as_u64().unwrap_or(0) > 0, "{}", lag["input"]);
     api.bad("/api/v1/lag", "/api/v1/lag?step=soon", "step").await;
+    // The same range from the live analyzer's rollups: every read counted.
+    let staleness = api.get("/api/v1/staleness", &format!("/api/v1/staleness?from={from}&to={to}"), 200).await;
+    let reads: u64 = staleness["nodes"].as_array().expect("nodes").iter().filter_map(|n| n["reads"].as_u64()).sum();
+    assert!(reads > 0, "{staleness}");
+    let hdfs = api.get("/api/v1/staleness", &format!("/api/v1/staleness?from={from}&to={to}&cluster=none"), 200).await;
+    assert_eq!(hdfs["nodes"], json!([]));
+    api.bad("/api/v1/staleness", &format!("/api/v1/staleness?from={to}&to={from}"), "from").await;
+    api.bad("/api/v1/staleness", "/api/v1/staleness?nodes=1", "nodes").await;
 
     // /metrics: the findings as gauges, and every metric the Grafana dashboards query.
     let text =

@@ -92,6 +92,43 @@ async fn aggregated_served_and_exported(config: lagscope::Config, directory: &st
         .collect();
     assert!(shards.len() >= 2, "{rejections:#?}");
 
+    // The live analyzer's per-node-minute rollups (what the Lag dashboard reads) agree with
+    // the figures computed from the raw telemetry over the same whole minutes: the same reads
+    // per node, the same reads behind committed, the same maxima.
+    let (minute_from, minute_to) = (from - from.rem_euclid(60), to - to.rem_euclid(60));
+    let (status, exact) = get_json(&server, &format!("/api/v1/lag?from={minute_from}&to={minute_to}")).await;
+    assert_eq!(status, 200, "{exact}");
+    let (status, rolled) = get_json(&server, &format!("/api/v1/staleness?from={minute_from}&to={minute_to}")).await;
+    assert_eq!(status, 200, "{rolled}");
+    let key = |row: &Value| (row["cluster"].to_string(), row["namespace"].to_string(), row["node"].to_string());
+    let rolled_nodes: std::collections::BTreeMap<_, &Value> =
+        rolled["nodes"].as_array().expect("nodes").iter().map(|row| (key(row), row)).collect();
+    let exact_reads = exact["reads"].as_array().expect("reads");
+    assert_eq!(rolled_nodes.len(), exact_reads.len(), "{rolled:#}\n{exact:#}");
+    for row in exact_reads {
+        let node = rolled_nodes.get(&key(row)).unwrap_or_else(|| panic!("no rollup for {row}"));
+        assert_eq!(node["reads"], row["reads"], "{node} against {row}");
+        assert_eq!(node["behind_reads"], row["stale_reads"], "{node} against {row}");
+        for unit in ["behind_states", "behind_seconds"] {
+            let (rolled, exact) = (&node[unit], &row[unit]);
+            if exact.is_null() {
+                continue;
+            }
+            let number = |value: &Value| value.as_f64().unwrap_or_else(|| panic!("{unit}: a number, not {value}"));
+            let max = number(&rolled["max"]);
+            assert!((max - number(&exact["max"])).abs() <= 1e-6, "{unit}: {node} {row}");
+            // The percentile methods differ (a bucket's middle at a rank, against polars'
+            // linear interpolation): only their bounds are compared, 0 to the max plus the
+            // histogram's error.
+            for p in ["p50", "p99"] {
+                let value = number(&rolled[p]);
+                assert!(value >= 0.0 && value <= max * 1.07 + 1e-3, "{unit} {p}: {node}");
+            }
+        }
+    }
+    let reads_behind: u64 = rolled_nodes.values().filter_map(|node| node["behind_reads"].as_u64()).sum();
+    assert!(reads_behind >= anomalies.len() as u64, "{rolled:#}");
+
     // Buckets partition the range: per-step counts add up to the whole range's.
     let (status, stepped) = get_json(&server, &format!("/api/v1/lag?from={from}&to={to}&step=10s")).await;
     assert_eq!(status, 200, "{stepped}");

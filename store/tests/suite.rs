@@ -585,23 +585,25 @@ async fn anomaly_filters_combine_and_can_leave_evidence_out(store: &dyn Store) {
     };
     let stale = Some(AnomalyKind::StaleRead);
     assert_eq!(
-        fingerprints(store.anomalies(&filter(stale, Some("prod"), None, None, None)).await.unwrap()),
+        fingerprints(store.anomalies(&filter(stale, Some("prod"), None, None, None)).await.expect("query")),
         ["s-2", "s-1"]
     );
     // A window overlapping the range: ends at or after its start, starts before its end.
     let overlapping = filter(None, None, Some(T0 + 15 * SECOND), Some(T0 + 25 * SECOND), None);
-    assert_eq!(fingerprints(store.anomalies(&overlapping).await.unwrap()), ["lag-1", "s-3"]);
+    assert_eq!(fingerprints(store.anomalies(&overlapping).await.expect("query")), ["lag-1", "s-3"]);
     let open_lag = filter(Some(AnomalyKind::ApplyLag), Some("prod"), Some(T0 + 150 * SECOND), None, Some(true));
-    assert_eq!(fingerprints(store.anomalies(&open_lag).await.unwrap()), ["lag-1"]);
+    assert_eq!(fingerprints(store.anomalies(&open_lag).await.expect("query")), ["lag-1"]);
     let resolved = filter(None, Some("prod"), None, None, Some(false));
-    assert_eq!(fingerprints(store.anomalies(&resolved).await.unwrap()), ["s-2", "s-1"]);
-    assert!(store.anomalies(&filter(stale, Some("dr"), None, Some(T0 + 5 * SECOND), None)).await.unwrap().is_empty());
+    assert_eq!(fingerprints(store.anomalies(&resolved).await.expect("query")), ["s-2", "s-1"]);
+    assert!(
+        store.anomalies(&filter(stale, Some("dr"), None, Some(T0 + 5 * SECOND), None)).await.expect("query").is_empty()
+    );
     let limited = AnomalyFilter { limit: 1, ..filter(stale, None, None, None, None) };
-    assert_eq!(fingerprints(store.anomalies(&limited).await.unwrap()), ["s-3"]);
+    assert_eq!(fingerprints(store.anomalies(&limited).await.expect("query")), ["s-3"]);
     let hostile =
         AnomalyFilter { cluster: Some("prod' OR '1'='1".to_string()), ..filter(None, None, None, None, None) };
-    assert!(store.anomalies(&hostile).await.unwrap().is_empty());
-    assert!(store.anomaly_counts(&hostile).await.unwrap().is_empty());
+    assert!(store.anomalies(&hostile).await.expect("query").is_empty());
+    assert!(store.anomaly_counts(&hostile).await.expect("query").is_empty());
 
     let light = AnomalyFilter { skip_evidence: true, ..filter(stale, None, None, None, None) };
     let light = store.anomalies(&light).await.expect("without evidence");

@@ -42,6 +42,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/anomalies/{id}", get(get_anomaly))
         .route("/api/v1/clients/{client_id}/timeline", get(client_timeline))
         .route("/api/v1/lag", get(crate::lag::lag))
+        .route("/api/v1/staleness", get(crate::lag::staleness))
         .route("/api/v1/cluster", get(cluster))
         .route("/api/v1/series", get(crate::query::series))
         .route("/api/v1/windows", get(crate::query::windows))

@@ -4,15 +4,16 @@
 //! and the injected [`LagAggregator`] (polars, in `lagscope-analytics`; injected so that this
 //! crate builds without polars) buckets them and takes percentiles, off the async runtime.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
-use lagscope_model::{LagQuery, LagReport};
+use lagscope_model::{LagQuery, LagReport, Percentiles, ReadRollup, rollup_step_of};
 use lagscope_store::{Store, StoreError, TimeRange};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::{ApiError, ApiState, parse_time};
@@ -77,6 +78,113 @@ pub async fn load_lag_rows(
     Ok(LoadedRows { rows, spans: n_spans, samples: n_samples, truncated })
 }
 
+/// Read rollups (node-minutes) one staleness request or panel reads at most (the oldest of
+/// the range first): a week of 20 nodes.
+pub const MAX_ROLLUPS: u32 = 200_000;
+
+/// The staleness of the reads one node served over a range, merged from its minutes' rollups.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeStaleness {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub node: Option<String>,
+    pub reads: u64,
+    /// Reads for which the namespace's committed state was known (what the percentiles cover).
+    pub compared: u64,
+    /// Reads served behind the committed state.
+    pub behind_reads: u64,
+    /// Behind committed in states: p50 and p99 within 1/16 (exact below 16), max exact.
+    pub behind_states: Option<Percentiles>,
+    pub behind_seconds: Option<Percentiles>,
+}
+
+/// The rollups merged per (cluster, namespace, node), in that order.
+pub fn staleness_by_node(rollups: &[ReadRollup]) -> Vec<NodeStaleness> {
+    // (cluster, namespace, node)
+    type Scope = (Option<String>, Option<String>, Option<String>);
+    let mut merged: BTreeMap<Scope, ReadRollup> = BTreeMap::new();
+    for rollup in rollups {
+        let scope = (rollup.cluster.clone(), rollup.namespace.clone(), rollup.node.clone());
+        merged.entry(scope).or_default().merge(rollup);
+    }
+    merged
+        .into_iter()
+        .map(|((cluster, namespace, node), rollup)| {
+            let spread = |histogram: &lagscope_model::LogHistogram, scale: f64, max: Option<f64>| {
+                Some(Percentiles {
+                    p50: histogram.quantile(0.5)? * scale,
+                    p99: histogram.quantile(0.99)? * scale,
+                    max: max?,
+                })
+            };
+            NodeStaleness {
+                cluster,
+                namespace,
+                node,
+                reads: rollup.reads,
+                compared: rollup.compared,
+                behind_reads: rollup.behind_reads,
+                behind_states: spread(&rollup.behind_states, 1.0, rollup.max_behind_states.map(|max| max as f64)),
+                behind_seconds: spread(&rollup.behind_millis, 1e-3, rollup.max_behind_seconds),
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StalenessParams {
+    cluster: Option<String>,
+    namespace: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// `GET /api/v1/staleness?cluster=&namespace=&from=&to=`: per node, the staleness of the reads
+/// it served in the range, from the per-minute rollups the live analyzer writes (every whole
+/// minute starting in the range, the one holding `from` included): cheap for any range,
+/// where `/api/v1/lag` reads the raw telemetry.
+pub(crate) async fn staleness(
+    State(state): State<ApiState>,
+    params: Result<Query<StalenessParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let (from, to) = query_range(params.from.as_deref(), params.to.as_deref())?;
+    let minutes = TimeRange { from: rollup_step_of(from), to };
+    let rollups = state.store.read_rollups(minutes, MAX_ROLLUPS).await?;
+    let truncated = rollups.len() >= MAX_ROLLUPS as usize;
+    let wanted = |value: &Option<String>, filter: &Option<String>| {
+        filter.as_deref().filter(|text| !text.is_empty()).is_none_or(|filter| value.as_deref() == Some(filter))
+    };
+    let selected: Vec<ReadRollup> = rollups
+        .into_iter()
+        .filter(|rollup| wanted(&rollup.cluster, &params.cluster) && wanted(&rollup.namespace, &params.namespace))
+        .collect();
+    Ok(Json(json!({
+        "from_unix_nano": minutes.from,
+        "to_unix_nano": to,
+        "node_minutes": selected.len(),
+        "truncated": truncated,
+        "nodes": staleness_by_node(&selected),
+    })))
+}
+
+/// `from` and `to` of a range query: both optional, the last hour up to now by default.
+fn query_range(from: Option<&str>, to: Option<&str>) -> Result<(i64, i64), ApiError> {
+    let to = match to {
+        Some(text) => parse_time("to", text).map_err(ApiError::BadRequest)?,
+        None => jiff::Timestamp::now().as_nanosecond() as i64,
+    };
+    let from = match from {
+        Some(text) => parse_time("from", text).map_err(ApiError::BadRequest)?,
+        None => to.saturating_sub(DEFAULT_RANGE),
+    };
+    if from >= to {
+        return Err(ApiError::BadRequest("parameter from must be before to".to_string()));
+    }
+    Ok((from, to))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LagParams {
@@ -93,17 +201,7 @@ pub(crate) async fn lag(
     params: Result<Query<LagParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
-    let to = match params.to.as_deref() {
-        Some(text) => parse_time("to", text).map_err(ApiError::BadRequest)?,
-        None => jiff::Timestamp::now().as_nanosecond() as i64,
-    };
-    let from = match params.from.as_deref() {
-        Some(text) => parse_time("from", text).map_err(ApiError::BadRequest)?,
-        None => to.saturating_sub(DEFAULT_RANGE),
-    };
-    if from >= to {
-        return Err(ApiError::BadRequest("parameter from must be before to".to_string()));
-    }
+    let (from, to) = query_range(params.from.as_deref(), params.to.as_deref())?;
     let step_seconds = params.step.as_deref().map(parse_step).transpose().map_err(ApiError::BadRequest)?;
     if let Some(step) = step_seconds {
         let buckets = (to - from) / step.saturating_mul(1_000_000_000);

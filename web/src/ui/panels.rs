@@ -8,7 +8,7 @@ use lagscope_model::conventions::{
     CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, METRIC_ROUTER_CACHED_ROLE, NAMESPACE, NODE_ID,
     NODE_ROLE, TARGET_NODE,
 };
-use lagscope_model::{AnomalyKind, ReadRollup, Severity, rollup_step_of};
+use lagscope_model::{AnomalyKind, Severity, rollup_step_of};
 use lagscope_store::{AnomalyFilter, Reduce, SeriesSamples, StoredAnomaly, TimeRange};
 use serde::Serialize;
 
@@ -16,6 +16,7 @@ use super::charts::{self, Bar, Line};
 use super::dashboards::{AnomalyLane, ChartKind, HeatColors, Panel, Query, Width};
 use super::{Cell, Table, UiState};
 use crate::ApiError;
+use crate::lag::MAX_ROLLUPS;
 
 /// Points per line a chart draws at most (samples are bucketed to this many).
 pub const MAX_POINTS: usize = 240;
@@ -25,9 +26,6 @@ pub const HEATMAP_CELLS: usize = 80;
 pub const MAX_LINES: usize = 40;
 /// Anomalies a panel reads per kind at most.
 pub const MAX_PANEL_ANOMALIES: u32 = 500;
-/// Read rollups (node-minutes) the staleness panel reads at most (the oldest of the range
-/// first): a week of 20 nodes.
-pub const MAX_ROLLUPS: u32 = 200_000;
 
 /// A panel ready for the template.
 #[derive(Debug, Serialize)]
@@ -477,11 +475,6 @@ async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<S
     let minutes = TimeRange { from: rollup_step_of(range.from), to: range.to };
     let rollups = state.store.read_rollups(minutes, MAX_ROLLUPS).await?;
     let truncated = rollups.len() >= MAX_ROLLUPS as usize;
-    let mut merged: BTreeMap<Scope, ReadRollup> = BTreeMap::new();
-    for rollup in &rollups {
-        let scope = (rollup.cluster.clone(), rollup.namespace.clone(), rollup.node.clone());
-        merged.entry(scope).or_default().merge(rollup);
-    }
     let mut table = Table::new(&[
         "cluster",
         "namespace",
@@ -495,23 +488,21 @@ async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<S
         "p99 (s)",
         "max (s)",
     ]);
-    let quantile = |histogram: &lagscope_model::LogHistogram, q: f64, scale: f64, digits: usize| {
-        histogram.quantile(q).map(|value| format!("{:.digits$}", value * scale)).unwrap_or_default()
+    let spread = |percentiles: Option<lagscope_model::Percentiles>, digits: usize| match percentiles {
+        Some(p) => [p.p50, p.p99, p.max].map(|value| Cell::text(format!("{value:.digits$}"))),
+        None => [Cell::text(""), Cell::text(""), Cell::text("")],
     };
-    for ((cluster, namespace, node), rollup) in merged {
-        table.rows.push(vec![
-            Cell::text(cluster.unwrap_or_default()),
-            Cell::text(namespace.unwrap_or_default()),
-            Cell::text(node.unwrap_or_default()),
-            Cell::text(rollup.reads.to_string()),
-            Cell::text(rollup.behind_reads.to_string()),
-            Cell::text(quantile(&rollup.behind_states, 0.5, 1.0, 0)),
-            Cell::text(quantile(&rollup.behind_states, 0.99, 1.0, 0)),
-            Cell::text(rollup.max_behind_states.map(|max| max.to_string()).unwrap_or_default()),
-            Cell::text(quantile(&rollup.behind_millis, 0.5, 1e-3, 3)),
-            Cell::text(quantile(&rollup.behind_millis, 0.99, 1e-3, 3)),
-            Cell::text(rollup.max_behind_seconds.map(|max| format!("{max:.3}")).unwrap_or_default()),
-        ]);
+    for node in crate::lag::staleness_by_node(&rollups) {
+        let mut row = vec![
+            Cell::text(node.cluster.unwrap_or_default()),
+            Cell::text(node.namespace.unwrap_or_default()),
+            Cell::text(node.node.unwrap_or_default()),
+            Cell::text(node.reads.to_string()),
+            Cell::text(node.behind_reads.to_string()),
+        ];
+        row.extend(spread(node.behind_states, 0));
+        row.extend(spread(node.behind_seconds, 3));
+        table.rows.push(row);
     }
     let note = if truncated {
         format!(
