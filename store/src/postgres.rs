@@ -464,23 +464,46 @@ impl Store for PgStore {
             return series_with_buckets(series_rows, Vec::new());
         };
         let ids: Vec<i64> = series_rows.iter().map(|row| row.id).collect();
-        let value = match reduce {
-            Reduce::Last => "(array_agg(value ORDER BY time_unix_nano DESC))[1]",
-            Reduce::Min => "min(value)",
-            Reduce::Max => "max(value)",
+        let points: Vec<BucketRow> = match reduce {
+            // A slice's last sample is one backward index probe per series and slice: the cost
+            // is series times slices, however dense the samples are.
+            Reduce::Last => {
+                sqlx::query_as(
+                    "SELECT ids.id AS series_id, last.time_unix_nano, last.value
+                     FROM unnest($1::bigint[]) AS ids(id)
+                     CROSS JOIN generate_series(0, ($3 - $2 - 1) / $4) AS slices(i)
+                     CROSS JOIN LATERAL (
+                         SELECT time_unix_nano, value FROM samples
+                         WHERE series_id = ids.id
+                           AND time_unix_nano >= $2 + slices.i * $4
+                           AND time_unix_nano < least($2 + (slices.i + 1) * $4, $3)
+                           AND value IS NOT NULL
+                         ORDER BY time_unix_nano DESC LIMIT 1
+                     ) AS last",
+                )
+                .bind(&ids)
+                .bind(range.from)
+                .bind(range.to)
+                .bind(width)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            Reduce::Min | Reduce::Max => {
+                let value = if reduce == Reduce::Min { "min(value)" } else { "max(value)" };
+                // `value` is one of the two fragments above: nothing of the caller reaches the text.
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
+                     WHERE series_id = ANY($1) AND time_unix_nano >= $2 AND time_unix_nano < $3 AND value IS NOT NULL
+                     GROUP BY series_id, (time_unix_nano - $2) / $4"
+                )))
+                .bind(&ids)
+                .bind(range.from)
+                .bind(range.to)
+                .bind(width)
+                .fetch_all(&self.pool)
+                .await?
+            }
         };
-        // `value` is one of the three fragments above: nothing of the caller reaches the text.
-        let points: Vec<BucketRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
-             WHERE series_id = ANY($1) AND time_unix_nano >= $2 AND time_unix_nano < $3 AND value IS NOT NULL
-             GROUP BY series_id, (time_unix_nano - $2) / $4"
-        )))
-        .bind(&ids)
-        .bind(range.from)
-        .bind(range.to)
-        .bind(width)
-        .fetch_all(&self.pool)
-        .await?;
         series_with_buckets(series_rows, points)
     }
 

@@ -127,26 +127,49 @@ pub(super) async fn series_buckets(
         return series_with_buckets(series_rows, Vec::new());
     };
     let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
-    // With one max() in a group, SQLite takes the group's bare columns from the row holding
-    // the maximum: `value` is the value of the slice's last sample.
-    let value = match reduce {
-        Reduce::Last => "samples.value",
-        Reduce::Min => "min(samples.value)",
-        Reduce::Max => "max(samples.value)",
+    let points: Vec<BucketRow> = match reduce {
+        // A slice's last sample is one seek backwards from the slice's end on the primary key
+        // (series, time): the cost is series times slices, however dense the samples are.
+        Reduce::Last => {
+            sqlx::query_as(
+                "WITH RECURSIVE slices(slice_end) AS (
+                     SELECT ?2 + ?4 UNION ALL SELECT slice_end + ?4 FROM slices WHERE slice_end < ?3
+                 ),
+                 ids AS (SELECT value AS id FROM json_each(?1))
+                 SELECT ids.id AS series_id, samples.time_unix_nano, samples.value
+                 FROM slices JOIN ids JOIN samples
+                   ON samples.series_id = ids.id
+                  AND samples.time_unix_nano = (
+                      SELECT max(time_unix_nano) FROM samples AS last
+                      WHERE last.series_id = ids.id
+                        AND last.time_unix_nano >= slices.slice_end - ?4
+                        AND last.time_unix_nano < min(slices.slice_end, ?3)
+                        AND last.value IS NOT NULL)",
+            )
+            .bind(ids)
+            .bind(range.from)
+            .bind(range.to)
+            .bind(width)
+            .fetch_all(pool)
+            .await?
+        }
+        Reduce::Min | Reduce::Max => {
+            let value = if reduce == Reduce::Min { "min(samples.value)" } else { "max(samples.value)" };
+            // `value` is one of the two fragments above: nothing of the caller reaches the text.
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
+                 WHERE series_id IN (SELECT value FROM json_each(?1))
+                   AND time_unix_nano >= ?2 AND time_unix_nano < ?3 AND samples.value IS NOT NULL
+                 GROUP BY series_id, (time_unix_nano - ?2) / ?4"
+            )))
+            .bind(ids)
+            .bind(range.from)
+            .bind(range.to)
+            .bind(width)
+            .fetch_all(pool)
+            .await?
+        }
     };
-    // `value` is one of the three fragments above: nothing of the caller reaches the text.
-    let points: Vec<BucketRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT series_id, max(time_unix_nano) AS time_unix_nano, {value} AS value FROM samples
-         WHERE series_id IN (SELECT value FROM json_each(?1))
-           AND time_unix_nano >= ?2 AND time_unix_nano < ?3 AND samples.value IS NOT NULL
-         GROUP BY series_id, (time_unix_nano - ?2) / ?4"
-    )))
-    .bind(ids)
-    .bind(range.from)
-    .bind(range.to)
-    .bind(width)
-    .fetch_all(pool)
-    .await?;
     series_with_buckets(series_rows, points)
 }
 
