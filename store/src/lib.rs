@@ -150,6 +150,76 @@ pub fn bucket_width(range: TimeRange, buckets: u32) -> Option<i64> {
     Some((length / buckets + i64::from(length % buckets != 0)).max(1))
 }
 
+/// Where the alerter is in the anomalies' stream of changes: the (last seen, id) of the last
+/// change it has handled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct AlertCursor {
+    pub last_seen_unix_nano: UnixNanos,
+    pub anomaly_id: i64,
+}
+
+/// What one receiver has been told about one incident.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AlertIncident {
+    pub receiver: String,
+    /// `lagscope_alerts::IncidentKey`.
+    pub incident: String,
+    pub dedup_key: String,
+    pub firing: bool,
+    /// The `lagscope_alerts::Alert` last built, as JSON.
+    pub alert: String,
+    pub latest_anomaly_id: i64,
+    pub members: i64,
+    /// Wall clock of the latest change of a member.
+    pub last_member_unix_nano: UnixNanos,
+    /// Wall clock of the latest message enqueued for it.
+    pub last_sent_unix_nano: UnixNanos,
+}
+
+/// A message to enqueue for a receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAlertMessage {
+    pub receiver: String,
+    pub dedup_key: String,
+    /// `trigger`, `refresh`, `resolve` or `test`.
+    pub event: String,
+    /// The body the receiver is sent (JSON).
+    pub body: String,
+    pub created_unix_nano: UnixNanos,
+}
+
+/// A message of the outbox and how its delivery went.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct AlertMessage {
+    pub id: i64,
+    pub receiver: String,
+    pub dedup_key: String,
+    pub event: String,
+    pub body: String,
+    pub created_unix_nano: UnixNanos,
+    pub attempts: i64,
+    pub next_attempt_unix_nano: UnixNanos,
+    /// `pending`, `delivered` or `failed` (refused for good: a 4xx other than 429).
+    pub state: String,
+    pub finished_unix_nano: Option<UnixNanos>,
+    pub last_error: Option<String>,
+}
+
+/// What one delivery attempt of a message came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    Delivered,
+    /// Not taken (unreachable, 429, 5xx): try again then.
+    Retry {
+        next_attempt_unix_nano: UnixNanos,
+        error: String,
+    },
+    /// Refused for good.
+    Failed {
+        error: String,
+    },
+}
+
 /// Retention: rows older than a signal's cut-off (Unix nanoseconds; spans by start, samples
 /// and logs by time, anomalies resolved before it by end) are removed. `None` keeps all.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +240,9 @@ pub struct RetentionReport {
     pub anomalies: u64,
     /// Read rollups of minutes before the spans' cut-off.
     pub rollups: u64,
+    /// Delivered or failed alert messages, and resolved incidents, older than the anomalies'
+    /// cut-off.
+    pub alerts: u64,
     /// Whole time partitions dropped (PostgreSQL), by name.
     pub partitions_dropped: Vec<String>,
 }
@@ -333,6 +406,32 @@ pub trait Store: Send + Sync + 'static {
     /// The read rollups of the minutes starting in `range`, in (minute, scope) order, at most
     /// `limit`.
     async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>>;
+
+    /// Anomalies changed (inserted or updated) after `after`, in the order of their change
+    /// (last seen, id), at most `limit`: the alerter's feed.
+    async fn anomaly_changes(&self, after: AlertCursor, limit: u32) -> Result<Vec<StoredAnomaly>>;
+
+    /// The alerter's saved state: its cursor (none before its first pass) and the incidents
+    /// still firing.
+    async fn alert_state(&self) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)>;
+
+    /// In one transaction: moves the cursor, stores the incidents (each replacing its
+    /// (receiver, incident) row) and enqueues the messages.
+    async fn commit_alerts(
+        &self,
+        cursor: Option<AlertCursor>,
+        incidents: &[AlertIncident],
+        messages: &[NewAlertMessage],
+    ) -> Result<()>;
+
+    /// Pending messages, oldest first, at most `limit`.
+    async fn pending_alert_messages(&self, limit: u32) -> Result<Vec<AlertMessage>>;
+
+    /// Records one delivery attempt of a message at `now`.
+    async fn alert_message_attempted(&self, id: i64, now: UnixNanos, outcome: &DeliveryOutcome) -> Result<()>;
+
+    /// Messages newest first (below `before_id`), at most `limit`: the delivery record.
+    async fn alert_messages(&self, before_id: Option<i64>, limit: u32) -> Result<Vec<AlertMessage>>;
 
     /// Log records whose time lies in `range`, oldest first, at most `limit`.
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>>;

@@ -19,10 +19,11 @@ use lagscope_model::{Anomaly, LogRecord, ReadRollup, Sample, Span, UnixNanos};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::anomaly_query::Dialect;
-use crate::rows::RollupRow;
+use crate::rows::{AnomalyRow, RollupRow};
 use crate::{
-    AnomalyCount, AnomalyFilter, IngestBatch, IngestReceipt, Reduce, Result, RetentionCutoffs, RetentionReport, Scope,
-    SeriesSamples, Store, StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
+    AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
+    NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store, StoreError,
+    StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -244,6 +245,129 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await?;
         rows.into_iter().map(RollupRow::into_rollup).collect()
+    }
+
+    async fn anomaly_changes(&self, after: AlertCursor, limit: u32) -> Result<Vec<StoredAnomaly>> {
+        let rows: Vec<AnomalyRow> = sqlx::query_as(
+            "SELECT * FROM anomalies
+             WHERE (last_seen_unix_nano, id) > (?1, ?2)
+             ORDER BY last_seen_unix_nano, id LIMIT ?3",
+        )
+        .bind(after.last_seen_unix_nano)
+        .bind(after.anomaly_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.into_iter().map(AnomalyRow::into_stored).collect()
+    }
+
+    async fn alert_state(&self) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
+        let cursor: Option<AlertCursor> =
+            sqlx::query_as("SELECT last_seen_unix_nano, anomaly_id FROM alert_cursor WHERE id = 1")
+                .fetch_optional(&self.reader)
+                .await?;
+        let incidents: Vec<AlertIncident> =
+            sqlx::query_as("SELECT * FROM alert_incidents WHERE firing = 1 ORDER BY receiver, incident")
+                .fetch_all(&self.reader)
+                .await?;
+        Ok((cursor, incidents))
+    }
+
+    async fn commit_alerts(
+        &self,
+        cursor: Option<AlertCursor>,
+        incidents: &[AlertIncident],
+        messages: &[NewAlertMessage],
+    ) -> Result<()> {
+        let mut transaction = self.writer.begin().await?;
+        if let Some(cursor) = cursor {
+            sqlx::query(
+                "INSERT INTO alert_cursor (id, last_seen_unix_nano, anomaly_id) VALUES (1, ?1, ?2)
+                 ON CONFLICT (id) DO UPDATE SET
+                     last_seen_unix_nano = excluded.last_seen_unix_nano, anomaly_id = excluded.anomaly_id",
+            )
+            .bind(cursor.last_seen_unix_nano)
+            .bind(cursor.anomaly_id)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        for incident in incidents {
+            sqlx::query(
+                "INSERT INTO alert_incidents (receiver, incident, dedup_key, firing, alert, latest_anomaly_id,
+                     members, last_member_unix_nano, last_sent_unix_nano)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (receiver, incident) DO UPDATE SET
+                     dedup_key = excluded.dedup_key, firing = excluded.firing, alert = excluded.alert,
+                     latest_anomaly_id = excluded.latest_anomaly_id, members = excluded.members,
+                     last_member_unix_nano = excluded.last_member_unix_nano,
+                     last_sent_unix_nano = excluded.last_sent_unix_nano",
+            )
+            .bind(&incident.receiver)
+            .bind(&incident.incident)
+            .bind(&incident.dedup_key)
+            .bind(incident.firing)
+            .bind(&incident.alert)
+            .bind(incident.latest_anomaly_id)
+            .bind(incident.members)
+            .bind(incident.last_member_unix_nano)
+            .bind(incident.last_sent_unix_nano)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        for message in messages {
+            sqlx::query(
+                "INSERT INTO alert_outbox (receiver, dedup_key, event, body, created_unix_nano, next_attempt_unix_nano)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+            )
+            .bind(&message.receiver)
+            .bind(&message.dedup_key)
+            .bind(&message.event)
+            .bind(&message.body)
+            .bind(message.created_unix_nano)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn pending_alert_messages(&self, limit: u32) -> Result<Vec<AlertMessage>> {
+        Ok(sqlx::query_as("SELECT * FROM alert_outbox WHERE state = 'pending' ORDER BY id LIMIT ?1")
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?)
+    }
+
+    async fn alert_message_attempted(&self, id: i64, now: UnixNanos, outcome: &DeliveryOutcome) -> Result<()> {
+        let (state, next, finished, error) = match outcome {
+            DeliveryOutcome::Delivered => ("delivered", None, Some(now), None),
+            DeliveryOutcome::Retry { next_attempt_unix_nano, error } => {
+                ("pending", Some(*next_attempt_unix_nano), None, Some(error.as_str()))
+            }
+            DeliveryOutcome::Failed { error } => ("failed", None, Some(now), Some(error.as_str())),
+        };
+        sqlx::query(
+            "UPDATE alert_outbox SET attempts = attempts + 1, state = ?2,
+                 next_attempt_unix_nano = coalesce(?3, next_attempt_unix_nano),
+                 finished_unix_nano = ?4, last_error = coalesce(?5, last_error)
+             WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(next)
+        .bind(finished)
+        .bind(error)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    async fn alert_messages(&self, before_id: Option<i64>, limit: u32) -> Result<Vec<AlertMessage>> {
+        Ok(sqlx::query_as("SELECT * FROM alert_outbox WHERE id < ?1 ORDER BY id DESC LIMIT ?2")
+            .bind(before_id.unwrap_or(i64::MAX))
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?)
     }
 
     async fn logs(&self, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {

@@ -44,6 +44,7 @@ macro_rules! store_suite {
             case!(series_buckets_reduce_each_slice_of_the_range);
             case!(anomaly_filters_combine_and_can_leave_evidence_out);
             case!(read_rollups_replace_their_minute_and_scope);
+            case!(alert_changes_incidents_and_outbox_survive_and_record_delivery);
         }
     };
 }
@@ -355,6 +356,79 @@ async fn read_rollups_replace_their_minute_and_scope(store: &dyn Store) {
         .expect("retention");
     assert_eq!(report.rollups, 2);
     assert_eq!(store.read_rollups(TimeRange::ALL, 100).await.expect("after").len(), 2);
+}
+
+/// The alerter's feed gives each change once in order; its cursor, incidents and messages
+/// commit together; delivery attempts are recorded; retention removes what is finished.
+async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &dyn Store) {
+    use lagscope_store::{AlertCursor, AlertIncident, DeliveryOutcome, NewAlertMessage};
+    store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0).await.expect("a");
+    store.upsert_anomalies(&[anomaly("b", "c2", T0)], T0 + SECOND).await.expect("b");
+    let changes = store.anomaly_changes(AlertCursor::default(), 10).await.expect("changes");
+    assert_eq!(changes.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    let after_a = AlertCursor { last_seen_unix_nano: changes[0].last_seen_unix_nano, anomaly_id: changes[0].id };
+    assert_eq!(store.anomaly_changes(after_a, 10).await.expect("after a").len(), 1);
+    // Seen again later: a change again, after b.
+    store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + 2 * SECOND).await.expect("a again");
+    let after_b = AlertCursor { last_seen_unix_nano: changes[1].last_seen_unix_nano, anomaly_id: changes[1].id };
+    let again = store.anomaly_changes(after_b, 10).await.expect("again");
+    assert_eq!(again.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a"]);
+
+    assert_eq!(store.alert_state().await.expect("empty state"), (None, Vec::new()));
+    let incident = |firing: bool, members: i64| AlertIncident {
+        receiver: "am".to_string(),
+        incident: "stale_read|prod|ns1|nn-obs1".to_string(),
+        dedup_key: "lagscope-stale_read-0011".to_string(),
+        firing,
+        alert: json!({"labels": {"alertname": "stale_read"}}).to_string(),
+        latest_anomaly_id: changes[1].id,
+        members,
+        last_member_unix_nano: T0,
+        last_sent_unix_nano: T0,
+    };
+    let message = |event: &str, body: &str| NewAlertMessage {
+        receiver: "am".to_string(),
+        dedup_key: "lagscope-stale_read-0011".to_string(),
+        event: event.to_string(),
+        body: body.to_string(),
+        created_unix_nano: T0,
+    };
+    store
+        .commit_alerts(Some(after_b), &[incident(true, 2)], &[message("trigger", "[1]"), message("resolve", "[2]")])
+        .await
+        .expect("commit");
+    store.commit_alerts(None, &[incident(true, 3)], &[]).await.expect("replace incident");
+    let (cursor, firing) = store.alert_state().await.expect("state");
+    assert_eq!(cursor, Some(after_b));
+    assert_eq!(firing, [incident(true, 3)]);
+
+    let pending = store.pending_alert_messages(10).await.expect("pending");
+    assert_eq!(
+        pending.iter().map(|m| (m.event.as_str(), m.body.as_str())).collect::<Vec<_>>(),
+        [("trigger", "[1]"), ("resolve", "[2]")]
+    );
+    let retry = DeliveryOutcome::Retry { next_attempt_unix_nano: T0 + 5 * SECOND, error: "503".to_string() };
+    store.alert_message_attempted(pending[0].id, T0 + SECOND, &retry).await.expect("retry");
+    let still = store.pending_alert_messages(10).await.expect("still pending");
+    assert_eq!((still[0].attempts, still[0].next_attempt_unix_nano), (1, T0 + 5 * SECOND));
+    assert_eq!(still[0].last_error.as_deref(), Some("503"));
+    store.alert_message_attempted(pending[0].id, T0 + 6 * SECOND, &DeliveryOutcome::Delivered).await.expect("ok");
+    let refused = DeliveryOutcome::Failed { error: "400 bad routing key".to_string() };
+    store.alert_message_attempted(pending[1].id, T0 + 6 * SECOND, &refused).await.expect("failed");
+    assert!(store.pending_alert_messages(10).await.expect("none").is_empty());
+    let record = store.alert_messages(None, 10).await.expect("record");
+    assert_eq!(record.iter().map(|m| m.state.as_str()).collect::<Vec<_>>(), ["failed", "delivered"]);
+    assert_eq!(record[1].finished_unix_nano, Some(T0 + 6 * SECOND));
+    assert_eq!(store.alert_messages(Some(record[0].id), 10).await.expect("page").len(), 1);
+
+    store.commit_alerts(None, &[incident(false, 3)], &[]).await.expect("resolved");
+    assert!(store.alert_state().await.expect("state").1.is_empty());
+    let report = store
+        .enforce_retention(&RetentionCutoffs { anomalies: Some(T0 + 60 * SECOND), ..RetentionCutoffs::default() })
+        .await
+        .expect("retention");
+    assert_eq!(report.alerts, 3, "two finished messages and the resolved incident");
+    assert!(store.alert_messages(None, 10).await.expect("after").is_empty());
 }
 
 /// A scope read takes its namespace's series and the cluster's namespace-less ones; a cluster

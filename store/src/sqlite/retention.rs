@@ -17,6 +17,11 @@ const ANOMALIES: &str =
 /// Rollups summarise spans: they go with the spans' cut-off.
 const ROLLUPS: &str = "DELETE FROM read_rollups WHERE (minute_unix_nano, cluster, namespace, node_id) IN (
     SELECT minute_unix_nano, cluster, namespace, node_id FROM read_rollups WHERE minute_unix_nano < ?1 LIMIT ?2)";
+/// Alerts go with the anomalies' cut-off: finished messages, then resolved incidents.
+const ALERT_MESSAGES: &str = "DELETE FROM alert_outbox WHERE id IN (
+    SELECT id FROM alert_outbox WHERE state != 'pending' AND finished_unix_nano < ?1 LIMIT ?2)";
+const ALERT_INCIDENTS: &str = "DELETE FROM alert_incidents WHERE (receiver, incident) IN (
+    SELECT receiver, incident FROM alert_incidents WHERE firing = 0 AND last_sent_unix_nano < ?1 LIMIT ?2)";
 
 pub(super) async fn enforce(writer: &SqlitePool, cutoffs: &RetentionCutoffs) -> Result<RetentionReport> {
     Ok(RetentionReport {
@@ -25,6 +30,8 @@ pub(super) async fn enforce(writer: &SqlitePool, cutoffs: &RetentionCutoffs) -> 
         logs: delete_batches(writer, LOGS, cutoffs.logs).await?,
         anomalies: delete_batches(writer, ANOMALIES, cutoffs.anomalies).await?,
         rollups: delete_batches(writer, ROLLUPS, cutoffs.spans).await?,
+        alerts: delete_batches(writer, ALERT_MESSAGES, cutoffs.anomalies).await?
+            + delete_batches(writer, ALERT_INCIDENTS, cutoffs.anomalies).await?,
         partitions_dropped: Vec::new(),
     })
 }
