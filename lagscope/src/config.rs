@@ -27,6 +27,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// Several instances on one PostgreSQL database: how they split the live analysis.
     pub cluster: ClusterConfig,
+    /// Paging: receivers (Alertmanager, PagerDuty, webhooks) and the routes to them.
+    pub alerts: crate::alerting::AlertsConfig,
 }
 
 /// `[cluster]`: instances sharing one PostgreSQL database split the live analysis into
@@ -262,6 +264,7 @@ impl Config {
         self.auth.validate()?;
         self.retention.durations()?;
         self.cluster.validate()?;
+        self.alerts.validate()?;
         if self.retention.interval_seconds == 0 {
             return Err("retention.interval_seconds must be at least 1".to_string());
         }

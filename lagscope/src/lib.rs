@@ -4,6 +4,7 @@
 //! This crate wires; it holds no domain logic. Integration tests start the same [`Server`]
 //! the binary starts, in-process, on port 0.
 
+pub mod alerting;
 pub mod analyze;
 pub mod auth;
 pub mod config;

@@ -400,6 +400,6 @@ async fn record(
 }
 
 /// The wall clock in Unix nanoseconds.
-pub(crate) fn now_unix_nano() -> i64 {
+pub fn now_unix_nano() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as i64)
 }

@@ -23,6 +23,19 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+enum AlertsAction {
+    /// Send a test alert straight to one receiver (it resolves by itself in Alertmanager).
+    Test {
+        /// TOML configuration file with the [[alerts.receiver]] to test.
+        #[arg(long, env = "LAGSCOPE_CONFIG")]
+        config: Option<PathBuf>,
+        /// The receiver's name.
+        #[arg(long)]
+        receiver: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collectors, the live analyzer and the API on an embedded SQLite store (or
     /// PostgreSQL with --database-url).
@@ -181,6 +194,12 @@ enum Command {
         #[arg(long, env = "LAGSCOPE_DATABASE_URL")]
         database_url: Option<String>,
     },
+    /// Paging set-up: `alerts test --receiver NAME` sends a test alert to one receiver of the
+    /// configuration's [alerts] and says what it answered.
+    Alerts {
+        #[command(subcommand)]
+        action: AlertsAction,
+    },
     /// Convert OTLP JSON captures (JSON lines, .gz too) into one lscap capture, lagscope's
     /// compact analysis capture, which `analyze` reads many times faster.
     Convert {
@@ -258,6 +277,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let modified = states.iter().filter(|state| state.modified).count();
             eprintln!("{} migrations: {} applied, {pending} pending", states.len(), states.len() - pending);
             anyhow::ensure!(modified == 0, "{modified} applied migrations differ from this build's files");
+            Ok(())
+        }
+        Command::Alerts { action: AlertsAction::Test { config, receiver } } => {
+            let config = lagscope::Config::load(config.as_deref())?;
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            let answer = runtime.block_on(lagscope::alerting::send_test(&config.alerts, &receiver))?;
+            eprintln!("{answer}");
             Ok(())
         }
         Command::Import { data_dir, database_url, files } => {

@@ -130,6 +130,14 @@ impl Stack {
                 shutdown_rx.clone(),
             ));
         }
+        if config.alerts.is_enabled() {
+            tasks.spawn(crate::alerting::run_alerting(
+                shared_store.clone(),
+                config.alerts.clone(),
+                metrics.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
         tasks.spawn(run_live_analyzer(shared_store, dirty, metrics.clone(), config, shutdown_rx.clone()));
         Ok(Self { store, queue, metrics, api, otlp_http, otlp_grpc })
     }

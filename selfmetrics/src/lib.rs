@@ -192,6 +192,12 @@ pub struct SelfMetrics {
     pub ingest_queue_capacity_bytes: Gauge,
     pub analysis_passes: Counter,
     pub analysis_errors: Counter,
+    /// Alert messages enqueued, delivered, retried, refused for good; alerter passes failed.
+    pub alerts_enqueued: Counter,
+    pub alerts_delivered: Counter,
+    pub alert_retries: Counter,
+    pub alerts_failed: Counter,
+    pub alert_errors: Counter,
     pub analysis_latency: LatencyHistogram,
     pub anomalies_new: Counter,
     /// Committed ingest batches handed to the live analyzer.
@@ -224,7 +230,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 21] = [
+        let counters: [(&str, &str, &Counter); 26] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -252,6 +258,11 @@ impl SelfMetrics {
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
+            ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
+            ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),
+            ("lagscope_alert_retries_total", "Alert deliveries not taken, to be retried.", &self.alert_retries),
+            ("lagscope_alerts_failed_total", "Alert messages a receiver refused for good.", &self.alerts_failed),
+            ("lagscope_alert_errors_total", "Alerter and delivery passes that failed.", &self.alert_errors),
             (
                 "lagscope_analysis_batches_marked_total",
                 "Committed batches handed to the live analyzer.",

@@ -50,6 +50,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/namespaces", get(crate::query::namespaces))
         .route("/api/v1/nodes", get(crate::query::nodes))
         .route("/api/v1/clients", get(crate::query::clients))
+        .route("/api/v1/alerts", get(crate::query::alerts))
         .route("/api/v1/openapi.json", get(crate::query::openapi))
         .route("/metrics", get(metrics))
         .with_state(state)

@@ -308,6 +308,37 @@ pub async fn clients(State(state): State<ApiState>, RawQuery(raw): RawQuery) -> 
     })))
 }
 
+/// `GET /api/v1/alerts?before=&limit=`: the alert messages lagscope enqueued for its receivers,
+/// newest first, with their delivery state (pending, delivered, failed), attempts and last
+/// error.
+pub async fn alerts(State(state): State<ApiState>, RawQuery(raw): RawQuery) -> Result<Json<Value>, ApiError> {
+    let params = Params::parse(raw, &["before", "limit"])?;
+    let limit = params.limit()?;
+    let before = params
+        .one("before")?
+        .map(|text| {
+            text.parse::<i64>()
+                .map_err(|_| ApiError::BadRequest(format!("parameter before: {text:?} is not a message id")))
+        })
+        .transpose()?;
+    let messages = state.store.alert_messages(before, limit).await?;
+    let next_before = (messages.len() == limit as usize).then(|| messages.last().map(|last| last.id)).flatten();
+    let messages: Vec<Value> = messages
+        .into_iter()
+        .map(|message| {
+            let body: Value = serde_json::from_str(&message.body).unwrap_or(Value::Null);
+            let mut value = serde_json::to_value(&message).unwrap_or(Value::Null);
+            value["body"] = body;
+            value
+        })
+        .collect();
+    Ok(Json(json!({
+        "messages": messages,
+        "next_before": next_before,
+        "next": next_before.map(|id| params.next_link("/api/v1/alerts", "before", &id.to_string())),
+    })))
+}
+
 /// `GET /api/v1/openapi.json`.
 pub async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)

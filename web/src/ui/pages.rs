@@ -18,6 +18,9 @@ use crate::ApiError;
 
 /// Anomalies the overview reads at most (open ones, and those of the range).
 const OVERVIEW_ANOMALIES: u32 = 1000;
+/// Alert messages the overview reads (newest first), and lists.
+const OVERVIEW_ALERT_MESSAGES: u32 = 200;
+const OVERVIEW_ALERTS_LISTED: usize = 10;
 /// The most recent anomalies the overview lists.
 const OVERVIEW_LISTED: usize = 50;
 /// A client's spans a timeline page reads at most (the most recent of the range).
@@ -156,6 +159,27 @@ async fn overview_page(
             ]
         })
         .collect();
+    // Paging: the latest alert messages and how their delivery went.
+    let messages = state.store.alert_messages(None, OVERVIEW_ALERT_MESSAGES).await?;
+    let mut alerts = Table::new(&["enqueued", "receiver", "event", "incident", "state", "attempts", "last error"]);
+    for message in messages.iter().take(OVERVIEW_ALERTS_LISTED) {
+        let state_class = match message.state.as_str() {
+            "delivered" => "ok",
+            "failed" => "critical",
+            _ => "warning",
+        };
+        alerts.rows.push(vec![
+            Cell::text(time_text(message.created_unix_nano)),
+            Cell::text(message.receiver.clone()),
+            Cell::text(message.event.clone()),
+            Cell::text(message.dedup_key.clone()),
+            Cell::class(message.state.clone(), state_class),
+            Cell::text(message.attempts.to_string()),
+            Cell::text(message.last_error.clone().unwrap_or_default()),
+        ]);
+    }
+    let pending = messages.iter().filter(|message| message.state == "pending").count();
+    let failed = messages.iter().filter(|message| message.state == "failed").count();
     let timeline = panels::anomaly_lanes(
         &panels::by_start(&recent),
         super::dashboards::AnomalyLane::Kind,
@@ -174,6 +198,10 @@ async fn overview_page(
         range_cut => range_total >= OVERVIEW_ANOMALIES as usize,
         ingest => ingest,
         scrapes => scrapes,
+        alerts => alerts,
+        alerts_pending => pending,
+        alerts_failed => failed,
+        alerts_looked_at => messages.len(),
     };
     Ok(state.render("overview.html", "Overview", Some(&range), context))
 }
