@@ -196,22 +196,27 @@ pub async fn run_alerting(
     Ok(())
 }
 
+/// How long a resolved incident is remembered: the live analyzer stores its anomalies again
+/// while they are within its window (`live.scope_window_seconds`, 15 minutes by default), and
+/// a change of an anomaly already paged must not page again.
+const REMEMBER_RESOLVED: i64 = 3_600 * 1_000_000_000;
+
 /// Turns anomaly changes into incidents and messages.
 struct Alerter {
     config: AlertsConfig,
     cursor: Option<AlertCursor>,
-    /// Firing incidents by (receiver, incident).
-    firing: HashMap<(String, String), AlertIncident>,
+    /// Incidents firing, or resolved within `REMEMBER_RESOLVED`, by (receiver, incident).
+    known: HashMap<(String, String), AlertIncident>,
 }
 
 impl Alerter {
     async fn load(store: &dyn Store, config: AlertsConfig) -> Result<Self, StoreError> {
-        let (cursor, incidents) = store.alert_state().await?;
-        let firing = incidents
+        let (cursor, incidents) = store.alert_state(now_unix_nano() - REMEMBER_RESOLVED).await?;
+        let known = incidents
             .into_iter()
             .map(|incident| ((incident.receiver.clone(), incident.incident.clone()), incident))
             .collect();
-        Ok(Self { config, cursor, firing })
+        Ok(Self { config, cursor, known })
     }
 
     /// One pass at wall-clock `now`: returns whether more changes wait, and how many
@@ -253,13 +258,8 @@ impl Alerter {
         let incidents: Vec<AlertIncident> = changed.values().cloned().collect();
         store.commit_alerts(cursor, &incidents, &messages).await?;
         self.cursor = cursor;
-        for (slot, incident) in changed {
-            if incident.firing {
-                self.firing.insert(slot, incident);
-            } else {
-                self.firing.remove(&slot);
-            }
-        }
+        self.known.extend(changed);
+        self.known.retain(|_, incident| incident.firing || now - incident.last_sent_unix_nano < REMEMBER_RESOLVED);
         Ok((changes.len() >= CHANGES_PER_PASS as usize, messages.len()))
     }
 
@@ -290,9 +290,17 @@ impl Alerter {
         let anomaly = &stored.anomaly;
         let key = incident_of(anomaly);
         let slot = (receiver.name.clone(), key.0.clone());
-        let known = changed.get(&slot).or_else(|| self.firing.get(&slot)).filter(|incident| incident.firing).cloned();
+        let known = changed.get(&slot).or_else(|| self.known.get(&slot)).cloned();
+        // Stored again after it was paged and resolved (the analyzer re-reads its window), it
+        // does not page again; a window that opens again does.
+        if let Some(resolved) = known.as_ref().filter(|incident| !incident.firing)
+            && stored.id <= resolved.latest_anomaly_id
+            && !(anomaly.kind.is_window() && anomaly.open)
+        {
+            return;
+        }
         let external_url = &self.config.external_url;
-        let mut incident = match known {
+        let mut incident = match known.filter(|incident| incident.firing) {
             None => {
                 let alert = Alert::of(&key, anomaly, stored.id, anomaly.start_unix_nano, 1, external_url);
                 messages.push(message(receiver, &alert, "trigger", external_url, now));
@@ -336,9 +344,9 @@ impl Alerter {
     ) {
         let (resolve_after, repeat) = (self.config.resolve_after_nanos(), self.config.repeat_interval_nanos());
         let slots: Vec<(String, String)> =
-            self.firing.keys().chain(changed.keys()).cloned().collect::<HashSet<_>>().into_iter().collect();
+            self.known.keys().chain(changed.keys()).cloned().collect::<HashSet<_>>().into_iter().collect();
         for slot in slots {
-            let Some(mut incident) = changed.get(&slot).or_else(|| self.firing.get(&slot)).cloned() else { continue };
+            let Some(mut incident) = changed.get(&slot).or_else(|| self.known.get(&slot)).cloned() else { continue };
             let Some(receiver) = self.config.receiver(&slot.0).cloned() else { continue };
             if !incident.firing {
                 continue;

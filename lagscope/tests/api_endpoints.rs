@@ -197,6 +197,11 @@ async fn every_endpoint_answers_as_documented() {
     api.bad("/api/v1/staleness", &format!("/api/v1/staleness?from={to}&to={from}"), "from").await;
     api.bad("/api/v1/staleness", "/api/v1/staleness?nodes=1", "nodes").await;
 
+    // Alert deliveries (none configured here: an empty, well-formed list).
+    let alerts = api.get("/api/v1/alerts", "/api/v1/alerts?limit=10", 200).await;
+    assert_eq!(alerts["messages"], json!([]));
+    api.bad("/api/v1/alerts", "/api/v1/alerts?before=soon", "before").await;
+
     // /metrics: the findings as gauges, and every metric the Grafana dashboards query.
     let text =
         reqwest::get(format!("http://{}/metrics", server.api_addr)).await.expect("scrape").text().await.expect("text");

@@ -411,9 +411,9 @@ pub trait Store: Send + Sync + 'static {
     /// (last seen, id), at most `limit`: the alerter's feed.
     async fn anomaly_changes(&self, after: AlertCursor, limit: u32) -> Result<Vec<StoredAnomaly>>;
 
-    /// The alerter's saved state: its cursor (none before its first pass) and the incidents
-    /// still firing.
-    async fn alert_state(&self) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)>;
+    /// The alerter's saved state: its cursor (none before its first pass), and the incidents
+    /// still firing or last sent at or after `since`.
+    async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)>;
 
     /// In one transaction: moves the cursor, stores the incidents (each replacing its
     /// (receiver, incident) row) and enqueues the messages.

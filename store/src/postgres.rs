@@ -570,15 +570,18 @@ impl Store for PgStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
-    async fn alert_state(&self) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
+    async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
         let cursor: Option<AlertCursor> =
             sqlx::query_as("SELECT last_seen_unix_nano, anomaly_id FROM alert_cursor WHERE id = 1")
                 .fetch_optional(&self.pool)
                 .await?;
-        let incidents: Vec<AlertIncident> =
-            sqlx::query_as("SELECT * FROM alert_incidents WHERE firing = true ORDER BY receiver, incident")
-                .fetch_all(&self.pool)
-                .await?;
+        let incidents: Vec<AlertIncident> = sqlx::query_as(
+            "SELECT * FROM alert_incidents WHERE firing = true OR last_sent_unix_nano >= $1
+                 ORDER BY receiver, incident",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
         Ok((cursor, incidents))
     }
 

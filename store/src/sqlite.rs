@@ -261,15 +261,18 @@ impl Store for SqliteStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
-    async fn alert_state(&self) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
+    async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
         let cursor: Option<AlertCursor> =
             sqlx::query_as("SELECT last_seen_unix_nano, anomaly_id FROM alert_cursor WHERE id = 1")
                 .fetch_optional(&self.reader)
                 .await?;
-        let incidents: Vec<AlertIncident> =
-            sqlx::query_as("SELECT * FROM alert_incidents WHERE firing = 1 ORDER BY receiver, incident")
-                .fetch_all(&self.reader)
-                .await?;
+        let incidents: Vec<AlertIncident> = sqlx::query_as(
+            "SELECT * FROM alert_incidents WHERE firing = 1 OR last_sent_unix_nano >= ?1
+                 ORDER BY receiver, incident",
+        )
+        .bind(since)
+        .fetch_all(&self.reader)
+        .await?;
         Ok((cursor, incidents))
     }
 

@@ -374,7 +374,7 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
     let again = store.anomaly_changes(after_b, 10).await.expect("again");
     assert_eq!(again.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a"]);
 
-    assert_eq!(store.alert_state().await.expect("empty state"), (None, Vec::new()));
+    assert_eq!(store.alert_state(0).await.expect("empty state"), (None, Vec::new()));
     let incident = |firing: bool, members: i64| AlertIncident {
         receiver: "am".to_string(),
         incident: "stale_read|prod|ns1|nn-obs1".to_string(),
@@ -398,7 +398,7 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
         .await
         .expect("commit");
     store.commit_alerts(None, &[incident(true, 3)], &[]).await.expect("replace incident");
-    let (cursor, firing) = store.alert_state().await.expect("state");
+    let (cursor, firing) = store.alert_state(T0 + SECOND).await.expect("state");
     assert_eq!(cursor, Some(after_b));
     assert_eq!(firing, [incident(true, 3)]);
 
@@ -422,7 +422,9 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
     assert_eq!(store.alert_messages(Some(record[0].id), 10).await.expect("page").len(), 1);
 
     store.commit_alerts(None, &[incident(false, 3)], &[]).await.expect("resolved");
-    assert!(store.alert_state().await.expect("state").1.is_empty());
+    // Resolved: among the recent ones (last sent at T0), not among those since T0 + 1 s.
+    assert_eq!(store.alert_state(T0).await.expect("recent").1, [incident(false, 3)]);
+    assert!(store.alert_state(T0 + SECOND).await.expect("state").1.is_empty());
     let report = store
         .enforce_retention(&RetentionCutoffs { anomalies: Some(T0 + 60 * SECOND), ..RetentionCutoffs::default() })
         .await
