@@ -20,94 +20,9 @@ use std::time::{Duration, Instant};
 use lagscope::Server;
 use lagscope::sim_cmd::{Target, run};
 use lagscope_sim::{SECOND, SimConfig};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-use support::{kv, text};
 
 const TRIALS: usize = 60;
-
-fn int(key: &str, value: i64) -> KeyValue {
-    kv(key, any_value::Value::IntValue(value))
-}
-
-fn resource(component: &str, node: &str) -> Resource {
-    Resource {
-        attributes: vec![
-            text("service.name", "bench"),
-            text("lagscope.system", "hdfs-rbf"),
-            text("lagscope.cluster", "bench"),
-            text("lagscope.component", component),
-            text("lagscope.node.id", node),
-        ],
-        ..Resource::default()
-    }
-}
-
-fn span(trace: u64, id: u64, parent: u64, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
-    Span {
-        trace_id: [trace.to_be_bytes(), 7u64.to_be_bytes()].concat(),
-        span_id: id.to_be_bytes().to_vec(),
-        parent_span_id: if parent == 0 { Vec::new() } else { parent.to_be_bytes().to_vec() },
-        name: "call".to_string(),
-        start_time_unix_nano: start,
-        end_time_unix_nano: end,
-        attributes,
-        ..Span::default()
-    }
-}
-
-/// A write returning 1000 and a read served at 990: one read-your-writes stale read.
-fn stale_read_request(trial: usize) -> ExportTraceServiceRequest {
-    let client = format!("bench-{trial}");
-    let base =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |now| now.as_nanos() as u64);
-    let id = (trial as u64 + 1) * 100;
-    let call = |name: &str, op: &str| {
-        vec![
-            text("lagscope.client.id", &client),
-            text("lagscope.call.id", name),
-            text("lagscope.namespace", "ns1"),
-            text("lagscope.op", op),
-        ]
-    };
-    let mut write = call("w", "write");
-    write.push(int("lagscope.state.returned", 1000));
-    let mut read = call("r", "read");
-    read.push(int("lagscope.state.carried", 1000));
-    let clients = ResourceSpans {
-        resource: Some(resource("client", "bench-app")),
-        scope_spans: vec![ScopeSpans {
-            spans: vec![
-                span(id, id + 1, 0, base, base + 1_000_000, write),
-                span(id + 1, id + 3, 0, base + 2_000_000, base + 3_000_000, read),
-            ],
-            ..ScopeSpans::default()
-        }],
-        ..ResourceSpans::default()
-    };
-    let servers = ResourceSpans {
-        resource: Some(resource("server", "nn-obs1")),
-        scope_spans: vec![ScopeSpans {
-            spans: vec![
-                span(id, id + 2, id + 1, base + 100_000, base + 900_000, vec![int("lagscope.state.served", 1000)]),
-                span(
-                    id + 1,
-                    id + 4,
-                    id + 3,
-                    base + 2_100_000,
-                    base + 2_900_000,
-                    vec![int("lagscope.state.served", 990)],
-                ),
-            ],
-            ..ScopeSpans::default()
-        }],
-        ..ResourceSpans::default()
-    };
-    ExportTraceServiceRequest { resource_spans: vec![clients, servers] }
-}
 
 fn percentile(values: &mut [f64], quantile: f64) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -119,7 +34,7 @@ async fn trials(server: &Server, offset: usize) -> (Vec<f64>, Vec<f64>) {
     let mut detect = Vec::new();
     let mut ack = Vec::new();
     for trial in offset..offset + TRIALS {
-        let body = stale_read_request(trial).encode_to_vec();
+        let body = support::stale_read_request(trial, "nn-obs1").encode_to_vec();
         let started = Instant::now();
         let response = client
             .post(format!("http://{}/v1/traces", server.otlp_http_addr))
