@@ -354,3 +354,40 @@ async fn alerts_in_the_outbox_survive_a_restart() {
     receiver.abort();
     server.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_test_sends_a_test_alert_and_names_what_is_wrong() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let alertmanager = Alertmanager::start(directory.path()).await;
+    let config = directory.path().join("lagscope.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[alerts]\n[[alerts.receiver]]\nname = \"am\"\nkind = \"alertmanager\"\nurl = \"{}\"\n\
+             [[alerts.receiver]]\nname = \"down\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\
+             [[alerts.route]]\nreceiver = \"am\"\n",
+            alertmanager.url,
+            free_port()
+        ),
+    )
+    .expect("config");
+    let run = move |receiver: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["alerts", "test", "--config"])
+            .arg(&config)
+            .args(["--receiver", receiver])
+            .output()
+            .expect("lagscope runs")
+    };
+    let sent = tokio::task::spawn_blocking(move || (run("am"), run("down"), run("nobody"))).await.expect("join");
+    let (ok, down, unknown) = sent;
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stderr).contains("took the test alert"));
+    let test = alertmanager.active().await.into_iter().find(|alert| alert["labels"]["alertname"] == "lagscope_test");
+    assert!(test.is_some(), "Alertmanager holds the test alert");
+    assert!(!down.status.success());
+    assert!(String::from_utf8_lossy(&down.stderr).contains("did not take the test alert"), "{down:?}");
+    assert!(!unknown.status.success());
+    let message = String::from_utf8_lossy(&unknown.stderr);
+    assert!(message.contains("\"nobody\"") && message.contains("am, down"), "{message}");
+}
