@@ -134,6 +134,13 @@ async fn main() {
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
     report("under load (400 ops/s sim)", trials(&server, &arrivals, 1_000).await);
+    let (_, health) = support::get_json(&server, "/api/v1/health").await;
+    let (_, messages) = support::get_json(&server, "/api/v1/alerts?limit=1000").await;
+    println!(
+        "anomalies stored {}, alert messages {}",
+        health["store"]["anomalies"],
+        messages["messages"].as_array().map_or(0, Vec::len)
+    );
     // The load thread paces in real time; the process ends here.
     std::process::exit(0);
 }
