@@ -22,7 +22,6 @@ use lagscope::alerting::AlertsConfig;
 use lagscope::sim_cmd::{Target, run};
 use lagscope_alerts::{Receiver, ReceiverKind, Route};
 use lagscope_sim::{SECOND, SimConfig};
-use prost::Message;
 
 const TRIALS: usize = 60;
 
@@ -49,17 +48,8 @@ async fn trials(server: &Server, arrivals: &Arrivals, offset: usize) -> [Vec<f64
     let (mut ack, mut listed, mut paged) = (Vec::new(), Vec::new(), Vec::new());
     for trial in offset..offset + TRIALS {
         let node = format!("nn-bench-{trial}");
-        let body = support::stale_read_request(trial, &node).encode_to_vec();
         let started = Instant::now();
-        let response = client
-            .post(format!("http://{}/v1/traces", server.otlp_http_addr))
-            .header("content-type", "application/x-protobuf")
-            .body(body)
-            .send()
-            .await
-            .expect("post");
-        assert!(response.status().is_success());
-        ack.push(started.elapsed().as_secs_f64() * 1e3);
+        ack.push(support::post_stale_read(&client, server, trial, &node).await.as_secs_f64() * 1e3);
         let url = format!("http://{}/api/v1/anomalies?client=bench-{trial}", server.api_addr);
         let mut seen_in_api = None;
         loop {

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use lagscope::Server;
 use lagscope::sim_cmd::{Target, run};
 use lagscope_sim::{SECOND, SimConfig};
-use prost::Message;
 
 const TRIALS: usize = 60;
 
@@ -34,17 +33,8 @@ async fn trials(server: &Server, offset: usize) -> (Vec<f64>, Vec<f64>) {
     let mut detect = Vec::new();
     let mut ack = Vec::new();
     for trial in offset..offset + TRIALS {
-        let body = support::stale_read_request(trial, "nn-obs1").encode_to_vec();
         let started = Instant::now();
-        let response = client
-            .post(format!("http://{}/v1/traces", server.otlp_http_addr))
-            .header("content-type", "application/x-protobuf")
-            .body(body)
-            .send()
-            .await
-            .expect("post");
-        assert!(response.status().is_success());
-        ack.push(started.elapsed().as_secs_f64() * 1e3);
+        ack.push(support::post_stale_read(&client, server, trial, "nn-obs1").await.as_secs_f64() * 1e3);
         let url = format!("http://{}/api/v1/anomalies?client=bench-{trial}", server.api_addr);
         loop {
             let listed: serde_json::Value = client.get(&url).send().await.expect("api").json().await.expect("json");

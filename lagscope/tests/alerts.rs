@@ -242,6 +242,16 @@ fn receivers_at(address: SocketAddr) -> Vec<Receiver> {
     ]
 }
 
+/// A configuration paging a PagerDuty and a webhook receiver at an address where nothing
+/// listens yet (a recorder is started there later), over a store in the returned directory.
+fn with_recording_receivers() -> (tempfile::TempDir, SocketAddr, lagscope::Config) {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("address");
+    let mut config = local_config(&directory.path().join("store"));
+    config.alerts = alerts_config(receivers_at(address));
+    (directory, address, config)
+}
+
 /// Every incident triggered once and resolved once after its trigger, per receiver.
 fn assert_each_incident_once(events: &[(String, String, String)]) -> BTreeMap<(String, String), Vec<String>> {
     let mut by_incident: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
@@ -257,10 +267,8 @@ fn assert_each_incident_once(events: &[(String, String, String)]) -> BTreeMap<(S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pagerduty_and_webhook_get_every_alert_once_after_failures() {
-    let directory = tempfile::tempdir().expect("temp dir");
-    let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("address");
-    let mut config = local_config(&directory.path().join("store"));
-    config.alerts = alerts_config(receivers_at(address));
+    // The store lives in `_directory` until the test ends.
+    let (_directory, address, config) = with_recording_receivers();
     let server = lagscope::Server::start(&config).await.expect("serve");
 
     // Nothing listens: connections are refused while the scenarios run: a router's window
@@ -322,10 +330,8 @@ async fn pagerduty_and_webhook_get_every_alert_once_after_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_in_the_outbox_survive_a_restart() {
-    let directory = tempfile::tempdir().expect("temp dir");
-    let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("address");
-    let mut config = local_config(&directory.path().join("store"));
-    config.alerts = alerts_config(receivers_at(address));
+    // The store lives in `_directory` until the test ends.
+    let (_directory, address, config) = with_recording_receivers();
     let server = lagscope::Server::start(&config).await.expect("serve");
     simulate(&server, "hdfs-no-namenodes", 120).await;
     let waiting = wait_for("resolves in the outbox", Duration::from_secs(20), async || {

@@ -283,3 +283,20 @@ pub fn stale_read_request(trial: usize, server: &str) -> ExportTraceServiceReque
     };
     ExportTraceServiceRequest { resource_spans: vec![clients, servers] }
 }
+
+/// Posts [`stale_read_request`] for `trial` (served by `node`) to the server over OTLP/HTTP
+/// and returns how long the acknowledgement took: the latency benchmarks' trial start.
+pub async fn post_stale_read(client: &reqwest::Client, server: &Server, trial: usize, node: &str) -> Duration {
+    use prost::Message;
+    let body = stale_read_request(trial, node).encode_to_vec();
+    let started = Instant::now();
+    let response = client
+        .post(format!("http://{}/v1/traces", server.otlp_http_addr))
+        .header("content-type", "application/x-protobuf")
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    assert!(response.status().is_success(), "{}", response.status());
+    started.elapsed()
+}
