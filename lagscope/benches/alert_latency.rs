@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use lagscope::Server;
 use lagscope::alerting::AlertsConfig;
-use lagscope::sim_cmd::{Target, run};
 use lagscope_alerts::{Receiver, ReceiverKind, Route};
-use lagscope_sim::{SECOND, SimConfig};
 
 const TRIALS: usize = 60;
 
@@ -113,16 +111,7 @@ async fn main() {
     let server = Server::start(&config).await.expect("server");
     report("idle", trials(&server, &arrivals, 0).await);
 
-    // Under load: the simulator streams a healthy HDFS cluster into the same server.
-    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
-    let _load = std::thread::spawn(move || {
-        let mut sim = SimConfig::new("hdfs-observer-healthy");
-        sim.clients = Some(40);
-        sim.rate = Some(400.0);
-        sim.duration = Some(120 * SECOND);
-        run(&sim, &target, true)
-    });
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    support::start_background_load(&server).await;
     report("under load (400 ops/s sim)", trials(&server, &arrivals, 1_000).await);
     let (_, health) = support::get_json(&server, "/api/v1/health").await;
     let (_, messages) = support::get_json(&server, "/api/v1/alerts?limit=1000").await;

@@ -18,8 +18,6 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lagscope::Server;
-use lagscope::sim_cmd::{Target, run};
-use lagscope_sim::{SECOND, SimConfig};
 
 const TRIALS: usize = 60;
 
@@ -79,16 +77,7 @@ async fn measure(server: Server) {
     let (detect, ack) = trials(&server, 0).await;
     report("idle", detect, ack);
 
-    // Under load: the simulator streams a healthy HDFS cluster into the same server.
-    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
-    let _load = std::thread::spawn(move || {
-        let mut sim = SimConfig::new("hdfs-observer-healthy");
-        sim.clients = Some(40);
-        sim.rate = Some(400.0);
-        sim.duration = Some(120 * SECOND);
-        run(&sim, &target, true)
-    });
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    support::start_background_load(&server).await;
     let (detect, ack) = trials(&server, 1_000).await;
     report("under load (400 ops/s sim)", detect, ack);
     // The load thread paces in real time; the process ends here.

@@ -300,3 +300,18 @@ pub async fn post_stale_read(client: &reqwest::Client, server: &Server, trial: u
     assert!(response.status().is_success(), "{}", response.status());
     started.elapsed()
 }
+
+/// The latency benchmarks' background load: the simulator streaming a healthy HDFS cluster
+/// (40 clients, 400 ops/s, paced in real time for two minutes) into the server from a thread
+/// of its own; returns once it has run for 3 s.
+pub async fn start_background_load(server: &Server) {
+    let target = lagscope::sim_cmd::Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    std::thread::spawn(move || {
+        let mut sim = lagscope_sim::SimConfig::new("hdfs-observer-healthy");
+        sim.clients = Some(40);
+        sim.rate = Some(400.0);
+        sim.duration = Some(120 * lagscope_sim::SECOND);
+        lagscope::sim_cmd::run(&sim, &target, true)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
