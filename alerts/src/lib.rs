@@ -91,6 +91,17 @@ pub fn incident_of(anomaly: &Anomaly) -> IncidentKey {
 }
 
 impl IncidentKey {
+    /// The anomaly kind the incident is of (the key's first part).
+    pub fn kind(&self) -> &str {
+        self.0.split('|').next().unwrap_or_default()
+    }
+
+    /// Whether the incident is a window (resolved when its condition ends), not a group of
+    /// per-read anomalies (resolved after a quiet period).
+    pub fn is_window(&self) -> bool {
+        AnomalyKind::parse(self.kind()).is_some_and(AnomalyKind::is_window)
+    }
+
     /// A stable, bounded key for the paging systems (PagerDuty's `dedup_key`, the webhook's
     /// `groupKey`): the kind and a 64-bit FNV-1a hash of the incident.
     pub fn dedup_key(&self) -> String {
@@ -99,8 +110,7 @@ impl IncidentKey {
             hash ^= u64::from(byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
-        let kind = self.0.split('|').next().unwrap_or_default();
-        format!("lagscope-{kind}-{hash:016x}")
+        format!("lagscope-{}-{hash:016x}", self.kind())
     }
 }
 
@@ -226,6 +236,7 @@ mod tests {
         assert_ne!(incident_of(&a), incident_of(&anomaly(AnomalyKind::StaleRead, "obs2", "c1")));
         let (w1, w2) = (anomaly(AnomalyKind::ApplyLag, "obs1", "c1"), anomaly(AnomalyKind::ApplyLag, "obs1", "c2"));
         assert_ne!(incident_of(&w1), incident_of(&w2));
+        assert!(incident_of(&w1).is_window() && !incident_of(&a).is_window());
         let key = incident_of(&a).dedup_key();
         assert!(key.starts_with("lagscope-stale_read-") && key.len() < 64, "{key}");
         assert_eq!(key, incident_of(&b).dedup_key());

@@ -62,13 +62,7 @@ struct Encoder(tokio::sync::mpsc::Sender<(&'static str, Vec<u8>)>);
 
 impl lagscope_sim::Sink for Encoder {
     fn export(&mut self, _at: lagscope_sim::Nanos, request: lagscope_sim::Request) {
-        use prost::Message;
-        let encoded = match &request {
-            lagscope_sim::Request::Traces(request) => ("/v1/traces", request.encode_to_vec()),
-            lagscope_sim::Request::Metrics(request) => ("/v1/metrics", request.encode_to_vec()),
-            lagscope_sim::Request::Logs(request) => ("/v1/logs", request.encode_to_vec()),
-        };
-        self.0.blocking_send(encoded).expect("senders alive");
+        self.0.blocking_send(lagscope::sim_cmd::otlp_http_body(&request)).expect("senders alive");
     }
 }
 

@@ -351,9 +351,9 @@ impl Alerter {
             if !incident.firing {
                 continue;
             }
-            let is_window =
-                incident.incident.split('|').next().and_then(AnomalyKind::parse).is_some_and(AnomalyKind::is_window);
-            if !is_window && now - incident.last_member_unix_nano >= resolve_after {
+            if !IncidentKey(incident.incident.clone()).is_window()
+                && now - incident.last_member_unix_nano >= resolve_after
+            {
                 resolve(&receiver, &mut incident, Some(now), &self.config.external_url, now, messages);
                 changed.insert(slot, incident);
             } else if matches!(receiver.kind, ReceiverKind::Alertmanager { .. })

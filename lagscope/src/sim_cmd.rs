@@ -193,6 +193,15 @@ async fn pace(started: Instant, at: Nanos, realtime: bool) {
     }
 }
 
+/// The OTLP/HTTP path of a request's signal and the request as protobuf.
+pub fn otlp_http_body(request: &Request) -> (&'static str, Vec<u8>) {
+    match request {
+        Request::Traces(request) => ("/v1/traces", request.encode_to_vec()),
+        Request::Metrics(request) => ("/v1/metrics", request.encode_to_vec()),
+        Request::Logs(request) => ("/v1/logs", request.encode_to_vec()),
+    }
+}
+
 async fn send_http(
     base: String,
     mut receiver: tokio::sync::mpsc::Receiver<(Nanos, Request)>,
@@ -205,11 +214,7 @@ async fn send_http(
     let mut sent = 0;
     while let Some((at, request)) = receiver.recv().await {
         pace(started, at, realtime).await;
-        let (path, body) = match &request {
-            Request::Traces(request) => ("/v1/traces", request.encode_to_vec()),
-            Request::Metrics(request) => ("/v1/metrics", request.encode_to_vec()),
-            Request::Logs(request) => ("/v1/logs", request.encode_to_vec()),
-        };
+        let (path, body) = otlp_http_body(&request);
         let url = format!("{base}{path}");
         let mut attempt = 0;
         loop {
