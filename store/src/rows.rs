@@ -162,6 +162,30 @@ pub(crate) struct BucketRow {
     pub(crate) value: Option<f64>,
 }
 
+/// One series' bucket points as `time value` pairs joined by commas, each value written with
+/// 17 significant digits (SQLite: one row per series instead of one per point).
+#[derive(FromRow)]
+pub(crate) struct BucketPointsRow {
+    pub(crate) series_id: i64,
+    pub(crate) points: String,
+}
+
+impl BucketPointsRow {
+    pub(crate) fn append_to(self, out: &mut Vec<BucketRow>) -> Result<()> {
+        for pair in self.points.split(',') {
+            let parsed = pair.split_once(' ').and_then(|(time, value)| Some((time.parse().ok()?, value.parse().ok()?)));
+            let Some((time_unix_nano, value)) = parsed else {
+                return Err(crate::StoreError::Corrupt {
+                    what: "bucket points",
+                    detail: format!("series {}: {pair:?} is not `time value`", self.series_id),
+                });
+            };
+            out.push(BucketRow { series_id: self.series_id, time_unix_nano, value: Some(value) });
+        }
+        Ok(())
+    }
+}
+
 /// The series with their bucket points, in the order of `series`.
 pub(crate) fn series_with_buckets(series: Vec<SeriesRow>, points: Vec<BucketRow>) -> Result<Vec<crate::SeriesSamples>> {
     let mut by_series: std::collections::HashMap<i64, Vec<SampleRow>> = std::collections::HashMap::new();

@@ -312,6 +312,24 @@ async fn series_buckets_reduce_each_slice_of_the_range(store: &dyn Store) {
     assert!(none.iter().all(|series| series.points.is_empty()));
     let hostile = vec![("lagscope.node.id".to_string(), "x\"' OR 1=1".to_string())];
     assert!(store.series_buckets(name, &hostile, range, 4, Reduce::Last).await.expect("hostile").is_empty());
+    // Values come back exactly, however many digits they need (state ids near 2^53, tiny and
+    // huge magnitudes, negative zero's sign aside).
+    let exact = [9_007_199_254_740_991.0, 0.1 + 0.2, 1e-300, -1.7976931348623157e308, 123_456_789.123_456_78];
+    let name = "lagscope.server.applied_state";
+    let samples: Vec<_> = exact
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            sample(name, &shard, T0 + index as i64 * SECOND, PointValue::Number(*value), MetricKind::Gauge)
+        })
+        .collect();
+    store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("ingest exact");
+    let range = TimeRange { from: T0, to: T0 + exact.len() as i64 * SECOND };
+    for reduce in [Reduce::Last, Reduce::Min, Reduce::Max] {
+        let each = store.series_buckets(name, &[], range, exact.len() as u32, reduce).await.expect("exact");
+        let values: Vec<f64> = each[0].points.iter().filter_map(|(_, value, _)| *value).collect();
+        assert_eq!(values, exact, "{reduce:?}");
+    }
 }
 
 /// A rollup replaces the stored one of its minute and scope (absent parts included), reads

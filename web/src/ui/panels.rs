@@ -424,8 +424,10 @@ async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, Api
 
 async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line>, Option<String>), ApiError> {
     let points = MAX_POINTS as u32;
-    let applied = state.store.series_buckets(METRIC_APPLIED_STATE, &[], range, points, Reduce::Last).await?;
-    let committed = state.store.series_buckets(METRIC_COMMITTED_STATE, &[], range, points, Reduce::Last).await?;
+    let (applied, committed) = tokio::try_join!(
+        state.store.series_buckets(METRIC_APPLIED_STATE, &[], range, points, Reduce::Last),
+        state.store.series_buckets(METRIC_COMMITTED_STATE, &[], range, points, Reduce::Last),
+    )?;
     // Each namespace's committed state as a staircase: the highest any node reported so far.
     let mut staircases: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
     for series in &committed {
