@@ -132,7 +132,7 @@ pub struct SeriesSamples {
 }
 
 /// How [`Store::series_buckets`] reduces the samples of one slice of a range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reduce {
     /// The slice's last sample.
     Last,

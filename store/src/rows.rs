@@ -11,7 +11,9 @@ use sqlx::FromRow;
 use crate::{Result, StoreError, StoredAnomaly};
 
 /// A stored span, column for column. Private: the rest of the workspace sees [`Span`].
-#[derive(FromRow)]
+/// Deserialized from a JSON array too, the fields in this order (SQLite's
+/// [`crate::sqlite`] reads many spans as one JSON text: see `SPAN_JSON_ARRAY` there).
+#[derive(FromRow, serde::Deserialize)]
 pub(crate) struct SpanRow {
     pub(crate) trace_id: Option<String>,
     pub(crate) span_id: Option<String>,
@@ -102,7 +104,7 @@ impl SpanRow {
 }
 
 /// The resource columns spans and log records share.
-#[derive(FromRow)]
+#[derive(FromRow, serde::Deserialize)]
 pub(crate) struct ResourceRow {
     pub(crate) service_name: Option<String>,
     pub(crate) system: Option<String>,
@@ -162,8 +164,9 @@ pub(crate) struct BucketRow {
     pub(crate) value: Option<f64>,
 }
 
-/// One series' bucket points as `time value` pairs joined by commas, each value written with
-/// 17 significant digits (SQLite: one row per series instead of one per point).
+/// One series' bucket points as `time value` pairs joined by commas, each value written as an
+/// integer when whole, else with 17 significant digits (SQLite: one row per series instead of
+/// one per point).
 #[derive(FromRow)]
 pub(crate) struct BucketPointsRow {
     pub(crate) series_id: i64,

@@ -100,7 +100,8 @@ fn span(client: Option<&str>, component: Component, trace: u8, span_id: u8, pare
 fn full_span() -> Span {
     let mut full = span(Some("c1"), Component::Client, 1, 1, None, T0);
     full.status_code = 2;
-    full.status_message = Some("boom".to_string());
+    // Text that must come back byte for byte, whatever escaping a read path uses.
+    full.status_message = Some("boom \"quoted\" 'single' <script>alert(1)</script> \\ \u{1}\t\n é 🙂".to_string());
     full.resource = ResourceFields {
         service_name: Some("hdfs-client".to_string()),
         system: Some("hdfs-rbf".to_string()),
