@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use lagscope_analyzer::build_timelines;
 use lagscope_model::conventions::METRIC_COMMITTED_STATE;
 use lagscope_model::{AnomalyKind, ClientTimeline, Outcome, Severity, Span};
-use lagscope_store::{AnomalyFilter, StoredAnomaly, TimeRange};
+use lagscope_store::{AnomalyFilter, Reduce, StoredAnomaly, TimeRange};
 use serde::{Deserialize, Serialize};
 
 use super::charts::{self, Bar, Line, STATE_UNIT};
@@ -331,7 +331,11 @@ async fn related_chart(
     }
     let mut lines = Vec::new();
     for (metric, rate, what) in metrics {
-        for series in state.store.series_samples(metric, &matchers, window.range()).await? {
+        // Each series cut to the chart's points by the store, as on the dashboards (a counter's
+        // rate is then its average over each point's step).
+        let read =
+            state.store.series_buckets(metric, &matchers, window.range(), panels::MAX_POINTS as u32, Reduce::Last);
+        for series in read.await? {
             let mut points: Vec<(i64, f64)> = panels::numbers(&series).collect();
             if *rate {
                 points = panels::rates(&points);
@@ -671,8 +675,9 @@ async fn dashboard_page(
     let range = PageRange::resolve(state.store.as_ref(), &params).await?;
     // The panels' queries run together: the store's reads proceed on its connections while
     // other panels draw.
+    let reads = panels::Reads::new(state);
     let panels: Vec<PanelView> = futures::future::try_join_all(
-        dashboard.panels.iter().map(|panel| panels::evaluate(state, panel, range.range())),
+        dashboard.panels.iter().map(|panel| panels::evaluate(&reads, panel, range.range())),
     )
     .await?;
     let context = minijinja::context! {

@@ -2,7 +2,8 @@
 //! both (lanes come with the table of their windows, so every bar is also a link and the page
 //! reads without the chart).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use lagscope_model::conventions::{
     CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, METRIC_ROUTER_CACHED_ROLE, NAMESPACE, NODE_ID,
@@ -27,6 +28,44 @@ pub const MAX_LINES: usize = 40;
 /// Anomalies a panel reads per kind at most.
 pub const MAX_PANEL_ANOMALIES: u32 = 500;
 
+/// The reads of one dashboard request, shared by its panels (which run concurrently): two
+/// panels charting the same metric over the range read it from the store once, the second
+/// waiting for the first's read (the Lag dashboard charts committed states in two panels).
+pub struct Reads<'s> {
+    pub state: &'s UiState,
+    series: Mutex<HashMap<SeriesRead, Arc<tokio::sync::OnceCell<Arc<Vec<SeriesSamples>>>>>>,
+}
+
+/// A [`Store::series_buckets`](lagscope_store::Store::series_buckets) read, but its range
+/// (one per request).
+type SeriesRead = (String, Vec<(String, String)>, u32, Reduce);
+
+impl<'s> Reads<'s> {
+    pub fn new(state: &'s UiState) -> Self {
+        Self { state, series: Mutex::default() }
+    }
+
+    async fn series_buckets(
+        &self,
+        metric: &str,
+        matchers: &[(String, String)],
+        range: TimeRange,
+        buckets: u32,
+        reduce: Reduce,
+    ) -> Result<Arc<Vec<SeriesSamples>>, ApiError> {
+        let key = (metric.to_string(), matchers.to_vec(), buckets, reduce);
+        let cell = {
+            let mut reads = self.series.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            reads.entry(key).or_default().clone()
+        };
+        let read = cell.get_or_try_init(|| async {
+            let series = self.state.store.series_buckets(metric, matchers, range, buckets, reduce).await?;
+            Ok::<_, ApiError>(Arc::new(series))
+        });
+        Ok(read.await?.clone())
+    }
+}
+
 /// A panel ready for the template.
 #[derive(Debug, Serialize)]
 pub struct PanelView {
@@ -42,15 +81,16 @@ pub struct PanelView {
     pub took: String,
 }
 
-pub async fn evaluate(state: &UiState, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
+pub async fn evaluate(reads: &Reads<'_>, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
     let started = std::time::Instant::now();
-    let mut view = evaluate_untimed(state, panel, range).await?;
+    let mut view = evaluate_untimed(reads, panel, range).await?;
     view.took = format!("{:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     tracing::debug!(panel = %panel.title, took = %view.took, "panel drawn");
     Ok(view)
 }
 
-async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
+async fn evaluate_untimed(reads: &Reads<'_>, panel: &Panel, range: TimeRange) -> Result<PanelView, ApiError> {
+    let state = reads.state;
     let mut view = PanelView {
         title: panel.title.clone(),
         description: panel.description.clone(),
@@ -73,9 +113,9 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
                 (ChartKind::Heatmap, HeatColors::UpDown) => (HEATMAP_CELLS, Reduce::Min),
                 _ => (MAX_POINTS, Reduce::Last),
             };
-            let series = state.store.series_buckets(metric, &matchers, range, buckets as u32, reduce).await?;
+            let series = reads.series_buckets(metric, &matchers, range, buckets as u32, reduce).await?;
             let limits = match ratio_to {
-                Some(limit_metric) => latest_by_scope(&latest(state, limit_metric, &matchers, range).await?),
+                Some(limit_metric) => latest_by_scope(&latest(reads, limit_metric, &matchers, range).await?),
                 None => BTreeMap::new(),
             };
             let mut groups = group_series(&series, group_by, *rate, ratio_to.as_ref().map(|_| &limits));
@@ -111,7 +151,7 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
                 }
                 _ => {
                     // Per group: its latest value, and its smallest and largest in the range.
-                    let extreme = |reduce| state.store.series_buckets(metric, &matchers, range, 1, reduce);
+                    let extreme = |reduce| reads.series_buckets(metric, &matchers, range, 1, reduce);
                     let (lows, highs) = (extreme(Reduce::Min).await?, extreme(Reduce::Max).await?);
                     let lows = group_series(&lows, group_by, false, None);
                     let highs = group_series(&highs, group_by, false, None);
@@ -160,9 +200,9 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
                 view.note = Some("none in this range".to_string());
             }
         }
-        Query::FollowerStatus {} => view.table = Some(follower_status(state, range).await?),
+        Query::FollowerStatus {} => view.table = Some(follower_status(reads, range).await?),
         Query::BehindCommitted {} => {
-            let (lines, note) = behind_committed(state, range).await?;
+            let (lines, note) = behind_committed(reads, range).await?;
             view.svg = Some(charts::line_chart(&lines, span, "states behind"));
             view.note = note;
         }
@@ -171,7 +211,7 @@ async fn evaluate_untimed(state: &UiState, panel: &Panel, range: TimeRange) -> R
             view.table = Some(table);
             view.note = note;
         }
-        Query::RoleComparison {} => view.table = Some(role_comparison(state, range).await?),
+        Query::RoleComparison {} => view.table = Some(role_comparison(reads, range).await?),
     }
     Ok(view)
 }
@@ -365,17 +405,18 @@ pub fn anomaly_table(found: &[StoredAnomaly]) -> Table {
 
 /// Each series of a metric with its latest value in the range (one point).
 async fn latest(
-    state: &UiState,
+    reads: &Reads<'_>,
     metric: &str,
     matchers: &[(String, String)],
     range: TimeRange,
-) -> Result<Vec<SeriesSamples>, ApiError> {
-    Ok(state.store.series_buckets(metric, matchers, range, 1, Reduce::Last).await?)
+) -> Result<Arc<Vec<SeriesSamples>>, ApiError> {
+    reads.series_buckets(metric, matchers, range, 1, Reduce::Last).await
 }
 
-async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
-    let applied = latest(state, METRIC_APPLIED_STATE, &[], range).await?;
-    let committed = latest(state, METRIC_COMMITTED_STATE, &[], range).await?;
+async fn follower_status(reads: &Reads<'_>, range: TimeRange) -> Result<Table, ApiError> {
+    let state = reads.state;
+    let applied = latest(reads, METRIC_APPLIED_STATE, &[], range).await?;
+    let committed = latest(reads, METRIC_COMMITTED_STATE, &[], range).await?;
     // A namespace's committed state: the highest any node reports.
     let mut namespace_committed: BTreeMap<NamespaceKey, f64> = BTreeMap::new();
     for (scope, value) in latest_by_scope(&committed) {
@@ -422,15 +463,15 @@ async fn follower_status(state: &UiState, range: TimeRange) -> Result<Table, Api
     Ok(table)
 }
 
-async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line>, Option<String>), ApiError> {
+async fn behind_committed(reads: &Reads<'_>, range: TimeRange) -> Result<(Vec<Line>, Option<String>), ApiError> {
     let points = MAX_POINTS as u32;
     let (applied, committed) = tokio::try_join!(
-        state.store.series_buckets(METRIC_APPLIED_STATE, &[], range, points, Reduce::Last),
-        state.store.series_buckets(METRIC_COMMITTED_STATE, &[], range, points, Reduce::Last),
+        reads.series_buckets(METRIC_APPLIED_STATE, &[], range, points, Reduce::Last),
+        reads.series_buckets(METRIC_COMMITTED_STATE, &[], range, points, Reduce::Last),
     )?;
     // Each namespace's committed state as a staircase: the highest any node reported so far.
     let mut staircases: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
-    for series in &committed {
+    for series in committed.iter() {
         let scope = scope_of(series);
         staircases.entry((scope.0, scope.1)).or_default().extend(numbers(series));
     }
@@ -443,7 +484,7 @@ async fn behind_committed(state: &UiState, range: TimeRange) -> Result<(Vec<Line
         }
     }
     let mut lines: Vec<(f64, Line)> = Vec::new();
-    for series in &applied {
+    for series in applied.iter() {
         let scope = scope_of(series);
         let Some(staircase) = staircases.get(&(scope.0.clone(), scope.1.clone())) else { continue };
         let points: Vec<(i64, f64)> = numbers(series)
@@ -517,14 +558,14 @@ async fn staleness(state: &UiState, range: TimeRange) -> Result<(Table, Option<S
     Ok((table, Some(note)))
 }
 
-async fn role_comparison(state: &UiState, range: TimeRange) -> Result<Table, ApiError> {
+async fn role_comparison(reads: &Reads<'_>, range: TimeRange) -> Result<Table, ApiError> {
     // A role series is 1 while the node (or the router's cache) holds that role: its latest
     // value in the range says whether it still does.
-    let cached = latest(state, METRIC_ROUTER_CACHED_ROLE, &[], range).await?;
-    let reported = latest(state, METRIC_ROLE, &[], range).await?;
+    let cached = latest(reads, METRIC_ROUTER_CACHED_ROLE, &[], range).await?;
+    let reported = latest(reads, METRIC_ROLE, &[], range).await?;
     // The role each node reports last: (cluster, node) -> (time, role).
     let mut now_reported: BTreeMap<(Option<String>, String), (i64, String)> = BTreeMap::new();
-    for series in &reported {
+    for series in reported.iter() {
         let (Some(node), Some(role)) = (series.key.label(NODE_ID), series.key.label(NODE_ROLE)) else { continue };
         let Some((at, _)) = numbers(series).filter(|(_, value)| *value > 0.0).last() else { continue };
         let key = (series.key.label(CLUSTER).map(str::to_string), node.to_string());
@@ -535,7 +576,7 @@ async fn role_comparison(state: &UiState, range: TimeRange) -> Result<Table, Api
     let mut table = Table::new(&["cluster", "router", "namespace", "node", "cached role", "reported role", ""]);
     // (cluster, router, namespace, node) -> (time, cached role)
     let mut rows: BTreeMap<RouterView, (i64, String)> = BTreeMap::new();
-    for series in &cached {
+    for series in cached.iter() {
         let (Some(router), Some(node), Some(role)) =
             (series.key.label(NODE_ID), series.key.label(TARGET_NODE), series.key.label(NODE_ROLE))
         else {
