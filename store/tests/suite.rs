@@ -331,6 +331,9 @@ async fn series_buckets_reduce_each_slice_of_the_range(store: &dyn Store) {
         let values: Vec<f64> = each[0].points.iter().filter_map(|(_, value, _)| *value).collect();
         assert_eq!(values, exact, "{reduce:?}");
     }
+    let raw = store.series_samples(name, &[], range).await.expect("raw");
+    let values: Vec<f64> = raw[0].points.iter().filter_map(|(_, value, _)| *value).collect();
+    assert_eq!(values, exact, "series_samples");
 }
 
 /// A rollup replaces the stored one of its minute and scope (absent parts included), reads

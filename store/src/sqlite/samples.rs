@@ -97,21 +97,53 @@ pub(super) async fn series_range(
     range: TimeRange,
 ) -> Result<Vec<SeriesSamples>> {
     let series_rows = matching_series(pool, name, matchers).await?;
+    let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
+    // One row per series, its samples as one JSON array (see `series_buckets`).
+    let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT series_id,
+                json_group_array(json_array(time_unix_nano, {VALUE_TEXT}, distribution) ORDER BY time_unix_nano)
+         FROM samples
+         WHERE series_id IN (SELECT value FROM json_each(?1)) AND time_unix_nano >= ?2 AND time_unix_nano < ?3
+         GROUP BY series_id"
+    )))
+    .bind(ids)
+    .bind(range.from)
+    .bind(range.to)
+    .fetch_all(pool)
+    .await?;
+    let mut by_series: std::collections::HashMap<i64, String> = rows.into_iter().collect();
     let mut result = Vec::with_capacity(series_rows.len());
     for row in series_rows {
-        let samples: Vec<SampleRow> = sqlx::query_as(
-            "SELECT time_unix_nano, value, distribution FROM samples
-             WHERE series_id = ?1 AND time_unix_nano >= ?2 AND time_unix_nano < ?3
-             ORDER BY time_unix_nano",
-        )
-        .bind(row.id)
-        .bind(range.from)
-        .bind(range.to)
-        .fetch_all(pool)
-        .await?;
+        let samples = match by_series.remove(&row.id) {
+            Some(text) => samples_of_json(row.id, &text)?,
+            None => Vec::new(),
+        };
         result.push(row.into_series(samples)?);
     }
     Ok(result)
+}
+
+/// A sample's value as text that parses back to the same double: whole values as integers,
+/// others at 17 significant digits (NULL stays NULL).
+const VALUE_TEXT: &str = "CASE WHEN value IS NULL THEN NULL
+     WHEN value = CAST(value AS INTEGER) THEN CAST(CAST(value AS INTEGER) AS TEXT)
+     ELSE printf('%!.17g', value) END";
+
+/// Samples from a JSON array of `[time, value text, distribution text]`.
+fn samples_of_json(series_id: i64, text: &str) -> Result<Vec<SampleRow>> {
+    let corrupt = |detail: String| crate::StoreError::Corrupt { what: "samples", detail };
+    let triples: Vec<(i64, Option<String>, Option<String>)> =
+        serde_json::from_str(text).map_err(|error| corrupt(format!("series {series_id} as JSON: {error}")))?;
+    triples
+        .into_iter()
+        .map(|(time_unix_nano, value, distribution)| {
+            let value = match value {
+                Some(text) => Some(text.parse().map_err(|_| corrupt(format!("series {series_id}: value {text:?}")))?),
+                None => None,
+            };
+            Ok(SampleRow { time_unix_nano, value, distribution })
+        })
+        .collect()
 }
 
 pub(super) async fn series_buckets(
@@ -127,15 +159,14 @@ pub(super) async fn series_buckets(
         return series_with_buckets(series_rows, Vec::new());
     };
     let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
-    // One row per series, its points as text (`time value,...`; whole values as integers,
-    // others at 17 significant digits, which give a double back exactly; both parse back to
-    // the same double): SQLite's driver costs microseconds a row,
-    // which for charts of tens of thousands of points was most of a dashboard's time.
+    // One row per series, its points as text (`time value,...`, values as `VALUE_TEXT`):
+    // SQLite's driver costs microseconds a row, which for charts of tens of thousands of
+    // points was most of a dashboard's time.
     let rows: Vec<BucketPointsRow> = match reduce {
         // A slice's last sample is one seek backwards from the slice's end on the primary key
         // (series, time): the cost is series times slices, however dense the samples are.
         Reduce::Last => {
-            sqlx::query_as(
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "WITH RECURSIVE slices(slice_end) AS (
                      SELECT ?2 + ?4 UNION ALL SELECT slice_end + ?4 FROM slices WHERE slice_end < ?3
                  ),
@@ -150,9 +181,9 @@ pub(super) async fn series_buckets(
                         AND last.time_unix_nano >= slices.slice_end - ?4
                         AND last.time_unix_nano < min(slices.slice_end, ?3)
                         AND last.value IS NOT NULL))
-                 SELECT series_id, group_concat(time_unix_nano || ' ' || iif(value = CAST(value AS INTEGER), CAST(value AS INTEGER), printf('%!.17g', value)), ',') AS points
+                 SELECT series_id, group_concat(time_unix_nano || ' ' || {VALUE_TEXT}, ',') AS points
                  FROM points GROUP BY series_id",
-            )
+            )))
             .bind(ids)
             .bind(range.from)
             .bind(range.to)
@@ -170,7 +201,7 @@ pub(super) async fn series_buckets(
                        AND time_unix_nano >= ?2 AND time_unix_nano < ?3 AND samples.value IS NOT NULL
                      GROUP BY series_id, (time_unix_nano - ?2) / ?4
                  )
-                 SELECT series_id, group_concat(time_unix_nano || ' ' || iif(value = CAST(value AS INTEGER), CAST(value AS INTEGER), printf('%!.17g', value)), ',') AS points
+                 SELECT series_id, group_concat(time_unix_nano || ' ' || {VALUE_TEXT}, ',') AS points
                  FROM points GROUP BY series_id"
             )))
             .bind(ids)
