@@ -155,21 +155,22 @@ pub(super) async fn for_scope(
     range: TimeRange,
     limit: u32,
 ) -> Result<Vec<Span>> {
-    let rows: Vec<SpanRow> = sqlx::query_as(
-        "SELECT * FROM (
-             SELECT * FROM spans
+    // The live analyzer's scope passes read tens of thousands of spans: one JSON row.
+    let (spans,): (String,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (
+             SELECT id FROM spans
              WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
              ORDER BY start_unix_nano DESC LIMIT ?5
-         ) ORDER BY start_unix_nano, id",
-    )
+         )"
+    )))
     .bind(cluster)
     .bind(namespace)
     .bind(range.from)
     .bind(range.to)
     .bind(i64::from(limit))
-    .fetch_all(pool)
+    .fetch_one(pool)
     .await?;
-    rows.into_iter().map(SpanRow::into_span).collect()
+    spans_of_json(&spans)
 }
 
 /// Spans in `cluster`/`namespace` (`None` = any) whose start lies in `range`, oldest first,
