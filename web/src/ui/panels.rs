@@ -33,8 +33,11 @@ pub const MAX_PANEL_ANOMALIES: u32 = 500;
 /// waiting for the first's read (the Lag dashboard charts committed states in two panels).
 pub struct Reads<'s> {
     pub state: &'s UiState,
-    series: Mutex<HashMap<SeriesRead, Arc<tokio::sync::OnceCell<Arc<Vec<SeriesSamples>>>>>>,
+    series: Mutex<HashMap<SeriesRead, SharedRead>>,
 }
+
+/// One read, done by the first panel asking for it.
+type SharedRead = Arc<tokio::sync::OnceCell<Arc<Vec<SeriesSamples>>>>;
 
 /// A [`Store::series_buckets`](lagscope_store::Store::series_buckets) read, but its range
 /// (one per request).
