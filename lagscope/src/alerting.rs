@@ -131,6 +131,12 @@ impl AlertsConfig {
 
 /// Changes read per alerter pass.
 const CHANGES_PER_PASS: u32 = 1_000;
+/// How far behind its cursor the alerter reads the change feed again. The feed is ordered by
+/// (last seen, id), and a row can be committed after rows the alerter has already read while
+/// carrying an earlier last-seen time: another instance's analyzer on the same PostgreSQL (its
+/// clock, its slower transaction), or a slow transaction of this one. Rows of this window the
+/// alerter already took are skipped by (id, last seen); the others are taken late, not lost.
+pub const FEED_SETTLE: i64 = 30 * 1_000_000_000;
 /// Messages looked at per delivery pass.
 const MESSAGES_PER_PASS: u32 = 1_000;
 /// How long one delivery may take.
@@ -205,6 +211,8 @@ const REMEMBER_RESOLVED: i64 = 3_600 * 1_000_000_000;
 struct Alerter {
     config: AlertsConfig,
     cursor: Option<AlertCursor>,
+    /// The changes taken within [`FEED_SETTLE`] of the cursor: id -> last seen.
+    settled: HashMap<i64, i64>,
     /// Incidents firing, or resolved within `REMEMBER_RESOLVED`, by (receiver, incident).
     known: HashMap<(String, String), AlertIncident>,
 }
@@ -216,13 +224,15 @@ impl Alerter {
             .into_iter()
             .map(|incident| ((incident.receiver.clone(), incident.incident.clone()), incident))
             .collect();
-        Ok(Self { config, cursor, known })
+        // After a restart, the settle window's changes are read again: taking a change twice
+        // sends nothing twice (incidents are stored, a trigger goes out only for a new one).
+        Ok(Self { config, cursor, settled: HashMap::new(), known })
     }
 
     /// One pass at wall-clock `now`: returns whether more changes wait, and how many
     /// messages were enqueued.
     async fn pass(&mut self, store: &dyn Store, now: i64) -> Result<(bool, usize), StoreError> {
-        let changes = store.anomaly_changes(self.cursor.unwrap_or_default(), CHANGES_PER_PASS).await?;
+        let changes = self.read_changes(store, now).await?;
         let inhibitors = if self.config.inhibit_stale_reads_by_apply_lag
             && changes.iter().any(|change| change.anomaly.kind == AnomalyKind::StaleRead)
         {
@@ -248,19 +258,57 @@ impl Alerter {
             }
         }
         self.sweep(now, &mut changed, &mut messages);
+        // The cursor only moves forward: a late row taken from behind it leaves it where it is.
         let cursor = changes
-            .last()
-            .map(|last| AlertCursor { last_seen_unix_nano: last.last_seen_unix_nano, anomaly_id: last.id })
-            .or(self.cursor);
+            .iter()
+            .map(|change| AlertCursor { last_seen_unix_nano: change.last_seen_unix_nano, anomaly_id: change.id })
+            .chain(self.cursor)
+            .max_by_key(|cursor| (cursor.last_seen_unix_nano, cursor.anomaly_id));
         if changes.is_empty() && changed.is_empty() {
             return Ok((false, 0));
         }
         let incidents: Vec<AlertIncident> = changed.values().cloned().collect();
         store.commit_alerts(cursor, &incidents, &messages).await?;
         self.cursor = cursor;
+        self.settled.extend(changes.iter().map(|change| (change.id, change.last_seen_unix_nano)));
+        if let Some(cursor) = cursor {
+            self.settled.retain(|_, last_seen| *last_seen > cursor.last_seen_unix_nano - FEED_SETTLE);
+        }
         self.known.extend(changed);
         self.known.retain(|_, incident| incident.firing || now - incident.last_sent_unix_nano < REMEMBER_RESOLVED);
         Ok((changes.len() >= CHANGES_PER_PASS as usize, messages.len()))
+    }
+
+    /// The feed from [`FEED_SETTLE`] before the cursor on, without the changes already taken,
+    /// a page or two of [`CHANGES_PER_PASS`] (pages of taken ones are read past). A row can
+    /// still come late only within `FEED_SETTLE` of wall-clock `now`: once the feed has been
+    /// quiet that long, the window closes up to the cursor and idle passes re-read nothing.
+    async fn read_changes(&self, store: &dyn Store, now: i64) -> Result<Vec<StoredAnomaly>, StoreError> {
+        let mut from = match self.cursor {
+            Some(cursor) => {
+                let settled_before = (cursor.last_seen_unix_nano - FEED_SETTLE).max(now - 2 * FEED_SETTLE);
+                if settled_before < cursor.last_seen_unix_nano {
+                    AlertCursor { last_seen_unix_nano: settled_before, anomaly_id: 0 }
+                } else {
+                    cursor
+                }
+            }
+            None => AlertCursor::default(),
+        };
+        let mut changes = Vec::new();
+        loop {
+            let page = store.anomaly_changes(from, CHANGES_PER_PASS).await?;
+            let full = page.len() >= CHANGES_PER_PASS as usize;
+            if let Some(last) = page.last() {
+                from = AlertCursor { last_seen_unix_nano: last.last_seen_unix_nano, anomaly_id: last.id };
+            }
+            changes.extend(
+                page.into_iter().filter(|change| self.settled.get(&change.id) != Some(&change.last_seen_unix_nano)),
+            );
+            if !full || changes.len() >= CHANGES_PER_PASS as usize {
+                return Ok(changes);
+            }
+        }
     }
 
     /// The receivers whose routes match the anomaly, each once.
@@ -602,6 +650,69 @@ pub async fn send_test(config: &AlertsConfig, name: &str) -> anyhow::Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A per-read anomaly of its own incident (node), as the analyzer stores it.
+    fn stale_read(fingerprint: &str, node: &str, start: i64) -> Anomaly {
+        Anomaly {
+            kind: AnomalyKind::StaleRead,
+            severity: lagscope_model::Severity::Critical,
+            cluster: Some("prod".to_string()),
+            namespace: Some("ns1".to_string()),
+            client_id: Some("c1".to_string()),
+            node_id: Some(node.to_string()),
+            start_unix_nano: start,
+            end_unix_nano: start,
+            summary: "stale".to_string(),
+            cause: "lag".to_string(),
+            evidence: serde_json::json!({"floor": 120, "served": 110}).into(),
+            open: false,
+            fingerprint: fingerprint.to_string(),
+        }
+    }
+
+    /// A row committed after the alerter read past its last-seen time (another instance's
+    /// analyzer, or a slow transaction) is still paged, once; rows already taken are not
+    /// taken again; a restart re-reads the settle window without sending anything twice.
+    #[tokio::test]
+    async fn a_change_committed_late_behind_the_cursor_is_paged_once() {
+        const SECOND: i64 = 1_000_000_000;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
+        let config: AlertsConfig = toml::from_str(
+            "[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n\
+             [[route]]\nreceiver = \"hook\"\n",
+        )
+        .expect("config");
+        let now = 1_767_225_600 * SECOND;
+        let triggers = |messages: &[lagscope_store::AlertMessage]| -> Vec<String> {
+            let mut nodes: Vec<String> = messages
+                .iter()
+                .filter(|message| message.event == "trigger")
+                .map(|message| serde_json::from_str::<serde_json::Value>(&message.body).expect("json"))
+                .map(|body| body["commonLabels"]["node"].as_str().unwrap_or_default().to_string())
+                .collect();
+            nodes.sort();
+            nodes
+        };
+        let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");
+        store.upsert_anomalies(&[stale_read("a", "nn-1", now)], now).await.expect("a");
+        alerter.pass(&store, now).await.expect("pass 1");
+        // Committed now, but seen 5 s earlier than the row the cursor stands on.
+        store.upsert_anomalies(&[stale_read("b", "nn-2", now)], now - 5 * SECOND).await.expect("late b");
+        alerter.pass(&store, now + SECOND).await.expect("pass 2");
+        alerter.pass(&store, now + 2 * SECOND).await.expect("pass 3");
+        let messages = store.pending_alert_messages(100).await.expect("outbox");
+        assert_eq!(triggers(&messages), ["nn-1", "nn-2"], "{messages:?}");
+        // A restart reads the window again: nothing new goes out.
+        let mut restarted = Alerter::load(&store, config).await.expect("reload");
+        restarted.pass(&store, now + 3 * SECOND).await.expect("pass after restart");
+        let messages = store.pending_alert_messages(100).await.expect("outbox");
+        assert_eq!(triggers(&messages), ["nn-1", "nn-2"], "{messages:?}");
+        // Beyond the settle window a row that late is behind what the alerter reads.
+        store.upsert_anomalies(&[stale_read("c", "nn-3", now)], now - 2 * FEED_SETTLE).await.expect("too late c");
+        restarted.pass(&store, now + 4 * SECOND).await.expect("pass 5");
+        assert_eq!(triggers(&store.pending_alert_messages(100).await.expect("outbox")), ["nn-1", "nn-2"]);
+    }
 
     #[test]
     fn back_off_doubles_with_jitter_caps_and_honours_retry_after() {
