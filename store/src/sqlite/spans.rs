@@ -80,7 +80,6 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
     Ok(written)
 }
 
-/// The client's spans in the range (the most recent `limit`), plus every span of their traces.
 /// The spans of a `spans` subquery as one JSON text: an array of [`SpanRow`]s, each an array
 /// in `SpanRow`'s field order (the resource columns nested), oldest first. sqlx's SQLite driver
 /// copies every column of every row it returns, which for a page's two thousand spans of 42
@@ -97,40 +96,78 @@ const SPAN_JSON_ARRAY: &str = "json_group_array(json_array(
     outcome, error_type, requeues, retry_delay_ms, bytes, attributes, events, links
 ) ORDER BY start_unix_nano, id)";
 
-/// Spans from the one-row JSON text of [`SPAN_JSON_ARRAY`].
-fn spans_of_json(text: &str) -> Result<Vec<Span>> {
-    let rows: Vec<SpanRow> = serde_json::from_str(text).map_err(|error| crate::StoreError::Corrupt {
-        what: "spans",
-        detail: format!("reading spans as JSON: {error}"),
-    })?;
+/// SQLite's result code for a string or blob longer than its length limit (1 GB).
+const SQLITE_TOOBIG: &str = "18";
+
+/// A value bound to a span read's statement.
+#[derive(Clone, Copy)]
+enum Bind<'a> {
+    Text(Option<&'a str>),
+    Int(i64),
+}
+
+fn bind_all<'q, O>(
+    mut query: sqlx::query::QueryAs<'q, Sqlite, O, sqlx::sqlite::SqliteArguments>,
+    binds: &[Bind<'_>],
+) -> sqlx::query::QueryAs<'q, Sqlite, O, sqlx::sqlite::SqliteArguments> {
+    for bind in binds {
+        query = match *bind {
+            Bind::Text(text) => query.bind(text.map(str::to_string)),
+            Bind::Int(number) => query.bind(number),
+        };
+    }
+    query
+}
+
+/// The spans whose ids the common table expressions `ctes` pick (the last of them named
+/// `picked(id)`), oldest first: as one JSON text ([`SPAN_JSON_ARRAY`]), or row by row when that
+/// text would pass SQLite's length limit (a few enormous spans, which telemetry may hold).
+async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
+    let sql = format!("WITH {ctes} SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (SELECT id FROM picked)");
+    // `ctes` and the column list are this module's text: nothing of the caller reaches it.
+    match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
+        Ok((text,)) => {
+            let rows: Vec<SpanRow> = serde_json::from_str(&text).map_err(|error| crate::StoreError::Corrupt {
+                what: "spans",
+                detail: format!("reading spans as JSON: {error}"),
+            })?;
+            rows.into_iter().map(SpanRow::into_span).collect()
+        }
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
+            spans_picked_by_row(pool, ctes, binds).await
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// [`spans_picked`] one sqlx row per span.
+async fn spans_picked_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
+    let sql =
+        format!("WITH {ctes} SELECT * FROM spans WHERE id IN (SELECT id FROM picked) ORDER BY start_unix_nano, id");
+    let rows: Vec<SpanRow> = bind_all(sqlx::query_as(sqlx::AssertSqlSafe(sql)), binds).fetch_all(pool).await?;
     rows.into_iter().map(SpanRow::into_span).collect()
 }
 
+/// Picks a client's spans in ?2..?3 (the most recent ?4), then every span of their traces: ids
+/// first (the traces' from the covering trace index), then each row once (a union of whole
+/// rows had SQLite sort and compare every column of every span).
+const CLIENT_PICK: &str = "own AS (
+        SELECT id, trace_id FROM spans
+        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3
+        ORDER BY start_unix_nano DESC LIMIT ?4
+    ),
+    picked AS (
+        SELECT id FROM own
+        UNION
+        SELECT id FROM spans
+        WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
+          AND trace_id IS NOT NULL AND span_id IS NOT NULL
+    )";
+
+/// The client's spans in the range (the most recent `limit`), plus every span of their traces.
 pub(super) async fn for_client(pool: &SqlitePool, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-    let (spans,): (String,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH own AS (
-             SELECT id, trace_id FROM spans
-             WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3
-             ORDER BY start_unix_nano DESC LIMIT ?4
-         ),
-         -- Ids first (the traces' from the covering trace index), then each row once: a
-         -- union of whole rows had SQLite sort and compare every column of every span.
-         picked AS (
-             SELECT id FROM own
-             UNION
-             SELECT id FROM spans
-             WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
-               AND trace_id IS NOT NULL AND span_id IS NOT NULL
-         )
-         SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (SELECT id FROM picked)"
-    )))
-    .bind(client_id)
-    .bind(range.from)
-    .bind(range.to)
-    .bind(i64::from(limit))
-    .fetch_one(pool)
-    .await?;
-    spans_of_json(&spans)
+    let binds = [Bind::Text(Some(client_id)), Bind::Int(range.from), Bind::Int(range.to), Bind::Int(i64::from(limit))];
+    spans_picked(pool, CLIENT_PICK, &binds).await
 }
 
 pub(super) async fn clients_of_traces(pool: &SqlitePool, trace_ids: &[String]) -> Result<Vec<String>> {
@@ -155,23 +192,23 @@ pub(super) async fn for_scope(
     range: TimeRange,
     limit: u32,
 ) -> Result<Vec<Span>> {
-    // The live analyzer's scope passes read tens of thousands of spans: one JSON row.
-    let (spans,): (String,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (
-             SELECT id FROM spans
-             WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
-             ORDER BY start_unix_nano DESC LIMIT ?5
-         )"
-    )))
-    .bind(cluster)
-    .bind(namespace)
-    .bind(range.from)
-    .bind(range.to)
-    .bind(i64::from(limit))
-    .fetch_one(pool)
-    .await?;
-    spans_of_json(&spans)
+    // The live analyzer's scope passes read tens of thousands of spans.
+    let binds = [
+        Bind::Text(cluster),
+        Bind::Text(namespace),
+        Bind::Int(range.from),
+        Bind::Int(range.to),
+        Bind::Int(i64::from(limit)),
+    ];
+    spans_picked(pool, SCOPE_PICK, &binds).await
 }
+
+/// Picks the newest ?5 spans of cluster ?1 and namespace ?2 (either may be NULL) in ?3..?4.
+const SCOPE_PICK: &str = "picked AS (
+        SELECT id FROM spans
+        WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
+        ORDER BY start_unix_nano DESC LIMIT ?5
+    )";
 
 /// Spans in `cluster`/`namespace` (`None` = any) whose start lies in `range`, oldest first,
 /// at most `limit`.
@@ -196,4 +233,66 @@ pub(super) async fn in_range(
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(SpanRow::into_span).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_model::{CallFields, ResourceFields, SpanKind};
+
+    use super::*;
+    use crate::{IngestBatch, Store};
+
+    fn span(trace: u8, id: u8, client: Option<&str>, start: i64, follower_read: Option<bool>) -> Span {
+        Span {
+            trace_id: Some(format!("{trace:032x}")),
+            span_id: Some(format!("{id:016x}")),
+            parent_span_id: None,
+            name: "getFileInfo \"quoted\" <b>".to_string(),
+            kind: SpanKind::Server,
+            start_unix_nano: start,
+            end_unix_nano: start + 5,
+            status_code: 2,
+            status_message: Some("line\nbreak \u{1} é".to_string()),
+            resource: ResourceFields {
+                service_name: Some("nn".to_string()),
+                cluster: Some("prod".to_string()),
+                ..ResourceFields::default()
+            },
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields {
+                client_id: client.map(str::to_string),
+                namespace: Some("ns1".to_string()),
+                follower_read,
+                ..CallFields::default()
+            },
+            attributes: serde_json::json!({"k": [1, 2.5, "x"]}).as_object().cloned().unwrap_or_default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// The JSON read and the row-by-row fallback give the same spans, in the same order.
+    #[tokio::test]
+    async fn spans_read_as_json_equal_spans_read_row_by_row() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = super::super::SqliteStore::open_dir(dir.path()).await.expect("store");
+        let spans = vec![
+            span(1, 1, Some("c1"), 100, Some(true)),
+            span(1, 2, None, 101, None),
+            span(2, 3, Some("c1"), 90, Some(false)),
+            span(3, 4, Some("c2"), 95, None),
+        ];
+        store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
+        let client = [Bind::Text(Some("c1")), Bind::Int(0), Bind::Int(1_000), Bind::Int(10)];
+        let scope = [Bind::Text(Some("prod")), Bind::Text(Some("ns1")), Bind::Int(0), Bind::Int(1_000), Bind::Int(10)];
+        for (ctes, binds, expected) in [(CLIENT_PICK, &client[..], 3), (SCOPE_PICK, &scope[..], 4)] {
+            let json = spans_picked(&store.reader, ctes, binds).await.expect("json");
+            let rows = spans_picked_by_row(&store.reader, ctes, binds).await.expect("rows");
+            assert_eq!(json.len(), expected);
+            assert_eq!(json, rows);
+            assert!(json.windows(2).all(|pair| pair[0].start_unix_nano <= pair[1].start_unix_nano));
+        }
+    }
 }
