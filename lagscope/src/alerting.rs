@@ -137,6 +137,8 @@ const CHANGES_PER_PASS: u32 = 1_000;
 /// clock, its slower transaction), or a slow transaction of this one. Rows of this window the
 /// alerter already took are skipped by (id, last seen); the others are taken late, not lost.
 pub const FEED_SETTLE: i64 = 30 * 1_000_000_000;
+/// Keys read per query behind the cursor.
+const KEYS_PER_READ: u32 = 10_000;
 /// Messages looked at per delivery pass.
 const MESSAGES_PER_PASS: u32 = 1_000;
 /// How long one delivery may take.
@@ -279,36 +281,39 @@ impl Alerter {
         Ok((changes.len() >= CHANGES_PER_PASS as usize, messages.len()))
     }
 
-    /// The feed from [`FEED_SETTLE`] before the cursor on, without the changes already taken,
-    /// a page or two of [`CHANGES_PER_PASS`] (pages of taken ones are read past). A row can
-    /// still come late only within `FEED_SETTLE` of wall-clock `now`: once the feed has been
-    /// quiet that long, the window closes up to the cursor and idle passes re-read nothing.
+    /// The feed from [`FEED_SETTLE`] before the cursor on, without the changes already taken.
+    /// Behind the cursor only keys are read (nearly all are changes taken already) and the
+    /// rows of the others fetched one by one; after it, up to [`CHANGES_PER_PASS`] rows. A row
+    /// can still come late only within `FEED_SETTLE` of wall-clock `now`: once the feed has been
+    /// quiet that long, the window closes up to the cursor and idle passes read nothing again.
     async fn read_changes(&self, store: &dyn Store, now: i64) -> Result<Vec<StoredAnomaly>, StoreError> {
-        let mut from = match self.cursor {
-            Some(cursor) => {
-                let settled_before = (cursor.last_seen_unix_nano - FEED_SETTLE).max(now - 2 * FEED_SETTLE);
-                if settled_before < cursor.last_seen_unix_nano {
-                    AlertCursor { last_seen_unix_nano: settled_before, anomaly_id: 0 }
-                } else {
-                    cursor
-                }
-            }
-            None => AlertCursor::default(),
+        let Some(cursor) = self.cursor else {
+            return store.anomaly_changes(AlertCursor::default(), CHANGES_PER_PASS).await;
         };
         let mut changes = Vec::new();
-        loop {
-            let page = store.anomaly_changes(from, CHANGES_PER_PASS).await?;
-            let full = page.len() >= CHANGES_PER_PASS as usize;
-            if let Some(last) = page.last() {
-                from = AlertCursor { last_seen_unix_nano: last.last_seen_unix_nano, anomaly_id: last.id };
-            }
-            changes.extend(
-                page.into_iter().filter(|change| self.settled.get(&change.id) != Some(&change.last_seen_unix_nano)),
-            );
-            if !full || changes.len() >= CHANGES_PER_PASS as usize {
-                return Ok(changes);
+        let settled_before = (cursor.last_seen_unix_nano - FEED_SETTLE).max(now - 2 * FEED_SETTLE);
+        if settled_before < cursor.last_seen_unix_nano {
+            let mut from = AlertCursor { last_seen_unix_nano: settled_before, anomaly_id: 0 };
+            // (A batch of anomalies shares one last-seen time: keys page by (last seen, id).)
+            loop {
+                let keys = store.anomaly_change_keys(from, cursor, KEYS_PER_READ).await?;
+                for key in &keys {
+                    if self.settled.get(&key.anomaly_id) != Some(&key.last_seen_unix_nano)
+                        && let Some(stored) = store.anomaly(key.anomaly_id).await?
+                        // Changed again since the key was read: a later read has it.
+                        && stored.last_seen_unix_nano == key.last_seen_unix_nano
+                    {
+                        changes.push(stored);
+                    }
+                }
+                match keys.last() {
+                    Some(last) if keys.len() >= KEYS_PER_READ as usize => from = *last,
+                    _ => break,
+                }
             }
         }
+        changes.extend(store.anomaly_changes(cursor, CHANGES_PER_PASS).await?);
+        Ok(changes)
     }
 
     /// The receivers whose routes match the anomaly, each once.

@@ -411,6 +411,16 @@ pub trait Store: Send + Sync + 'static {
     /// (last seen, id), at most `limit`: the alerter's feed.
     async fn anomaly_changes(&self, after: AlertCursor, limit: u32) -> Result<Vec<StoredAnomaly>>;
 
+    /// The (last seen, id) keys of the changes after `after` up to and including `through`, in
+    /// change order, at most `limit`: the alerter re-reads these behind its cursor, where
+    /// nearly every change is one it has taken, without reading their rows.
+    async fn anomaly_change_keys(
+        &self,
+        after: AlertCursor,
+        through: AlertCursor,
+        limit: u32,
+    ) -> Result<Vec<AlertCursor>>;
+
     /// The alerter's saved state: its cursor (none before its first pass), and the incidents
     /// still firing or last sent at or after `since`.
     async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)>;

@@ -570,6 +570,26 @@ impl Store for PgStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
+    async fn anomaly_change_keys(
+        &self,
+        after: AlertCursor,
+        through: AlertCursor,
+        limit: u32,
+    ) -> Result<Vec<AlertCursor>> {
+        Ok(sqlx::query_as(
+            "SELECT last_seen_unix_nano, id AS anomaly_id FROM anomalies
+             WHERE (last_seen_unix_nano, id) > ($1, $2) AND (last_seen_unix_nano, id) <= ($3, $4)
+             ORDER BY last_seen_unix_nano, id LIMIT $5",
+        )
+        .bind(after.last_seen_unix_nano)
+        .bind(after.anomaly_id)
+        .bind(through.last_seen_unix_nano)
+        .bind(through.anomaly_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
         let cursor: Option<AlertCursor> =
             sqlx::query_as("SELECT last_seen_unix_nano, anomaly_id FROM alert_cursor WHERE id = 1")

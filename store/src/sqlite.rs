@@ -261,6 +261,42 @@ impl Store for SqliteStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
+    async fn anomaly_change_keys(
+        &self,
+        after: AlertCursor,
+        through: AlertCursor,
+        limit: u32,
+    ) -> Result<Vec<AlertCursor>> {
+        // One text row (`last_seen id,...`) from the (last_seen, id) index: the window can hold
+        // thousands of keys, and sqlx's SQLite driver costs microseconds a row.
+        let (keys,): (Option<String>,) = sqlx::query_as(
+            "SELECT group_concat(last_seen_unix_nano || ' ' || id, ',') FROM (
+                 SELECT last_seen_unix_nano, id FROM anomalies
+                 WHERE (last_seen_unix_nano, id) > (?1, ?2) AND (last_seen_unix_nano, id) <= (?3, ?4)
+                 ORDER BY last_seen_unix_nano, id LIMIT ?5
+             )",
+        )
+        .bind(after.last_seen_unix_nano)
+        .bind(after.anomaly_id)
+        .bind(through.last_seen_unix_nano)
+        .bind(through.anomaly_id)
+        .bind(i64::from(limit))
+        .fetch_one(&self.reader)
+        .await?;
+        keys.as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let parsed =
+                    pair.split_once(' ').and_then(|(last_seen, id)| Some((last_seen.parse().ok()?, id.parse().ok()?)));
+                parsed
+                    .map(|(last_seen_unix_nano, anomaly_id)| AlertCursor { last_seen_unix_nano, anomaly_id })
+                    .ok_or_else(|| StoreError::Corrupt { what: "anomaly change keys", detail: format!("{pair:?}") })
+            })
+            .collect()
+    }
+
     async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {
         let cursor: Option<AlertCursor> =
             sqlx::query_as("SELECT last_seen_unix_nano, anomaly_id FROM alert_cursor WHERE id = 1")

@@ -395,6 +395,18 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
     let after_b = AlertCursor { last_seen_unix_nano: changes[1].last_seen_unix_nano, anomaly_id: changes[1].id };
     let again = store.anomaly_changes(after_b, 10).await.expect("again");
     assert_eq!(again.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a"]);
+    // The keys of a stretch of the feed: after one key, through another, in order, bounded.
+    let key = |stored: &lagscope_store::StoredAnomaly| AlertCursor {
+        last_seen_unix_nano: stored.last_seen_unix_nano,
+        anomaly_id: stored.id,
+    };
+    let (b, a_again) = (key(&changes[1]), key(&again[0]));
+    let keys = store.anomaly_change_keys(AlertCursor::default(), a_again, 10).await.expect("keys");
+    assert_eq!(keys, [b, a_again]);
+    assert_eq!(store.anomaly_change_keys(AlertCursor::default(), b, 10).await.expect("through b"), [b]);
+    assert_eq!(store.anomaly_change_keys(b, a_again, 10).await.expect("after b"), [a_again]);
+    assert_eq!(store.anomaly_change_keys(AlertCursor::default(), a_again, 1).await.expect("limit"), [b]);
+    assert!(store.anomaly_change_keys(a_again, a_again, 10).await.expect("none").is_empty());
 
     assert_eq!(store.alert_state(0).await.expect("empty state"), (None, Vec::new()));
     let incident = |firing: bool, members: i64| AlertIncident {
