@@ -222,8 +222,15 @@ async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
     // The slice of the client's timeline, when the anomaly has a client.
     let mut timeline = None;
     if let Some(client) = &anomaly.client_id {
-        let view =
-            timeline_view(state, client, anomaly.namespace.as_deref(), &window, std::slice::from_ref(&stored)).await?;
+        let view = timeline_view(
+            state,
+            client,
+            anomaly.namespace.as_deref(),
+            &window,
+            std::slice::from_ref(&stored),
+            Some(anomaly.start_unix_nano),
+        )
+        .await?;
         timeline = Some(view);
     }
     // The metrics that show the condition around it.
@@ -412,7 +419,7 @@ async fn client_page(
             ..AnomalyFilter::default()
         })
         .await?;
-    let view = timeline_view(state, client_id, params.namespace.as_deref(), &range, &anomalies).await?;
+    let view = timeline_view(state, client_id, params.namespace.as_deref(), &range, &anomalies, None).await?;
     let sorted = panels::by_start(&anomalies);
     let context = minijinja::context! {
         client_id => client_id,
@@ -445,12 +452,32 @@ fn outcome_color(outcome: Option<&Outcome>) -> plotters::style::RGBColor {
     }
 }
 
+/// Keeps at most `max` of `calls` (sorted by start): those around `focus` (half before it, half
+/// from it on, shifted when one side runs out), or the most recent without one. An anomaly
+/// page focuses on the anomaly: a busy client's ±30 s window holds more calls than a page
+/// draws, and the newest of them would leave the anomaly out of its own page.
+fn keep_calls_to_draw<T>(calls: &mut Vec<T>, start_of: impl Fn(&T) -> i64, focus: Option<i64>, max: usize) {
+    if calls.len() <= max {
+        return;
+    }
+    let last_first = calls.len() - max;
+    let first = match focus {
+        Some(at) => calls.partition_point(|call| start_of(call) < at).saturating_sub(max / 2).min(last_first),
+        None => last_first,
+    };
+    calls.drain(..first);
+    calls.truncate(max);
+}
+
+/// A client's timeline in `range` as a page draws it; `focus` (an anomaly's start) picks which
+/// calls when there are more than a page draws.
 async fn timeline_view(
     state: &UiState,
     client_id: &str,
     namespace: Option<&str>,
     range: &PageRange,
     anomalies: &[StoredAnomaly],
+    focus: Option<i64>,
 ) -> Result<TimelineView, ApiError> {
     let spans = state.store.client_spans(client_id, range.range(), MAX_PAGE_SPANS).await?;
     let own = spans.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id)).count();
@@ -481,14 +508,12 @@ async fn timeline_view(
             }
         }
     }
-    // The calls to draw: the most recent of every namespace.
+    // The calls to draw, of every namespace: around the focus, else the most recent.
     let mut calls: Vec<(&ClientTimeline, &lagscope_model::TimelineCall)> =
         timelines.iter().flat_map(|timeline| timeline.calls.iter().map(move |call| (timeline, call))).collect();
     calls.sort_by_key(|(_, call)| call.start_unix_nano);
     let total_calls = calls.len();
-    if calls.len() > MAX_PAGE_CALLS {
-        calls.drain(..calls.len() - MAX_PAGE_CALLS);
-    }
+    keep_calls_to_draw(&mut calls, |(_, call)| call.start_unix_nano, focus, MAX_PAGE_CALLS);
     let mut lanes: Vec<String> = Vec::new();
     let lane_of = |name: String, lanes: &mut Vec<String>| match lanes.iter().position(|lane| *lane == name) {
         Some(index) => index,
@@ -704,5 +729,30 @@ pub async fn client_search(
         }
         Ok(_) => state.error_page(ApiError::BadRequest("parameter id: give a client id".to_string())),
         Err(error) => state.error_page(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_calls_to_draw;
+
+    fn kept(count: i64, focus: Option<i64>, max: usize) -> Vec<i64> {
+        let mut calls: Vec<i64> = (0..count).map(|index| index * 10).collect();
+        keep_calls_to_draw(&mut calls, |start| *start, focus, max);
+        calls
+    }
+
+    #[test]
+    fn a_page_draws_the_calls_around_its_focus_or_the_latest() {
+        // Few enough: all of them, whatever the focus.
+        assert_eq!(kept(3, Some(0), 4), [0, 10, 20]);
+        // No focus: the most recent.
+        assert_eq!(kept(10, None, 4), [60, 70, 80, 90]);
+        // Half before the focus, half from it on.
+        assert_eq!(kept(10, Some(50), 4), [30, 40, 50, 60]);
+        // Near either end: shifted to keep as many.
+        assert_eq!(kept(10, Some(0), 4), [0, 10, 20, 30]);
+        assert_eq!(kept(10, Some(95), 4), [60, 70, 80, 90]);
+        assert_eq!(kept(10, Some(-5), 4), [0, 10, 20, 30]);
     }
 }
