@@ -263,7 +263,7 @@ impl Alerter {
         // The cursor only moves forward: a late row taken from behind it leaves it where it is.
         let cursor = changes
             .iter()
-            .map(|change| AlertCursor { last_seen_unix_nano: change.last_seen_unix_nano, anomaly_id: change.id })
+            .map(StoredAnomaly::change_key)
             .chain(self.cursor)
             .max_by_key(|cursor| (cursor.last_seen_unix_nano, cursor.anomaly_id));
         if changes.is_empty() && changed.is_empty() {

@@ -115,6 +115,13 @@ pub struct StoredAnomaly {
     pub last_seen_unix_nano: UnixNanos,
 }
 
+impl StoredAnomaly {
+    /// Where this change stands in the alerter's feed.
+    pub fn change_key(&self) -> AlertCursor {
+        AlertCursor { last_seen_unix_nano: self.last_seen_unix_nano, anomaly_id: self.id }
+    }
+}
+
 /// What upserting anomalies changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct UpsertOutcome {

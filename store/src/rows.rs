@@ -175,18 +175,25 @@ pub(crate) struct BucketPointsRow {
 
 impl BucketPointsRow {
     pub(crate) fn append_to(self, out: &mut Vec<BucketRow>) -> Result<()> {
-        for pair in self.points.split(',') {
-            let parsed = pair.split_once(' ').and_then(|(time, value)| Some((time.parse().ok()?, value.parse().ok()?)));
-            let Some((time_unix_nano, value)) = parsed else {
-                return Err(crate::StoreError::Corrupt {
-                    what: "bucket points",
-                    detail: format!("series {}: {pair:?} is not `time value`", self.series_id),
-                });
-            };
+        let what = format!("bucket points of series {}", self.series_id);
+        for (time_unix_nano, value) in number_pairs(&self.points, &what)? {
             out.push(BucketRow { series_id: self.series_id, time_unix_nano, value: Some(value) });
         }
         Ok(())
     }
+}
+
+/// Pairs of numbers from SQLite's `group_concat(a || ' ' || b, ',')` text (one row for what
+/// would be many: sqlx's SQLite driver costs microseconds a row); none from NULL or ''.
+pub(crate) fn number_pairs<A: std::str::FromStr, B: std::str::FromStr>(text: &str, what: &str) -> Result<Vec<(A, B)>> {
+    text.split(',')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            pair.split_once(' ')
+                .and_then(|(first, second)| Some((first.parse().ok()?, second.parse().ok()?)))
+                .ok_or_else(|| StoreError::Corrupt { what: "number pairs", detail: format!("{what}: {pair:?}") })
+        })
+        .collect()
 }
 
 /// The series with their bucket points, in the order of `series`.

@@ -283,18 +283,11 @@ impl Store for SqliteStore {
         .bind(i64::from(limit))
         .fetch_one(&self.reader)
         .await?;
-        keys.as_deref()
-            .unwrap_or_default()
-            .split(',')
-            .filter(|pair| !pair.is_empty())
-            .map(|pair| {
-                let parsed =
-                    pair.split_once(' ').and_then(|(last_seen, id)| Some((last_seen.parse().ok()?, id.parse().ok()?)));
-                parsed
-                    .map(|(last_seen_unix_nano, anomaly_id)| AlertCursor { last_seen_unix_nano, anomaly_id })
-                    .ok_or_else(|| StoreError::Corrupt { what: "anomaly change keys", detail: format!("{pair:?}") })
-            })
-            .collect()
+        let keys = crate::rows::number_pairs(keys.as_deref().unwrap_or_default(), "anomaly change keys")?;
+        Ok(keys
+            .into_iter()
+            .map(|(last_seen_unix_nano, anomaly_id)| AlertCursor { last_seen_unix_nano, anomaly_id })
+            .collect())
     }
 
     async fn alert_state(&self, since: UnixNanos) -> Result<(Option<AlertCursor>, Vec<AlertIncident>)> {

@@ -388,19 +388,15 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
     store.upsert_anomalies(&[anomaly("b", "c2", T0)], T0 + SECOND).await.expect("b");
     let changes = store.anomaly_changes(AlertCursor::default(), 10).await.expect("changes");
     assert_eq!(changes.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-    let after_a = AlertCursor { last_seen_unix_nano: changes[0].last_seen_unix_nano, anomaly_id: changes[0].id };
+    let after_a = changes[0].change_key();
     assert_eq!(store.anomaly_changes(after_a, 10).await.expect("after a").len(), 1);
     // Seen again later: a change again, after b.
     store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + 2 * SECOND).await.expect("a again");
-    let after_b = AlertCursor { last_seen_unix_nano: changes[1].last_seen_unix_nano, anomaly_id: changes[1].id };
+    let after_b = changes[1].change_key();
     let again = store.anomaly_changes(after_b, 10).await.expect("again");
     assert_eq!(again.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a"]);
     // The keys of a stretch of the feed: after one key, through another, in order, bounded.
-    let key = |stored: &lagscope_store::StoredAnomaly| AlertCursor {
-        last_seen_unix_nano: stored.last_seen_unix_nano,
-        anomaly_id: stored.id,
-    };
-    let (b, a_again) = (key(&changes[1]), key(&again[0]));
+    let (b, a_again) = (changes[1].change_key(), again[0].change_key());
     let keys = store.anomaly_change_keys(AlertCursor::default(), a_again, 10).await.expect("keys");
     assert_eq!(keys, [b, a_again]);
     assert_eq!(store.anomaly_change_keys(AlertCursor::default(), b, 10).await.expect("through b"), [b]);

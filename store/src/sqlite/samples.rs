@@ -97,7 +97,7 @@ pub(super) async fn series_range(
     range: TimeRange,
 ) -> Result<Vec<SeriesSamples>> {
     let series_rows = matching_series(pool, name, matchers).await?;
-    let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
+    let ids = ids_json(&series_rows);
     // One row per series, its samples as one JSON array (see `series_buckets`).
     let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT series_id,
@@ -121,6 +121,11 @@ pub(super) async fn series_range(
         result.push(row.into_series(samples)?);
     }
     Ok(result)
+}
+
+/// The series' ids as a JSON array, for `json_each`.
+fn ids_json(series: &[SeriesRow]) -> String {
+    serde_json::json!(series.iter().map(|row| row.id).collect::<Vec<_>>()).to_string()
 }
 
 /// A sample's value as text that parses back to the same double: whole values as integers,
@@ -158,7 +163,7 @@ pub(super) async fn series_buckets(
     let Some(width) = bucket_width(range, buckets) else {
         return series_with_buckets(series_rows, Vec::new());
     };
-    let ids = serde_json::json!(series_rows.iter().map(|row| row.id).collect::<Vec<_>>()).to_string();
+    let ids = ids_json(&series_rows);
     // One row per series, its points as text (`time value,...`, values as `VALUE_TEXT`):
     // SQLite's driver costs microseconds a row, which for charts of tens of thousands of
     // points was most of a dashboard's time.
