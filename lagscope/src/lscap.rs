@@ -6,7 +6,7 @@ use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use lagscope_analyzer::stream::codec::{self, Decoder, Encoder, Item};
+use lagscope_analyzer::stream::codec::{self, Encoder};
 use lagscope_analyzer::stream::{Interner, SpanRec};
 use lagscope_model::{PointValue, Sample, Span};
 
@@ -153,7 +153,7 @@ pub struct BlockAt {
 }
 
 /// Reads an lscap file block by block, handing each block's payload to `each` (decode it
-/// with one [`Decoder`] per file). Errors name the file, the block and its byte offset.
+/// with one [`codec::Decoder`] per file). Errors name the file, the block and its byte offset.
 pub fn read_lscap_blocks(
     path: &Path,
     mut each: impl FnMut(BlockAt, &[u8]) -> anyhow::Result<()>,
@@ -189,15 +189,4 @@ pub fn read_lscap_blocks(
         at.index += 1;
         at.offset += 4 + length as u64;
     }
-}
-
-/// Decodes one block into `items` (cleared first).
-pub fn decode_block(
-    decoder: &mut Decoder,
-    payload: &[u8],
-    interner: &mut Interner,
-    items: &mut Vec<Item>,
-) -> anyhow::Result<()> {
-    items.clear();
-    decoder.decode_block(payload, interner, |item| items.push(item)).map_err(|error| anyhow::anyhow!("{error}"))
 }

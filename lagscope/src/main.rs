@@ -397,13 +397,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 report.anomaly_count
             );
             let timings = report.timings;
-            let total = timings.read + timings.timelines + timings.detectors;
+            let total = timings.read + timings.detectors + timings.writing;
             eprintln!(
-                "took {total:.2} s ({:.0} spans/s): read and decode {:.2} s, timelines {:.2} s, detectors {:.2} s",
+                "took {total:.2} s ({:.0} spans/s): read and decode {:.2} s, detectors {:.2} s, writing anomalies {:.2} s",
                 report.spans as f64 / total.max(1e-9),
                 timings.read,
-                timings.timelines,
-                timings.detectors
+                timings.detectors,
+                timings.writing
             );
             if let Some(stats) = report.stream {
                 eprintln!(

@@ -244,13 +244,38 @@ impl Decoder {
         interner: &mut Interner,
         mut each: impl FnMut(Item),
     ) -> Result<(), DecodeError> {
-        let mut cursor = Cursor { bytes: payload, at: 0 };
-        while cursor.at < payload.len() {
+        let mut at = 0;
+        let mut items = Vec::new();
+        while at < payload.len() {
+            self.decode_some(payload, &mut at, interner, &mut items, usize::MAX)?;
+            items.drain(..).for_each(&mut each);
+        }
+        Ok(())
+    }
+
+    /// Decodes from byte `at` of a block's payload until `limit` items (spans, series
+    /// definitions, samples, log events) are pushed onto `items` or the payload ends, and
+    /// moves `at` past them: a consumer that owns the interner (the engine) takes a block a
+    /// few items at a time, which stay in cache between decoding and use.
+    pub fn decode_some(
+        &mut self,
+        payload: &[u8],
+        at: &mut usize,
+        interner: &mut Interner,
+        items: &mut Vec<Item>,
+        limit: usize,
+    ) -> Result<(), DecodeError> {
+        let mut cursor = Cursor { bytes: payload, at: *at };
+        let mut each = |item| items.push(item);
+        let mut taken = 0;
+        while cursor.at < payload.len() && taken < limit {
+            taken += 1;
             let item_start = cursor.at;
             let fail = |message: String| DecodeError { offset: item_start, message };
             let tag = cursor.byte().map_err(fail)?;
             match tag {
                 TAG_STRING => {
+                    taken -= 1;
                     let text = cursor.text().map_err(fail)?;
                     self.strings.push(interner.intern(text));
                 }
@@ -293,6 +318,7 @@ impl Decoder {
                 other => return Err(fail(format!("unknown item tag {other}"))),
             }
         }
+        *at = cursor.at;
         Ok(())
     }
 
