@@ -59,6 +59,30 @@ struct IdentifiedSpanRow {
     span: SpanRow,
 }
 
+/// A client's timeline reads its traces' spans in parts of about this many traces, each on
+/// its own connection ...
+const TRACES_PER_READ: usize = 32;
+/// ... at most this many at once (of the pool's 8 connections).
+const MAX_PARALLEL_TRACE_READS: usize = 4;
+
+/// For the rest of `transaction`: bitmap scans rather than plain index scans, with the heap
+/// pages prefetched. A server built without posix_fadvise refuses any read-ahead but 0: the
+/// scans then run without it rather than failing.
+async fn prefetching_bitmap_scans(transaction: &mut Transaction<'_, Postgres>) -> Result<()> {
+    sqlx::query(
+        "DO $$ BEGIN
+             PERFORM set_config('enable_indexscan', 'off', true);
+             BEGIN
+                 PERFORM set_config('effective_io_concurrency', '64', true);
+             EXCEPTION WHEN others THEN NULL;
+             END;
+         END $$",
+    )
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
 /// Ingest transactions in flight at once (see `Store::concurrent_ingests`).
 const INGEST_TRANSACTIONS: usize = 2;
 
@@ -212,52 +236,73 @@ impl Store for PgStore {
     }
 
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-        // Two statements in one read-only transaction. The client's own spans: an index scan
-        // by (client, start), newest first, that stops at the limit however long the history.
-        // Then every span of their traces (the router and server hops name no client): one
-        // bitmap scan of the trace index for all of them, so PostgreSQL reads the heap pages in
-        // block order and prefetches them (`effective_io_concurrency`) instead of one
-        // synchronous random read per trace, which is what a client's timeline costs once the
-        // table is larger than memory (BENCHMARKS.md, "A client's timeline from PostgreSQL").
+        // What a timeline costs once the table is larger than memory is random page reads
+        // (BENCHMARKS.md, "A client's timeline from PostgreSQL"): a client's spans lie on as
+        // many heap pages as it has spans, and its router and server hops (which name no
+        // client) on as many more, behind one trace-index descent per trace. So:
+        // 1. the start of the `limit`-th newest of the client's spans, from the (client,
+        //    start) index alone (an index-only scan once vacuum has marked the pages visible;
+        //    a client's entries are next to each other there), so the limit stays bounded
+        //    however long the history;
+        // 2. the client's spans from that start on, by a bitmap scan: the heap pages read in
+        //    block order and prefetched (`effective_io_concurrency`), not one synchronous
+        //    read per span;
+        // 3. every span of their traces, the same way, the trace ids split over a few pooled
+        //    connections at once so their index descents are read in parallel too.
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::from(limit);
         let mut transaction = self.pool.begin().await?;
-        let mut rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
-            "SELECT * FROM spans
+        let nth: Option<(i64,)> = sqlx::query_as(
+            "SELECT start_unix_nano FROM spans
              WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
-             ORDER BY start_unix_nano DESC LIMIT $4",
+             ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1",
         )
         .bind(client_id)
         .bind(range.from)
         .bind(range.to)
-        .bind(i64::from(limit))
+        .bind(limit - 1)
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let from = nth.map_or(range.from, |(start,)| start.max(range.from));
+        prefetching_bitmap_scans(&mut transaction).await?;
+        let mut rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3",
+        )
+        .bind(client_id)
+        .bind(from)
+        .bind(range.to)
         .fetch_all(&mut *transaction)
         .await?;
-        let mut traces: Vec<&str> = rows.iter().filter_map(|row| row.span.trace_id.as_deref()).collect();
+        transaction.commit().await?;
+        // Spans sharing the cut-off start: the newest `limit` by (start, row id).
+        if rows.len() as i64 > limit {
+            rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
+            rows.truncate(limit as usize);
+        }
+        let mut traces: Vec<String> = rows.iter().filter_map(|row| row.span.trace_id.clone()).collect();
         traces.sort_unstable();
         traces.dedup();
-        if !traces.is_empty() {
-            let traces: Vec<String> = traces.into_iter().map(str::to_string).collect();
-            // For this transaction only. A server built without posix_fadvise refuses any
-            // read-ahead but 0: the scan then runs without it rather than failing.
-            sqlx::query(
-                "DO $$ BEGIN
-                     PERFORM set_config('enable_indexscan', 'off', true);
-                     BEGIN
-                         PERFORM set_config('effective_io_concurrency', '64', true);
-                     EXCEPTION WHEN others THEN NULL;
-                     END;
-                 END $$",
-            )
-            .execute(&mut *transaction)
-            .await?;
+        // Each part on its own connection, each connection taken only when its part starts
+        // and none held while waiting for another (the client's own read is committed above).
+        let parts = traces.len().div_ceil(TRACES_PER_READ).clamp(1, MAX_PARALLEL_TRACE_READS);
+        let chunk = traces.len().div_ceil(parts).max(1);
+        let reads = traces.chunks(chunk).map(|traces| async move {
+            let mut transaction = self.pool.begin().await?;
+            prefetching_bitmap_scans(&mut transaction).await?;
             let hops: Vec<IdentifiedSpanRow> = sqlx::query_as(
                 "SELECT * FROM spans WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL",
             )
-            .bind(&traces)
+            .bind(traces)
             .fetch_all(&mut *transaction)
             .await?;
+            transaction.commit().await?;
+            Ok::<_, crate::StoreError>(hops)
+        });
+        for hops in futures::future::try_join_all(reads).await? {
             rows.extend(hops);
         }
-        transaction.commit().await?;
         // The client's own spans come back with their traces: each stored row once, in
         // (start, row id) order.
         rows.sort_unstable_by_key(|row| (row.span.start_unix_nano, row.id));

@@ -29,6 +29,7 @@ macro_rules! store_suite {
             case!(spans_round_trip_with_every_attribute);
             case!(a_resent_span_is_stored_once);
             case!(client_spans_bring_their_traces_and_respect_range_and_limit);
+            case!(client_spans_cut_at_the_limit_through_ties_and_bring_many_traces);
             case!(clients_of_traces_finds_the_client_of_a_hop);
             case!(series_range_matches_labels_and_time);
             case!(scope_and_cluster_samples_take_their_series_and_window);
@@ -204,6 +205,37 @@ async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn
     assert_eq!(ids, ["0000000000000004", "0000000000000005"]);
 
     assert!(store.client_spans("nobody", TimeRange::ALL, 100).await.expect("none").is_empty());
+}
+
+/// A busy client: more traces than one read of them takes (PostgreSQL splits them over
+/// several connections), and client spans sharing their start at the limit's cut.
+async fn client_spans_cut_at_the_limit_through_ties_and_bring_many_traces(store: &dyn Store) {
+    let mut spans = Vec::new();
+    for call in 0..90u8 {
+        // Calls in pairs sharing a start, each with a server hop.
+        let start = T0 + i64::from(call / 2) * SECOND;
+        spans.push(span(Some("busy"), Component::Client, call + 1, 2 * call + 1, None, start));
+        spans.push(span(None, Component::Server, call + 1, 2 * call + 2, Some(2 * call + 1), start + 1));
+    }
+    spans.push(span(Some("other"), Component::Client, 200, 250, None, T0 + 30 * SECOND));
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
+
+    let all = store.client_spans("busy", TimeRange::ALL, 1000).await.expect("all");
+    assert_eq!(all.len(), 180, "every call's client span and hop");
+    assert!(all.windows(2).all(|pair| pair[0].start_unix_nano <= pair[1].start_unix_nano), "in time order");
+
+    // The 45 newest client spans: calls 89 down to 45; calls 44 and 45 share a start, so the
+    // cut falls inside a tie and exactly one of them may come.
+    let limited = store.client_spans("busy", TimeRange::ALL, 45).await.expect("limited");
+    let clients: Vec<&Span> = limited.iter().filter(|span| span.call.client_id.is_some()).collect();
+    assert_eq!(clients.len(), 45, "exactly the limit of the client's own spans");
+    let cut = T0 + 22 * SECOND;
+    assert!(clients.iter().all(|span| span.start_unix_nano >= cut), "only the newest");
+    assert_eq!(clients.iter().filter(|span| span.start_unix_nano > cut).count(), 44, "every span after the cut");
+    let traces: std::collections::BTreeSet<_> = clients.iter().map(|span| span.trace_id.clone()).collect();
+    let hops: Vec<&Span> = limited.iter().filter(|span| span.call.client_id.is_none()).collect();
+    assert_eq!(hops.len(), 45, "the hop of every call read");
+    assert!(hops.iter().all(|hop| traces.contains(&hop.trace_id)), "only hops of those calls");
 }
 
 async fn clients_of_traces_finds_the_client_of_a_hop(store: &dyn Store) {
