@@ -74,6 +74,13 @@ impl<'a> Namespaces<'a> {
     }
 }
 
+/// How far from the client's own spans in a trace (before the first one's start, after the
+/// last one's end) a span of that trace may start and still be read as part of the client's
+/// timeline: an hour. Hops are joined within a horizon of their attempt anyway (90 s by
+/// default); the bound lets PostgreSQL look a trace up in the partitions of its time only,
+/// instead of in every day kept.
+pub const TRACE_WINDOW_NANOS: i64 = 3_600 * 1_000_000_000;
+
 /// A half-open time range `[from, to)` in Unix nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeRange {
@@ -321,8 +328,9 @@ pub trait Store: Send + Sync + 'static {
     async fn ingest(&self, batch: &IngestBatch) -> Result<IngestReceipt>;
 
     /// One client's spans whose start lies in `range`, plus every span sharing a trace with
-    /// them (the router and server hops), ordered by start time. At most `limit` of the
-    /// client's own spans are read, the most recent ones.
+    /// them (the router and server hops) that starts within [`TRACE_WINDOW_NANOS`] of the
+    /// client's spans in that trace, ordered by start time. At most `limit` of the client's
+    /// own spans are read, the most recent ones.
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>>;
 
     /// Spans of one (cluster, namespace) whose start lies in `range`, the most recent `limit`,

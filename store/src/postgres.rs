@@ -247,8 +247,9 @@ impl Store for PgStore {
         // 2. the client's spans from that start on, by a bitmap scan: the heap pages read in
         //    block order and prefetched (`effective_io_concurrency`), not one synchronous
         //    read per span;
-        // 3. every span of their traces, the same way, the trace ids split over a few pooled
-        //    connections at once so their index descents are read in parallel too.
+        // 3. the spans of their traces near them in time, the same way, the traces split in
+        //    time order over a few pooled connections at once so their index descents are
+        //    read in parallel too, each part in the partitions of its time only.
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -281,27 +282,51 @@ impl Store for PgStore {
             rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
             rows.truncate(limit as usize);
         }
-        let mut traces: Vec<String> = rows.iter().filter_map(|row| row.span.trace_id.clone()).collect();
-        traces.sort_unstable();
-        traces.dedup();
+        // Each trace's window: its spans start within TRACE_WINDOW_NANOS of the client's own
+        // spans in it. Read in time order, a part's traces share a day or two: PostgreSQL
+        // prunes the partitions outside the part's window instead of descending the trace
+        // index of every day kept.
+        let mut windows: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for row in &rows {
+            if let Some(trace) = &row.span.trace_id {
+                let window = windows.entry(trace.clone()).or_insert((i64::MAX, i64::MIN));
+                window.0 = window.0.min(row.span.start_unix_nano.saturating_sub(crate::TRACE_WINDOW_NANOS));
+                window.1 = window.1.max(row.span.end_unix_nano.saturating_add(crate::TRACE_WINDOW_NANOS));
+            }
+        }
+        let mut traces: Vec<(&String, (i64, i64))> = windows.iter().map(|(trace, window)| (trace, *window)).collect();
+        traces.sort_unstable_by_key(|(_, (earliest, _))| *earliest);
         // Each part on its own connection, each connection taken only when its part starts
         // and none held while waiting for another (the client's own read is committed above).
         let parts = traces.len().div_ceil(TRACES_PER_READ).clamp(1, MAX_PARALLEL_TRACE_READS);
         let chunk = traces.len().div_ceil(parts).max(1);
-        let reads = traces.chunks(chunk).map(|traces| async move {
+        let reads = traces.chunks(chunk).map(|part| async move {
+            let ids: Vec<&str> = part.iter().map(|(trace, _)| trace.as_str()).collect();
+            let earliest = part.iter().map(|(_, (earliest, _))| *earliest).min().unwrap_or(i64::MIN);
+            let latest = part.iter().map(|(_, (_, latest))| *latest).max().unwrap_or(i64::MAX);
             let mut transaction = self.pool.begin().await?;
             prefetching_bitmap_scans(&mut transaction).await?;
             let hops: Vec<IdentifiedSpanRow> = sqlx::query_as(
-                "SELECT * FROM spans WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL",
+                "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
+                   AND trace_id IS NOT NULL AND span_id IS NOT NULL",
             )
-            .bind(traces)
+            .bind(ids)
+            .bind(earliest)
+            .bind(latest)
             .fetch_all(&mut *transaction)
             .await?;
             transaction.commit().await?;
             Ok::<_, crate::StoreError>(hops)
         });
         for hops in futures::future::try_join_all(reads).await? {
-            rows.extend(hops);
+            // Within the part's window, but maybe not within their own trace's.
+            rows.extend(hops.into_iter().filter(|hop| {
+                hop.span
+                    .trace_id
+                    .as_ref()
+                    .and_then(|trace| windows.get(trace))
+                    .is_some_and(|(earliest, latest)| (*earliest..=*latest).contains(&hop.span.start_unix_nano))
+            }));
         }
         // The client's own spans come back with their traces: each stored row once, in
         // (start, row id) order.

@@ -30,6 +30,7 @@ macro_rules! store_suite {
             case!(a_resent_span_is_stored_once);
             case!(client_spans_bring_their_traces_and_respect_range_and_limit);
             case!(client_spans_cut_at_the_limit_through_ties_and_bring_many_traces);
+            case!(client_spans_take_the_spans_of_their_traces_within_the_trace_window);
             case!(clients_of_traces_finds_the_client_of_a_hop);
             case!(series_range_matches_labels_and_time);
             case!(scope_and_cluster_samples_take_their_series_and_window);
@@ -236,6 +237,26 @@ async fn client_spans_cut_at_the_limit_through_ties_and_bring_many_traces(store:
     let hops: Vec<&Span> = limited.iter().filter(|span| span.call.client_id.is_none()).collect();
     assert_eq!(hops.len(), 45, "the hop of every call read");
     assert!(hops.iter().all(|hop| traces.contains(&hop.trace_id)), "only hops of those calls");
+}
+
+/// A trace's spans belong to a client's timeline when they start within
+/// `TRACE_WINDOW_NANOS` of the client's spans in that trace (before or after).
+async fn client_spans_take_the_spans_of_their_traces_within_the_trace_window(store: &dyn Store) {
+    let window = lagscope_store::TRACE_WINDOW_NANOS;
+    let spans = vec![
+        span(Some("c1"), Component::Client, 1, 1, None, T0),
+        span(None, Component::Server, 1, 2, Some(1), T0 - window + SECOND),
+        span(None, Component::Server, 1, 3, Some(1), T0 + SECOND / 10 + window - SECOND),
+        span(None, Component::Server, 1, 4, Some(1), T0 - window - SECOND),
+        span(None, Component::Server, 1, 5, Some(1), T0 + 2 * window),
+        // A later call of the same client: read with the first (one part), whose window then
+        // covers span 5's time, which still lies outside its own trace's window.
+        span(Some("c1"), Component::Client, 2, 6, None, T0 + 3 * window),
+    ];
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
+    let read = store.client_spans("c1", TimeRange::ALL, 10).await.expect("read");
+    let ids: Vec<_> = read.iter().map(|span| span.span_id.clone().unwrap_or_default()).collect();
+    assert_eq!(ids, ["0000000000000002", "0000000000000001", "0000000000000003", "0000000000000006"]);
 }
 
 async fn clients_of_traces_finds_the_client_of_a_hop(store: &dyn Store) {

@@ -152,21 +152,31 @@ async fn spans_picked_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) 
 /// first (the traces' from the covering trace index), then each row once (a union of whole
 /// rows had SQLite sort and compare every column of every span).
 const CLIENT_PICK: &str = "own AS (
-        SELECT id, trace_id FROM spans
+        SELECT id, trace_id, start_unix_nano, end_unix_nano FROM spans
         WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3
         ORDER BY start_unix_nano DESC LIMIT ?4
+    ),
+    traces AS (
+        SELECT trace_id, min(start_unix_nano) - ?5 AS earliest, max(end_unix_nano) + ?5 AS latest
+        FROM own WHERE trace_id IS NOT NULL GROUP BY trace_id
     ),
     picked AS (
         SELECT id FROM own
         UNION
-        SELECT id FROM spans
-        WHERE trace_id IN (SELECT trace_id FROM own WHERE trace_id IS NOT NULL)
-          AND trace_id IS NOT NULL AND span_id IS NOT NULL
+        SELECT spans.id FROM traces JOIN spans ON spans.trace_id = traces.trace_id
+        WHERE spans.span_id IS NOT NULL
+          AND spans.start_unix_nano >= traces.earliest AND spans.start_unix_nano <= traces.latest
     )";
 
 /// The client's spans in the range (the most recent `limit`), plus every span of their traces.
 pub(super) async fn for_client(pool: &SqlitePool, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-    let binds = [Bind::Text(Some(client_id)), Bind::Int(range.from), Bind::Int(range.to), Bind::Int(i64::from(limit))];
+    let binds = [
+        Bind::Text(Some(client_id)),
+        Bind::Int(range.from),
+        Bind::Int(range.to),
+        Bind::Int(i64::from(limit)),
+        Bind::Int(crate::TRACE_WINDOW_NANOS),
+    ];
     spans_picked(pool, CLIENT_PICK, &binds).await
 }
 
@@ -285,7 +295,13 @@ mod tests {
             span(3, 4, Some("c2"), 95, None),
         ];
         store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
-        let client = [Bind::Text(Some("c1")), Bind::Int(0), Bind::Int(1_000), Bind::Int(10)];
+        let client = [
+            Bind::Text(Some("c1")),
+            Bind::Int(0),
+            Bind::Int(1_000),
+            Bind::Int(10),
+            Bind::Int(crate::TRACE_WINDOW_NANOS),
+        ];
         let scope = [Bind::Text(Some("prod")), Bind::Text(Some("ns1")), Bind::Int(0), Bind::Int(1_000), Bind::Int(10)];
         for (ctes, binds, expected) in [(CLIENT_PICK, &client[..], 3), (SCOPE_PICK, &scope[..], 4)] {
             let json = spans_picked(&store.reader, ctes, binds).await.expect("json");
