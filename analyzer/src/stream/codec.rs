@@ -242,14 +242,11 @@ impl Decoder {
         &mut self,
         payload: &[u8],
         interner: &mut Interner,
-        mut each: impl FnMut(Item),
+        each: impl FnMut(Item),
     ) -> Result<(), DecodeError> {
-        let mut at = 0;
         let mut items = Vec::new();
-        while at < payload.len() {
-            self.decode_some(payload, &mut at, interner, &mut items, usize::MAX)?;
-            items.drain(..).for_each(&mut each);
-        }
+        self.decode_some(payload, &mut 0, interner, &mut items, usize::MAX)?;
+        items.into_iter().for_each(each);
         Ok(())
     }
 
@@ -266,20 +263,17 @@ impl Decoder {
         limit: usize,
     ) -> Result<(), DecodeError> {
         let mut cursor = Cursor { bytes: payload, at: *at };
-        let mut each = |item| items.push(item);
-        let mut taken = 0;
-        while cursor.at < payload.len() && taken < limit {
-            taken += 1;
+        let full = items.len().saturating_add(limit);
+        while cursor.at < payload.len() && items.len() < full {
             let item_start = cursor.at;
             let fail = |message: String| DecodeError { offset: item_start, message };
             let tag = cursor.byte().map_err(fail)?;
             match tag {
                 TAG_STRING => {
-                    taken -= 1;
                     let text = cursor.text().map_err(fail)?;
                     self.strings.push(interner.intern(text));
                 }
-                TAG_SPAN => each(Item::Span(self.span(&mut cursor).map_err(fail)?)),
+                TAG_SPAN => items.push(Item::Span(self.span(&mut cursor).map_err(fail)?)),
                 TAG_SERIES => {
                     let name = self.sym(&mut cursor).map_err(fail)?;
                     let kind_index = cursor.byte().map_err(fail)?;
@@ -295,7 +289,7 @@ impl Decoder {
                         labels.push((self.sym(&mut cursor).map_err(fail)?, self.sym(&mut cursor).map_err(fail)?));
                     }
                     self.series_count += 1;
-                    each(Item::Series(SeriesDef { name, kind, labels }));
+                    items.push(Item::Series(SeriesDef { name, kind, labels }));
                 }
                 TAG_SAMPLE => {
                     let series = cursor.varint().map_err(fail)?;
@@ -307,13 +301,13 @@ impl Decoder {
                         return Err(fail(format!("sample with a negative time ({time})")));
                     }
                     let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
-                    each(Item::Sample(SampleRec { series: series as u32, time, value }));
+                    items.push(Item::Sample(SampleRec { series: series as u32, time, value }));
                 }
                 TAG_LOG_EVENT => {
                     let text = cursor.text().map_err(fail)?;
                     let event: crate::log_events::LogEvent =
                         serde_json::from_str(text).map_err(|error| fail(format!("invalid log event: {error}")))?;
-                    each(Item::LogEvent(Box::new(event)));
+                    items.push(Item::LogEvent(Box::new(event)));
                 }
                 other => return Err(fail(format!("unknown item tag {other}"))),
             }
