@@ -13,8 +13,18 @@
 //! `-- --cold`: also after dropping the kernel's page cache (root only), for clients not
 //! read before: what a table larger than memory costs (PostgreSQL's own 128 MB of shared
 //! buffers stay).
+//!
+//! `LAGSCOPE_BENCH_DATABASE_URL=postgres://...`: use that database and keep it, loading only
+//! the spans it lacks, so one load serves many runs (sizes must then only grow).
+//!
+//! `LAGSCOPE_BENCH_SEED=N` draws other clients (for reruns on a kept database).
+//!
+//! The slowest store reads of each pass are listed (stderr) with their place in the pass. With
+//! `LAGSCOPE_BENCH_EXPLAIN_MS=N`, PostgreSQL's `auto_explain` logs the plan of every statement
+//! slower than N ms with its buffers and I/O times (`track_io_timing`), and the server's log is
+//! copied to `postgres-timeline-server.log` in the system's temp dir at the end.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[path = "../../store/tests/support/postgres.rs"]
 mod postgres_support;
@@ -91,7 +101,76 @@ async fn insert_calls(pool: &sqlx::PgPool, from: i64, to: i64, total_calls: i64,
     .expect("insert");
 }
 
-async fn measure(server: &Server, store: &PgStore, clients: i64, seed: &mut u64) -> (String, String) {
+/// The slowest reads of a pass: their place in it (0 is the first request), when they started
+/// (UTC time of day, to find them in PostgreSQL's log) and how long they took.
+fn slowest(reads: &[(SystemTime, Duration)]) -> String {
+    let mut ranked: Vec<(usize, &(SystemTime, Duration))> = reads.iter().enumerate().collect();
+    ranked.sort_by_key(|(_, (_, latency))| std::cmp::Reverse(*latency));
+    ranked
+        .iter()
+        .take(6)
+        .map(|(at, (started, latency))| {
+            let since_midnight = started.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64() % 86_400.0;
+            let (hours, minutes) = ((since_midnight / 3600.0) as u32, (since_midnight % 3600.0 / 60.0) as u32);
+            format!(
+                "#{at} at {hours:02}:{minutes:02}:{:06.3} {:.1} ms",
+                since_midnight % 60.0,
+                latency.as_secs_f64() * 1e3
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Has every new session of the bench's database log the plans of statements slower than
+/// `threshold_ms`, with buffers and I/O times.
+async fn explain_slow_statements(url: &str, threshold_ms: u64) {
+    let (_, database) = url.rsplit_once('/').expect("a database URL");
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.expect("connect");
+    for setting in [
+        "session_preload_libraries = 'auto_explain'".to_string(),
+        format!("auto_explain.log_min_duration = {threshold_ms}"),
+        "auto_explain.log_analyze = on".to_string(),
+        "auto_explain.log_buffers = on".to_string(),
+        "track_io_timing = on".to_string(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ALTER DATABASE {database} SET {setting}")))
+            .execute(&mut connection)
+            .await
+            .expect("set");
+    }
+}
+
+/// The store's read of a client's spans: when it started, how long it took.
+async fn store_read(store: &PgStore, id: &str) -> (SystemTime, Duration) {
+    let (wall, started) = (SystemTime::now(), Instant::now());
+    let spans = store.client_spans(id, TimeRange::ALL, 50_000).await.expect("client spans");
+    let timed = (wall, started.elapsed());
+    assert_eq!(spans.len() as i64, CALLS_PER_CLIENT * SPANS_PER_CALL, "{id}");
+    timed
+}
+
+/// `GET /api/v1/clients/{id}/timeline`, the body read: when it started, how long it took.
+async fn api_request(client: &reqwest::Client, server: &Server, id: &str) -> (SystemTime, Duration) {
+    let (wall, started) = (SystemTime::now(), Instant::now());
+    let response =
+        client.get(format!("http://{}/api/v1/clients/{id}/timeline", server.api_addr)).send().await.expect("timeline");
+    assert!(response.status().is_success(), "{}", response.status());
+    let body: serde_json::Value = response.json().await.expect("JSON");
+    let timed = (wall, started.elapsed());
+    let calls: usize = body["timelines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|timeline| timeline["calls"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(calls as i64, CALLS_PER_CLIENT, "{id}");
+    timed
+}
+
+/// `REQUESTS` clients drawn from `seed`, each read through the store and through the API
+/// (the API first when `api_first`: the second request of a client finds its pages cached).
+async fn measure(server: &Server, store: &PgStore, clients: i64, seed: &mut u64, api_first: bool) -> (String, String) {
     let client = reqwest::Client::new();
     let mut api = Vec::with_capacity(REQUESTS);
     let mut reads = Vec::with_capacity(REQUESTS);
@@ -101,28 +180,18 @@ async fn measure(server: &Server, store: &PgStore, clients: i64, seed: &mut u64)
         *seed ^= *seed >> 7;
         *seed ^= *seed << 17;
         let id = format!("client-{}", *seed % clients as u64);
-        let started = Instant::now();
-        let spans = store.client_spans(&id, TimeRange::ALL, 50_000).await.expect("client spans");
-        reads.push(started.elapsed());
-        assert_eq!(spans.len() as i64, CALLS_PER_CLIENT * SPANS_PER_CALL, "{id}");
-        let started = Instant::now();
-        let response = client
-            .get(format!("http://{}/api/v1/clients/{id}/timeline", server.api_addr))
-            .send()
-            .await
-            .expect("timeline");
-        assert!(response.status().is_success(), "{}", response.status());
-        let body: serde_json::Value = response.json().await.expect("JSON");
-        api.push(started.elapsed());
-        let calls: usize = body["timelines"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|timeline| timeline["calls"].as_array().map_or(0, Vec::len))
-            .sum();
-        assert_eq!(calls as i64, CALLS_PER_CLIENT, "{id}");
+        if api_first {
+            api.push(api_request(&client, server, &id).await);
+            reads.push(store_read(store, &id).await);
+        } else {
+            reads.push(store_read(store, &id).await);
+            api.push(api_request(&client, server, &id).await);
+        }
     }
-    (summary(api), summary(reads))
+    eprintln!("slowest store reads: {}", slowest(&reads));
+    eprintln!("slowest API requests: {}", slowest(&api));
+    let latencies = |timed: Vec<(SystemTime, Duration)>| timed.into_iter().map(|(_, latency)| latency).collect();
+    (summary(latencies(api)), summary(latencies(reads)))
 }
 
 #[tokio::main]
@@ -135,7 +204,16 @@ async fn main() {
     }
     sizes.sort_unstable();
     let largest_calls = sizes.last().copied().unwrap_or(0) / SPANS_PER_CALL;
-    let url = postgres_support::fresh_database().await;
+    // A database to keep between runs (loaded once, measured many times), or a fresh one.
+    let kept = std::env::var("LAGSCOPE_BENCH_DATABASE_URL").ok().filter(|url| !url.is_empty());
+    let url = match &kept {
+        Some(url) => url.clone(),
+        None => postgres_support::fresh_database().await,
+    };
+    let explain_ms: Option<u64> = std::env::var("LAGSCOPE_BENCH_EXPLAIN_MS").ok().and_then(|ms| ms.parse().ok());
+    if let Some(threshold_ms) = explain_ms {
+        explain_slow_statements(&url, threshold_ms).await;
+    }
     let store = PgStore::connect(&url).await.expect("PostgreSQL");
     let directory = tempfile::tempdir().expect("temp dir");
     let mut config = support::local_config(directory.path());
@@ -146,8 +224,19 @@ async fn main() {
     )
     .expect("before 2262")
         - DAY;
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut loaded = 0;
+    // Another seed, other clients: a rerun on a kept database reads pages no run read before
+    // (not even into the disk's own caches below this machine).
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64
+        ^ std::env::var("LAGSCOPE_BENCH_SEED").ok().and_then(|seed| seed.parse::<u64>().ok()).unwrap_or(0);
+    // What a kept database already holds (the bench only ever appends whole calls).
+    let mut loaded = if kept.is_some() {
+        let (spans,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM spans").fetch_one(store.pool()).await.expect("count");
+        eprintln!("{url} holds {spans} spans already");
+        spans / SPANS_PER_CALL
+    } else {
+        0
+    };
     println!("| spans stored | clients | table + indexes | load | cache | timeline API | store read (client_spans) |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for size in sizes {
@@ -167,6 +256,8 @@ async fn main() {
         // index answer without the heap. Run here so the figures do not depend on whether it
         // got there first.
         sqlx::query("VACUUM (ANALYZE) spans").execute(store.pool()).await.expect("vacuum");
+        // Written out now rather than by a checkpoint spread over the reads measured next.
+        sqlx::query("CHECKPOINT").execute(store.pool()).await.expect("checkpoint");
         let (bytes,): (i64,) = sqlx::query_as(
             "SELECT sum(pg_total_relation_size(inhrelid))::bigint FROM pg_inherits WHERE inhparent = 'spans'::regclass",
         )
@@ -175,8 +266,8 @@ async fn main() {
         .expect("size");
         let load = load_started.elapsed();
         // Warm up the connection pools, then measure.
-        let _ = measure(&server, &store, clients, &mut seed.clone()).await;
-        let (api, reads) = measure(&server, &store, clients, &mut seed).await;
+        let _ = measure(&server, &store, clients, &mut seed.clone(), false).await;
+        let (api, reads) = measure(&server, &store, clients, &mut seed, false).await;
         let row = |cache: &str, api: &str, reads: &str| {
             println!(
                 "| {} | {clients} | {:.1} GiB ({:.0} B/span) | {:.0} s | {cache} | {api} | {reads} |",
@@ -193,11 +284,29 @@ async fn main() {
                 Ok(()) => {
                     // Clients no request has read yet.
                     let mut fresh = seed ^ 0x5555_5555_5555_5555;
-                    let (api, reads) = measure(&server, &store, clients, &mut fresh).await;
-                    row("cold (page cache dropped)", &api, &reads);
+                    let (api, reads) = measure(&server, &store, clients, &mut fresh, false).await;
+                    row("cold (page cache dropped), store read first", &api, &reads);
+                    // Again with other clients, the API's request first: a cold timeline
+                    // request whole (store reads, metrics, building, JSON).
+                    let _ = std::process::Command::new("sync").status();
+                    if std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok() {
+                        let mut fresh = seed ^ 0x2aaa_aaaa_aaaa_aaaa;
+                        let (api, reads) = measure(&server, &store, clients, &mut fresh, true).await;
+                        row("cold (page cache dropped), API request first", &api, &reads);
+                    }
                 }
                 Err(error) => eprintln!("--cold: cannot drop the page cache ({error}); needs root"),
             }
+        }
+    }
+    if explain_ms.is_some() {
+        let (data,): (String,) =
+            sqlx::query_as("SELECT current_setting('data_directory')").fetch_one(store.pool()).await.expect("data dir");
+        let log = std::path::Path::new(&data).with_file_name("server.log");
+        let copy = std::env::temp_dir().join("postgres-timeline-server.log");
+        match std::fs::copy(&log, &copy) {
+            Ok(_) => eprintln!("PostgreSQL's log (slow statements' plans): {}", copy.display()),
+            Err(error) => eprintln!("cannot copy {}: {error}", log.display()),
         }
     }
     server.shutdown().await.expect("shutdown");

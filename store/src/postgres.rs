@@ -61,27 +61,23 @@ struct IdentifiedSpanRow {
 
 /// A client's timeline reads its traces' spans in parts of about this many traces, each on
 /// its own connection ...
-const TRACES_PER_READ: usize = 32;
-/// ... at most this many at once (of the pool's 8 connections).
-const MAX_PARALLEL_TRACE_READS: usize = 4;
+const TRACES_PER_READ: usize = 12;
+/// ... at most this many at once, beside the read of the client's own spans (the read pool
+/// holds one connection more).
+const MAX_PARALLEL_TRACE_READS: usize = 8;
 
-/// For the rest of `transaction`: bitmap scans rather than plain index scans, with the heap
-/// pages prefetched. A server built without posix_fadvise refuses any read-ahead but 0: the
-/// scans then run without it rather than failing.
-async fn prefetching_bitmap_scans(transaction: &mut Transaction<'_, Postgres>) -> Result<()> {
-    sqlx::query(
-        "DO $$ BEGIN
-             PERFORM set_config('enable_indexscan', 'off', true);
-             BEGIN
-                 PERFORM set_config('effective_io_concurrency', '64', true);
-             EXCEPTION WHEN others THEN NULL;
-             END;
-         END $$",
-    )
-    .execute(&mut **transaction)
-    .await?;
-    Ok(())
-}
+/// The session of a read-pool connection: bitmap scans rather than plain index scans, with the
+/// heap pages prefetched (`effective_io_concurrency`), so that a read of scattered rows waits
+/// for its pages together rather than one after another. A server built without
+/// posix_fadvise refuses any read-ahead but 0: the scans then run without it rather than
+/// failing.
+const PREFETCHING_BITMAP_SCANS: &str = "DO $$ BEGIN
+         PERFORM set_config('enable_indexscan', 'off', false);
+         BEGIN
+             PERFORM set_config('effective_io_concurrency', '64', false);
+         EXCEPTION WHEN others THEN NULL;
+         END;
+     END $$";
 
 /// Ingest transactions in flight at once (see `Store::concurrent_ingests`).
 const INGEST_TRANSACTIONS: usize = 2;
@@ -89,6 +85,9 @@ const INGEST_TRANSACTIONS: usize = 2;
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// Connections for the scattered reads of a client's timeline (their sessions set up
+    /// with [`PREFETCHING_BITMAP_SCANS`]), apart from ingest's.
+    reads: PgPool,
     partitions: std::sync::Arc<partitions::Partitions>,
 }
 
@@ -119,11 +118,21 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(open_error)?;
         MIGRATIONS.run(&pool).await?;
-        let store = Self { pool, partitions: Default::default() };
+        let reads = PgPoolOptions::new()
+            .max_connections(u32::try_from(MAX_PARALLEL_TRACE_READS + 1).unwrap_or(u32::MAX))
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    sqlx::query(PREFETCHING_BITMAP_SCANS).execute(connection).await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
+        let store = Self { pool, reads, partitions: Default::default() };
         store.partitions.ensure_around_now(&store.pool).await?;
         Ok(store)
     }
@@ -158,6 +167,7 @@ impl PgStore {
     }
 
     pub async fn close(&self) {
+        self.reads.close().await;
         self.pool.close().await;
     }
 
@@ -210,6 +220,20 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Each trace's window from a client's spans in it, `(trace, start, end)`: from
+/// [`crate::TRACE_WINDOW_NANOS`] before the earliest start to as long after the latest end.
+fn trace_windows<'a>(spans: impl Iterator<Item = (Option<&'a str>, i64, i64)>) -> BTreeMap<&'a str, (i64, i64)> {
+    let mut windows: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    for (trace, start, end) in spans {
+        if let Some(trace) = trace {
+            let window = windows.entry(trace).or_insert((i64::MAX, i64::MIN));
+            window.0 = window.0.min(start.saturating_sub(crate::TRACE_WINDOW_NANOS));
+            window.1 = window.1.max(end.saturating_add(crate::TRACE_WINDOW_NANOS));
+        }
+    }
+    windows
+}
+
 #[async_trait]
 impl Store for PgStore {
     async fn ingest(&self, batch: &IngestBatch) -> Result<IngestReceipt> {
@@ -240,94 +264,90 @@ impl Store for PgStore {
         // (BENCHMARKS.md, "A client's timeline from PostgreSQL"): a client's spans lie on as
         // many heap pages as it has spans, and its router and server hops (which name no
         // client) on as many more, behind one trace-index descent per trace. So:
-        // 1. the start of the `limit`-th newest of the client's spans, from the (client,
-        //    start) index alone (an index-only scan once vacuum has marked the pages visible;
-        //    a client's entries are next to each other there), so the limit stays bounded
+        // 1. the client's newest `limit` entries (and those sharing the last one's start) from
+        //    the (client, start) index alone, which carries each span's trace and end: an
+        //    index-only scan of adjacent entries once vacuum has marked the pages visible, so
+        //    the traces are known before any row is read, and the limit stays bounded
         //    however long the history;
-        // 2. the client's spans from that start on, by a bitmap scan: the heap pages read in
-        //    block order and prefetched (`effective_io_concurrency`), not one synchronous
-        //    read per span;
-        // 3. the spans of their traces near them in time, the same way, the traces split in
-        //    time order over a few pooled connections at once so their index descents are
-        //    read in parallel too, each part in the partitions of its time only.
+        // 2. at the same time, the client's rows and its traces' spans near them in time, by
+        //    bitmap scans (heap pages read in block order and prefetched), the traces split in
+        //    time order over several connections so that their index descents, which are
+        //    synchronous, wait side by side, each part in the partitions of its time only;
+        // 3. the client's rows cut to the limit by (start, row id) through ties, and each
+        //    trace's spans kept within its window around the rows kept.
         if limit == 0 {
             return Ok(Vec::new());
         }
         let limit = i64::from(limit);
-        let mut transaction = self.pool.begin().await?;
-        let nth: Option<(i64,)> = sqlx::query_as(
-            "SELECT start_unix_nano FROM spans
-             WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
-             ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1",
+        let entries: Vec<(i64, i64, Option<String>)> = sqlx::query_as(
+            "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
+             WHERE client_id = $1 AND start_unix_nano < $3
+               AND start_unix_nano >= COALESCE(
+                   (SELECT start_unix_nano FROM spans
+                    WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
+                    ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
+                   $2)",
         )
         .bind(client_id)
         .bind(range.from)
         .bind(range.to)
         .bind(limit - 1)
-        .fetch_optional(&mut *transaction)
+        .fetch_all(&self.pool)
         .await?;
-        let from = nth.map_or(range.from, |(start,)| start.max(range.from));
-        prefetching_bitmap_scans(&mut transaction).await?;
-        let mut rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+        let Some(from) = entries.iter().map(|(start, _, _)| *start).min() else {
+            return Ok(Vec::new());
+        };
+        let windows = trace_windows(entries.iter().map(|(start, end, trace)| (trace.as_deref(), *start, *end)));
+        let own = sqlx::query_as::<_, IdentifiedSpanRow>(
             "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3",
         )
         .bind(client_id)
         .bind(from)
         .bind(range.to)
-        .fetch_all(&mut *transaction)
-        .await?;
-        transaction.commit().await?;
-        // Spans sharing the cut-off start: the newest `limit` by (start, row id).
-        if rows.len() as i64 > limit {
-            rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
-            rows.truncate(limit as usize);
-        }
-        // Each trace's window: its spans start within TRACE_WINDOW_NANOS of the client's own
-        // spans in it. Read in time order, a part's traces share a day or two: PostgreSQL
-        // prunes the partitions outside the part's window instead of descending the trace
-        // index of every day kept.
-        let mut windows: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-        for row in &rows {
-            if let Some(trace) = &row.span.trace_id {
-                let window = windows.entry(trace.clone()).or_insert((i64::MAX, i64::MIN));
-                window.0 = window.0.min(row.span.start_unix_nano.saturating_sub(crate::TRACE_WINDOW_NANOS));
-                window.1 = window.1.max(row.span.end_unix_nano.saturating_add(crate::TRACE_WINDOW_NANOS));
-            }
-        }
-        let mut traces: Vec<(&String, (i64, i64))> = windows.iter().map(|(trace, window)| (trace, *window)).collect();
+        .fetch_all(&self.reads);
+        // Read in time order, a part's traces share a day or two: PostgreSQL prunes the
+        // partitions outside the part's window instead of descending the trace index of every
+        // day kept. Each part takes a connection only when it starts.
+        let mut traces: Vec<(&str, (i64, i64))> = windows.iter().map(|(trace, window)| (*trace, *window)).collect();
         traces.sort_unstable_by_key(|(_, (earliest, _))| *earliest);
-        // Each part on its own connection, each connection taken only when its part starts
-        // and none held while waiting for another (the client's own read is committed above).
         let parts = traces.len().div_ceil(TRACES_PER_READ).clamp(1, MAX_PARALLEL_TRACE_READS);
         let chunk = traces.len().div_ceil(parts).max(1);
-        let reads = traces.chunks(chunk).map(|part| async move {
-            let ids: Vec<&str> = part.iter().map(|(trace, _)| trace.as_str()).collect();
+        let reads = traces.chunks(chunk).map(|part| {
+            let ids: Vec<&str> = part.iter().map(|(trace, _)| *trace).collect();
             let earliest = part.iter().map(|(_, (earliest, _))| *earliest).min().unwrap_or(i64::MIN);
             let latest = part.iter().map(|(_, (_, latest))| *latest).max().unwrap_or(i64::MAX);
-            let mut transaction = self.pool.begin().await?;
-            prefetching_bitmap_scans(&mut transaction).await?;
-            let hops: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            sqlx::query_as::<_, IdentifiedSpanRow>(
                 "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
                    AND trace_id IS NOT NULL AND span_id IS NOT NULL",
             )
             .bind(ids)
             .bind(earliest)
             .bind(latest)
-            .fetch_all(&mut *transaction)
-            .await?;
-            transaction.commit().await?;
-            Ok::<_, crate::StoreError>(hops)
+            .fetch_all(&self.reads)
         });
-        for hops in futures::future::try_join_all(reads).await? {
-            // Within the part's window, but maybe not within their own trace's.
-            rows.extend(hops.into_iter().filter(|hop| {
+        let (mut rows, parts) = futures::future::try_join(own, futures::future::try_join_all(reads)).await?;
+        // Spans sharing the cut-off start: the newest `limit` by (start, row id).
+        if rows.len() as i64 > limit {
+            rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
+            rows.truncate(limit as usize);
+        }
+        // Each trace's window around the client's rows kept: a trace's spans belong to the
+        // timeline when they start within TRACE_WINDOW_NANOS of them.
+        let kept = trace_windows(
+            rows.iter().map(|row| (row.span.trace_id.as_deref(), row.span.start_unix_nano, row.span.end_unix_nano)),
+        );
+        let hops: Vec<IdentifiedSpanRow> = parts
+            .into_iter()
+            .flatten()
+            .filter(|hop| {
                 hop.span
                     .trace_id
-                    .as_ref()
-                    .and_then(|trace| windows.get(trace))
+                    .as_deref()
+                    .and_then(|trace| kept.get(trace))
                     .is_some_and(|(earliest, latest)| (*earliest..=*latest).contains(&hop.span.start_unix_nano))
-            }));
-        }
+            })
+            .collect();
+        rows.extend(hops);
         // The client's own spans come back with their traces: each stored row once, in
         // (start, row id) order.
         rows.sort_unstable_by_key(|row| (row.span.start_unix_nano, row.id));
@@ -878,7 +898,7 @@ impl Store for PgStore {
     }
 
     async fn clients(&self, after: Option<&str>, limit: u32) -> Result<Vec<String>> {
-        // A loose index scan over spans_by_client_time: each step seeks the next client id.
+        // A loose index scan over spans_by_client_time_traces: each step seeks the next client id.
         let rows: Vec<(String,)> = sqlx::query_as(
             "WITH RECURSIVE next_client(id) AS ( \
                SELECT (SELECT min(client_id) FROM spans WHERE client_id > $1) \
