@@ -316,6 +316,7 @@ impl Decoder {
         Ok(())
     }
 
+    #[inline]
     fn sym(&self, cursor: &mut Cursor<'_>) -> Result<Sym, String> {
         let index = cursor.varint()?;
         self.strings
@@ -371,6 +372,7 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    #[inline]
     fn take(&mut self, count: usize) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(count).filter(|end| *end <= self.bytes.len()).ok_or_else(|| {
             format!("truncated: {count} bytes needed at byte {}, {} left", self.at, self.bytes.len() - self.at)
@@ -380,30 +382,72 @@ impl<'a> Cursor<'a> {
         Ok(taken)
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8, String> {
         Ok(self.take(1)?[0])
     }
 
+    #[inline]
     fn i64(&mut self) -> Result<i64, String> {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
+    #[inline]
     fn u128(&mut self) -> Result<u128, String> {
         Ok(u128::from_le_bytes(self.take(16)?.try_into().expect("16 bytes")))
     }
 
+    /// A LEB128 integer. Most are string indexes and flags: one or two bytes, inline.
+    #[inline]
     fn varint(&mut self) -> Result<u64, String> {
-        let mut value: u64 = 0;
-        for shift in (0..64).step_by(7) {
-            let byte = self.byte()?;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
+        match self.bytes.get(self.at..).unwrap_or_default() {
+            [first, ..] if *first < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(*first))
+            }
+            [first, second, ..] if *second < 0x80 => {
+                self.at += 2;
+                Ok(u64::from(first & 0x7f) | (u64::from(*second) << 7))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    /// A varint of two or more bytes: up to eight at once from one little-endian word (the
+    /// stop byte found by its clear high bit, the 7-bit groups packed by shifts), else byte
+    /// by byte near the end of the block and for 9- and 10-byte varints.
+    #[inline(never)]
+    fn long_varint(&mut self) -> Result<u64, String> {
+        let rest = self.bytes.get(self.at..).unwrap_or_default();
+        if let Some(word) = rest.first_chunk::<8>().map(|word| u64::from_le_bytes(*word)) {
+            let stops = !word & 0x8080_8080_8080_8080;
+            if stops != 0 {
+                let length = stops.trailing_zeros() as usize / 8 + 1;
+                let kept = if length == 8 { u64::MAX } else { (1u64 << (8 * length)) - 1 };
+                let groups = word & kept & 0x7f7f_7f7f_7f7f_7f7f;
+                let pairs = (groups & 0x007f_007f_007f_007f) | ((groups & 0x7f00_7f00_7f00_7f00) >> 1);
+                let quads = (pairs & 0x0000_3fff_0000_3fff) | ((pairs & 0x3fff_0000_3fff_0000) >> 2);
+                let value = (quads & 0x0000_0000_0fff_ffff) | ((quads & 0x0fff_ffff_0000_0000) >> 4);
+                self.at += length;
                 return Ok(value);
             }
         }
-        Err("varint longer than 10 bytes".to_string())
+        let mut value: u64 = 0;
+        for (index, &byte) in rest.iter().take(10).enumerate() {
+            value |= u64::from(byte & 0x7f) << (7 * index);
+            if byte & 0x80 == 0 {
+                self.at += index + 1;
+                return Ok(value);
+            }
+        }
+        Err(if rest.len() < 10 {
+            format!("truncated: a varint runs past the end at byte {} ({} bytes left)", self.at, rest.len())
+        } else {
+            "varint longer than 10 bytes".to_string()
+        })
     }
 
+    #[inline]
     fn signed(&mut self) -> Result<i64, String> {
         let raw = self.varint()?;
         Ok((raw >> 1) as i64 ^ -((raw & 1) as i64))
@@ -429,4 +473,45 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 
 fn put_signed(out: &mut Vec<u8>, value: i64) {
     put_varint(out, ((value << 1) ^ (value >> 63)) as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cursor, put_signed, put_varint};
+
+    /// Every length of varint, the boundaries between lengths, and values with every group
+    /// set, read back at every offset (the word-at-a-time path and the byte-by-byte one near
+    /// the end), then refused when cut short or longer than 10 bytes.
+    #[test]
+    fn varints_read_back_whatever_their_length_and_place() {
+        let mut values = vec![0, 1, 127, 128, 255, 300, 16_383, 16_384, u64::MAX, u64::MAX - 1, i64::MAX as u64];
+        for bits in 1..64 {
+            values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) + 1, 0x5555_5555_5555_5555 >> (64 - bits)]);
+        }
+        for lead in 0..3 {
+            let mut bytes = vec![0x05; lead];
+            for value in &values {
+                put_varint(&mut bytes, *value);
+            }
+            for value in &values {
+                put_signed(&mut bytes, *value as i64);
+            }
+            let mut cursor = Cursor { bytes: &bytes, at: lead };
+            for value in &values {
+                assert_eq!(cursor.varint(), Ok(*value), "lead {lead}");
+            }
+            for value in &values {
+                assert_eq!(cursor.signed(), Ok(*value as i64), "lead {lead}");
+            }
+            assert_eq!(cursor.at, bytes.len());
+        }
+        let mut long = Vec::new();
+        put_varint(&mut long, u64::MAX);
+        for cut in 1..long.len() {
+            let error = Cursor { bytes: &long[..cut], at: 0 }.varint().expect_err("cut short");
+            assert!(error.contains("truncated"), "{error}");
+        }
+        let eleven = [0xff; 11];
+        assert_eq!(Cursor { bytes: &eleven, at: 0 }.varint(), Err("varint longer than 10 bytes".to_string()));
+    }
 }

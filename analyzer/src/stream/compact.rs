@@ -25,8 +25,8 @@ impl Ref {
 
     pub(crate) fn materialize(&self, interner: &Interner) -> SpanRef {
         SpanRef {
-            trace_id: self.id.is_some().then(|| format!("{:032x}", self.id.trace_id)),
-            span_id: self.id.is_some().then(|| format!("{:016x}", self.id.span_id)),
+            trace_id: self.id.is_some().then(|| self.id.trace_hex()),
+            span_id: self.id.is_some().then(|| self.id.span_hex()),
             service_name: interner.owned(self.service),
             node_id: interner.owned(self.node),
         }

@@ -35,6 +35,28 @@ impl SpanKey {
     pub fn is_some(self) -> bool {
         self.span_id != 0
     }
+
+    /// The trace id as OTLP writes it: 32 lowercase hex digits.
+    pub fn trace_hex(self) -> String {
+        lower_hex(self.trace_id, 32)
+    }
+
+    /// The span id as OTLP writes it: 16 lowercase hex digits.
+    pub fn span_hex(self) -> String {
+        lower_hex(u128::from(self.span_id), 16)
+    }
+}
+
+/// `format!("{value:0digits$x}")` for `digits` <= 32, without the formatting machinery (every
+/// span an anomaly cites is written this way, tens of ids per anomaly).
+fn lower_hex(value: u128, digits: usize) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 32];
+    let digits = digits.min(32);
+    for (index, byte) in text[..digits].iter_mut().enumerate() {
+        *byte = DIGITS[((value >> (4 * (digits - 1 - index))) & 0xf) as usize];
+    }
+    String::from_utf8(text[..digits].to_vec()).expect("hex digits are ASCII")
 }
 
 /// One span, as the engine needs it.
@@ -197,12 +219,20 @@ impl SpanRec {
     pub fn is_client_attempt(&self) -> bool {
         self.component == known::CLIENT && self.client.is_some()
     }
+}
 
-    pub fn trace_hex(&self) -> Option<String> {
-        self.id.is_some().then(|| format!("{:032x}", self.id.trace_id))
-    }
+#[cfg(test)]
+mod tests {
+    use super::SpanKey;
 
-    pub fn span_hex(&self) -> Option<String> {
-        self.id.is_some().then(|| format!("{:016x}", self.id.span_id))
+    #[test]
+    fn ids_are_written_as_otlp_hex() {
+        for (trace_id, span_id) in
+            [(0, 1), (1, u64::MAX), (u128::MAX, 0x00ab_cdef_0123_4567), (0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c, 42)]
+        {
+            let key = SpanKey { trace_id, span_id };
+            assert_eq!(key.trace_hex(), format!("{trace_id:032x}"));
+            assert_eq!(key.span_hex(), format!("{span_id:016x}"));
+        }
     }
 }
