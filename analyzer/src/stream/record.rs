@@ -48,15 +48,17 @@ impl SpanKey {
 }
 
 /// `format!("{value:0digits$x}")` for `digits` <= 32, without the formatting machinery (every
-/// span an anomaly cites is written this way, tens of ids per anomaly).
+/// span an anomaly cites is written this way, tens of ids per anomaly): the low `digits / 2`
+/// bytes, big end first, two digits a byte.
 fn lower_hex(value: u128, digits: usize) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 32];
-    let digits = digits.min(32);
-    for (index, byte) in text[..digits].iter_mut().enumerate() {
-        *byte = DIGITS[((value >> (4 * (digits - 1 - index))) & 0xf) as usize];
+    for (pair, byte) in text.chunks_exact_mut(2).zip(value.to_be_bytes()) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
-    String::from_utf8(text[..digits].to_vec()).expect("hex digits are ASCII")
+    let digits = digits.min(32);
+    String::from_utf8(text[32 - digits..].to_vec()).expect("hex digits are ASCII")
 }
 
 /// One span, as the engine needs it.
