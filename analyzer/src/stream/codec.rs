@@ -413,9 +413,10 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// A varint of two or more bytes: up to eight at once from one little-endian word (the
-    /// stop byte found by its clear high bit, the 7-bit groups packed by shifts), else byte
-    /// by byte near the end of the block and for 9- and 10-byte varints.
+    /// A varint the inline path did not take (three bytes or more, or cut short): up to eight
+    /// bytes at once from one little-endian word (the stop byte found by its clear high bit,
+    /// the 7-bit groups packed by shifts), else byte by byte near the end of the block and for
+    /// 9- and 10-byte varints.
     #[inline(never)]
     fn long_varint(&mut self) -> Result<u64, String> {
         let rest = self.bytes.get(self.at..).unwrap_or_default();

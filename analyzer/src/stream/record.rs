@@ -48,8 +48,8 @@ impl SpanKey {
 }
 
 /// `format!("{value:0digits$x}")` for `digits` <= 32, without the formatting machinery (every
-/// span an anomaly cites is written this way, tens of ids per anomaly): the low `digits / 2`
-/// bytes, big end first, two digits a byte.
+/// span an anomaly cites is written this way, tens of ids per anomaly): all 32 digits, two a
+/// byte from the big end, then the last `digits` of them.
 fn lower_hex(value: u128, digits: usize) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 32];
