@@ -78,17 +78,22 @@ pub(crate) fn span_ids(attempt: &TimelineAttempt) -> Vec<SpanId<'_>> {
         .collect()
 }
 
-/// Identifies an attempt across analysis passes: its client span, else call id, attempt and
-/// start.
-pub(crate) fn attempt_key(call: &TimelineCall, attempt: &TimelineAttempt) -> String {
+/// Appends what identifies an attempt across analysis passes: its client span, else call id,
+/// attempt and start. Fingerprints are built by concatenation: one is made for every anomaly,
+/// and `format!` costs several times as much.
+fn push_attempt_key(out: &mut String, call: &TimelineCall, attempt: &TimelineAttempt) {
+    use std::fmt::Write as _;
     match (&attempt.client_span.trace_id, &attempt.client_span.span_id) {
-        (Some(trace_id), Some(span_id)) => format!("{trace_id}/{span_id}"),
-        _ => format!(
-            "{}#{}@{}",
-            call.call_id.as_deref().unwrap_or(""),
-            attempt.attempt.unwrap_or_default(),
-            attempt.start_unix_nano
-        ),
+        (Some(trace_id), Some(span_id)) => {
+            out.push_str(trace_id);
+            out.push('/');
+            out.push_str(span_id);
+        }
+        _ => {
+            out.push_str(call.call_id.as_deref().unwrap_or(""));
+            // Writing into a String cannot fail.
+            let _ = write!(out, "#{}@{}", attempt.attempt.unwrap_or_default(), attempt.start_unix_nano);
+        }
     }
 }
 
@@ -100,11 +105,14 @@ pub(crate) fn attempt_fingerprint(
     call: &TimelineCall,
     attempt: &TimelineAttempt,
 ) -> String {
-    format!(
-        "{kind}|{}|{}|{}|{}",
-        timeline.cluster.as_deref().unwrap_or(""),
-        timeline.namespace.as_deref().unwrap_or(""),
-        timeline.client_id,
-        attempt_key(call, attempt)
-    )
+    let cluster = timeline.cluster.as_deref().unwrap_or("");
+    let namespace = timeline.namespace.as_deref().unwrap_or("");
+    let mut fingerprint =
+        String::with_capacity(kind.len() + cluster.len() + namespace.len() + timeline.client_id.len() + 4 + 49);
+    for part in [kind, cluster, namespace, timeline.client_id.as_str()] {
+        fingerprint.push_str(part);
+        fingerprint.push('|');
+    }
+    push_attempt_key(&mut fingerprint, call, attempt);
+    fingerprint
 }

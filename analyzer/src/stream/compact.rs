@@ -131,8 +131,9 @@ impl Call {
 
 /// One attempt from its client span and the router and server spans joined to it, choosing
 /// the executing server and the router hop as the batch join does.
-pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<HopRec>, join: TimelineJoin) -> Attempt {
+pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: TimelineJoin) -> Attempt {
     hops.sort_by_key(|span| span.start);
+    let hops = &*hops;
     let routers = || hops.iter().filter(|span| span.component == known::ROUTER);
     let servers = || hops.iter().filter(|span| span.component == known::SERVER);
     let server = servers().rev().find(|span| span.ok).or_else(|| servers().next_back());
@@ -140,12 +141,16 @@ pub(crate) fn build_attempt(client: &SpanRec, mut hops: Vec<HopRec>, join: Timel
         .and_then(|server| routers().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id))
         .or_else(|| routers().next_back());
     let router_count = routers().count();
+    // Sized exactly, so that the box is the vector's own allocation (a filtered chain would
+    // grow a vector, then shrink it into the box: two more calls into the allocator).
+    let mut refs = Vec::with_capacity(router_count + servers().count());
+    refs.extend(routers().chain(servers()).map(Ref::of_hop));
     Attempt {
         attempt: client.attempt,
         start: client.start,
         end: client.end,
         client_span: Ref::of(client),
-        hops: routers().chain(servers()).map(Ref::of_hop).collect(),
+        hops: refs.into_boxed_slice(),
         routers: u8::try_from(router_count).unwrap_or(u8::MAX),
         join,
         target_node: client.target_node,

@@ -25,6 +25,7 @@ use lagscope_model::conventions::{
 };
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, StateId, TimelineJoin, UnixNanos};
 use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
@@ -44,6 +45,10 @@ use crate::timeline::distance_to;
 
 /// How far down a trace the join looks for router and server spans (as the batch join).
 const MAX_PARENT_HOPS: usize = 32;
+
+/// The router and server spans joined to one attempt: a router and a server in the common
+/// case, kept inline (one allocation fewer per attempt).
+type Hops = SmallVec<[HopRec; 2]>;
 
 /// Detectors that read metrics only (`metrics.rs`).
 const METRIC_KINDS: &[AnomalyKind] =
@@ -643,7 +648,8 @@ impl<'c> Engine<'c> {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
             self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
-            self.traces.entry(span.id.trace_id).or_default().push(HopRec::of(&span));
+            // A router and a server per attempt, most often: room for them at once.
+            self.traces.entry(span.id.trace_id).or_insert_with(|| Vec::with_capacity(2)).push(HopRec::of(&span));
             self.pending_spans += 1;
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
@@ -735,9 +741,9 @@ impl<'c> Engine<'c> {
         if !span.id.is_some() {
             return;
         }
-        let hops = descendants(&mut self.traces, &mut self.pending_spans, span.id);
+        let mut hops = descendants(&mut self.traces, &mut self.pending_spans, span.id);
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
-        let attempt = build_attempt(span, hops, join);
+        let attempt = build_attempt(span, &mut hops, join);
         *slot = Slot::Joined(attempt);
         let Slot::Joined(attempt) = slot else { return };
         let scope = self.clients.get(&(client, open.namespace)).map(|state| (state.cluster, state.namespace));
@@ -769,7 +775,7 @@ impl<'c> Engine<'c> {
             return;
         }
         // Raw attempts: their traced hops now, then the untraced hops by call id.
-        let mut hops: Vec<Option<(Vec<HopRec>, TimelineJoin)>> = open
+        let mut hops: Vec<Option<(Hops, TimelineJoin)>> = open
             .attempts
             .iter()
             .map(|slot| match slot {
@@ -807,8 +813,8 @@ impl<'c> Engine<'c> {
             .map(|(slot, hops)| match (slot, hops) {
                 (Slot::Joined(attempt), _) => attempt,
                 (Slot::Raw(span), hops) => {
-                    let (hops, join) = hops.unwrap_or((Vec::new(), TimelineJoin::ClientOnly));
-                    let attempt = build_attempt(&span, hops, join);
+                    let (mut hops, join) = hops.unwrap_or((Hops::new(), TimelineJoin::ClientOnly));
+                    let attempt = build_attempt(&span, &mut hops, join);
                     if let Some(scope) = scope {
                         let namespace = self.namespaces.entry(scope).or_default();
                         record_facts(self.facts, namespace, &attempt, client, &mut self.sequence);
@@ -1176,15 +1182,15 @@ impl<'c> Engine<'c> {
 
 /// The router and server spans under the client attempt `root`, taken out of its trace's
 /// waiting spans (intermediate spans are taken too).
-fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, root: SpanKey) -> Vec<HopRec> {
-    let mut found = Vec::new();
+fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, root: SpanKey) -> Hops {
+    let mut found = Hops::new();
     if !root.is_some() {
         return found;
     }
     let Some(spans) = traces.get_mut(&root.trace_id) else { return found };
     // Spans taken so far (their ids are parents for the next level), from `level_start` on the
     // latest level's. Traces are small: linear scans beat maps.
-    let mut taken: Vec<u64> = Vec::new();
+    let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
     let mut level_start = 0;
     for depth in 0..MAX_PARENT_HOPS {
         let level_end = taken.len();
