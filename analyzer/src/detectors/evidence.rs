@@ -107,6 +107,7 @@ pub(crate) fn attempt_fingerprint(
 ) -> String {
     let cluster = timeline.cluster.as_deref().unwrap_or("");
     let namespace = timeline.namespace.as_deref().unwrap_or("");
+    // Four separators, then the key: a trace id, '/' and a span id (32 + 1 + 16 digits).
     let mut fingerprint =
         String::with_capacity(kind.len() + cluster.len() + namespace.len() + timeline.client_id.len() + 4 + 49);
     for part in [kind, cluster, namespace, timeline.client_id.as_str()] {
