@@ -379,9 +379,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Analyze { format, config, kinds, paths } => {
             let config = Config::load(config.as_deref())?;
             let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+            // serde_json's text, written by the model's faster JSON writer one line at a time.
+            let mut line = Vec::with_capacity(1 << 12);
             let mut write_line = |anomaly: &lagscope_model::Anomaly| -> anyhow::Result<()> {
-                serde_json::to_writer(&mut stdout, anomaly)?;
-                stdout.write_all(b"\n")?;
+                line.clear();
+                lagscope_model::json::write(&mut line, anomaly)?;
+                line.push(b'\n');
+                stdout.write_all(&line)?;
                 Ok(())
             };
             let emit: Option<lagscope::analyze::Emit<'_>> =

@@ -10,15 +10,17 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use serde::de::Deserializer;
-use serde::ser::{SerializeMap, Serializer};
+use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use serde_json::value::RawValue;
+
+use crate::json::RAW_VALUE;
 
 /// A JSON object of evidence (see the module documentation).
 #[derive(Clone)]
 pub struct Evidence {
-    raw: Box<RawValue>,
+    /// JSON text, written by a JSON serializer (never taken from outside unparsed).
+    raw: Box<str>,
     parsed: OnceLock<Value>,
 }
 
@@ -31,21 +33,40 @@ impl Evidence {
     /// Evidence written from a serializable object (an [`Object`] of fields, a struct, a
     /// map) in one pass, without a `Value` in between. Values that serde_json cannot write
     /// (maps with non-string keys) leave `null`.
+    ///
+    /// Written by [`crate::json`] (serde_json's text, faster) into a buffer kept per thread,
+    /// then copied once at its exact size; serde_json writes what that writer does not take.
+    /// Either way the text comes from a serializer, so it is not parsed again to be checked.
     pub fn of<T: Serialize + ?Sized>(object: &T) -> Self {
-        match serde_json::value::to_raw_value(object) {
-            Ok(raw) => Self { raw, parsed: OnceLock::new() },
+        thread_local! {
+            static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        // Taken, not borrowed: a value that writes evidence while being written finds an
+        // empty buffer of its own.
+        let mut scratch = SCRATCH.take();
+        scratch.clear();
+        let written = crate::json::write(&mut scratch, object)
+            .ok()
+            .and_then(|()| std::str::from_utf8(&scratch).ok())
+            .map(Box::<str>::from);
+        SCRATCH.set(scratch);
+        if let Some(raw) = written {
+            return Self { raw, parsed: OnceLock::new() };
+        }
+        match serde_json::to_string(object) {
+            Ok(text) => Self::from_json_text(text),
             Err(_) => Self::from(Value::Null),
         }
     }
 
     /// The evidence as JSON text (an object).
     pub fn as_json(&self) -> &str {
-        self.raw.get()
+        &self.raw
     }
 
     /// The evidence as a JSON value (parsed on first use, then kept).
     pub fn value(&self) -> &Value {
-        self.parsed.get_or_init(|| serde_json::from_str(self.raw.get()).unwrap_or(Value::Null))
+        self.parsed.get_or_init(|| serde_json::from_str(&self.raw).unwrap_or(Value::Null))
     }
 
     /// One field, if present.
@@ -63,10 +84,9 @@ impl Evidence {
         *self = Self::from(Value::Object(object));
     }
 
-    /// Text the caller guarantees is one valid JSON value (checked).
+    /// Text a JSON serializer wrote (one valid JSON value).
     fn from_json_text(json: String) -> Self {
-        let raw = RawValue::from_string(json).expect("evidence writers produce valid JSON");
-        Self { raw, parsed: OnceLock::new() }
+        Self { raw: json.into_boxed_str(), parsed: OnceLock::new() }
     }
 }
 
@@ -90,20 +110,20 @@ impl From<Value> for Evidence {
 /// spacing aside, as two stores may render it).
 impl PartialEq for Evidence {
     fn eq(&self, other: &Self) -> bool {
-        self.raw.get() == other.raw.get() || self.value() == other.value()
+        self.raw == other.raw || self.value() == other.value()
     }
 }
 
 impl fmt::Debug for Evidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.raw.get())
+        f.write_str(&self.raw)
     }
 }
 
 /// The JSON text; `{:#}` pretty-prints it.
 impl fmt::Display for Evidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if f.alternate() { write!(f, "{:#}", self.value()) } else { f.write_str(self.raw.get()) }
+        if f.alternate() { write!(f, "{:#}", self.value()) } else { f.write_str(&self.raw) }
     }
 }
 
@@ -115,9 +135,13 @@ impl<'a> std::ops::Index<&'a str> for Evidence {
     }
 }
 
+/// As serde_json's `RawValue` serializes (a struct of [`RAW_VALUE`]'s name): JSON serializers
+/// (serde_json's, [`crate::json`]'s) copy the text as it is.
 impl Serialize for Evidence {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(serializer)
+        let mut raw = serializer.serialize_struct(RAW_VALUE, 1)?;
+        raw.serialize_field(RAW_VALUE, &*self.raw)?;
+        raw.end()
     }
 }
 
@@ -209,6 +233,19 @@ mod tests {
         let reordered: Evidence = serde_json::from_str(r#"{ "a": [1, 2], "b": 1 }"#).expect("parses");
         assert_eq!(reordered, evidence);
         assert_ne!(Evidence::empty(), evidence);
+    }
+
+    #[test]
+    fn evidence_in_evidence_is_copied_and_what_the_fast_writer_refuses_serde_json_writes() {
+        let inner = Evidence::of(&Object(Field("a", &1, End)));
+        let outer = Evidence::of(&Object(Field("inner", &inner, Field("list", &[&inner], End))));
+        assert_eq!(outer.as_json(), r#"{"inner":{"a":1},"list":[{"a":1}]}"#);
+        // serde_json writes boolean map keys as strings; the fast writer leaves them to it.
+        let keyed = std::collections::BTreeMap::from([(true, "yes")]);
+        let evidence = Evidence::of(&Object(Field("keyed", &keyed, End)));
+        let expected = format!(r#"{{"keyed":{}}}"#, serde_json::to_string(&keyed).expect("serializes"));
+        assert_eq!(evidence.as_json(), expected);
+        assert_eq!(evidence["keyed"]["true"], "yes");
     }
 
     #[test]

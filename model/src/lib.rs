@@ -10,6 +10,7 @@
 pub mod anomaly;
 pub mod conventions;
 pub mod evidence;
+pub mod json;
 pub mod lag;
 pub mod log;
 pub mod metric;
