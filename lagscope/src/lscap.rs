@@ -2,7 +2,7 @@
 //! for the format). Written by `lagscope sim --out FILE.lscap` and `lagscope convert`; read
 //! block by block by `lagscope analyze`, so memory never holds the file.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -158,8 +158,9 @@ pub fn read_lscap_blocks(
     path: &Path,
     mut each: impl FnMut(BlockAt, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    // Read straight from the file into the block's buffer, unbuffered (two reads a block of
+    // ~256 KB): a buffer in between would copy every byte once more, through the cache.
+    let mut reader = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut magic = [0u8; 8];
     reader.read_exact(&mut magic).with_context(|| format!("{}: too short for an lscap file", path.display()))?;
     if &magic != codec::MAGIC {
