@@ -147,6 +147,17 @@ impl Compound<'_, '_> {
 
 type Done = Result<(), Error>;
 
+/// Integers, written by serde_json's formatter.
+macro_rules! numbers {
+    ($($method:ident: $type:ty => $write:ident),*) => {$(
+        fn $method(self, value: $type) -> Done {
+            // Writing to a Vec cannot fail.
+            let _ = CompactFormatter.$write(self.out, value);
+            Ok(())
+        }
+    )*};
+}
+
 impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
     type Ok = ();
     type Error = Error;
@@ -163,49 +174,18 @@ impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
         Ok(())
     }
 
-    fn serialize_i8(self, value: i8) -> Done {
-        self.serialize_i64(i64::from(value))
-    }
-
-    fn serialize_i16(self, value: i16) -> Done {
-        self.serialize_i64(i64::from(value))
-    }
-
-    fn serialize_i32(self, value: i32) -> Done {
-        self.serialize_i64(i64::from(value))
-    }
-
-    fn serialize_i64(self, value: i64) -> Done {
-        let _ = CompactFormatter.write_i64(self.out, value);
-        Ok(())
-    }
-
-    fn serialize_i128(self, value: i128) -> Done {
-        let _ = CompactFormatter.write_i128(self.out, value);
-        Ok(())
-    }
-
-    fn serialize_u8(self, value: u8) -> Done {
-        self.serialize_u64(u64::from(value))
-    }
-
-    fn serialize_u16(self, value: u16) -> Done {
-        self.serialize_u64(u64::from(value))
-    }
-
-    fn serialize_u32(self, value: u32) -> Done {
-        self.serialize_u64(u64::from(value))
-    }
-
-    fn serialize_u64(self, value: u64) -> Done {
-        let _ = CompactFormatter.write_u64(self.out, value);
-        Ok(())
-    }
-
-    fn serialize_u128(self, value: u128) -> Done {
-        let _ = CompactFormatter.write_u128(self.out, value);
-        Ok(())
-    }
+    numbers!(
+        serialize_i8: i8 => write_i8,
+        serialize_i16: i16 => write_i16,
+        serialize_i32: i32 => write_i32,
+        serialize_i64: i64 => write_i64,
+        serialize_i128: i128 => write_i128,
+        serialize_u8: u8 => write_u8,
+        serialize_u16: u16 => write_u16,
+        serialize_u32: u32 => write_u32,
+        serialize_u64: u64 => write_u64,
+        serialize_u128: u128 => write_u128
+    );
 
     fn serialize_f32(self, value: f32) -> Done {
         let _ = if value.is_finite() {
@@ -347,44 +327,29 @@ impl ser::SerializeSeq for Compound<'_, '_> {
     }
 }
 
-impl ser::SerializeTuple for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
+/// Tuples of every kind are written as sequences.
+macro_rules! written_as_seq {
+    ($($kind:ident::$method:ident),*) => {$(
+        impl ser::$kind for Compound<'_, '_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
+                ser::SerializeSeq::serialize_element(self, value)
+            }
 
-    fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
-    }
+            fn end(self) -> Done {
+                ser::SerializeSeq::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTupleStruct for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-
-    fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-
-    fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
-    }
-}
+written_as_seq!(
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound<'_, '_> {
     type Ok = ();
@@ -460,6 +425,24 @@ fn unsupported_key() -> Error {
     Error("map key is not a string or an integer".to_string())
 }
 
+/// Integer keys, quoted as serde_json quotes them.
+macro_rules! quoted_integers {
+    ($($method:ident: $type:ty => $write:ident),*) => {$(
+        fn $method(self, value: $type) -> Done {
+            self.quoted(|out| CompactFormatter.$write(out, value))
+        }
+    )*};
+}
+
+/// Keys serde_json may write differently (booleans, floats) or not at all.
+macro_rules! refused_keys {
+    ($($method:ident: $type:ty),*) => {$(
+        fn $method(self, _: $type) -> Done {
+            Err(unsupported_key())
+        }
+    )*};
+}
+
 impl ser::Serializer for Key<'_> {
     type Ok = ();
     type Error = Error;
@@ -492,61 +475,20 @@ impl ser::Serializer for Key<'_> {
         value.serialize(self)
     }
 
-    fn serialize_i8(self, value: i8) -> Done {
-        self.quoted(|out| CompactFormatter.write_i8(out, value))
-    }
+    quoted_integers!(
+        serialize_i8: i8 => write_i8,
+        serialize_i16: i16 => write_i16,
+        serialize_i32: i32 => write_i32,
+        serialize_i64: i64 => write_i64,
+        serialize_i128: i128 => write_i128,
+        serialize_u8: u8 => write_u8,
+        serialize_u16: u16 => write_u16,
+        serialize_u32: u32 => write_u32,
+        serialize_u64: u64 => write_u64,
+        serialize_u128: u128 => write_u128
+    );
 
-    fn serialize_i16(self, value: i16) -> Done {
-        self.quoted(|out| CompactFormatter.write_i16(out, value))
-    }
-
-    fn serialize_i32(self, value: i32) -> Done {
-        self.quoted(|out| CompactFormatter.write_i32(out, value))
-    }
-
-    fn serialize_i64(self, value: i64) -> Done {
-        self.quoted(|out| CompactFormatter.write_i64(out, value))
-    }
-
-    fn serialize_i128(self, value: i128) -> Done {
-        self.quoted(|out| CompactFormatter.write_i128(out, value))
-    }
-
-    fn serialize_u8(self, value: u8) -> Done {
-        self.quoted(|out| CompactFormatter.write_u8(out, value))
-    }
-
-    fn serialize_u16(self, value: u16) -> Done {
-        self.quoted(|out| CompactFormatter.write_u16(out, value))
-    }
-
-    fn serialize_u32(self, value: u32) -> Done {
-        self.quoted(|out| CompactFormatter.write_u32(out, value))
-    }
-
-    fn serialize_u64(self, value: u64) -> Done {
-        self.quoted(|out| CompactFormatter.write_u64(out, value))
-    }
-
-    fn serialize_u128(self, value: u128) -> Done {
-        self.quoted(|out| CompactFormatter.write_u128(out, value))
-    }
-
-    fn serialize_bool(self, _: bool) -> Done {
-        Err(unsupported_key())
-    }
-
-    fn serialize_f32(self, _: f32) -> Done {
-        Err(unsupported_key())
-    }
-
-    fn serialize_f64(self, _: f64) -> Done {
-        Err(unsupported_key())
-    }
-
-    fn serialize_bytes(self, _: &[u8]) -> Done {
-        Err(unsupported_key())
-    }
+    refused_keys!(serialize_bool: bool, serialize_f32: f32, serialize_f64: f64, serialize_bytes: &[u8]);
 
     fn serialize_none(self) -> Done {
         Err(unsupported_key())
