@@ -128,6 +128,21 @@ struct Writer<'o> {
     out: &'o mut Vec<u8>,
 }
 
+impl<'o> Writer<'o> {
+    /// `{"variant":`, which an enum variant's value follows (and `}` closes).
+    fn variant_key(&mut self, variant: &str) {
+        self.out.push(b'{');
+        write_str(self.out, variant);
+        self.out.push(b':');
+    }
+
+    /// An array or object opened with `open`, to be closed with `close`.
+    fn compound<'w>(&'w mut self, open: u8, close: &'static [u8]) -> Compound<'w, 'o> {
+        self.out.push(open);
+        Compound { writer: self, first: true, close, raw: false }
+    }
+}
+
 /// An array or object being written: whether an element was written yet, and what closes it
 /// (or a raw value, whose one field is copied as it is).
 struct Compound<'w, 'o> {
@@ -143,9 +158,55 @@ impl Compound<'_, '_> {
             self.writer.out.push(b',');
         }
     }
+
+    /// A member's value, after its key.
+    fn member_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
+        self.writer.out.push(b':');
+        value.serialize(&mut *self.writer)
+    }
+
+    fn finish(self) -> Done {
+        self.writer.out.extend_from_slice(self.close);
+        Ok(())
+    }
 }
 
 type Done = Result<(), Error>;
+
+/// Floats, written by serde_json's formatter; NaN and the infinities as `null`, as serde_json
+/// writes them.
+macro_rules! floats {
+    ($($method:ident: $type:ty => $write:ident),*) => {$(
+        fn $method(self, value: $type) -> Done {
+            // Writing to a Vec cannot fail.
+            let _ = if value.is_finite() {
+                CompactFormatter.$write(self.out, value)
+            } else {
+                CompactFormatter.write_null(self.out)
+            };
+            Ok(())
+        }
+    )*};
+}
+
+/// Calls `$write_methods!` with every integer type's serializer method and the formatter's
+/// method that writes it.
+macro_rules! every_integer {
+    ($write_methods:ident) => {
+        $write_methods!(
+            serialize_i8: i8 => write_i8,
+            serialize_i16: i16 => write_i16,
+            serialize_i32: i32 => write_i32,
+            serialize_i64: i64 => write_i64,
+            serialize_i128: i128 => write_i128,
+            serialize_u8: u8 => write_u8,
+            serialize_u16: u16 => write_u16,
+            serialize_u32: u32 => write_u32,
+            serialize_u64: u64 => write_u64,
+            serialize_u128: u128 => write_u128
+        );
+    };
+}
 
 /// Integers, written by serde_json's formatter.
 macro_rules! numbers {
@@ -174,36 +235,9 @@ impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
         Ok(())
     }
 
-    numbers!(
-        serialize_i8: i8 => write_i8,
-        serialize_i16: i16 => write_i16,
-        serialize_i32: i32 => write_i32,
-        serialize_i64: i64 => write_i64,
-        serialize_i128: i128 => write_i128,
-        serialize_u8: u8 => write_u8,
-        serialize_u16: u16 => write_u16,
-        serialize_u32: u32 => write_u32,
-        serialize_u64: u64 => write_u64,
-        serialize_u128: u128 => write_u128
-    );
+    every_integer!(numbers);
 
-    fn serialize_f32(self, value: f32) -> Done {
-        let _ = if value.is_finite() {
-            CompactFormatter.write_f32(self.out, value)
-        } else {
-            CompactFormatter.write_null(self.out)
-        };
-        Ok(())
-    }
-
-    fn serialize_f64(self, value: f64) -> Done {
-        let _ = if value.is_finite() {
-            CompactFormatter.write_f64(self.out, value)
-        } else {
-            CompactFormatter.write_null(self.out)
-        };
-        Ok(())
-    }
+    floats!(serialize_f32: f32 => write_f32, serialize_f64: f64 => write_f64);
 
     fn serialize_char(self, value: char) -> Done {
         write_str(self.out, value.encode_utf8(&mut [0; 4]));
@@ -252,17 +286,14 @@ impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
         variant: &'static str,
         value: &T,
     ) -> Done {
-        self.out.push(b'{');
-        write_str(self.out, variant);
-        self.out.push(b':');
+        self.variant_key(variant);
         value.serialize(&mut *self)?;
         self.out.push(b'}');
         Ok(())
     }
 
     fn serialize_seq(self, _len: Option<usize>) -> Result<Compound<'w, 'o>, Error> {
-        self.out.push(b'[');
-        Ok(Compound { writer: self, first: true, close: b"]", raw: false })
+        Ok(self.compound(b'[', b"]"))
     }
 
     fn serialize_tuple(self, len: usize) -> Result<Compound<'w, 'o>, Error> {
@@ -280,15 +311,12 @@ impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Compound<'w, 'o>, Error> {
-        self.out.push(b'{');
-        write_str(self.out, variant);
-        self.out.extend_from_slice(b":[");
-        Ok(Compound { writer: self, first: true, close: b"]}", raw: false })
+        self.variant_key(variant);
+        Ok(self.compound(b'[', b"]}"))
     }
 
     fn serialize_map(self, _len: Option<usize>) -> Result<Compound<'w, 'o>, Error> {
-        self.out.push(b'{');
-        Ok(Compound { writer: self, first: true, close: b"}", raw: false })
+        Ok(self.compound(b'{', b"}"))
     }
 
     fn serialize_struct(self, name: &'static str, len: usize) -> Result<Compound<'w, 'o>, Error> {
@@ -305,10 +333,8 @@ impl<'w, 'o> ser::Serializer for &'w mut Writer<'o> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Compound<'w, 'o>, Error> {
-        self.out.push(b'{');
-        write_str(self.out, variant);
-        self.out.extend_from_slice(b":{");
-        Ok(Compound { writer: self, first: true, close: b"}}", raw: false })
+        self.variant_key(variant);
+        Ok(self.compound(b'{', b"}}"))
     }
 }
 
@@ -322,34 +348,9 @@ impl ser::SerializeSeq for Compound<'_, '_> {
     }
 
     fn end(self) -> Done {
-        self.writer.out.extend_from_slice(self.close);
-        Ok(())
+        self.finish()
     }
 }
-
-/// Tuples of every kind are written as sequences.
-macro_rules! written_as_seq {
-    ($($kind:ident::$method:ident),*) => {$(
-        impl ser::$kind for Compound<'_, '_> {
-            type Ok = ();
-            type Error = Error;
-
-            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-                ser::SerializeSeq::serialize_element(self, value)
-            }
-
-            fn end(self) -> Done {
-                ser::SerializeSeq::end(self)
-            }
-        }
-    )*};
-}
-
-written_as_seq!(
-    SerializeTuple::serialize_element,
-    SerializeTupleStruct::serialize_field,
-    SerializeTupleVariant::serialize_field
-);
 
 impl ser::SerializeMap for Compound<'_, '_> {
     type Ok = ();
@@ -361,12 +362,11 @@ impl ser::SerializeMap for Compound<'_, '_> {
     }
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Done {
-        self.writer.out.push(b':');
-        value.serialize(&mut *self.writer)
+        self.member_value(value)
     }
 
     fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
+        self.finish()
     }
 }
 
@@ -380,27 +380,38 @@ impl ser::SerializeStruct for Compound<'_, '_> {
         }
         self.separate();
         write_str(self.writer.out, key);
-        self.writer.out.push(b':');
-        value.serialize(&mut *self.writer)
+        self.member_value(value)
     }
 
     fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
+        self.finish()
     }
 }
 
-impl ser::SerializeStructVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
+/// Tuples of every kind are written as sequences, struct variants' fields as a struct's.
+macro_rules! written_as {
+    ($($kind:ident::$method:ident($($key:ident: $type:ty)?) => $target:ident::$to:ident),*) => {$(
+        impl ser::$kind for Compound<'_, '_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Done {
-        ser::SerializeStruct::serialize_field(self, key, value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, $($key: $type,)? value: &T) -> Done {
+                ser::$target::$to(self, $($key,)? value)
+            }
 
-    fn end(self) -> Done {
-        ser::SerializeSeq::end(self)
-    }
+            fn end(self) -> Done {
+                self.finish()
+            }
+        }
+    )*};
 }
+
+written_as!(
+    SerializeTuple::serialize_element() => SerializeSeq::serialize_element,
+    SerializeTupleStruct::serialize_field() => SerializeSeq::serialize_element,
+    SerializeTupleVariant::serialize_field() => SerializeSeq::serialize_element,
+    SerializeStructVariant::serialize_field(key: &'static str) => SerializeStruct::serialize_field
+);
 
 /// A map key: strings, and integers quoted as serde_json quotes them; anything else is an
 /// error (serde_json then decides). With `raw`, a raw value's text, copied as it is.
@@ -475,18 +486,7 @@ impl ser::Serializer for Key<'_> {
         value.serialize(self)
     }
 
-    quoted_integers!(
-        serialize_i8: i8 => write_i8,
-        serialize_i16: i16 => write_i16,
-        serialize_i32: i32 => write_i32,
-        serialize_i64: i64 => write_i64,
-        serialize_i128: i128 => write_i128,
-        serialize_u8: u8 => write_u8,
-        serialize_u16: u16 => write_u16,
-        serialize_u32: u32 => write_u32,
-        serialize_u64: u64 => write_u64,
-        serialize_u128: u128 => write_u128
-    );
+    every_integer!(quoted_integers);
 
     refused_keys!(serialize_bool: bool, serialize_f32: f32, serialize_f64: f64, serialize_bytes: &[u8]);
 
