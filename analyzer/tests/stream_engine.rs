@@ -143,6 +143,50 @@ fn clients_idle_longer_than_the_retention_are_finished_and_forgotten() {
     assert!(stats.evicted_clients >= 190, "{stats:?}");
 }
 
+/// Retries join their call however many calls opened and closed in between (the open-call
+/// index leaves closed calls' entries behind and sweeps them out thousands at a time), and a
+/// call id used again after its call was processed starts a call of its own.
+#[test]
+fn retries_find_their_call_across_thousands_of_closed_calls() {
+    let config = AnalyzerConfig::default();
+    let mut engine = Engine::new(&config, |_| true);
+    let calls = 20_000_u64;
+    // Each call: a refused first attempt, then a retry exported 5 s later (after ~500 more
+    // calls have opened), both under the same call id.
+    let mut retries = std::collections::VecDeque::new();
+    for index in 0..calls {
+        let start = index as i64 * SECOND / 100;
+        let (mut first, _) = call(&mut engine.interner, index, start, "write", 0, 0);
+        first.ok = false;
+        first.outcome = engine.interner.intern("error");
+        first.returned = None;
+        let mut retry = first.clone();
+        retry.id = SpanKey { trace_id: u128::from(index) + 1, span_id: 3 };
+        retry.attempt = Some(2);
+        retry.ok = true;
+        retry.outcome = known::OK;
+        retry.start = first.end + SECOND / 1000;
+        retry.end = retry.start + SECOND / 100;
+        engine.push_span(first);
+        retries.push_back((start + 5 * SECOND, retry));
+        while retries.front().is_some_and(|(due, _)| *due <= start) {
+            let (_, retry) = retries.pop_front().expect("a retry is due");
+            engine.push_span(retry);
+        }
+    }
+    for (_, retry) in retries {
+        engine.push_span(retry);
+    }
+    // Call 0's id once more, long after call 0 was processed: a call of its own.
+    let (mut again, _) = call(&mut engine.interner, 0, (calls as i64 / 100 + 200) * SECOND, "write", 0, 0);
+    again.id = SpanKey { trace_id: u128::from(calls) + 1, span_id: 1 };
+    engine.push_span(again);
+    let (_, stats) = engine.finish();
+    assert_eq!(stats.calls, calls + 1, "{stats:?}");
+    assert_eq!(stats.late_attempts, 0, "{stats:?}");
+    assert_eq!(stats.spans, 2 * calls + 1);
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
 fn noise(seed: &mut u64, length: usize) -> Vec<u8> {
     (0..length)

@@ -26,6 +26,7 @@ use lagscope_model::conventions::{
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, PointValue, Sample, StateId, TimelineJoin, UnixNanos};
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
+use std::collections::hash_map::Entry;
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
@@ -42,6 +43,9 @@ use crate::detectors::{
 };
 use crate::floor::{CallFloors, FloorSource};
 use crate::timeline::distance_to;
+
+/// Attempts joined, and calls finalized, per batch in `advance` (see [`Engine::warm_joins`]).
+const BATCH: usize = 64;
 
 /// How far down a trace the join looks for router and server spans (as the batch join).
 const MAX_PARENT_HOPS: usize = 32;
@@ -105,8 +109,11 @@ impl Slot {
 struct OpenCall {
     client: Sym,
     namespace: Sym,
-    /// Its key in `open_index` (call id hash, probed past collisions).
+    /// The hash of its call id, its key in `open_index` (none without a call id).
     index_key: Option<u64>,
+    /// Whether another open call held that key when it opened: then it is listed in
+    /// `open_collisions` instead.
+    collided: bool,
     call_id: Option<CallId>,
     op: Sym,
     rpc_method: Sym,
@@ -121,8 +128,9 @@ struct CallRef {
     generation: u32,
 }
 
-/// A removed `open_index` entry that a probe chain still passes through.
-const TOMBSTONE: u32 = u32::MAX;
+/// Closed calls' entries left in `open_index` before they are swept out, at least (so that a
+/// few open calls do not sweep the table at every close).
+const MIN_STALE_ENTRIES: usize = 4096;
 
 /// What the eviction queue remembers of a waiting span.
 #[derive(Debug)]
@@ -234,11 +242,24 @@ pub struct Engine<'c> {
     by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u32)>,
+    /// `advance`'s batches of attempts to join and calls to finalize (kept for their buffers).
+    join_batch: Vec<(CallRef, u32)>,
+    due_batch: Vec<(UnixNanos, CallRef)>,
     calls: Vec<Option<OpenCall>>,
     generations: Vec<u32>,
     free_slots: Vec<u32>,
     open_calls: usize,
-    open_index: FxHashMap<(Sym, Sym, u64), u32>,
+    /// The open calls by (client, namespace, call id hash). A closed call's entry is left in
+    /// place (removing it would be a cache miss per call: the table is several times the
+    /// cache and the entry was last touched a horizon ago) and overwritten or swept out later,
+    /// all together in one pass, once there are more of them than half the open calls; an
+    /// entry is current while the generation it names is its slot's.
+    open_index: FxHashMap<(Sym, Sym, u64), CallRef>,
+    /// Closed calls' entries still in `open_index`.
+    stale_entries: usize,
+    /// Open calls whose key another open call held when they opened (two call ids of one
+    /// hash): searched one by one.
+    open_collisions: Vec<CallRef>,
     queue: TimeQueue<Due>,
     clients: FxHashMap<(Sym, Sym), ClientState>,
     namespaces: FxHashMap<(Sym, Sym), NamespaceState>,
@@ -306,11 +327,15 @@ impl<'c> Engine<'c> {
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
             arrivals: VecDeque::new(),
+            join_batch: Vec::new(),
+            due_batch: Vec::new(),
             calls: Vec::new(),
             generations: Vec::new(),
             free_slots: Vec::new(),
             open_calls: 0,
             open_index: FxHashMap::default(),
+            stale_entries: 0,
+            open_collisions: Vec::new(),
             queue: TimeQueue::default(),
             clients: FxHashMap::default(),
             namespaces: FxHashMap::default(),
@@ -573,19 +598,23 @@ impl<'c> Engine<'c> {
         self.arrivals.push_back((end, call, index as u32));
     }
 
+    /// The call `call` names, if it is still open.
+    fn current(&self, call: CallRef) -> Option<&OpenCall> {
+        if self.generations.get(call.slot as usize) != Some(&call.generation) {
+            return None;
+        }
+        self.calls[call.slot as usize].as_ref()
+    }
+
     /// The open call of (client, namespace, call id), if any.
     fn find_open(&self, client: Sym, namespace: Sym, call_id: &str) -> Option<CallRef> {
-        let mut hash = hash_str(call_id);
-        loop {
-            let slot = *self.open_index.get(&(client, namespace, hash))?;
-            if slot != TOMBSTONE
-                && let Some(open) = &self.calls[slot as usize]
-                && open.call_id.as_deref() == Some(call_id)
-            {
-                return Some(CallRef { slot, generation: self.generations[slot as usize] });
-            }
-            hash = hash.wrapping_add(1);
-        }
+        let is_it = |call: &CallRef| {
+            self.current(*call).is_some_and(|open| {
+                open.client == client && open.namespace == namespace && open.call_id.as_deref() == Some(call_id)
+            })
+        };
+        let indexed = self.open_index.get(&(client, namespace, hash_str(call_id))).copied().filter(is_it);
+        indexed.or_else(|| self.open_collisions.iter().copied().find(is_it))
     }
 
     /// Opens a call with its first attempt: a slab slot, an index entry, a place in the queue.
@@ -598,21 +627,34 @@ impl<'c> Engine<'c> {
                 u32::try_from(self.calls.len() - 1).expect("fewer than 2^32 open calls")
             }
         };
-        let index_key = span.call_id.as_deref().map(|call_id| {
-            let mut hash = hash_str(call_id);
-            while self.open_index.contains_key(&(span.client, span.namespace, hash)) {
-                hash = hash.wrapping_add(1);
-            }
-            self.open_index.insert((span.client, span.namespace, hash), slot);
-            hash
-        });
         let call = CallRef { slot, generation: self.generations[slot as usize] };
+        let index_key = span.call_id.as_deref().map(hash_str);
+        let mut collided = false;
+        if let Some(hash) = index_key {
+            let generations = &self.generations;
+            match self.open_index.entry((span.client, span.namespace, hash)) {
+                Entry::Vacant(entry) => {
+                    entry.insert(call);
+                }
+                Entry::Occupied(mut entry) => {
+                    let held = *entry.get();
+                    if generations.get(held.slot as usize) == Some(&held.generation) {
+                        collided = true;
+                        self.open_collisions.push(call);
+                    } else {
+                        *entry.get_mut() = call;
+                        self.stale_entries = self.stale_entries.saturating_sub(1);
+                    }
+                }
+            }
+        }
         self.sequence += 1;
         self.queue.push(Due(span.start, self.sequence, call));
         self.calls[slot as usize] = Some(OpenCall {
             client: span.client,
             namespace: span.namespace,
             index_key,
+            collided,
             call_id: span.call_id.clone(),
             op: span.op,
             rpc_method: span.rpc_method,
@@ -623,7 +665,7 @@ impl<'c> Engine<'c> {
         call
     }
 
-    /// Takes a call out of the slab (and its index entry), if `call` still names it.
+    /// Takes a call out of the slab, if `call` still names it (its index entry goes stale).
     fn close_call(&mut self, call: CallRef) -> Option<OpenCall> {
         if self.generations.get(call.slot as usize) != Some(&call.generation) {
             return None;
@@ -632,13 +674,14 @@ impl<'c> Engine<'c> {
         self.generations[call.slot as usize] = call.generation.wrapping_add(1);
         self.free_slots.push(call.slot);
         self.open_calls -= 1;
-        if let Some(hash) = open.index_key {
-            let key = (open.client, open.namespace, hash);
-            // A later entry of the same probe chain must stay reachable.
-            if self.open_index.contains_key(&(open.client, open.namespace, hash.wrapping_add(1))) {
-                self.open_index.insert(key, TOMBSTONE);
-            } else {
-                self.open_index.remove(&key);
+        if open.collided {
+            self.open_collisions.retain(|other| *other != call);
+        } else if open.index_key.is_some() {
+            self.stale_entries += 1;
+            if self.stale_entries > (self.open_calls / 2).max(MIN_STALE_ENTRIES) {
+                let generations = &self.generations;
+                self.open_index.retain(|_, held| generations.get(held.slot as usize) == Some(&held.generation));
+                self.stale_entries = 0;
             }
         }
         Some(open)
@@ -662,20 +705,46 @@ impl<'c> Engine<'c> {
     /// passed, and drops what can no longer join or matter.
     fn advance(&mut self) {
         let join_before = self.watermark.saturating_sub(self.lateness);
-        while let Some((end, _, _)) = self.arrivals.front() {
-            if *end >= join_before {
+        let mut joins = std::mem::take(&mut self.join_batch);
+        loop {
+            joins.clear();
+            while joins.len() < BATCH
+                && let Some((end, call, index)) = self.arrivals.front().copied()
+                && end < join_before
+            {
+                self.arrivals.pop_front();
+                joins.push((call, index));
+            }
+            if joins.is_empty() {
                 break;
             }
-            let Some((_, call, index)) = self.arrivals.pop_front() else { break };
-            self.join_slot(call, index as usize);
-        }
-        let final_before = self.watermark.saturating_sub(self.horizon);
-        while let Some(Due(start, _, call)) = self.queue.pop_through(final_before.saturating_sub(1)) {
-            if let Some(open) = self.close_call(call) {
-                self.finalize(open);
+            self.warm_joins(&joins);
+            for (call, index) in joins.iter().copied() {
+                self.join_slot(call, index as usize);
             }
-            self.release_answers(start);
         }
+        self.join_batch = joins;
+        let final_before = self.watermark.saturating_sub(self.horizon);
+        let mut due = std::mem::take(&mut self.due_batch);
+        loop {
+            due.clear();
+            while due.len() < BATCH
+                && let Some(Due(start, _, call)) = self.queue.pop_through(final_before.saturating_sub(1))
+            {
+                due.push((start, call));
+            }
+            if due.is_empty() {
+                break;
+            }
+            self.warm_calls(&due);
+            for (start, call) in due.iter().copied() {
+                if let Some(open) = self.close_call(call) {
+                    self.finalize(open);
+                }
+                self.release_answers(start);
+            }
+        }
+        self.due_batch = due;
         // Every call that started before the horizon is processed: so are the answers (log
         // lines included, which no call releases).
         self.release_answers(final_before.saturating_sub(1));
@@ -726,6 +795,53 @@ impl<'c> Engine<'c> {
                 }
             }
         }
+    }
+
+    /// Reads, for a batch of attempts about to be joined, the memory the joins will read: the
+    /// slab entries, then the attempts' spans, then their traces' waiting hops. Held for the
+    /// lateness, all of it has left the cache; read one join at a time, every miss waits
+    /// for the one before (a chain of pointers), while a pass over the batch lets the processor
+    /// wait for many at once. What is read is only summed (and kept from being optimized away).
+    fn warm_joins(&self, batch: &[(CallRef, u32)]) {
+        let mut sum = 0_u64;
+        for (call, _) in batch {
+            let slot = call.slot as usize;
+            sum = sum.wrapping_add(u64::from(self.generations[slot]));
+            sum = sum.wrapping_add(self.calls[slot].as_ref().map_or(0, |open| open.attempts.len() as u64));
+        }
+        let mut traces: SmallVec<[u128; BATCH]> = SmallVec::new();
+        for (call, index) in batch {
+            if let Some(open) = &self.calls[call.slot as usize]
+                && let Some(Slot::Raw(span)) = open.attempts.get(*index as usize)
+            {
+                traces.push(span.id.trace_id);
+            }
+        }
+        for trace in &traces {
+            if let Some(hops) = self.traces.get(trace) {
+                sum = sum.wrapping_add(hops.first().map_or(0, |hop| hop.parent_span_id));
+            }
+        }
+        std::hint::black_box(sum);
+    }
+
+    /// As [`Engine::warm_joins`], for a batch of calls about to be finalized: their slab
+    /// entries, then their attempts.
+    fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
+        let mut sum = 0_u64;
+        for (_, call) in batch {
+            let slot = call.slot as usize;
+            sum = sum.wrapping_add(u64::from(self.generations[slot]));
+            sum = sum.wrapping_add(self.calls[slot].as_ref().map_or(0, |open| open.attempts.len() as u64));
+        }
+        for (_, call) in batch {
+            if let Some(open) = &self.calls[call.slot as usize] {
+                for slot in &open.attempts {
+                    sum = sum.wrapping_add(slot.order().1 as u64);
+                }
+            }
+        }
+        std::hint::black_box(sum);
     }
 
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts
@@ -1504,5 +1620,48 @@ impl Raise {
                 failover_flapping::flapping(timeline, &references, min_gap)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two open calls whose ids share a hash (forced here: the index entry of one id is given
+    /// to the other's call) each keep their own attempts.
+    #[test]
+    fn calls_whose_ids_share_a_hash_keep_their_own_attempts() {
+        let config = AnalyzerConfig::default();
+        let mut engine = Engine::new(&config, |_| true);
+        let client = engine.interner.intern("c1");
+        let namespace = engine.interner.intern("ns1");
+        let attempt = |call_id: &str, attempt: i64, start: i64| SpanRec {
+            id: SpanKey { trace_id: u128::from(start as u64) + 1, span_id: 1 },
+            start,
+            end: start + 1_000_000,
+            component: known::CLIENT,
+            ok: attempt == 2,
+            client,
+            namespace,
+            call_id: Some(call_id.into()),
+            attempt: Some(attempt),
+            ..SpanRec::default()
+        };
+        engine.push_span(attempt("a", 1, 0));
+        let a = engine.find_open(client, namespace, "a").expect("call a is open");
+        engine.open_index.insert((client, namespace, hash_str("b")), a);
+        engine.push_span(attempt("b", 1, 2_000_000));
+        assert_eq!(engine.open_collisions.len(), 1);
+        engine.push_span(attempt("b", 2, 4_000_000));
+        engine.push_span(attempt("a", 2, 6_000_000));
+        let b = engine.find_open(client, namespace, "b").expect("call b is open");
+        assert_ne!(a, b);
+        for (call, id) in [(a, "a"), (b, "b")] {
+            let open = engine.current(call).expect("open");
+            assert_eq!(open.call_id.as_deref(), Some(id));
+            assert_eq!(open.attempts.len(), 2, "call {id}");
+        }
+        let (_, stats) = engine.finish();
+        assert_eq!(stats.calls, 2);
     }
 }
