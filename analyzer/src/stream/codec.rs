@@ -273,7 +273,15 @@ impl Decoder {
                     let text = cursor.text().map_err(fail)?;
                     self.strings.push(interner.intern(text));
                 }
-                TAG_SPAN => items.push(Item::Span(self.span(&mut cursor).map_err(fail)?)),
+                TAG_SPAN => {
+                    // Decoded in place (a span is ~270 bytes: one copy fewer).
+                    items.push(Item::Span(SpanRec::default()));
+                    let Some(Item::Span(span)) = items.last_mut() else { unreachable!("just pushed") };
+                    if let Err(message) = self.span(&mut cursor, span) {
+                        items.pop();
+                        return Err(fail(message));
+                    }
+                }
                 TAG_SERIES => {
                     let name = self.sym(&mut cursor).map_err(fail)?;
                     let kind_index = cursor.byte().map_err(fail)?;
@@ -325,10 +333,10 @@ impl Decoder {
             .ok_or_else(|| format!("string {index} used before it was defined ({} so far)", self.strings.len() - 1))
     }
 
-    fn span(&self, cursor: &mut Cursor<'_>) -> Result<SpanRec, String> {
+    /// Decodes a span into `span` (a default one).
+    fn span(&self, cursor: &mut Cursor<'_>, span: &mut SpanRec) -> Result<(), String> {
         let flags = cursor.varint()?;
         let bit = |index: u32| flags & (1 << index) != 0;
-        let mut span = SpanRec::default();
         if bit(0) {
             span.id = SpanKey { trace_id: cursor.u128()?, span_id: cursor.i64()? as u64 };
         }
@@ -362,7 +370,7 @@ impl Decoder {
             }
         }
         [span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues] = states;
-        Ok(span)
+        Ok(())
     }
 }
 

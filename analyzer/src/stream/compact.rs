@@ -65,6 +65,39 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
+    /// Reads every field, as [`HopRec::touch`].
+    pub(crate) fn touch(&self) -> u64 {
+        let symbols = [
+            self.client_span.service,
+            self.client_span.node,
+            self.target_node,
+            self.target_role,
+            self.router_node,
+            self.served_by,
+            self.served_role,
+            self.consistency,
+            self.server_address,
+            self.outcome,
+            self.error_type,
+        ];
+        let states = [
+            self.attempt,
+            self.carried,
+            self.router_carried,
+            self.router_state,
+            self.served,
+            self.returned,
+            self.committed,
+            self.requeues,
+        ];
+        (self.client_span.id.trace_id as u64 ^ self.client_span.id.span_id)
+            .wrapping_add(self.start as u64 ^ self.end as u64)
+            .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
+            .wrapping_add(super::record::sum_states(&states))
+            .wrapping_add(self.hops.len() as u64 + u64::from(self.routers) + self.join as u64)
+            .wrapping_add(u64::from(self.ok) + u64::from(self.follower_read.unwrap_or_default()))
+    }
+
     pub(crate) fn materialize(&self, interner: &Interner) -> TimelineAttempt {
         let outcome =
             if self.ok { Outcome::Ok } else { interner.get(self.outcome).map_or(Outcome::Error, Outcome::parse) };

@@ -798,7 +798,8 @@ impl<'c> Engine<'c> {
     }
 
     /// Reads, for a batch of attempts about to be joined, the memory the joins will read: the
-    /// slab entries, then the attempts' spans, then their traces' waiting hops. Held for the
+    /// slab entries, then the attempts' spans, then their traces' waiting hops (every field of
+    /// each: a record spans several cache lines). Held for the
     /// lateness, all of it has left the cache; read one join at a time, every miss waits
     /// for the one before (a chain of pointers), while a pass over the batch lets the processor
     /// wait for many at once. What is read is only summed (and kept from being optimized away).
@@ -814,12 +815,13 @@ impl<'c> Engine<'c> {
             if let Some(open) = &self.calls[call.slot as usize]
                 && let Some(Slot::Raw(span)) = open.attempts.get(*index as usize)
             {
+                sum = sum.wrapping_add(span.touch());
                 traces.push(span.id.trace_id);
             }
         }
         for trace in &traces {
             if let Some(hops) = self.traces.get(trace) {
-                sum = sum.wrapping_add(hops.first().map_or(0, |hop| hop.parent_span_id));
+                sum = sum.wrapping_add(hops.iter().map(HopRec::touch).fold(0, u64::wrapping_add));
             }
         }
         std::hint::black_box(sum);
@@ -837,7 +839,10 @@ impl<'c> Engine<'c> {
         for (_, call) in batch {
             if let Some(open) = &self.calls[call.slot as usize] {
                 for slot in &open.attempts {
-                    sum = sum.wrapping_add(slot.order().1 as u64);
+                    sum = sum.wrapping_add(match slot {
+                        Slot::Raw(span) => span.touch(),
+                        Slot::Joined(attempt) => attempt.touch(),
+                    });
                 }
             }
         }

@@ -123,7 +123,25 @@ pub struct HopRec {
     pub requeues: Option<i64>,
 }
 
+/// The sum of `states` (absent as zero), wrapping: part of the `touch` methods.
+pub(crate) fn sum_states(states: &[Option<i64>]) -> u64 {
+    states.iter().fold(0_u64, |sum, state| sum.wrapping_add(state.unwrap_or_default() as u64))
+}
+
 impl HopRec {
+    /// Reads every field (so every cache line of the record): the engine reads a batch of
+    /// records this way before working on them, so that their cache misses overlap.
+    pub(crate) fn touch(&self) -> u64 {
+        let symbols = [self.component, self.service, self.node, self.node_role];
+        let states =
+            [self.attempt, self.carried, self.returned, self.served, self.committed, self.router_state, self.requeues];
+        (self.id.trace_id as u64 ^ self.id.span_id ^ self.parent_span_id)
+            .wrapping_add(self.start as u64 ^ self.end as u64)
+            .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
+            .wrapping_add(sum_states(&states))
+            .wrapping_add(u64::from(self.ok))
+    }
+
     pub fn of(span: &SpanRec) -> Self {
         Self {
             id: span.id,
@@ -218,6 +236,18 @@ impl SpanRec {
     );
 
     /// A client's attempt: the unit timelines are made of.
+    /// Reads every field, as [`HopRec::touch`].
+    pub(crate) fn touch(&self) -> u64 {
+        let states =
+            [self.attempt, self.carried, self.returned, self.served, self.committed, self.router_state, self.requeues];
+        (self.id.trace_id as u64 ^ self.id.span_id ^ self.parent_span_id)
+            .wrapping_add(self.start as u64 ^ self.end as u64)
+            .wrapping_add(self.symbols().iter().map(|sym| u64::from(sym.0)).sum::<u64>())
+            .wrapping_add(sum_states(&states))
+            .wrapping_add(self.call_id.as_ref().map_or(0, |call_id| call_id.len() as u64))
+            .wrapping_add(u64::from(self.ok) + u64::from(self.follower_read.unwrap_or_default()))
+    }
+
     pub fn is_client_attempt(&self) -> bool {
         self.component == known::CLIENT && self.client.is_some()
     }
