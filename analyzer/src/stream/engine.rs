@@ -799,17 +799,12 @@ impl<'c> Engine<'c> {
 
     /// Reads, for a batch of attempts about to be joined, the memory the joins will read: the
     /// slab entries, then the attempts' spans, then their traces' waiting hops (every field of
-    /// each: a record spans several cache lines). Held for the
-    /// lateness, all of it has left the cache; read one join at a time, every miss waits
-    /// for the one before (a chain of pointers), while a pass over the batch lets the processor
-    /// wait for many at once. What is read is only summed (and kept from being optimized away).
+    /// each: a record spans several cache lines). Held for the lateness, all of it has left the
+    /// cache; read one join at a time, every miss waits for the one before (a chain of
+    /// pointers), while a pass over the batch lets the processor wait for many at once. What is
+    /// read is only summed (and kept from being optimized away).
     fn warm_joins(&self, batch: &[(CallRef, u32)]) {
-        let mut sum = 0_u64;
-        for (call, _) in batch {
-            let slot = call.slot as usize;
-            sum = sum.wrapping_add(u64::from(self.generations[slot]));
-            sum = sum.wrapping_add(self.calls[slot].as_ref().map_or(0, |open| open.attempts.len() as u64));
-        }
+        let mut sum = self.warm_slab(batch.iter().map(|(call, _)| *call));
         let mut traces: SmallVec<[u128; BATCH]> = SmallVec::new();
         for (call, index) in batch {
             if let Some(open) = &self.calls[call.slot as usize]
@@ -830,12 +825,7 @@ impl<'c> Engine<'c> {
     /// As [`Engine::warm_joins`], for a batch of calls about to be finalized: their slab
     /// entries, then their attempts.
     fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
-        let mut sum = 0_u64;
-        for (_, call) in batch {
-            let slot = call.slot as usize;
-            sum = sum.wrapping_add(u64::from(self.generations[slot]));
-            sum = sum.wrapping_add(self.calls[slot].as_ref().map_or(0, |open| open.attempts.len() as u64));
-        }
+        let mut sum = self.warm_slab(batch.iter().map(|(_, call)| *call));
         for (_, call) in batch {
             if let Some(open) = &self.calls[call.slot as usize] {
                 for slot in &open.attempts {
@@ -847,6 +837,15 @@ impl<'c> Engine<'c> {
             }
         }
         std::hint::black_box(sum);
+    }
+
+    /// The first pass of the warm-ups: the calls' generations and slab entries.
+    fn warm_slab(&self, calls: impl Iterator<Item = CallRef>) -> u64 {
+        calls.fold(0_u64, |sum, call| {
+            let slot = call.slot as usize;
+            let open = self.calls[slot].as_ref().map_or(0, |open| open.attempts.len() as u64);
+            sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open)
+        })
     }
 
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts

@@ -17,3 +17,15 @@ mod record;
 pub use engine::{Engine, EngineStats};
 pub use intern::{Interner, Sym, known};
 pub use record::{SpanKey, SpanRec};
+
+/// Deterministic pseudo-random numbers below a bound (xorshift from `seed`), for tests whose
+/// failures must reproduce.
+#[cfg(test)]
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |bound| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound
+    }
+}

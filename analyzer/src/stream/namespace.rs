@@ -29,7 +29,7 @@ pub(crate) struct Committed {
 /// `items.partition_point(predicate)` (the predicate true on a prefix, false after), found by
 /// galloping out from `hint` and halving the bracket found: O(log d) reads for a point at a
 /// distance d from the hint, all near it.
-pub(crate) fn partition_near<T>(items: &VecDeque<T>, hint: usize, predicate: impl Fn(&T) -> bool) -> usize {
+fn partition_near<T>(items: &VecDeque<T>, hint: usize, predicate: impl Fn(&T) -> bool) -> usize {
     let length = items.len();
     let hint = hint.min(length);
     // The point lies in low..=high: the predicate holds before `low`, fails from `high` on.
@@ -201,13 +201,7 @@ mod tests {
     /// From every hint, on rising sequences with runs of equal values, as `partition_point`.
     #[test]
     fn partition_near_finds_what_partition_point_finds() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut random = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut random = crate::stream::xorshift(0x9e37_79b9_7f4a_7c15_u64);
         for length in [0_usize, 1, 2, 3, 7, 64, 1_000] {
             let mut sorted = Vec::new();
             let mut value = 0_u64;
@@ -240,13 +234,7 @@ mod tests {
     /// Reports in and out of order, lookups from any hint: the staircase a sorted rebuild gives.
     #[test]
     fn the_staircase_holds_whatever_order_reports_come_in() {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut random = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut random = crate::stream::xorshift(0x2545_f491_4f6c_dd1d_u64);
         let mut committed = Committed::default();
         let mut reports = Vec::new();
         for index in 0..3_000_i64 {

@@ -133,13 +133,7 @@ mod tests {
     /// in the same order.
     #[test]
     fn releases_in_the_order_a_binary_heap_would() {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut random = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut random = crate::stream::xorshift(0x2545_f491_4f6c_dd1d_u64);
         for base in [0_i64, -5_000_000_000, 1_700_000_000_000_000_000] {
             let mut queue = TimeQueue::default();
             let mut heap = BinaryHeap::new();
