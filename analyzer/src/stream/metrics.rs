@@ -5,8 +5,7 @@
 //! batch detectors' `value_at` reads. State is per series: current value, last rate, the open
 //! run or episode; nothing grows with the length of the history.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 
 use lagscope_model::conventions::{
     CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_REQUEUE_CALLS, METRIC_ROLE,
@@ -18,6 +17,7 @@ use rustc_hash::FxHashMap;
 
 use super::codec::SeriesDef;
 use super::intern::{Interner, Sym};
+use super::queue::{TimeQueue, Timed};
 use crate::AnalyzerConfig;
 use crate::detectors::apply_lag::{self, Episode};
 use crate::detectors::shard_pressure::{self, SHARD_ROLE};
@@ -108,13 +108,23 @@ struct Series {
     unfair: Unfair,
 }
 
+/// A sample waiting for the lateness: (time, arrival, series, value bits).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Point(UnixNanos, u64, u32, u64);
+
+impl Timed for Point {
+    fn time(&self) -> i64 {
+        self.0
+    }
+}
+
 /// The metric detectors' state.
 pub(crate) struct Metrics {
     lateness: i64,
     watermark: UnixNanos,
     sequence: u64,
-    /// (time, arrival, series, value bits) not yet processed.
-    queue: BinaryHeap<Reverse<(UnixNanos, u64, u32, u64)>>,
+    /// Samples not yet processed, released in time (then arrival) order.
+    queue: TimeQueue<Point>,
     series: Vec<Series>,
     index: FxHashMap<Key, u32>,
     /// Engine series id -> ours.
@@ -135,7 +145,7 @@ impl Metrics {
             lateness,
             watermark: i64::MIN,
             sequence: 0,
-            queue: BinaryHeap::new(),
+            queue: TimeQueue::default(),
             series: Vec::new(),
             index: FxHashMap::default(),
             of_engine: Vec::new(),
@@ -192,7 +202,7 @@ impl Metrics {
     pub(crate) fn push(&mut self, id: u32, time: UnixNanos, value: f64, interner: &Interner, config: &AnalyzerConfig) {
         let Some(Some(ours)) = self.of_engine.get(id as usize) else { return };
         self.sequence += 1;
-        self.queue.push(Reverse((time, self.sequence, *ours, value.to_bits())));
+        self.queue.push(Point(time, self.sequence, *ours, value.to_bits()));
         self.held_peak = self.held_peak.max(self.queue.len());
         self.watermark = self.watermark.max(time);
         self.release(self.watermark.saturating_sub(self.lateness), interner, config);
@@ -216,17 +226,11 @@ impl Metrics {
     /// then the detectors.
     fn release(&mut self, until: UnixNanos, interner: &Interner, config: &AnalyzerConfig) {
         let mut group: Vec<(u32, f64)> = Vec::new();
-        while let Some(Reverse((time, ..))) = self.queue.peek() {
-            let time = *time;
-            if time > until {
-                break;
-            }
+        while let Some(Point(time, _, series, bits)) = self.queue.pop_through(until) {
             group.clear();
-            while let Some(Reverse((next, ..))) = self.queue.peek() {
-                if *next != time {
-                    break;
-                }
-                let Some(Reverse((_, _, series, bits))) = self.queue.pop() else { break };
+            group.push((series, f64::from_bits(bits)));
+            // Nothing earlier is left: what else comes out through `time` is at `time`.
+            while let Some(Point(_, _, series, bits)) = self.queue.pop_through(time) {
                 group.push((series, f64::from_bits(bits)));
             }
             // A series keeps its first point of a timestamp (as the batch grouping does).

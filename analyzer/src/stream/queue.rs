@@ -49,7 +49,6 @@ impl<T: Timed> Default for TimeQueue<T> {
 }
 
 impl<T: Timed> TimeQueue<T> {
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
