@@ -3,6 +3,8 @@
 
 use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
+use smallvec::SmallVec;
+
 use super::intern::{Interner, Sym, known};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 
@@ -19,10 +21,6 @@ impl Ref {
         Self { id: span.id, service: span.service, node: span.node }
     }
 
-    pub(crate) fn of_hop(span: &HopRec) -> Self {
-        Self { id: span.id, service: span.service, node: span.node }
-    }
-
     pub(crate) fn materialize(&self, interner: &Interner) -> SpanRef {
         SpanRef {
             trace_id: self.id.is_some().then(|| self.id.trace_hex()),
@@ -33,6 +31,28 @@ impl Ref {
     }
 }
 
+/// A router or server span of an attempt. Only its span id is kept: a hop with ids was joined
+/// through its attempt's trace, so its trace id is the client span's; a hop without (joined by
+/// call id) has neither.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HopRef {
+    pub(crate) span_id: u64,
+    pub(crate) service: Sym,
+    pub(crate) node: Sym,
+}
+
+impl HopRef {
+    fn of(span: &HopRec) -> Self {
+        Self { span_id: span.id.span_id, service: span.service, node: span.node }
+    }
+
+    /// The reference in full, in the trace `trace_id` (its attempt's).
+    pub(crate) fn in_trace(&self, trace_id: u128) -> Ref {
+        let trace_id = if self.span_id == 0 { 0 } else { trace_id };
+        Ref { id: SpanKey { trace_id, span_id: self.span_id }, service: self.service, node: self.node }
+    }
+}
+
 /// One attempt joined across client, router and server (a compact `TimelineAttempt`).
 #[derive(Debug, Clone)]
 pub(crate) struct Attempt {
@@ -40,8 +60,9 @@ pub(crate) struct Attempt {
     pub(crate) start: UnixNanos,
     pub(crate) end: UnixNanos,
     pub(crate) client_span: Ref,
-    /// The router spans, then the server spans, each in start order (one allocation).
-    pub(crate) hops: Box<[Ref]>,
+    /// The router spans, then the server spans, each in start order (a router and a server
+    /// inline: no allocation per attempt in the common case).
+    pub(crate) hops: SmallVec<[HopRef; 2]>,
     pub(crate) routers: u8,
     pub(crate) join: TimelineJoin,
     pub(crate) target_node: Sym,
@@ -108,11 +129,11 @@ impl Attempt {
             client_span: self.client_span.materialize(interner),
             router_spans: self.hops[..usize::from(self.routers)]
                 .iter()
-                .map(|span| span.materialize(interner))
+                .map(|span| span.in_trace(self.client_span.id.trace_id).materialize(interner))
                 .collect(),
             server_spans: self.hops[usize::from(self.routers)..]
                 .iter()
-                .map(|span| span.materialize(interner))
+                .map(|span| span.in_trace(self.client_span.id.trace_id).materialize(interner))
                 .collect(),
             join: self.join,
             target_node: interner.owned(self.target_node),
@@ -174,16 +195,17 @@ pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: Timelin
         .and_then(|server| routers().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id))
         .or_else(|| routers().next_back());
     let router_count = routers().count();
-    // Sized exactly, so that the box is the vector's own allocation (a filtered chain would
-    // grow a vector, then shrink it into the box: two more calls into the allocator).
-    let mut refs = Vec::with_capacity(router_count + servers().count());
-    refs.extend(routers().chain(servers()).map(Ref::of_hop));
+    debug_assert!(
+        hops.iter().all(|hop| !hop.id.is_some() || hop.id.trace_id == client.id.trace_id),
+        "a hop with ids joins through its attempt's trace"
+    );
+    let refs: SmallVec<[HopRef; 2]> = routers().chain(servers()).map(HopRef::of).collect();
     Attempt {
         attempt: client.attempt,
         start: client.start,
         end: client.end,
         client_span: Ref::of(client),
-        hops: refs.into_boxed_slice(),
+        hops: refs,
         routers: u8::try_from(router_count).unwrap_or(u8::MAX),
         join,
         target_node: client.target_node,
