@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use serde::de::Deserializer;
-use serde::ser::{SerializeMap, SerializeStruct, Serializer};
+use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -156,7 +156,10 @@ impl<'de> Deserialize<'de> for Evidence {
 /// in [`End`]), written in one pass by [`Object`]: what the analyzer's `evidence!` macro
 /// expands to.
 pub trait Fields {
-    fn write<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error>;
+    /// How many fields the list has.
+    const LEN: usize;
+
+    fn write<M: SerializeStruct>(&self, object: &mut M) -> Result<(), M::Error>;
 }
 
 /// The end of a field list.
@@ -166,26 +169,32 @@ pub struct End;
 pub struct Field<'a, T: ?Sized, Rest>(pub &'static str, pub &'a T, pub Rest);
 
 impl Fields for End {
-    fn write<M: SerializeMap>(&self, _: &mut M) -> Result<(), M::Error> {
+    const LEN: usize = 0;
+
+    fn write<M: SerializeStruct>(&self, _: &mut M) -> Result<(), M::Error> {
         Ok(())
     }
 }
 
 impl<T: Serialize + ?Sized, Rest: Fields> Fields for Field<'_, T, Rest> {
-    fn write<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        map.serialize_entry(self.0, self.1)?;
-        self.2.write(map)
+    const LEN: usize = 1 + Rest::LEN;
+
+    fn write<M: SerializeStruct>(&self, object: &mut M) -> Result<(), M::Error> {
+        object.serialize_field(self.0, self.1)?;
+        self.2.write(object)
     }
 }
 
-/// A field list serialized as one JSON object, in its order.
+/// A field list serialized as one JSON object, in its order: as a struct (the keys are
+/// literals in the source, written without being scanned for escapes; JSON serializers write
+/// a struct as they write a map).
 pub struct Object<F>(pub F);
 
 impl<F: Fields> Serialize for Object<F> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        self.0.write(&mut map)?;
-        map.end()
+        let mut object = serializer.serialize_struct("Evidence", F::LEN)?;
+        self.0.write(&mut object)?;
+        object.end()
     }
 }
 
