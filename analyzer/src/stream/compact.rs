@@ -43,7 +43,7 @@ pub(crate) struct HopRef {
 
 impl HopRef {
     fn of(span: &HopRec) -> Self {
-        Self { span_id: span.id.span_id, service: span.service, node: span.node }
+        Self { span_id: span.span_id, service: span.service, node: span.node }
     }
 
     /// The reference in full, in the trace `trace_id` (its attempt's).
@@ -192,13 +192,9 @@ pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: Timelin
     let servers = || hops.iter().filter(|span| span.component == known::SERVER);
     let server = servers().rev().find(|span| span.ok).or_else(|| servers().next_back());
     let router = server
-        .and_then(|server| routers().find(|router| router.id.is_some() && router.id.span_id == server.parent_span_id))
+        .and_then(|server| routers().find(|router| router.span_id != 0 && router.span_id == server.parent_span_id))
         .or_else(|| routers().next_back());
     let router_count = routers().count();
-    debug_assert!(
-        hops.iter().all(|hop| !hop.id.is_some() || hop.id.trace_id == client.id.trace_id),
-        "a hop with ids joins through its attempt's trace"
-    );
     let refs: SmallVec<[HopRef; 2]> = routers().chain(servers()).map(HopRef::of).collect();
     Attempt {
         attempt: client.attempt,
@@ -214,20 +210,20 @@ pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: Timelin
         served_by: server.map_or(Sym::NONE, |span| span.node),
         served_role: server.map_or(Sym::NONE, |span| span.node_role),
         carried: client.carried,
-        router_carried: router.and_then(|span| span.carried),
-        router_state: router.and_then(|span| span.router_state),
-        served: server.and_then(|span| span.served).or(client.served),
+        router_carried: router.and_then(HopRec::carried),
+        router_state: router.and_then(HopRec::router_state),
+        served: server.and_then(HopRec::served).or(client.served),
         returned: client
             .returned
-            .or_else(|| router.and_then(|span| span.returned))
-            .or_else(|| server.and_then(|span| span.returned)),
-        committed: server.and_then(|span| span.committed).or(client.committed),
+            .or_else(|| router.and_then(HopRec::returned))
+            .or_else(|| server.and_then(HopRec::returned)),
+        committed: server.and_then(HopRec::committed).or(client.committed),
         consistency: client.consistency,
         follower_read: client.follower_read,
         server_address: client.server_address,
         ok: client.ok,
         outcome: client.outcome,
         error_type: client.error_type,
-        requeues: server.and_then(|span| span.requeues),
+        requeues: server.and_then(HopRec::requeues),
     }
 }

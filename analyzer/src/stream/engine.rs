@@ -913,7 +913,7 @@ impl<'c> Engine<'c> {
                     Slot::Raw(span) => (span.attempt, span.start, span.end),
                     Slot::Joined(attempt) => (attempt.attempt, attempt.start, attempt.end),
                 };
-                (attempt != hop.attempt || hop.attempt.is_none(), distance_to(start, end, hop.start))
+                (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
             });
             match nearest.and_then(|index| hops[index].as_mut()) {
                 Some((list, join)) => {
@@ -1322,7 +1322,7 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, r
             if under {
                 let span = spans.remove(index);
                 *pending -= 1;
-                taken.push(span.id.span_id);
+                taken.push(span.span_id);
                 if matches!(span.component, known::ROUTER | known::SERVER) {
                     found.push(span);
                 }
