@@ -156,14 +156,9 @@ impl HopRec {
     pub fn of(span: &SpanRec) -> Self {
         let optional =
             [span.attempt, span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues];
-        let mut values = [0; 7];
-        let mut present = 0;
-        for (index, (value, given)) in values.iter_mut().zip(optional).enumerate() {
-            if let Some(given) = given {
-                *value = given;
-                present |= 1 << index;
-            }
-        }
+        // Straight-line (this runs for every router and server span).
+        let values = optional.map(Option::unwrap_or_default);
+        let present = optional.iter().rev().fold(0_u8, |bits, value| bits << 1 | u8::from(value.is_some()));
         Self {
             span_id: span.id.span_id,
             parent_span_id: span.parent_span_id,
