@@ -379,18 +379,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Analyze { format, config, kinds, paths } => {
             let config = Config::load(config.as_deref())?;
             let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-            // serde_json's text, written by the model's faster JSON writer one line at a time.
-            let mut line = Vec::with_capacity(1 << 12);
+            // Lines of serde_json's text, written by the model's faster JSON writer one after
+            // another into one buffer and handed to stdout a few hundred kilobytes at a time
+            // (not copied once more through a line buffer: the 10 M capture writes 1.1 GB).
+            // It only ever holds whole lines: a line that fails to serialize is taken back.
+            const WRITE_CHUNK: usize = 1 << 18;
+            let mut lines = Vec::with_capacity(WRITE_CHUNK + (1 << 14));
             let mut write_line = |anomaly: &lagscope_model::Anomaly| -> anyhow::Result<()> {
-                line.clear();
-                lagscope_model::json::write(&mut line, anomaly)?;
-                line.push(b'\n');
-                stdout.write_all(&line)?;
+                let whole = lines.len();
+                if let Err(error) = lagscope_model::json::write(&mut lines, anomaly) {
+                    lines.truncate(whole);
+                    return Err(error.into());
+                }
+                lines.push(b'\n');
+                if lines.len() >= WRITE_CHUNK {
+                    stdout.write_all(&lines)?;
+                    lines.clear();
+                }
                 Ok(())
             };
             let emit: Option<lagscope::analyze::Emit<'_>> =
                 if format == Format::Jsonl { Some(&mut write_line) } else { None };
-            let report = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit)?;
+            let analyzed = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit);
+            // The anomalies written before any error are kept.
+            stdout.write_all(&lines)?;
+            let report = analyzed?;
             eprintln!(
                 "read {} export requests from {} file(s): {} spans, {} metric samples, {} log records; {} anomalies",
                 report.requests,
