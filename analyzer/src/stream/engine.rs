@@ -608,15 +608,19 @@ impl<'c> Engine<'c> {
         self.arrivals.push_back((end, call, at));
     }
 
+    /// Where place `at` is in `held`, unless it was dropped from the front.
+    fn held_index(&self, at: u64) -> Option<usize> {
+        usize::try_from(at.checked_sub(self.held_base)?).ok()
+    }
+
     /// The attempt held at place `at`, unless its call was processed.
     fn held(&self, at: u64) -> Option<&Slot> {
-        let index = usize::try_from(at.checked_sub(self.held_base)?).ok()?;
-        self.held.get(index)?.as_ref()
+        self.held.get(self.held_index(at)?)?.as_ref()
     }
 
     /// Takes the attempt held at place `at` out, and drops the emptied places at the front.
     fn release_held(&mut self, at: u64) -> Option<Slot> {
-        let index = usize::try_from(at.checked_sub(self.held_base)?).ok()?;
+        let index = self.held_index(at)?;
         let slot = self.held.get_mut(index)?.take();
         while let Some(None) = self.held.front() {
             self.held.pop_front();
@@ -879,7 +883,7 @@ impl<'c> Engine<'c> {
     fn join_slot(&mut self, call: CallRef, at: u64) {
         let Some(open) = self.current(call) else { return };
         let (client, namespace) = (open.client, open.namespace);
-        let Some(index) = at.checked_sub(self.held_base).and_then(|index| usize::try_from(index).ok()) else { return };
+        let Some(index) = self.held_index(at) else { return };
         let Some(Some(slot)) = self.held.get_mut(index) else { return };
         let Slot::Raw(span) = slot else { return };
         if !span.id.is_some() {
@@ -903,7 +907,7 @@ impl<'c> Engine<'c> {
             (Some(call_id), Some(calls)) => calls.remove(call_id).unwrap_or_default(),
             _ => Vec::new(),
         };
-        // The most common case: one attempt, joined through its trace.
+        // Most calls: one attempt, joined through its trace, moved straight into the call's list.
         if untraced.is_empty()
             && let [at] = open.held[..]
             && let Some(Slot::Joined(_)) = self.held(at)
@@ -919,7 +923,7 @@ impl<'c> Engine<'c> {
         slots.sort_by_key(Slot::order);
         let all_joined = slots.iter().all(|slot| matches!(slot, Slot::Joined(_)));
         if all_joined && untraced.is_empty() {
-            // The common case: every attempt joined through its trace already.
+            // Retried calls: every attempt joined through its trace already.
             let attempts: Vec<Attempt> = slots
                 .into_iter()
                 .filter_map(|slot| match slot {
