@@ -238,7 +238,7 @@ pub struct Engine<'c> {
     next_advance: i64,
     next_prune: i64,
     sequence: u64,
-    traces: FxHashMap<u128, Vec<HopRec>>,
+    traces: TracedHops,
     pending_spans: usize,
     by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
@@ -331,7 +331,7 @@ impl<'c> Engine<'c> {
             next_advance: i64::MIN,
             next_prune: i64::MIN,
             sequence: 0,
-            traces: FxHashMap::default(),
+            traces: TracedHops::default(),
             pending_spans: 0,
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
@@ -724,7 +724,7 @@ impl<'c> Engine<'c> {
         if span.id.is_some() {
             self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
             // A router and a server per attempt, most often: room for them at once.
-            self.traces.entry(span.id.trace_id).or_insert_with(|| Vec::with_capacity(2)).push(HopRec::of(&span));
+            self.traces.push(span.id.trace_id, HopRec::of(&span));
             self.pending_spans += 1;
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
@@ -788,19 +788,9 @@ impl<'c> Engine<'c> {
             let Some((_, waiting)) = self.waiting.pop_front() else { break };
             match waiting {
                 Waiting::Traced(trace) => {
-                    if let Some(spans) = self.traces.get_mut(&trace) {
-                        let before = spans.len();
-                        let mut unjoined = 0;
-                        spans.retain(|span| {
-                            let old = span.end < final_before;
-                            unjoined += u64::from(old && matches!(span.component, known::ROUTER | known::SERVER));
-                            !old
-                        });
-                        self.stats.unjoined_hops += unjoined;
-                        self.pending_spans -= before - spans.len();
-                        if spans.is_empty() {
-                            self.traces.remove(&trace);
-                        }
+                    for span in self.traces.take_ended(trace, final_before) {
+                        self.pending_spans -= 1;
+                        self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
                     }
                 }
                 Waiting::ByCall(client, call_id) => {
@@ -845,9 +835,7 @@ impl<'c> Engine<'c> {
             }
         }
         for trace in &traces {
-            if let Some(hops) = self.traces.get(trace) {
-                sum = sum.wrapping_add(hops.iter().map(HopRec::touch).fold(0, u64::wrapping_add));
-            }
+            sum = sum.wrapping_add(self.traces.of(*trace).map(HopRec::touch).fold(0, u64::wrapping_add));
         }
         std::hint::black_box(sum);
     }
@@ -1340,12 +1328,13 @@ impl<'c> Engine<'c> {
 
 /// The router and server spans under the client attempt `root`, taken out of its trace's
 /// waiting spans (intermediate spans are taken too).
-fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, root: SpanKey) -> Hops {
+fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> Hops {
     let mut found = Hops::new();
     if !root.is_some() {
         return found;
     }
-    let Some(spans) = traces.get_mut(&root.trace_id) else { return found };
+    let TracedHops { queue, base, places: by_trace } = traces;
+    let Some(places) = by_trace.get_mut(&root.trace_id) else { return found };
     // Spans taken so far (their ids are parents for the next level), from `level_start` on the
     // latest level's. Traces are small: linear scans beat maps.
     let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
@@ -1353,16 +1342,20 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, r
     for depth in 0..MAX_PARENT_HOPS {
         let level_end = taken.len();
         let mut index = 0;
-        while index < spans.len() {
-            let parent = spans[index].parent_span_id;
+        while index < places.len() {
+            let Some(parent) = queued(queue, *base, places[index]).map(|span| span.parent_span_id) else {
+                index += 1;
+                continue;
+            };
             let under =
                 if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
             if under {
-                let span = spans.remove(index);
-                *pending -= 1;
-                taken.push(span.span_id);
-                if matches!(span.component, known::ROUTER | known::SERVER) {
-                    found.push(span);
+                if let Some(span) = take_queued(queue, base, places.remove(index)) {
+                    *pending -= 1;
+                    taken.push(span.span_id);
+                    if matches!(span.component, known::ROUTER | known::SERVER) {
+                        found.push(span);
+                    }
                 }
             } else {
                 index += 1;
@@ -1373,10 +1366,69 @@ fn descendants(traces: &mut FxHashMap<u128, Vec<HopRec>>, pending: &mut usize, r
         }
         level_start = level_end;
     }
-    if spans.is_empty() {
-        traces.remove(&root.trace_id);
+    if places.is_empty() {
+        by_trace.remove(&root.trace_id);
     }
     found
+}
+
+/// Router, server and intermediate spans with trace context, waiting to be joined: in
+/// arrival order in `queue` (written one after another, and read at the joins in nearly the
+/// same order, which the processor's prefetchers follow; a list allocated per trace was a
+/// block freed long before, out of cache), found by trace through `places` (each trace's
+/// places in the queue). A span taken out leaves an empty place, dropped once at the front;
+/// `base` is the place of `queue[0]`.
+#[derive(Debug, Default)]
+struct TracedHops {
+    queue: VecDeque<Option<HopRec>>,
+    base: u64,
+    places: FxHashMap<u128, SmallVec<[u64; 2]>>,
+}
+
+impl TracedHops {
+    fn push(&mut self, trace: u128, span: HopRec) {
+        let at = self.base + self.queue.len() as u64;
+        self.queue.push_back(Some(span));
+        self.places.entry(trace).or_default().push(at);
+    }
+
+    /// The spans of `trace` waiting.
+    fn of(&self, trace: u128) -> impl Iterator<Item = &HopRec> {
+        self.places.get(&trace).into_iter().flatten().filter_map(|at| queued(&self.queue, self.base, *at))
+    }
+
+    /// Takes out the spans of `trace` that ended before `before` (they can no longer join).
+    fn take_ended(&mut self, trace: u128, before: UnixNanos) -> SmallVec<[HopRec; 2]> {
+        let mut ended = SmallVec::new();
+        let Some(places) = self.places.get_mut(&trace) else { return ended };
+        let (queue, base) = (&mut self.queue, &mut self.base);
+        places.retain(|at| {
+            if queued(queue, *base, *at).is_some_and(|span| span.end < before) {
+                ended.extend(take_queued(queue, base, *at));
+                return false;
+            }
+            true
+        });
+        if places.is_empty() {
+            self.places.remove(&trace);
+        }
+        ended
+    }
+}
+
+/// The span at place `at` of a [`TracedHops`] queue, unless taken.
+fn queued(queue: &VecDeque<Option<HopRec>>, base: u64, at: u64) -> Option<&HopRec> {
+    queue.get(usize::try_from(at.checked_sub(base)?).ok()?)?.as_ref()
+}
+
+/// Takes the span at place `at` out, and drops the empty places at the front.
+fn take_queued(queue: &mut VecDeque<Option<HopRec>>, base: &mut u64, at: u64) -> Option<HopRec> {
+    let span = queue.get_mut(usize::try_from(at.checked_sub(*base)?).ok()?)?.take();
+    while let Some(None) = queue.front() {
+        queue.pop_front();
+        *base += 1;
+    }
+    span
 }
 
 fn hash_str(text: &str) -> u64 {
