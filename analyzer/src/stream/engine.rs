@@ -34,7 +34,7 @@ use super::compact::{Attempt, Call, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
-use super::queue::{TimeQueue, Timed};
+use super::queue::{Places, TimeQueue, Timed};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
 use crate::detectors::{
@@ -243,14 +243,9 @@ pub struct Engine<'c> {
     by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u64)>,
-    /// Client attempts in arrival order until their call is processed (an emptied place at the
-    /// front is dropped): written one after another, read again at the join (in arrival order)
-    /// and when processed (in start order, close to it), so that memory is walked nearly in
-    /// order, which the processor's prefetchers follow; a list allocated per call instead was
-    /// a block the allocator had freed long before, out of cache, written at random. `held_base`
-    /// is the place of `held[0]`.
-    held: VecDeque<Option<Slot>>,
-    held_base: u64,
+    /// Client attempts until their call is processed, in arrival order (see [`Places`]): read
+    /// again at the join (in arrival order) and when processed (in start order, close to it).
+    held: Places<Slot>,
     /// `advance`'s batches of attempts to join and calls to finalize (kept for their buffers).
     join_batch: Vec<(CallRef, u64)>,
     due_batch: Vec<(UnixNanos, CallRef)>,
@@ -336,8 +331,7 @@ impl<'c> Engine<'c> {
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
             arrivals: VecDeque::new(),
-            held: VecDeque::new(),
-            held_base: 0,
+            held: Places::default(),
             join_batch: Vec::new(),
             due_batch: Vec::new(),
             calls: Vec::new(),
@@ -602,31 +596,9 @@ impl<'c> Engine<'c> {
             Some(call) => call,
             None => self.open_call(&span),
         };
-        let at = self.held_base + self.held.len() as u64;
-        self.held.push_back(Some(Slot::Raw(span)));
+        let at = self.held.push(Slot::Raw(span));
         self.calls[call.slot as usize].as_mut().expect("an indexed call is open").held.push(at);
         self.arrivals.push_back((end, call, at));
-    }
-
-    /// Where place `at` is in `held`, unless it was dropped from the front.
-    fn held_index(&self, at: u64) -> Option<usize> {
-        usize::try_from(at.checked_sub(self.held_base)?).ok()
-    }
-
-    /// The attempt held at place `at`, unless its call was processed.
-    fn held(&self, at: u64) -> Option<&Slot> {
-        self.held.get(self.held_index(at)?)?.as_ref()
-    }
-
-    /// Takes the attempt held at place `at` out, and drops the emptied places at the front.
-    fn release_held(&mut self, at: u64) -> Option<Slot> {
-        let index = self.held_index(at)?;
-        let slot = self.held.get_mut(index)?.take();
-        while let Some(None) = self.held.front() {
-            self.held.pop_front();
-            self.held_base += 1;
-        }
-        slot
     }
 
     /// The call `call` names, if it is still open.
@@ -829,7 +801,7 @@ impl<'c> Engine<'c> {
         let mut sum = self.warm_slab(batch.iter().map(|(call, _)| *call));
         let mut traces: SmallVec<[u128; BATCH]> = SmallVec::new();
         for (_, at) in batch {
-            if let Some(Slot::Raw(span)) = self.held(*at) {
+            if let Some(Slot::Raw(span)) = self.held.get(*at) {
                 sum = sum.wrapping_add(span.touch());
                 traces.push(span.id.trace_id);
             }
@@ -846,7 +818,7 @@ impl<'c> Engine<'c> {
         let mut sum = self.warm_slab(batch.iter().map(|(_, call)| *call));
         for (_, call) in batch {
             if let Some(open) = &self.calls[call.slot as usize] {
-                for slot in open.held.iter().filter_map(|at| self.held(*at)) {
+                for slot in open.held.iter().filter_map(|at| self.held.get(*at)) {
                     sum = sum.wrapping_add(match slot {
                         Slot::Raw(span) => span.touch(),
                         Slot::Joined(attempt) => attempt.touch(),
@@ -871,8 +843,7 @@ impl<'c> Engine<'c> {
     fn join_slot(&mut self, call: CallRef, at: u64) {
         let Some(open) = self.current(call) else { return };
         let (client, namespace) = (open.client, open.namespace);
-        let Some(index) = self.held_index(at) else { return };
-        let Some(Some(slot)) = self.held.get_mut(index) else { return };
+        let Some(slot) = self.held.get_mut(at) else { return };
         let Slot::Raw(span) = slot else { return };
         if !span.id.is_some() {
             return;
@@ -898,8 +869,8 @@ impl<'c> Engine<'c> {
         // Most calls: one attempt, joined through its trace, moved straight into the call's list.
         if untraced.is_empty()
             && let [at] = open.held[..]
-            && let Some(Slot::Joined(_)) = self.held(at)
-            && let Some(Slot::Joined(attempt)) = self.release_held(at)
+            && let Some(Slot::Joined(_)) = self.held.get(at)
+            && let Some(Slot::Joined(attempt)) = self.held.take(at)
         {
             self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, vec![attempt]);
             return;
@@ -907,7 +878,7 @@ impl<'c> Engine<'c> {
         // Out of the held attempts into the list that becomes the call's (allocated now, when
         // blocks freed by recently processed calls are at hand).
         let mut slots: Vec<Slot> = Vec::with_capacity(open.held.len());
-        slots.extend(open.held.iter().filter_map(|at| self.release_held(*at)));
+        slots.extend(open.held.iter().filter_map(|at| self.held.take(*at)));
         slots.sort_by_key(Slot::order);
         let all_joined = slots.iter().all(|slot| matches!(slot, Slot::Joined(_)));
         if all_joined && untraced.is_empty() {
@@ -1333,7 +1304,7 @@ fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> H
     if !root.is_some() {
         return found;
     }
-    let TracedHops { queue, base, places: by_trace } = traces;
+    let TracedHops { spans, places: by_trace } = traces;
     let Some(places) = by_trace.get_mut(&root.trace_id) else { return found };
     // Spans taken so far (their ids are parents for the next level), from `level_start` on the
     // latest level's. Traces are small: linear scans beat maps.
@@ -1343,14 +1314,14 @@ fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> H
         let level_end = taken.len();
         let mut index = 0;
         while index < places.len() {
-            let Some(parent) = queued(queue, *base, places[index]).map(|span| span.parent_span_id) else {
+            let Some(parent) = spans.get(places[index]).map(|span| span.parent_span_id) else {
                 index += 1;
                 continue;
             };
             let under =
                 if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
             if under {
-                if let Some(span) = take_queued(queue, base, places.remove(index)) {
+                if let Some(span) = spans.take(places.remove(index)) {
                     *pending -= 1;
                     taken.push(span.span_id);
                     if matches!(span.component, known::ROUTER | known::SERVER) {
@@ -1373,38 +1344,33 @@ fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> H
 }
 
 /// Router, server and intermediate spans with trace context, waiting to be joined: in
-/// arrival order in `queue` (written one after another, and read at the joins in nearly the
-/// same order, which the processor's prefetchers follow; a list allocated per trace was a
-/// block freed long before, out of cache), found by trace through `places` (each trace's
-/// places in the queue). A span taken out leaves an empty place, dropped once at the front;
-/// `base` is the place of `queue[0]`.
+/// arrival order in `spans` (see [`Places`]; read at the joins in nearly that order), found by
+/// trace through `places` (each trace's places, in arrival order).
 #[derive(Debug, Default)]
 struct TracedHops {
-    queue: VecDeque<Option<HopRec>>,
-    base: u64,
+    spans: Places<HopRec>,
     places: FxHashMap<u128, SmallVec<[u64; 2]>>,
 }
 
 impl TracedHops {
     fn push(&mut self, trace: u128, span: HopRec) {
-        let at = self.base + self.queue.len() as u64;
-        self.queue.push_back(Some(span));
+        let at = self.spans.push(span);
         self.places.entry(trace).or_default().push(at);
     }
 
     /// The spans of `trace` waiting.
     fn of(&self, trace: u128) -> impl Iterator<Item = &HopRec> {
-        self.places.get(&trace).into_iter().flatten().filter_map(|at| queued(&self.queue, self.base, *at))
+        self.places.get(&trace).into_iter().flatten().filter_map(|at| self.spans.get(*at))
     }
 
     /// Takes out the spans of `trace` that ended before `before` (they can no longer join).
     fn take_ended(&mut self, trace: u128, before: UnixNanos) -> SmallVec<[HopRec; 2]> {
         let mut ended = SmallVec::new();
         let Some(places) = self.places.get_mut(&trace) else { return ended };
-        let (queue, base) = (&mut self.queue, &mut self.base);
+        let spans = &mut self.spans;
         places.retain(|at| {
-            if queued(queue, *base, *at).is_some_and(|span| span.end < before) {
-                ended.extend(take_queued(queue, base, *at));
+            if spans.get(*at).is_some_and(|span| span.end < before) {
+                ended.extend(spans.take(*at));
                 return false;
             }
             true
@@ -1414,21 +1380,6 @@ impl TracedHops {
         }
         ended
     }
-}
-
-/// The span at place `at` of a [`TracedHops`] queue, unless taken.
-fn queued(queue: &VecDeque<Option<HopRec>>, base: u64, at: u64) -> Option<&HopRec> {
-    queue.get(usize::try_from(at.checked_sub(base)?).ok()?)?.as_ref()
-}
-
-/// Takes the span at place `at` out, and drops the empty places at the front.
-fn take_queued(queue: &mut VecDeque<Option<HopRec>>, base: &mut u64, at: u64) -> Option<HopRec> {
-    let span = queue.get_mut(usize::try_from(at.checked_sub(*base)?).ok()?)?.take();
-    while let Some(None) = queue.front() {
-        queue.pop_front();
-        *base += 1;
-    }
-    span
 }
 
 fn hash_str(text: &str) -> u64 {
