@@ -239,7 +239,6 @@ pub struct Engine<'c> {
     next_prune: i64,
     sequence: u64,
     traces: TracedHops,
-    pending_spans: usize,
     by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
     waiting: VecDeque<(UnixNanos, Waiting)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u64)>,
@@ -327,7 +326,6 @@ impl<'c> Engine<'c> {
             next_prune: i64::MIN,
             sequence: 0,
             traces: TracedHops::default(),
-            pending_spans: 0,
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
             arrivals: VecDeque::new(),
@@ -695,10 +693,8 @@ impl<'c> Engine<'c> {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
             self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
-            // A router and a server per attempt, most often: room for them at once.
             self.traces.push(span.id.trace_id, HopRec::of(&span));
-            self.pending_spans += 1;
-            self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.pending_spans);
+            self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
             self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
             self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(HopRec::of(&span));
@@ -761,7 +757,6 @@ impl<'c> Engine<'c> {
             match waiting {
                 Waiting::Traced(trace) => {
                     for span in self.traces.take_ended(trace, final_before) {
-                        self.pending_spans -= 1;
                         self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
                     }
                 }
@@ -848,7 +843,7 @@ impl<'c> Engine<'c> {
         if !span.id.is_some() {
             return;
         }
-        let mut hops = descendants(&mut self.traces, &mut self.pending_spans, span.id);
+        let mut hops = descendants(&mut self.traces, span.id);
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let attempt = build_attempt(span, &mut hops, join);
         *slot = Slot::Joined(attempt);
@@ -898,7 +893,7 @@ impl<'c> Engine<'c> {
             .iter()
             .map(|slot| match slot {
                 Slot::Raw(span) => {
-                    let traced = descendants(&mut self.traces, &mut self.pending_spans, span.id);
+                    let traced = descendants(&mut self.traces, span.id);
                     let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
                     Some((traced, join))
                 }
@@ -1299,7 +1294,7 @@ impl<'c> Engine<'c> {
 
 /// The router and server spans under the client attempt `root`, taken out of its trace's
 /// waiting spans (intermediate spans are taken too).
-fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> Hops {
+fn descendants(traces: &mut TracedHops, root: SpanKey) -> Hops {
     let mut found = Hops::new();
     if !root.is_some() {
         return found;
@@ -1322,7 +1317,6 @@ fn descendants(traces: &mut TracedHops, pending: &mut usize, root: SpanKey) -> H
                 if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
             if under {
                 if let Some(span) = spans.take(places.remove(index)) {
-                    *pending -= 1;
                     taken.push(span.span_id);
                     if matches!(span.component, known::ROUTER | known::SERVER) {
                         found.push(span);

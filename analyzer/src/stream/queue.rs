@@ -124,11 +124,13 @@ pub(crate) struct Places<T> {
     queue: VecDeque<Option<T>>,
     /// The place of `queue[0]`.
     base: u64,
+    /// Items waiting (not taken).
+    len: usize,
 }
 
 impl<T> Default for Places<T> {
     fn default() -> Self {
-        Self { queue: VecDeque::new(), base: 0 }
+        Self { queue: VecDeque::new(), base: 0, len: 0 }
     }
 }
 
@@ -137,7 +139,13 @@ impl<T> Places<T> {
     pub(crate) fn push(&mut self, item: T) -> u64 {
         let at = self.base + self.queue.len() as u64;
         self.queue.push_back(Some(item));
+        self.len += 1;
         at
+    }
+
+    /// How many items wait.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     fn index(&self, at: u64) -> Option<usize> {
@@ -158,6 +166,7 @@ impl<T> Places<T> {
     pub(crate) fn take(&mut self, at: u64) -> Option<T> {
         let index = self.index(at)?;
         let item = self.queue.get_mut(index)?.take();
+        self.len -= usize::from(item.is_some());
         while let Some(None) = self.queue.front() {
             self.queue.pop_front();
             self.base += 1;
@@ -197,6 +206,7 @@ mod tests {
                 for (at, item) in &expected {
                     assert_eq!(places.get(*at), Some(item));
                 }
+                assert_eq!(places.len(), expected.len());
                 let first = expected.keys().next().copied();
                 assert!(places.queue.len() as u64 >= expected.len() as u64);
                 assert_eq!(
