@@ -138,12 +138,15 @@ struct Run<'c, 'e> {
 impl Run<'_, '_> {
     /// Writes what the engine has settled, when anomalies are written as found.
     fn emit_found(&mut self) -> anyhow::Result<()> {
-        if let Some(emit) = self.emit.as_mut() {
+        if let Some(emit) = self.emit.as_mut()
+            && self.engine.has_found()
+        {
             let emitting = Instant::now();
-            for anomaly in self.engine.take_found() {
-                emit(&anomaly)?;
-                self.anomaly_count += 1;
-            }
+            let count = &mut self.anomaly_count;
+            self.engine.drain_found(|anomaly| {
+                *count += 1;
+                emit(&anomaly)
+            })?;
             self.writing += emitting.elapsed().as_secs_f64();
         }
         Ok(())
@@ -184,6 +187,11 @@ impl Run<'_, '_> {
                 }
                 started = Instant::now();
                 self.detect += (started - decoded).as_secs_f64();
+                // Written while their text is in cache (see `Engine::drain_found`).
+                if self.engine.has_found() {
+                    self.emit_found()?;
+                    started = Instant::now();
+                }
             }
             let emitted = self.emit_found();
             started = Instant::now();

@@ -136,7 +136,8 @@ const MIN_STALE_ENTRIES: usize = 4096;
 /// What the eviction queue remembers of a waiting span.
 #[derive(Debug)]
 enum Waiting {
-    Traced(u128),
+    /// Its trace and its place in [`TracedHops::spans`].
+    Traced(u128, u64),
     ByCall(Sym, CallId),
 }
 
@@ -284,6 +285,8 @@ pub struct Engine<'c> {
     /// Clients' "Disable OM follower read" lines: (time, the OM that refused), in time order.
     logged_disables: FxHashMap<Sym, Vec<(UnixNanos, Sym)>>,
     anomalies: Vec<Anomaly>,
+    /// Window anomalies [`Engine::drain_found`] met, kept for [`Engine::finish`].
+    windows_found: Vec<Anomaly>,
     stats: EngineStats,
 }
 
@@ -354,6 +357,7 @@ impl<'c> Engine<'c> {
             logged_disables: FxHashMap::default(),
             evidence_lines: VecDeque::new(),
             anomalies: Vec::new(),
+            windows_found: Vec::new(),
             stats: EngineStats::default(),
         }
     }
@@ -523,14 +527,26 @@ impl<'c> Engine<'c> {
         self.push_sample(SampleRec { series, time: sample.time_unix_nano, value: *value });
     }
 
-    /// Takes the anomalies found so far that no later data can change: every kind but the
-    /// windows (whether a window is still open is decided at the end of the data). Callers
-    /// that write anomalies as they are found keep memory bounded this way.
-    pub fn take_found(&mut self) -> Vec<Anomaly> {
-        let (windows, found): (Vec<Anomaly>, Vec<Anomaly>) =
-            std::mem::take(&mut self.anomalies).into_iter().partition(|anomaly| anomaly.kind.is_window());
-        self.anomalies = windows;
-        found
+    /// Whether anomalies were found since [`Engine::drain_found`] last ran.
+    pub fn has_found(&self) -> bool {
+        !self.anomalies.is_empty()
+    }
+
+    /// Hands `each` the anomalies found so far that no later data can change, in the order
+    /// found, and forgets them: every kind but the windows (whether a window is still open is
+    /// decided at the end of the data: they wait for [`Engine::finish`]). Callers that write
+    /// anomalies as they are found keep memory bounded this way; calling it every few dozen
+    /// spans writes each anomaly while its text is still in cache (once per capture block, a
+    /// few thousand spans, it had left it: a sixth of the cache misses of an analysis).
+    pub fn drain_found<E>(&mut self, mut each: impl FnMut(Anomaly) -> Result<(), E>) -> Result<(), E> {
+        for anomaly in self.anomalies.drain(..) {
+            if anomaly.kind.is_window() {
+                self.windows_found.push(anomaly);
+            } else {
+                each(anomaly)?;
+            }
+        }
+        Ok(())
     }
 
     /// Processes everything still open and returns the anomalies, ordered and marked open
@@ -564,7 +580,8 @@ impl<'c> Engine<'c> {
             }
             None => Vec::new(),
         };
-        let mut anomalies = std::mem::take(&mut self.anomalies);
+        let mut anomalies = std::mem::take(&mut self.windows_found);
+        anomalies.append(&mut self.anomalies);
         anomalies.extend(metric_anomalies);
         let grace = self.config.open_grace_seconds * 1_000_000_000;
         for anomaly in &mut anomalies {
@@ -692,8 +709,8 @@ impl<'c> Engine<'c> {
     fn push_hop(&mut self, mut span: SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
-            self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id)));
-            self.traces.push(span.id.trace_id, HopRec::of(&span));
+            let at = self.traces.push(span.id.trace_id, HopRec::of(&span));
+            self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id, at)));
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
             self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
@@ -755,8 +772,8 @@ impl<'c> Engine<'c> {
             }
             let Some((_, waiting)) = self.waiting.pop_front() else { break };
             match waiting {
-                Waiting::Traced(trace) => {
-                    for span in self.traces.take_ended(trace, final_before) {
+                Waiting::Traced(trace, at) => {
+                    if let Some(span) = self.traces.take_unjoined(trace, at) {
                         self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
                     }
                 }
@@ -1347,9 +1364,11 @@ struct TracedHops {
 }
 
 impl TracedHops {
-    fn push(&mut self, trace: u128, span: HopRec) {
+    /// Adds a span of `trace`; returns its place.
+    fn push(&mut self, trace: u128, span: HopRec) -> u64 {
         let at = self.spans.push(span);
         self.places.entry(trace).or_default().push(at);
+        at
     }
 
     /// The spans of `trace` waiting.
@@ -1357,22 +1376,18 @@ impl TracedHops {
         self.places.get(&trace).into_iter().flatten().filter_map(|at| self.spans.get(*at))
     }
 
-    /// Takes out the spans of `trace` that ended before `before` (they can no longer join).
-    fn take_ended(&mut self, trace: u128, before: UnixNanos) -> SmallVec<[HopRec; 2]> {
-        let mut ended = SmallVec::new();
-        let Some(places) = self.places.get_mut(&trace) else { return ended };
-        let spans = &mut self.spans;
-        places.retain(|at| {
-            if spans.get(*at).is_some_and(|span| span.end < before) {
-                ended.extend(spans.take(*at));
-                return false;
+    /// Takes out the span of `trace` at place `at`, if it is still there (it never joined).
+    /// Its place is read first, in arrival order like the eviction queue that names it: a
+    /// joined span (nearly all) costs no lookup of its trace.
+    fn take_unjoined(&mut self, trace: u128, at: u64) -> Option<HopRec> {
+        let span = self.spans.take(at)?;
+        if let Some(places) = self.places.get_mut(&trace) {
+            places.retain(|place| *place != at);
+            if places.is_empty() {
+                self.places.remove(&trace);
             }
-            true
-        });
-        if places.is_empty() {
-            self.places.remove(&trace);
         }
-        ended
+        Some(span)
     }
 }
 
