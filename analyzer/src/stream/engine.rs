@@ -133,14 +133,6 @@ struct CallRef {
 /// few open calls do not sweep the table at every close).
 const MIN_STALE_ENTRIES: usize = 4096;
 
-/// What the eviction queue remembers of a waiting span.
-#[derive(Debug)]
-enum Waiting {
-    /// Its trace and its place in [`TracedHops::spans`].
-    Traced(u128, u64),
-    ByCall(Sym, CallId),
-}
-
 /// One router answer for a namespace (`no_namenodes_window`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Answer {
@@ -241,7 +233,9 @@ pub struct Engine<'c> {
     sequence: u64,
     traces: TracedHops,
     by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
-    waiting: VecDeque<(UnixNanos, Waiting)>,
+    /// Hops without trace context waiting by call id, in arrival order: (end, client, call id).
+    /// (Traced hops are dropped from the front of their own queue, [`TracedHops::spans`].)
+    waiting: VecDeque<(UnixNanos, Sym, CallId)>,
     arrivals: VecDeque<(UnixNanos, CallRef, u64)>,
     /// Client attempts until their call is processed, in arrival order (see [`Places`]): read
     /// again at the join (in arrival order) and when processed (in start order, close to it).
@@ -709,11 +703,10 @@ impl<'c> Engine<'c> {
     fn push_hop(&mut self, mut span: SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
-            let at = self.traces.push(span.id.trace_id, HopRec::of(&span));
-            self.waiting.push_back((span.end, Waiting::Traced(span.id.trace_id, at)));
+            self.traces.push(span.id.trace_id, HopRec::of(&span));
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
-            self.waiting.push_back((span.end, Waiting::ByCall(span.client, call_id.clone())));
+            self.waiting.push_back((span.end, span.client, call_id.clone()));
             self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(HopRec::of(&span));
         }
     }
@@ -765,25 +758,24 @@ impl<'c> Engine<'c> {
         // Every call that started before the horizon is processed: so are the answers (log
         // lines included, which no call releases).
         self.release_answers(final_before.saturating_sub(1));
-        // A hop ended after its attempt started, so that attempt's call is processed by now.
-        while let Some((end, _)) = self.waiting.front() {
-            if *end >= final_before {
-                break;
-            }
-            let Some((_, waiting)) = self.waiting.pop_front() else { break };
-            match waiting {
-                Waiting::Traced(trace, at) => {
-                    if let Some(span) = self.traces.take_unjoined(trace, at) {
-                        self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
-                    }
-                }
-                Waiting::ByCall(client, call_id) => {
-                    if let Some(calls) = self.by_call.get_mut(&client)
-                        && let Some(spans) = calls.remove(&call_id)
-                    {
-                        self.stats.unjoined_hops += spans.len() as u64;
-                    }
-                }
+        // A hop ended after its attempt started, so that attempt's call is processed by now:
+        // what still waits from before the horizon never joined. The traced hops are dropped
+        // from the front of their queue, in arrival order (joined ones were taken out already:
+        // the front has moved past them), their traces' stale places swept out at pruning.
+        while let Some((at, span)) = self.traces.spans.front()
+            && span.end < final_before
+        {
+            self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
+            self.traces.spans.take(at);
+        }
+        while let Some((end, _, _)) = self.waiting.front()
+            && *end < final_before
+        {
+            let Some((_, client, call_id)) = self.waiting.pop_front() else { break };
+            if let Some(calls) = self.by_call.get_mut(&client)
+                && let Some(spans) = calls.remove(&call_id)
+            {
+                self.stats.unjoined_hops += spans.len() as u64;
             }
         }
         // Once a minute of data time: forget what the retention no longer covers (never in the
@@ -791,6 +783,7 @@ impl<'c> Engine<'c> {
         if self.watermark != i64::MAX && self.watermark >= self.next_prune {
             self.next_prune = self.watermark.saturating_add(60 * 1_000_000_000);
             self.evict_idle_clients(final_before.saturating_sub(self.retention));
+            self.traces.sweep();
             let before = final_before.saturating_sub(self.retention);
             for namespace in self.namespaces.values_mut() {
                 namespace.prune(before);
@@ -1364,11 +1357,9 @@ struct TracedHops {
 }
 
 impl TracedHops {
-    /// Adds a span of `trace`; returns its place.
-    fn push(&mut self, trace: u128, span: HopRec) -> u64 {
+    fn push(&mut self, trace: u128, span: HopRec) {
         let at = self.spans.push(span);
         self.places.entry(trace).or_default().push(at);
-        at
     }
 
     /// The spans of `trace` waiting.
@@ -1376,18 +1367,14 @@ impl TracedHops {
         self.places.get(&trace).into_iter().flatten().filter_map(|at| self.spans.get(*at))
     }
 
-    /// Takes out the span of `trace` at place `at`, if it is still there (it never joined).
-    /// Its place is read first, in arrival order like the eviction queue that names it: a
-    /// joined span (nearly all) costs no lookup of its trace.
-    fn take_unjoined(&mut self, trace: u128, at: u64) -> Option<HopRec> {
-        let span = self.spans.take(at)?;
-        if let Some(places) = self.places.get_mut(&trace) {
-            places.retain(|place| *place != at);
-            if places.is_empty() {
-                self.places.remove(&trace);
-            }
-        }
-        Some(span)
+    /// Forgets the places of spans dropped unjoined from the queue's front, and the traces
+    /// left with none (a trace's places are otherwise removed as its spans join).
+    fn sweep(&mut self) {
+        let spans = &self.spans;
+        self.places.retain(|_, places| {
+            places.retain(|at| spans.get(*at).is_some());
+            !places.is_empty()
+        });
     }
 }
 
@@ -1717,5 +1704,32 @@ mod tests {
         }
         let (_, stats) = engine.finish();
         assert_eq!(stats.calls, 2);
+    }
+
+    /// Router/server spans whose client attempt never comes are dropped a horizon after they
+    /// ended and counted, and their traces are forgotten: the table of waiting traces stays
+    /// bounded however long such spans keep coming.
+    #[test]
+    fn hops_that_never_join_are_dropped_counted_and_their_traces_forgotten() {
+        let config = AnalyzerConfig::default();
+        let mut engine = Engine::new(&config, |_| true);
+        let mut most = 0;
+        for second in 0..2_000_i64 {
+            let start = second * 1_000_000_000;
+            engine.push_span(SpanRec {
+                id: SpanKey { trace_id: second as u128 + 1, span_id: 7 },
+                parent_span_id: 3,
+                start,
+                end: start + 1_000_000,
+                component: known::SERVER,
+                ..SpanRec::default()
+            });
+            most = most.max(engine.traces.places.len());
+        }
+        // One a second: a horizon's worth (90) waiting, and at most a minute's dropped ones
+        // whose traces the next pruning sweeps out.
+        assert!((90..=160).contains(&most), "{most} traces waiting at most");
+        let (_, stats) = engine.finish();
+        assert_eq!(stats.unjoined_hops, 2_000);
     }
 }

@@ -189,6 +189,11 @@ impl<T> Places<T> {
         Some(&mut self.blocks[block][offset])
     }
 
+    /// The oldest item waiting, and its place.
+    pub(crate) fn front(&self) -> Option<(u64, &T)> {
+        Some((self.front, self.get(self.front)?))
+    }
+
     /// The item at place `at`, unless it was taken.
     pub(crate) fn get(&self, at: u64) -> Option<&T> {
         if at < self.front || at >= self.end {
@@ -265,6 +270,7 @@ mod tests {
                 // The front is dropped up to the first item waiting, a block at a time.
                 let first = expected.keys().next().copied().unwrap_or(pushed);
                 assert_eq!(places.front, first, "front empty only when all are");
+                assert_eq!(places.front(), expected.iter().next().map(|(at, item)| (*at, item)));
                 let held = (pushed - places.base).div_ceil(PLACES_PER_BLOCK);
                 assert_eq!(places.blocks() as u64, held);
                 assert!(places.base <= first && first - places.base < PLACES_PER_BLOCK);
