@@ -236,12 +236,14 @@ pub struct Engine<'c> {
     /// Hops without trace context waiting by call id, in arrival order: (end, client, call id).
     /// (Traced hops are dropped from the front of their own queue, [`TracedHops::spans`].)
     waiting: VecDeque<(UnixNanos, Sym, CallId)>,
-    arrivals: VecDeque<(UnixNanos, CallRef, u64)>,
+    /// The first place in `held` not yet looked at by the join (attempts are joined in arrival
+    /// order, the lateness after they ended).
+    join_next: u64,
     /// Client attempts until their call is processed, in arrival order (see [`Places`]): read
     /// again at the join (in arrival order) and when processed (in start order, close to it).
     held: Places<Slot>,
     /// `advance`'s batches of attempts to join and calls to finalize (kept for their buffers).
-    join_batch: Vec<(CallRef, u64)>,
+    join_batch: Vec<u64>,
     due_batch: Vec<(UnixNanos, CallRef)>,
     calls: Vec<Option<OpenCall>>,
     generations: Vec<u32>,
@@ -325,7 +327,7 @@ impl<'c> Engine<'c> {
             traces: TracedHops::default(),
             by_call: FxHashMap::default(),
             waiting: VecDeque::new(),
-            arrivals: VecDeque::new(),
+            join_next: 0,
             held: Places::default(),
             join_batch: Vec::new(),
             due_batch: Vec::new(),
@@ -599,7 +601,6 @@ impl<'c> Engine<'c> {
         if span.start.saturating_add(self.horizon) < self.watermark {
             self.stats.late_attempts += 1;
         }
-        let end = span.end;
         let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
         let call = match existing {
             Some(call) => call,
@@ -607,7 +608,6 @@ impl<'c> Engine<'c> {
         };
         let at = self.held.push(Slot::Raw(span));
         self.calls[call.slot as usize].as_mut().expect("an indexed call is open").held.push(at);
-        self.arrivals.push_back((end, call, at));
     }
 
     /// The call `call` names, if it is still open.
@@ -718,19 +718,24 @@ impl<'c> Engine<'c> {
         let mut joins = std::mem::take(&mut self.join_batch);
         loop {
             joins.clear();
-            while joins.len() < BATCH
-                && let Some((end, call, index)) = self.arrivals.front().copied()
-                && end < join_before
-            {
-                self.arrivals.pop_front();
-                joins.push((call, index));
+            // The held attempts in arrival order, up to the first that ended too recently
+            // (walked in order: the prefetchers bring the next ones in).
+            self.join_next = self.join_next.max(self.held.front_place());
+            while joins.len() < BATCH && self.join_next < self.held.next_place() {
+                if let Some(Slot::Raw(span)) = self.held.get(self.join_next) {
+                    if span.end >= join_before {
+                        break;
+                    }
+                    joins.push(self.join_next);
+                }
+                self.join_next += 1;
             }
             if joins.is_empty() {
                 break;
             }
             self.warm_joins(&joins);
-            for (call, at) in joins.iter().copied() {
-                self.join_slot(call, at);
+            for at in joins.iter().copied() {
+                self.join_slot(at);
             }
         }
         self.join_batch = joins;
@@ -802,10 +807,10 @@ impl<'c> Engine<'c> {
     /// cache; read one join at a time, every miss waits for the one before (a chain of
     /// pointers), while a pass over the batch lets the processor wait for many at once. What is
     /// read is only summed (and kept from being optimized away).
-    fn warm_joins(&self, batch: &[(CallRef, u64)]) {
-        let mut sum = self.warm_slab(batch.iter().map(|(call, _)| *call));
+    fn warm_joins(&self, batch: &[u64]) {
+        let mut sum = 0_u64;
         let mut traces: SmallVec<[u128; BATCH]> = SmallVec::new();
-        for (_, at) in batch {
+        for at in batch {
             if let Some(Slot::Raw(span)) = self.held.get(*at) {
                 sum = sum.wrapping_add(span.touch());
                 traces.push(span.id.trace_id);
@@ -845,14 +850,14 @@ impl<'c> Engine<'c> {
 
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts
     /// wait for their call to be final (they join by call id, to the nearest attempt).
-    fn join_slot(&mut self, call: CallRef, at: u64) {
-        let Some(open) = self.current(call) else { return };
-        let (client, namespace) = (open.client, open.namespace);
+    fn join_slot(&mut self, at: u64) {
         let Some(slot) = self.held.get_mut(at) else { return };
         let Slot::Raw(span) = slot else { return };
         if !span.id.is_some() {
             return;
         }
+        // Its call's: a call's attempts share their client and namespace.
+        let (client, namespace) = (span.client, span.namespace);
         let mut hops = descendants(&mut self.traces, span.id);
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let attempt = build_attempt(span, &mut hops, join);

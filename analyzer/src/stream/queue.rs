@@ -189,6 +189,16 @@ impl<T> Places<T> {
         Some(&mut self.blocks[block][offset])
     }
 
+    /// The place of the oldest item waiting (the next place when none waits).
+    pub(crate) fn front_place(&self) -> u64 {
+        self.front
+    }
+
+    /// The place the next item pushed will have.
+    pub(crate) fn next_place(&self) -> u64 {
+        self.end
+    }
+
     /// The oldest item waiting, and its place.
     pub(crate) fn front(&self) -> Option<(u64, &T)> {
         Some((self.front, self.get(self.front)?))
