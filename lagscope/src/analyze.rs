@@ -143,10 +143,7 @@ impl Run<'_, '_> {
         {
             let emitting = Instant::now();
             let count = &mut self.anomaly_count;
-            self.engine.drain_found(|anomaly| {
-                *count += 1;
-                emit(&anomaly)
-            })?;
+            self.engine.drain_found(|anomaly| emit(&anomaly).map(|()| *count += 1))?;
             self.writing += emitting.elapsed().as_secs_f64();
         }
         Ok(())
@@ -188,7 +185,7 @@ impl Run<'_, '_> {
                 started = Instant::now();
                 self.detect += (started - decoded).as_secs_f64();
                 // Written while their text is in cache (see `Engine::drain_found`).
-                if self.engine.has_found() {
+                if self.emit.is_some() && self.engine.has_found() {
                     self.emit_found()?;
                     started = Instant::now();
                 }

@@ -533,7 +533,7 @@ impl<'c> Engine<'c> {
     /// decided at the end of the data: they wait for [`Engine::finish`]). Callers that write
     /// anomalies as they are found keep memory bounded this way; calling it every few dozen
     /// spans writes each anomaly while its text is still in cache (once per capture block, a
-    /// few thousand spans, it had left it: a sixth of the cache misses of an analysis).
+    /// few thousand spans later, it had left it).
     pub fn drain_found<E>(&mut self, mut each: impl FnMut(Anomaly) -> Result<(), E>) -> Result<(), E> {
         for anomaly in self.anomalies.drain(..) {
             if anomaly.kind.is_window() {
@@ -802,8 +802,8 @@ impl<'c> Engine<'c> {
     }
 
     /// Reads, for a batch of attempts about to be joined, the memory the joins will read: the
-    /// slab entries, then the attempts' spans, then their traces' waiting hops (every field of
-    /// each: a record spans several cache lines). Held for the lateness, all of it has left the
+    /// attempts' spans, then their traces' waiting hops (every field of each: a record spans
+    /// several cache lines). Held for the lateness, all of it has left the
     /// cache; read one join at a time, every miss waits for the one before (a chain of
     /// pointers), while a pass over the batch lets the processor wait for many at once. What is
     /// read is only summed (and kept from being optimized away).

@@ -180,12 +180,14 @@ impl<T> Places<T> {
         ((index / PLACES_PER_BLOCK) as usize, (index % PLACES_PER_BLOCK) as usize)
     }
 
+    /// [`Places::position`] of `at` if it is a place still held (from the front on).
+    fn locate(&self, at: u64) -> Option<(usize, usize)> {
+        (self.front..self.end).contains(&at).then(|| self.position(at))
+    }
+
     /// The slot of place `at`, if it is one still held.
     fn slot(&mut self, at: u64) -> Option<&mut Option<T>> {
-        if at < self.front || at >= self.end {
-            return None;
-        }
-        let (block, offset) = self.position(at);
+        let (block, offset) = self.locate(at)?;
         Some(&mut self.blocks[block][offset])
     }
 
@@ -206,10 +208,7 @@ impl<T> Places<T> {
 
     /// The item at place `at`, unless it was taken.
     pub(crate) fn get(&self, at: u64) -> Option<&T> {
-        if at < self.front || at >= self.end {
-            return None;
-        }
-        let (block, offset) = self.position(at);
+        let (block, offset) = self.locate(at)?;
         self.blocks[block][offset].as_ref()
     }
 
