@@ -764,15 +764,8 @@ impl<'c> Engine<'c> {
         // lines included, which no call releases).
         self.release_answers(final_before.saturating_sub(1));
         // A hop ended after its attempt started, so that attempt's call is processed by now:
-        // what still waits from before the horizon never joined. The traced hops are dropped
-        // from the front of their queue, in arrival order (joined ones were taken out already:
-        // the front has moved past them), their traces' stale places swept out at pruning.
-        while let Some((at, span)) = self.traces.spans.front()
-            && span.end < final_before
-        {
-            self.stats.unjoined_hops += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
-            self.traces.spans.take(at);
-        }
+        // what still waits from before the horizon never joined.
+        self.stats.unjoined_hops += self.traces.drop_ended(final_before);
         while let Some((end, _, _)) = self.waiting.front()
             && *end < final_before
         {
@@ -825,7 +818,12 @@ impl<'c> Engine<'c> {
     /// As [`Engine::warm_joins`], for a batch of calls about to be finalized: their slab
     /// entries, then their attempts.
     fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
-        let mut sum = self.warm_slab(batch.iter().map(|(_, call)| *call));
+        // First the generations and slab entries, then what they point to.
+        let mut sum = batch.iter().fold(0_u64, |sum, (_, call)| {
+            let slot = call.slot as usize;
+            let open = self.calls[slot].as_ref().map_or(0, |open| open.held.len() as u64);
+            sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open)
+        });
         for (_, call) in batch {
             if let Some(open) = &self.calls[call.slot as usize] {
                 for slot in open.held.iter().filter_map(|at| self.held.get(*at)) {
@@ -839,15 +837,6 @@ impl<'c> Engine<'c> {
         std::hint::black_box(sum);
     }
 
-    /// The first pass of the warm-ups: the calls' generations and slab entries.
-    fn warm_slab(&self, calls: impl Iterator<Item = CallRef>) -> u64 {
-        calls.fold(0_u64, |sum, call| {
-            let slot = call.slot as usize;
-            let open = self.calls[slot].as_ref().map_or(0, |open| open.held.len() as u64);
-            sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open)
-        })
-    }
-
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts
     /// wait for their call to be final (they join by call id, to the nearest attempt).
     fn join_slot(&mut self, at: u64) {
@@ -858,7 +847,7 @@ impl<'c> Engine<'c> {
         }
         // Its call's: a call's attempts share their client and namespace.
         let (client, namespace) = (span.client, span.namespace);
-        let mut hops = descendants(&mut self.traces, span.id);
+        let mut hops = self.traces.take_under(span.id);
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let attempt = build_attempt(span, &mut hops, join);
         *slot = Slot::Joined(attempt);
@@ -908,7 +897,7 @@ impl<'c> Engine<'c> {
             .iter()
             .map(|slot| match slot {
                 Slot::Raw(span) => {
-                    let traced = descendants(&mut self.traces, span.id);
+                    let traced = self.traces.take_under(span.id);
                     let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
                     Some((traced, join))
                 }
@@ -1307,51 +1296,6 @@ impl<'c> Engine<'c> {
     }
 }
 
-/// The router and server spans under the client attempt `root`, taken out of its trace's
-/// waiting spans (intermediate spans are taken too).
-fn descendants(traces: &mut TracedHops, root: SpanKey) -> Hops {
-    let mut found = Hops::new();
-    if !root.is_some() {
-        return found;
-    }
-    let TracedHops { spans, places: by_trace } = traces;
-    let Some(places) = by_trace.get_mut(&root.trace_id) else { return found };
-    // Spans taken so far (their ids are parents for the next level), from `level_start` on the
-    // latest level's. Traces are small: linear scans beat maps.
-    let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
-    let mut level_start = 0;
-    for depth in 0..MAX_PARENT_HOPS {
-        let level_end = taken.len();
-        let mut index = 0;
-        while index < places.len() {
-            let Some(parent) = spans.get(places[index]).map(|span| span.parent_span_id) else {
-                index += 1;
-                continue;
-            };
-            let under =
-                if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
-            if under {
-                if let Some(span) = spans.take(places.remove(index)) {
-                    taken.push(span.span_id);
-                    if matches!(span.component, known::ROUTER | known::SERVER) {
-                        found.push(span);
-                    }
-                }
-            } else {
-                index += 1;
-            }
-        }
-        if taken.len() == level_end {
-            break;
-        }
-        level_start = level_end;
-    }
-    if places.is_empty() {
-        by_trace.remove(&root.trace_id);
-    }
-    found
-}
-
 /// Router, server and intermediate spans with trace context, waiting to be joined: in
 /// arrival order in `spans` (see [`Places`]; read at the joins in nearly that order), found by
 /// trace through `places` (each trace's places, in arrival order).
@@ -1370,6 +1314,67 @@ impl TracedHops {
     /// The spans of `trace` waiting.
     fn of(&self, trace: u128) -> impl Iterator<Item = &HopRec> {
         self.places.get(&trace).into_iter().flatten().filter_map(|at| self.spans.get(*at))
+    }
+
+    /// The router and server spans under the client attempt `root`, taken out of its trace's
+    /// waiting spans (intermediate spans are taken too).
+    fn take_under(&mut self, root: SpanKey) -> Hops {
+        let mut found = Hops::new();
+        if !root.is_some() {
+            return found;
+        }
+        let TracedHops { spans, places: by_trace } = self;
+        let Some(places) = by_trace.get_mut(&root.trace_id) else { return found };
+        // Spans taken so far (their ids are parents for the next level), from `level_start` on the
+        // latest level's. Traces are small: linear scans beat maps.
+        let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
+        let mut level_start = 0;
+        for depth in 0..MAX_PARENT_HOPS {
+            let level_end = taken.len();
+            let mut index = 0;
+            while index < places.len() {
+                // A place whose span is gone (dropped unjoined) is forgotten where met.
+                let Some(parent) = spans.get(places[index]).map(|span| span.parent_span_id) else {
+                    places.remove(index);
+                    continue;
+                };
+                let under =
+                    if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
+                if under {
+                    if let Some(span) = spans.take(places.remove(index)) {
+                        taken.push(span.span_id);
+                        if matches!(span.component, known::ROUTER | known::SERVER) {
+                            found.push(span);
+                        }
+                    }
+                } else {
+                    index += 1;
+                }
+            }
+            if taken.len() == level_end {
+                break;
+            }
+            level_start = level_end;
+        }
+        if places.is_empty() {
+            by_trace.remove(&root.trace_id);
+        }
+        found
+    }
+
+    /// Drops the spans that ended before `before` from the queue's front, in arrival order (the
+    /// joined ones were taken out already: the front has moved past them), up to the first
+    /// that ended later; returns how many were router or server spans (never joined). Their
+    /// traces' places are swept out later ([`TracedHops::sweep`]).
+    fn drop_ended(&mut self, before: UnixNanos) -> u64 {
+        let mut unjoined = 0;
+        while let Some((at, span)) = self.spans.front()
+            && span.end < before
+        {
+            unjoined += u64::from(matches!(span.component, known::ROUTER | known::SERVER));
+            self.spans.take(at);
+        }
+        unjoined
     }
 
     /// Forgets the places of spans dropped unjoined from the queue's front, and the traces
