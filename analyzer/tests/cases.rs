@@ -56,7 +56,7 @@ fn streamed(spans: &[Span], samples: &[Sample]) -> Vec<lagscope_model::Anomaly> 
     for (_, index, is_span) in order {
         if is_span {
             let record = SpanRec::from_span(&spans[index], &mut engine.interner);
-            engine.push_span(record);
+            engine.push_span(&record);
         } else {
             engine.push_model_sample(&samples[index]);
         }

@@ -237,7 +237,7 @@ fn analyzed_both_ways(spans: &[Span], logs: &[LogRecord]) -> Vec<Anomaly> {
     let mut engine = Engine::new(&config, |_| true);
     for span in spans {
         let record = SpanRec::from_span(span, &mut engine.interner);
-        engine.push_span(record);
+        engine.push_span(&record);
     }
     for event in logs.iter().filter_map(classify) {
         engine.push_log_event(&event);

@@ -57,9 +57,9 @@ fn stale_read_awaiting_its_server(config: &AnalyzerConfig) -> (Engine<'_>, SpanR
     let mut engine = Engine::new(config, |_| true);
     let (write, write_server) = call(&mut engine.interner, 0, 0, "write", 100, 100);
     let (read, read_server) = call(&mut engine.interner, 1, SECOND, "read", 90, 100);
-    engine.push_span(write_server);
-    engine.push_span(write);
-    engine.push_span(read);
+    engine.push_span(&write_server);
+    engine.push_span(&write);
+    engine.push_span(&read);
     (engine, read_server)
 }
 
@@ -68,8 +68,8 @@ fn a_server_span_arriving_after_its_client_span_within_the_lateness_still_joins(
     let config = AnalyzerConfig::default();
     let (mut engine, read_server) = stale_read_awaiting_its_server(&config);
     // Five seconds of other traffic pass before the read's server span is exported.
-    engine.push_span(SpanRec { end: 6 * SECOND, start: 6 * SECOND, ..SpanRec::default() });
-    engine.push_span(read_server);
+    engine.push_span(&SpanRec { end: 6 * SECOND, start: 6 * SECOND, ..SpanRec::default() });
+    engine.push_span(&read_server);
     let (anomalies, stats) = engine.finish();
     assert_eq!(stale_reads(&anomalies), 1, "{anomalies:#?}");
     assert_eq!(anomalies[0].node_id.as_deref(), Some("observer-1"));
@@ -82,10 +82,10 @@ fn a_server_span_later_than_the_horizon_is_counted_not_joined() {
     let (mut engine, read_server) = stale_read_awaiting_its_server(&config);
     // Traffic moves the data 200 s on (past lateness and horizon) before the server span comes.
     for step in 1..=200 {
-        engine.push_span(SpanRec { start: step * SECOND, end: step * SECOND, ..SpanRec::default() });
+        engine.push_span(&SpanRec { start: step * SECOND, end: step * SECOND, ..SpanRec::default() });
     }
-    engine.push_span(read_server);
-    engine.push_span(SpanRec { start: 400 * SECOND, end: 400 * SECOND, ..SpanRec::default() });
+    engine.push_span(&read_server);
+    engine.push_span(&SpanRec { start: 400 * SECOND, end: 400 * SECOND, ..SpanRec::default() });
     let (anomalies, stats) = engine.finish();
     // Without its server span the read reports no served state: nothing to judge.
     assert_eq!(stale_reads(&anomalies), 0, "{anomalies:#?}");
@@ -102,8 +102,8 @@ fn what_the_engine_holds_is_bounded_by_the_horizon_not_the_history() {
             let start = index as i64 * SECOND;
             let op = if index % 2 == 0 { "write" } else { "read" };
             let (client, server) = call(&mut engine.interner, index, start, op, 100 + index as i64, 100 + index as i64);
-            engine.push_span(server);
-            engine.push_span(client);
+            engine.push_span(&server);
+            engine.push_span(&client);
         }
         let (anomalies, stats) = engine.finish();
         assert!(anomalies.is_empty(), "{anomalies:#?}");
@@ -130,8 +130,8 @@ fn clients_idle_longer_than_the_retention_are_finished_and_forgotten() {
             let (mut attempt, mut server) = call(&mut engine.interner, index, start, op, state, state);
             attempt.client = name;
             server.client = name;
-            engine.push_span(server);
-            engine.push_span(attempt);
+            engine.push_span(&server);
+            engine.push_span(&attempt);
             index += 1;
         }
     }
@@ -167,20 +167,20 @@ fn retries_find_their_call_across_thousands_of_closed_calls() {
         retry.outcome = known::OK;
         retry.start = first.end + SECOND / 1000;
         retry.end = retry.start + SECOND / 100;
-        engine.push_span(first);
+        engine.push_span(&first);
         retries.push_back((start + 5 * SECOND, retry));
         while retries.front().is_some_and(|(due, _)| *due <= start) {
             let (_, retry) = retries.pop_front().expect("a retry is due");
-            engine.push_span(retry);
+            engine.push_span(&retry);
         }
     }
     for (_, retry) in retries {
-        engine.push_span(retry);
+        engine.push_span(&retry);
     }
     // Call 0's id once more, long after call 0 was processed: a call of its own.
     let (mut again, _) = call(&mut engine.interner, 0, (calls as i64 / 100 + 200) * SECOND, "write", 0, 0);
     again.id = SpanKey { trace_id: u128::from(calls) + 1, span_id: 1 };
-    engine.push_span(again);
+    engine.push_span(&again);
     let (_, stats) = engine.finish();
     assert_eq!(stats.calls, calls + 1, "{stats:?}");
     assert_eq!(stats.late_attempts, 0, "{stats:?}");
@@ -243,7 +243,7 @@ fn damaged_lscap_blocks_are_refused_or_read_never_a_panic() {
         let mut series = Vec::new();
         for item in items {
             match item {
-                Item::Span(span) => engine.push_span(span),
+                Item::Span(span) => engine.push_span(&span),
                 Item::LogEvent(event) => engine.push_log_event(&event),
                 Item::Series(definition) => series.push(engine.define_series(definition)),
                 Item::Sample(mut sample) => {

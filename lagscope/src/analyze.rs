@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
-use lagscope_analyzer::stream::codec::{Decoder, Item};
+use lagscope_analyzer::stream::codec::{Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests};
 use lagscope_model::{Anomaly, AnomalyKind};
@@ -168,20 +168,20 @@ impl Run<'_, '_> {
                     .map_err(|error| anyhow::anyhow!("{error}"))?;
                 let decoded = Instant::now();
                 self.read += (decoded - started).as_secs_f64();
-                for item in items.drain(..) {
+                for item in &items {
                     match item {
                         Item::Span(span) => self.engine.push_span(span),
-                        Item::LogEvent(event) => self.engine.push_log_event(&event),
-                        Item::Series(definition) => series.push(self.engine.define_series(definition)),
-                        Item::Sample(mut sample) => {
+                        Item::LogEvent(event) => self.engine.push_log_event(event),
+                        Item::Series(definition) => series.push(self.engine.define_series(definition.clone())),
+                        Item::Sample(sample) => {
                             let Some(id) = series.get(sample.series as usize) else {
                                 bail!("sample of series {} before its definition", sample.series);
                             };
-                            sample.series = *id;
-                            self.engine.push_sample(sample);
+                            self.engine.push_sample(SampleRec { series: *id, ..*sample });
                         }
                     }
                 }
+                items.clear();
                 started = Instant::now();
                 self.detect += (started - decoded).as_secs_f64();
                 // Written while their text is in cache (see `Engine::drain_found`).
@@ -237,7 +237,7 @@ pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead>> {
 pub fn push_decoded(engine: &mut Engine<'_>, decoded: &Decoded) {
     for span in &decoded.spans {
         let record = SpanRec::from_span(span, &mut engine.interner);
-        engine.push_span(record);
+        engine.push_span(&record);
     }
     for sample in &decoded.samples {
         engine.push_model_sample(sample);

@@ -53,7 +53,7 @@ fn streamed_kinds(records: &[Record], config: &AnalyzerConfig, wanted: impl Fn(A
         match record {
             Record::Span(span) => {
                 let record = SpanRec::from_span(span, &mut engine.interner);
-                engine.push_span(record);
+                engine.push_span(&record);
             }
             Record::Sample(sample) => engine.push_model_sample(sample),
         }
@@ -90,7 +90,7 @@ fn streamed_through_codec(records: &[Record], config: &AnalyzerConfig) -> Vec<An
         decoder.decode_block(&block[4..], &mut engine.interner, |item| items.push(item)).expect("block decodes");
         for item in items {
             match item {
-                codec::Item::Span(span) => engine.push_span(span),
+                codec::Item::Span(span) => engine.push_span(&span),
                 codec::Item::LogEvent(event) => engine.push_log_event(&event),
                 codec::Item::Series(definition) => series.push(engine.define_series(definition)),
                 codec::Item::Sample(mut sample) => {

@@ -366,8 +366,10 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Takes one span (its symbols from [`Engine::interner`]).
-    pub fn push_span(&mut self, span: SpanRec) {
+    /// Takes one span (its symbols from [`Engine::interner`]). By reference: a decoder hands
+    /// its spans over where it decoded them (a `SpanRec` is ~270 bytes, and each move of one
+    /// is a copy); the engine copies only the client attempts it holds.
+    pub fn push_span(&mut self, span: &SpanRec) {
         self.stats.spans += 1;
         if span.end > self.watermark {
             self.watermark = span.end;
@@ -591,7 +593,7 @@ impl<'c> Engine<'c> {
         (anomalies, stats)
     }
 
-    fn push_attempt(&mut self, span: SpanRec) {
+    fn push_attempt(&mut self, span: &SpanRec) {
         let state = self
             .clients
             .entry((span.client, span.namespace))
@@ -604,9 +606,9 @@ impl<'c> Engine<'c> {
         let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
         let call = match existing {
             Some(call) => call,
-            None => self.open_call(&span),
+            None => self.open_call(span),
         };
-        let at = self.held.push(Slot::Raw(span));
+        let at = self.held.push(Slot::Raw(span.clone()));
         self.calls[call.slot as usize].as_mut().expect("an indexed call is open").held.push(at);
     }
 
@@ -700,14 +702,14 @@ impl<'c> Engine<'c> {
         Some(open)
     }
 
-    fn push_hop(&mut self, mut span: SpanRec) {
+    fn push_hop(&mut self, span: &SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
-            self.traces.push(span.id.trace_id, HopRec::of(&span));
+            self.traces.push(span.id.trace_id, HopRec::of(span));
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
-        } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.take()) {
+        } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.as_ref()) {
             self.waiting.push_back((span.end, span.client, call_id.clone()));
-            self.by_call.entry(span.client).or_default().entry(call_id).or_default().push(HopRec::of(&span));
+            self.by_call.entry(span.client).or_default().entry(call_id.clone()).or_default().push(HopRec::of(span));
         }
     }
 
@@ -1698,13 +1700,13 @@ mod tests {
             attempt: Some(attempt),
             ..SpanRec::default()
         };
-        engine.push_span(attempt("a", 1, 0));
+        engine.push_span(&attempt("a", 1, 0));
         let a = engine.find_open(client, namespace, "a").expect("call a is open");
         engine.open_index.insert((client, namespace, hash_str("b")), a);
-        engine.push_span(attempt("b", 1, 2_000_000));
+        engine.push_span(&attempt("b", 1, 2_000_000));
         assert_eq!(engine.open_collisions.len(), 1);
-        engine.push_span(attempt("b", 2, 4_000_000));
-        engine.push_span(attempt("a", 2, 6_000_000));
+        engine.push_span(&attempt("b", 2, 4_000_000));
+        engine.push_span(&attempt("a", 2, 6_000_000));
         let b = engine.find_open(client, namespace, "b").expect("call b is open");
         assert_ne!(a, b);
         for (call, id) in [(a, "a"), (b, "b")] {
@@ -1726,7 +1728,7 @@ mod tests {
         let mut most = 0;
         for second in 0..2_000_i64 {
             let start = second * 1_000_000_000;
-            engine.push_span(SpanRec {
+            engine.push_span(&SpanRec {
                 id: SpanKey { trace_id: second as u128 + 1, span_id: 7 },
                 parent_span_id: 3,
                 start,
