@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
-use lagscope_analyzer::stream::codec::{Decoder, Item, SampleRec};
+use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests};
 use lagscope_model::{Anomaly, AnomalyKind};
@@ -157,18 +157,18 @@ impl Run<'_, '_> {
         let mut decoder = Decoder::new();
         // This file's series numbers -> the engine's.
         let mut series: Vec<u32> = Vec::new();
-        let mut items = Vec::with_capacity(CHUNK);
+        let mut batch = Batch::default();
         // Reading the file counts with decoding: from the end of the previous block's work.
         let mut started = Instant::now();
         crate::lscap::read_lscap_blocks(path, |_, payload| {
             let mut at = 0;
             while at < payload.len() {
                 decoder
-                    .decode_some(payload, &mut at, &mut self.engine.interner, &mut items, CHUNK)
+                    .decode_some(payload, &mut at, &mut self.engine.interner, &mut batch, CHUNK)
                     .map_err(|error| anyhow::anyhow!("{error}"))?;
                 let decoded = Instant::now();
                 self.read += (decoded - started).as_secs_f64();
-                for item in &items {
+                for item in batch.items() {
                     match item {
                         Item::Span(span) => self.engine.push_span(span),
                         Item::LogEvent(event) => self.engine.push_log_event(event),
@@ -181,7 +181,6 @@ impl Run<'_, '_> {
                         }
                     }
                 }
-                items.clear();
                 started = Instant::now();
                 self.detect += (started - decoded).as_secs_f64();
                 // Written while their text is in cache (see `Engine::drain_found`).

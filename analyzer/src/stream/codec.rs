@@ -71,6 +71,45 @@ pub enum Item {
     LogEvent(Box<crate::log_events::LogEvent>),
 }
 
+/// Decoded items, a few at a time, in memory reused from one call of
+/// [`Decoder::decode_some`] to the next: a span is decoded over the one that had its place
+/// before (a `SpanRec` is ~270 bytes: no default written and then copied for each).
+#[derive(Debug, Default)]
+pub struct Batch {
+    items: Vec<Item>,
+    len: usize,
+}
+
+impl Batch {
+    /// What the latest [`Decoder::decode_some`] decoded, in order.
+    pub fn items(&self) -> &[Item] {
+        &self.items[..self.len]
+    }
+
+    /// The next place, as a span (the one there kept, to be overwritten whole).
+    fn next_span(&mut self) -> &mut SpanRec {
+        if self.len == self.items.len() {
+            self.items.push(Item::Span(SpanRec::default()));
+        } else if !matches!(self.items[self.len], Item::Span(_)) {
+            self.items[self.len] = Item::Span(SpanRec::default());
+        }
+        match &mut self.items[self.len] {
+            Item::Span(span) => span,
+            _ => unreachable!("made a span above"),
+        }
+    }
+
+    /// Puts `item` in the next place.
+    fn push(&mut self, item: Item) {
+        if self.len == self.items.len() {
+            self.items.push(item);
+        } else {
+            self.items[self.len] = item;
+        }
+        self.len += 1;
+    }
+}
+
 /// Turns records into blocks. Strings are written the first time a block needs them.
 #[derive(Debug, Default)]
 pub struct Encoder {
@@ -244,27 +283,28 @@ impl Decoder {
         interner: &mut Interner,
         each: impl FnMut(Item),
     ) -> Result<(), DecodeError> {
-        let mut items = Vec::new();
-        self.decode_some(payload, &mut 0, interner, &mut items, usize::MAX)?;
-        items.into_iter().for_each(each);
+        let mut batch = Batch::default();
+        self.decode_some(payload, &mut 0, interner, &mut batch, usize::MAX)?;
+        batch.items.truncate(batch.len);
+        batch.items.into_iter().for_each(each);
         Ok(())
     }
 
     /// Decodes from byte `at` of a block's payload until `limit` items (spans, series
-    /// definitions, samples, log events) are pushed onto `items` or the payload ends, and
-    /// moves `at` past them: a consumer that owns the interner (the engine) takes a block a
-    /// few items at a time, which stay in cache between decoding and use.
+    /// definitions, samples, log events) are in `batch` (in place of what it held) or the
+    /// payload ends, and moves `at` past them: a consumer that owns the interner (the engine)
+    /// takes a block a few items at a time, which stay in cache between decoding and use.
     pub fn decode_some(
         &mut self,
         payload: &[u8],
         at: &mut usize,
         interner: &mut Interner,
-        items: &mut Vec<Item>,
+        batch: &mut Batch,
         limit: usize,
     ) -> Result<(), DecodeError> {
         let mut cursor = Cursor { bytes: payload, at: *at };
-        let full = items.len().saturating_add(limit);
-        while cursor.at < payload.len() && items.len() < full {
+        batch.len = 0;
+        while cursor.at < payload.len() && batch.len < limit {
             let item_start = cursor.at;
             let fail = |message: String| DecodeError { offset: item_start, message };
             let tag = cursor.byte().map_err(fail)?;
@@ -274,13 +314,8 @@ impl Decoder {
                     self.strings.push(interner.intern(text));
                 }
                 TAG_SPAN => {
-                    // Decoded in place (a span is ~270 bytes: one copy fewer).
-                    items.push(Item::Span(SpanRec::default()));
-                    let Some(Item::Span(span)) = items.last_mut() else { unreachable!("just pushed") };
-                    if let Err(message) = self.span(&mut cursor, span) {
-                        items.pop();
-                        return Err(fail(message));
-                    }
+                    self.span(&mut cursor, batch.next_span()).map_err(fail)?;
+                    batch.len += 1;
                 }
                 TAG_SERIES => {
                     let name = self.sym(&mut cursor).map_err(fail)?;
@@ -297,7 +332,7 @@ impl Decoder {
                         labels.push((self.sym(&mut cursor).map_err(fail)?, self.sym(&mut cursor).map_err(fail)?));
                     }
                     self.series_count += 1;
-                    items.push(Item::Series(SeriesDef { name, kind, labels }));
+                    batch.push(Item::Series(SeriesDef { name, kind, labels }));
                 }
                 TAG_SAMPLE => {
                     let series = cursor.varint().map_err(fail)?;
@@ -309,13 +344,13 @@ impl Decoder {
                         return Err(fail(format!("sample with a negative time ({time})")));
                     }
                     let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
-                    items.push(Item::Sample(SampleRec { series: series as u32, time, value }));
+                    batch.push(Item::Sample(SampleRec { series: series as u32, time, value }));
                 }
                 TAG_LOG_EVENT => {
                     let text = cursor.text().map_err(fail)?;
                     let event: crate::log_events::LogEvent =
                         serde_json::from_str(text).map_err(|error| fail(format!("invalid log event: {error}")))?;
-                    items.push(Item::LogEvent(Box::new(event)));
+                    batch.push(Item::LogEvent(Box::new(event)));
                 }
                 other => return Err(fail(format!("unknown item tag {other}"))),
             }
@@ -333,22 +368,17 @@ impl Decoder {
             .ok_or_else(|| format!("string {index} used before it was defined ({} so far)", self.strings.len() - 1))
     }
 
-    /// Decodes a span into `span` (a default one).
+    /// Decodes a span over `span`, every field of which it sets (it may hold the previous
+    /// batch's span).
     fn span(&self, cursor: &mut Cursor<'_>, span: &mut SpanRec) -> Result<(), String> {
         let flags = match self.head_in_window(cursor, span) {
             Some(flags) => flags,
             None => self.head(cursor, span)?,
         };
         let bit = |index: u32| flags & (1 << index) != 0;
-        if bit(3) {
-            span.call_id = Some(cursor.text()?.into());
-        }
-        if bit(4) {
-            span.attempt = Some(cursor.signed()?);
-        }
-        if bit(5) {
-            span.follower_read = Some(bit(6));
-        }
+        span.call_id = if bit(3) { Some(cursor.text()?.into()) } else { None };
+        span.attempt = if bit(4) { Some(cursor.signed()?) } else { None };
+        span.follower_read = bit(5).then(|| bit(6));
         let mut states = [None; 6];
         for (index, state) in states.iter_mut().enumerate() {
             if bit(7 + index as u32) {
@@ -365,12 +395,12 @@ impl Decoder {
     fn head(&self, cursor: &mut Cursor<'_>, span: &mut SpanRec) -> Result<u64, String> {
         let flags = cursor.varint()?;
         let bit = |index: u32| flags & (1 << index) != 0;
-        if bit(0) {
-            span.id = SpanKey { trace_id: cursor.u128()?, span_id: cursor.i64()? as u64 };
-        }
-        if bit(1) {
-            span.parent_span_id = cursor.i64()? as u64;
-        }
+        span.id = if bit(0) {
+            SpanKey { trace_id: cursor.u128()?, span_id: cursor.i64()? as u64 }
+        } else {
+            SpanKey::default()
+        };
+        span.parent_span_id = if bit(1) { cursor.i64()? as u64 } else { 0 };
         span.ok = bit(2);
         span.start = cursor.i64()?;
         span.end = span.start.wrapping_add(cursor.signed()?);
@@ -397,12 +427,14 @@ impl Decoder {
         let mut at = 0;
         let flags = short_varint(window, &mut at)?;
         let bit = |index: u32| flags & (1 << index) != 0;
+        span.id = SpanKey::default();
         if bit(0) {
             let trace_id = u128::from_le_bytes(*window.get(at..)?.first_chunk()?);
             let span_id = u64::from_le_bytes(*window.get(at + 16..)?.first_chunk()?);
             span.id = SpanKey { trace_id, span_id };
             at += 24;
         }
+        span.parent_span_id = 0;
         if bit(1) {
             span.parent_span_id = u64::from_le_bytes(*window.get(at..)?.first_chunk()?);
             at += 8;
@@ -573,9 +605,10 @@ fn put_signed(out: &mut Vec<u8>, value: i64) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Cursor, Decoder, Encoder, Item, put_signed, put_varint};
+    use super::{Batch, Cursor, Decoder, Encoder, Item, put_signed, put_varint};
     use crate::stream::intern::{Interner, Sym};
     use crate::stream::record::{SpanKey, SpanRec};
+    use lagscope_model::MetricKind;
 
     /// Spans of every shape (ids or none, a parent or none, each optional field present or
     /// absent, symbol indexes of one, two and three bytes, durations of one to ten bytes, a
@@ -652,8 +685,20 @@ mod tests {
         }
         let mut encoder = Encoder::default();
         let mut blocks = Vec::new();
-        for span in &spans {
+        for (index, span) in spans.iter().enumerate() {
             encoder.span(span, &interner);
+            // Samples (and the series they define) between the spans.
+            if index % 7 == 3 {
+                let labels = [("node.id", "n1")];
+                encoder.sample(
+                    "lagscope.committed_state",
+                    MetricKind::Gauge,
+                    &labels,
+                    index as i64,
+                    1.0,
+                    &mut interner,
+                );
+            }
             blocks.extend(encoder.take_block(false));
         }
         blocks.extend(encoder.take_block(true));
@@ -671,6 +716,24 @@ mod tests {
                 .expect("decodes");
         }
         assert_eq!(read.len(), spans.len());
+        // The same blocks a few items at a time into one batch, each span decoded over what
+        // the batch held in its place (a span of another shape, a sample, a series definition):
+        // the same spans.
+        let (mut again_reader, mut again_decoder) = (Interner::default(), Decoder::new());
+        let (mut batch, mut again) = (Batch::default(), Vec::new());
+        let mut limits = (1..=7).cycle();
+        for block in &blocks {
+            let (payload, mut at) = (&block[4..], 0);
+            while at < payload.len() {
+                let limit = limits.next().unwrap_or(1);
+                again_decoder.decode_some(payload, &mut at, &mut again_reader, &mut batch, limit).expect("decodes");
+                again.extend(batch.items().iter().filter_map(|item| match item {
+                    Item::Span(span) => Some(span.clone()),
+                    _ => None,
+                }));
+            }
+        }
+        assert!(again == read, "spans decoded over others differ from spans decoded fresh");
         for (index, (written, read)) in spans.iter().zip(&read).enumerate() {
             let mut expected = written.clone();
             expected.set_symbols(written.symbols().map(|sym| match interner.get(sym) {
