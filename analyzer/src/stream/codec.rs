@@ -99,6 +99,17 @@ impl Batch {
         }
     }
 
+    /// Puts `sample` in the next place (over a sample there, without moving a whole `Item`,
+    /// which is a span's size).
+    fn push_sample(&mut self, sample: SampleRec) {
+        match self.items.get_mut(self.len) {
+            Some(Item::Sample(place)) => *place = sample,
+            Some(place) => *place = Item::Sample(sample),
+            None => self.items.push(Item::Sample(sample)),
+        }
+        self.len += 1;
+    }
+
     /// Puts `item` in the next place.
     fn push(&mut self, item: Item) {
         if self.len == self.items.len() {
@@ -344,7 +355,7 @@ impl Decoder {
                         return Err(fail(format!("sample with a negative time ({time})")));
                     }
                     let value = f64::from_bits(cursor.i64().map_err(fail)? as u64);
-                    batch.push(Item::Sample(SampleRec { series: series as u32, time, value }));
+                    batch.push_sample(SampleRec { series: series as u32, time, value });
                 }
                 TAG_LOG_EVENT => {
                     let text = cursor.text().map_err(fail)?;
