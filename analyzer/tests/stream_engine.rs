@@ -245,7 +245,7 @@ fn damaged_lscap_blocks_are_refused_or_read_never_a_panic() {
             match item {
                 Item::Span(span) => engine.push_span(&span),
                 Item::LogEvent(event) => engine.push_log_event(&event),
-                Item::Series(definition) => series.push(engine.define_series(definition)),
+                Item::Series(definition) => series.push(engine.define_series(&definition)),
                 Item::Sample(mut sample) => {
                     if let Some(id) = series.get(sample.series as usize) {
                         sample.series = *id;

@@ -172,7 +172,7 @@ impl Run<'_, '_> {
                     match item {
                         Item::Span(span) => self.engine.push_span(span),
                         Item::LogEvent(event) => self.engine.push_log_event(event),
-                        Item::Series(definition) => series.push(self.engine.define_series(definition.clone())),
+                        Item::Series(definition) => series.push(self.engine.define_series(definition)),
                         Item::Sample(sample) => {
                             let Some(id) = series.get(sample.series as usize) else {
                                 bail!("sample of series {} before its definition", sample.series);

@@ -92,7 +92,7 @@ fn streamed_through_codec(records: &[Record], config: &AnalyzerConfig) -> Vec<An
             match item {
                 codec::Item::Span(span) => engine.push_span(&span),
                 codec::Item::LogEvent(event) => engine.push_log_event(&event),
-                codec::Item::Series(definition) => series.push(engine.define_series(definition)),
+                codec::Item::Series(definition) => series.push(engine.define_series(&definition)),
                 codec::Item::Sample(mut sample) => {
                     sample.series = series[sample.series as usize];
                     engine.push_sample(sample);

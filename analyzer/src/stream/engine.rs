@@ -447,8 +447,8 @@ impl<'c> Engine<'c> {
     }
 
     /// Registers a metric series; samples name it by the returned id.
-    pub fn define_series(&mut self, def: SeriesDef) -> u32 {
-        if let Some(id) = self.series_ids.get(&def) {
+    pub fn define_series(&mut self, def: &SeriesDef) -> u32 {
+        if let Some(id) = self.series_ids.get(def) {
             return *id;
         }
         let label = |key: &str| {
@@ -475,7 +475,7 @@ impl<'c> Engine<'c> {
         };
         let id = u32::try_from(self.series.len()).expect("fewer than 2^32 series");
         if let Some(metrics) = &mut self.metrics {
-            metrics.define(id, &def, &self.interner);
+            metrics.define(id, def, &self.interner);
         }
         self.series_ids.insert(def.clone(), id);
         self.series.push(SeriesInfo { role, cluster, namespace, node });
@@ -521,7 +521,7 @@ impl<'c> Engine<'c> {
             .collect();
         labels.sort_unstable();
         let def = SeriesDef { name: self.interner.intern(&sample.series.name), kind: sample.meta.kind, labels };
-        let series = self.define_series(def);
+        let series = self.define_series(&def);
         self.push_sample(SampleRec { series, time: sample.time_unix_nano, value: *value });
     }
 

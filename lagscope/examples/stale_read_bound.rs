@@ -1,7 +1,7 @@
 //! The least the stale-read check can cost: a measure for BENCHMARKS.md, not part of lagscope.
 //!
 //! ```text
-//! cargo run --release -p lagscope-analyzer --example stale_read_bound -- CAPTURE.lscap [RUNS]
+//! cargo run --release -p lagscope --example stale_read_bound -- CAPTURE.lscap [RUNS]
 //! ```
 //!
 //! Counts what `scripts/bench/stale_read_duckdb.py`'s query counts (read-your-writes and
@@ -20,18 +20,18 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
-use lagscope_analyzer::stream::codec::{Decoder, Item, MAGIC};
+use lagscope_analyzer::stream::codec::{Batch, Decoder, Item};
 use lagscope_analyzer::stream::{Interner, SpanRec, known};
 use rustc_hash::FxHashMap;
 
 const LATENESS: i64 = 10_000_000_000;
 const HORIZON: i64 = 90_000_000_000;
 
-fn main() -> Result<(), String> {
+fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().ok_or("usage: stale_read_bound CAPTURE.lscap [RUNS]")?;
+    let path = args.next().ok_or_else(|| anyhow::anyhow!("usage: stale_read_bound CAPTURE.lscap [RUNS]"))?;
     let runs: usize = match args.next() {
-        Some(runs) => runs.parse().map_err(|error| format!("RUNS {runs:?}: {error}"))?,
+        Some(runs) => runs.parse().map_err(|error| anyhow::anyhow!("RUNS {runs:?}: {error}"))?,
         None => 5,
     };
     let decoding = Instant::now();
@@ -55,28 +55,22 @@ fn main() -> Result<(), String> {
 }
 
 /// Every span of an lscap capture, in file order.
-fn read_spans(path: &str) -> Result<Vec<SpanRec>, String> {
-    let bytes = std::fs::read(path).map_err(|error| format!("cannot read {path}: {error}"))?;
-    let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| format!("{path}: not an lscap capture"))?;
-    let (mut interner, mut decoder) = (Interner::default(), Decoder::new());
-    let (mut spans, mut at) = (Vec::new(), 0);
-    while at < body.len() {
-        let length = body
-            .get(at..at + 4)
-            .map(|length| u32::from_le_bytes([length[0], length[1], length[2], length[3]]) as usize)
-            .ok_or_else(|| format!("{path}: truncated block length at byte {}", at + MAGIC.len()))?;
-        let payload = body
-            .get(at + 4..at + 4 + length)
-            .ok_or_else(|| format!("{path}: truncated block at byte {}", at + MAGIC.len()))?;
-        decoder
-            .decode_block(payload, &mut interner, |item| {
-                if let Item::Span(span) = item {
-                    spans.push(span);
-                }
-            })
-            .map_err(|error| format!("{path}: block at byte {}: {error}", at + MAGIC.len()))?;
-        at += 4 + length;
-    }
+fn read_spans(path: &str) -> anyhow::Result<Vec<SpanRec>> {
+    let (mut interner, mut decoder, mut batch) = (Interner::default(), Decoder::new(), Batch::default());
+    let mut spans = Vec::new();
+    lagscope::lscap::read_lscap_blocks(std::path::Path::new(path), |at, payload| {
+        let mut offset = 0;
+        while offset < payload.len() {
+            decoder
+                .decode_some(payload, &mut offset, &mut interner, &mut batch, 1024)
+                .map_err(|error| anyhow::anyhow!("{path}: block {} at byte {}: {error}", at.index, at.offset))?;
+            spans.extend(batch.items().iter().filter_map(|item| match item {
+                Item::Span(span) => Some(span.clone()),
+                _ => None,
+            }));
+        }
+        Ok(())
+    })?;
     Ok(spans)
 }
 
