@@ -168,6 +168,10 @@ impl Run<'_, '_> {
                     .map_err(|error| anyhow::anyhow!("{error}"))?;
                 let decoded = Instant::now();
                 self.read += (decoded - started).as_secs_f64();
+                self.engine.warm_spans(batch.items().iter().filter_map(|item| match item {
+                    Item::Span(span) => Some(span),
+                    _ => None,
+                }));
                 for item in batch.items() {
                     match item {
                         Item::Span(span) => self.engine.push_span(span),

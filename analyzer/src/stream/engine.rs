@@ -109,12 +109,12 @@ impl Slot {
 struct OpenCall {
     client: Sym,
     namespace: Sym,
-    /// The hash of its call id, its key in `open_index` (none without a call id).
+    /// The hash of its client, namespace and call id, its key in `open_index` (none without a
+    /// call id).
     index_key: Option<u64>,
     /// Whether another open call held that key when it opened: then it is listed in
     /// `open_collisions` instead.
     collided: bool,
-    call_id: Option<CallId>,
     op: Sym,
     rpc_method: Sym,
     /// Its attempts' places in [`Engine::held`], in arrival order.
@@ -122,11 +122,24 @@ struct OpenCall {
 }
 
 /// A slot of the open-call slab and its generation (a slot is reused once its call is
-/// processed; the generation tells a stale reference from the current call).
+/// processed; the generation tells a stale reference from the current call), packed in one
+/// word: written as two halves, a reference copied whole right after (as into the queue's
+/// `Due`) is a load that no single store forwards to, and it waits for every store before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct CallRef {
-    slot: u32,
-    generation: u32,
+struct CallRef(u64);
+
+impl CallRef {
+    fn new(slot: u32, generation: u32) -> Self {
+        Self(u64::from(generation) << 32 | u64::from(slot))
+    }
+
+    fn slot(self) -> usize {
+        (self.0 & u64::from(u32::MAX)) as usize
+    }
+
+    fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
 }
 
 /// Closed calls' entries left in `open_index` before they are swept out, at least (so that a
@@ -246,15 +259,22 @@ pub struct Engine<'c> {
     join_batch: Vec<u64>,
     due_batch: Vec<(UnixNanos, CallRef)>,
     calls: Vec<Option<OpenCall>>,
+    /// The call id of each slot's call, kept apart and left in place when the call closes
+    /// (it is cloned out): an id cloned over an id is copied straight into place, while one
+    /// written into a new `OpenCall` went through the stack and its loads spanned two of the
+    /// copy's stores (no store forwards to such a load: it waits for every store before it,
+    /// the index entries' misses among them).
+    call_ids: Vec<Option<CallId>>,
     generations: Vec<u32>,
     free_slots: Vec<u32>,
     open_calls: usize,
-    /// The open calls by (client, namespace, call id hash). A closed call's entry is left in
+    /// The open calls by the hash of (client, namespace, call id) ([`call_key`]; one word: a
+    /// smaller table, copied whole). A closed call's entry is left in
     /// place (removing it would be a cache miss per call: the table is several times the
     /// cache and the entry was last touched a horizon ago) and overwritten or swept out later,
     /// all together in one pass, once there are more of them than half the open calls; an
     /// entry is current while the generation it names is its slot's.
-    open_index: FxHashMap<(Sym, Sym, u64), CallRef>,
+    open_index: FxHashMap<u64, CallRef>,
     /// Closed calls' entries still in `open_index`.
     stale_entries: usize,
     /// Open calls whose key another open call held when they opened (two call ids of one
@@ -332,6 +352,7 @@ impl<'c> Engine<'c> {
             join_batch: Vec::new(),
             due_batch: Vec::new(),
             calls: Vec::new(),
+            call_ids: Vec::new(),
             generations: Vec::new(),
             free_slots: Vec::new(),
             open_calls: 0,
@@ -384,6 +405,27 @@ impl<'c> Engine<'c> {
             self.next_advance = self.watermark.saturating_add(1_000_000_000);
             self.advance();
         }
+    }
+
+    /// Reads, for spans about to be pushed (a decoder's batch), the index entries their
+    /// pushes will look up: the open call of each client attempt, the waiting trace of each
+    /// hop. Both tables are several times the cache and each key lands at random in them: one
+    /// push at a time, every lookup is a miss the processor waits for, while a pass over the
+    /// batch lets it wait for many at once (as [`Engine::warm_joins`]). Changes nothing.
+    pub fn warm_spans<'s>(&self, spans: impl Iterator<Item = &'s SpanRec>) {
+        let mut sum = 0_u64;
+        for span in spans {
+            if span.is_client_attempt() {
+                if let Some(call_id) = span.call_id.as_deref() {
+                    let key = call_key(span.client, span.namespace, call_id);
+                    sum = sum.wrapping_add(self.open_index.get(&key).map_or(0, |call| call.0));
+                }
+            } else if span.id.is_some() {
+                sum =
+                    sum.wrapping_add(self.traces.places.get(&span.id.trace_id).map_or(0, |places| places.len() as u64));
+            }
+        }
+        std::hint::black_box(sum);
     }
 
     /// A recognised log line ([`crate::log_events`]). A router's NoNamenodesAvailable line
@@ -604,90 +646,106 @@ impl<'c> Engine<'c> {
             self.stats.late_attempts += 1;
         }
         let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
-        let call = match existing {
-            Some(call) => call,
+        let (call, index_key) = match existing {
+            Some(call) => (call, None),
             None => self.open_call(span),
         };
         let at = self.held.push(Slot::Raw(span.clone()));
-        self.calls[call.slot as usize].as_mut().expect("an indexed call is open").held.push(at);
+        self.calls[call.slot()].as_mut().expect("an indexed call is open").held.push(at);
+        // Last: the index is several times the cache, and its entry's store misses. Copies
+        // through the stack (as the two above) wait for every store before them to land when
+        // one of their loads spans two of their stores: after it, they do not wait for this one.
+        if let Some(key) = index_key {
+            self.index_call(key, call);
+        }
     }
 
     /// The call `call` names, if it is still open.
     fn current(&self, call: CallRef) -> Option<&OpenCall> {
-        if self.generations.get(call.slot as usize) != Some(&call.generation) {
+        if self.generations.get(call.slot()) != Some(&call.generation()) {
             return None;
         }
-        self.calls[call.slot as usize].as_ref()
+        self.calls[call.slot()].as_ref()
     }
 
     /// The open call of (client, namespace, call id), if any.
     fn find_open(&self, client: Sym, namespace: Sym, call_id: &str) -> Option<CallRef> {
         let is_it = |call: &CallRef| {
             self.current(*call).is_some_and(|open| {
-                open.client == client && open.namespace == namespace && open.call_id.as_deref() == Some(call_id)
+                open.client == client
+                    && open.namespace == namespace
+                    && self.call_ids[call.slot()].as_deref() == Some(call_id)
             })
         };
-        let indexed = self.open_index.get(&(client, namespace, hash_str(call_id))).copied().filter(is_it);
+        let indexed = self.open_index.get(&call_key(client, namespace, call_id)).copied().filter(is_it);
         indexed.or_else(|| self.open_collisions.iter().copied().find(is_it))
     }
 
-    /// Opens a call for its first attempt (which the caller then holds): a slab slot, an index
-    /// entry, a place in the queue.
-    fn open_call(&mut self, span: &SpanRec) -> CallRef {
+    /// Opens a call for its first attempt (which the caller then holds): a slab slot and a
+    /// place in the queue; returns it and its key ([`call_key`]), for the caller to index it by
+    /// ([`Engine::index_call`]).
+    fn open_call(&mut self, span: &SpanRec) -> (CallRef, Option<u64>) {
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
             None => {
                 self.calls.push(None);
+                self.call_ids.push(None);
                 self.generations.push(0);
                 u32::try_from(self.calls.len() - 1).expect("fewer than 2^32 open calls")
             }
         };
-        let call = CallRef { slot, generation: self.generations[slot as usize] };
-        let index_key = span.call_id.as_deref().map(hash_str);
-        let mut collided = false;
-        if let Some(hash) = index_key {
-            let generations = &self.generations;
-            match self.open_index.entry((span.client, span.namespace, hash)) {
-                Entry::Vacant(entry) => {
-                    entry.insert(call);
-                }
-                Entry::Occupied(mut entry) => {
-                    let held = *entry.get();
-                    if generations.get(held.slot as usize) == Some(&held.generation) {
-                        collided = true;
-                        self.open_collisions.push(call);
-                    } else {
-                        *entry.get_mut() = call;
-                        self.stale_entries = self.stale_entries.saturating_sub(1);
-                    }
-                }
-            }
-        }
+        let call = CallRef::new(slot, self.generations[slot as usize]);
+        let index_key = span.call_id.as_deref().map(|call_id| call_key(span.client, span.namespace, call_id));
+        self.call_ids[slot as usize].clone_from(&span.call_id);
         self.sequence += 1;
         self.queue.push(Due(span.start, self.sequence, call));
         self.calls[slot as usize] = Some(OpenCall {
             client: span.client,
             namespace: span.namespace,
             index_key,
-            collided,
-            call_id: span.call_id.clone(),
+            collided: false,
             op: span.op,
             rpc_method: span.rpc_method,
             held: SmallVec::new(),
         });
         self.open_calls += 1;
         self.stats.peak_open_calls = self.stats.peak_open_calls.max(self.open_calls);
-        call
+        (call, index_key)
     }
 
-    /// Takes a call out of the slab, if `call` still names it (its index entry goes stale).
-    fn close_call(&mut self, call: CallRef) -> Option<OpenCall> {
-        if self.generations.get(call.slot as usize) != Some(&call.generation) {
+    /// Indexes a call just opened by its key: in `open_index`, or in `open_collisions` when
+    /// another open call holds that key.
+    fn index_call(&mut self, key: u64, call: CallRef) {
+        let generations = &self.generations;
+        match self.open_index.entry(key) {
+            Entry::Vacant(entry) => {
+                entry.insert(call);
+            }
+            Entry::Occupied(mut entry) => {
+                let held = *entry.get();
+                if generations.get(held.slot()) == Some(&held.generation()) {
+                    self.open_collisions.push(call);
+                    if let Some(open) = self.calls[call.slot()].as_mut() {
+                        open.collided = true;
+                    }
+                } else {
+                    *entry.get_mut() = call;
+                    self.stale_entries = self.stale_entries.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Takes a call out of the slab, if `call` still names it (its index entry goes stale),
+    /// with its call id.
+    fn close_call(&mut self, call: CallRef) -> Option<(OpenCall, Option<CallId>)> {
+        if self.generations.get(call.slot()) != Some(&call.generation()) {
             return None;
         }
-        let open = self.calls[call.slot as usize].take()?;
-        self.generations[call.slot as usize] = call.generation.wrapping_add(1);
-        self.free_slots.push(call.slot);
+        let open = self.calls[call.slot()].take()?;
+        let call_id = self.call_ids[call.slot()].clone();
+        self.generations[call.slot()] = call.generation().wrapping_add(1);
+        self.free_slots.push(call.slot() as u32);
         self.open_calls -= 1;
         if open.collided {
             self.open_collisions.retain(|other| *other != call);
@@ -695,11 +753,11 @@ impl<'c> Engine<'c> {
             self.stale_entries += 1;
             if self.stale_entries > (self.open_calls / 2).max(MIN_STALE_ENTRIES) {
                 let generations = &self.generations;
-                self.open_index.retain(|_, held| generations.get(held.slot as usize) == Some(&held.generation));
+                self.open_index.retain(|_, held| generations.get(held.slot()) == Some(&held.generation()));
                 self.stale_entries = 0;
             }
         }
-        Some(open)
+        Some((open, call_id))
     }
 
     fn push_hop(&mut self, span: &SpanRec) {
@@ -755,8 +813,8 @@ impl<'c> Engine<'c> {
             }
             self.warm_calls(&due);
             for (start, call) in due.iter().copied() {
-                if let Some(open) = self.close_call(call) {
-                    self.finalize(open);
+                if let Some((open, call_id)) = self.close_call(call) {
+                    self.finalize(open, call_id);
                 }
                 self.release_answers(start);
             }
@@ -822,12 +880,12 @@ impl<'c> Engine<'c> {
     fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
         // First the generations and slab entries, then what they point to.
         let mut sum = batch.iter().fold(0_u64, |sum, (_, call)| {
-            let slot = call.slot as usize;
+            let slot = call.slot();
             let open = self.calls[slot].as_ref().map_or(0, |open| open.held.len() as u64);
             sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open)
         });
         for (_, call) in batch {
-            if let Some(open) = &self.calls[call.slot as usize] {
+            if let Some(open) = &self.calls[call.slot()] {
                 for slot in open.held.iter().filter_map(|at| self.held.get(*at)) {
                     sum = sum.wrapping_add(match slot {
                         Slot::Raw(span) => span.touch(),
@@ -860,10 +918,10 @@ impl<'c> Engine<'c> {
         }
     }
 
-    fn finalize(&mut self, open: OpenCall) {
+    fn finalize(&mut self, open: OpenCall, call_id: Option<CallId>) {
         self.stats.calls += 1;
         let (client, namespace) = (open.client, open.namespace);
-        let untraced = match (&open.call_id, self.by_call.get_mut(&client)) {
+        let untraced = match (&call_id, self.by_call.get_mut(&client)) {
             (Some(call_id), Some(calls)) => calls.remove(call_id).unwrap_or_default(),
             _ => Vec::new(),
         };
@@ -873,7 +931,7 @@ impl<'c> Engine<'c> {
             && let Some(Slot::Joined(_)) = self.held.get(at)
             && let Some(Slot::Joined(attempt)) = self.held.take(at)
         {
-            self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, vec![attempt]);
+            self.process_call(client, namespace, call_id, open.op, open.rpc_method, vec![attempt]);
             return;
         }
         // Out of the held attempts into the list that becomes the call's (allocated now, when
@@ -891,7 +949,7 @@ impl<'c> Engine<'c> {
                     Slot::Raw(_) => None,
                 })
                 .collect();
-            self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, attempts);
+            self.process_call(client, namespace, call_id, open.op, open.rpc_method, attempts);
             return;
         }
         // Raw attempts: their traced hops now, then the untraced hops by call id.
@@ -941,7 +999,7 @@ impl<'c> Engine<'c> {
                 }
             })
             .collect();
-        self.process_call(client, namespace, open.call_id, open.op, open.rpc_method, attempts);
+        self.process_call(client, namespace, call_id, open.op, open.rpc_method, attempts);
     }
 
     /// A call's joined attempts into a compact call, then through the detectors.
@@ -1390,9 +1448,11 @@ impl TracedHops {
     }
 }
 
-fn hash_str(text: &str) -> u64 {
+/// An open call's key in the index: the hash of its client, namespace and call id (calls
+/// whose keys collide are told apart by their ids).
+fn call_key(client: Sym, namespace: Sym, call_id: &str) -> u64 {
     use std::hash::BuildHasher;
-    rustc_hash::FxBuildHasher.hash_one(text)
+    rustc_hash::FxBuildHasher.hash_one((client, namespace, call_id))
 }
 
 /// What a joined attempt tells about its namespace: a committed state reported, an answer
@@ -1702,7 +1762,7 @@ mod tests {
         };
         engine.push_span(&attempt("a", 1, 0));
         let a = engine.find_open(client, namespace, "a").expect("call a is open");
-        engine.open_index.insert((client, namespace, hash_str("b")), a);
+        engine.open_index.insert(call_key(client, namespace, "b"), a);
         engine.push_span(&attempt("b", 1, 2_000_000));
         assert_eq!(engine.open_collisions.len(), 1);
         engine.push_span(&attempt("b", 2, 4_000_000));
@@ -1711,7 +1771,7 @@ mod tests {
         assert_ne!(a, b);
         for (call, id) in [(a, "a"), (b, "b")] {
             let open = engine.current(call).expect("open");
-            assert_eq!(open.call_id.as_deref(), Some(id));
+            assert_eq!(engine.call_ids[call.slot()].as_deref(), Some(id));
             assert_eq!(open.held.len(), 2, "call {id}");
         }
         let (_, stats) = engine.finish();

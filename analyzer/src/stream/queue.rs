@@ -53,6 +53,9 @@ impl<T: Timed> TimeQueue<T> {
         self.len
     }
 
+    /// Inlined: an item passed to a call is built on the stack field by field and read back
+    /// in wider loads, which no store forwards to: each waits for every store before it.
+    #[inline(always)]
     pub(crate) fn push(&mut self, item: T) {
         self.len += 1;
         let bucket = item.time() >> BUCKET_SHIFT;
