@@ -88,7 +88,8 @@ pub struct EngineStats {
     pub late_log_events: u64,
 }
 
-/// A client attempt in an open call: as it arrived, or joined and compact.
+/// A client attempt in an open call: as it arrived (without its call id, which its call
+/// keeps), or joined and compact.
 #[derive(Debug)]
 enum Slot {
     Raw(SpanRec),
@@ -650,7 +651,7 @@ impl<'c> Engine<'c> {
             Some(call) => (call, None),
             None => self.open_call(span),
         };
-        let at = self.held.push(Slot::Raw(span.clone()));
+        let at = self.held.push(Slot::Raw(span.without_call_id()));
         self.calls[call.slot()].as_mut().expect("an indexed call is open").held.push(at);
         // Last: the index is several times the cache, and its entry's store misses. Copies
         // through the stack (as the two above) wait for every store before them to land when
