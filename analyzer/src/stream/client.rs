@@ -211,7 +211,7 @@ impl ClientState {
         };
         if let Some(source) = floor_source {
             let best = last_max(successful().filter_map(|(index, attempt)| {
-                let value = if source == FloorSource::Write { attempt.returned } else { attempt.served };
+                let value = if source == FloorSource::Write { attempt.returned() } else { attempt.served() };
                 Some((value?, index, attempt.end))
             }));
             if let Some((state, index, completed)) = best {
@@ -220,7 +220,8 @@ impl ClientState {
             }
         }
         let source = if call.op == write { FloorSource::Write } else { FloorSource::Read };
-        let best = last_max(successful().filter_map(|(index, attempt)| Some((attempt.returned?, index, attempt.end))));
+        let best =
+            last_max(successful().filter_map(|(index, attempt)| Some((attempt.returned()?, index, attempt.end))));
         if let Some((state, index, completed)) = best {
             let at = AttemptAt { call: call.clone(), index };
             self.pending_seen.push(Contribution { state, completed, source, at });

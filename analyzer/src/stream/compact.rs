@@ -1,7 +1,7 @@
 //! Compact joined attempts and calls (the streaming counterparts of `TimelineAttempt` and
 //! `TimelineCall`), turned into the model's types only when an anomaly needs them.
 
-use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
+use lagscope_model::{Op, Outcome, SpanRef, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
 use smallvec::SmallVec;
 
@@ -17,10 +17,6 @@ pub(crate) struct Ref {
 }
 
 impl Ref {
-    pub(crate) fn of(span: &SpanRec) -> Self {
-        Self { id: span.id, service: span.service, node: span.node }
-    }
-
     pub(crate) fn materialize(&self, interner: &Interner) -> SpanRef {
         SpanRef {
             trace_id: self.id.is_some().then(|| self.id.trace_hex()),
@@ -53,10 +49,116 @@ impl HopRef {
     }
 }
 
+/// Up to 8 optional integers packed as values and a presence mask: an `Option<i64>` takes 16
+/// bytes, and the records held for the horizon are most of the engine's memory (and of its
+/// cache misses).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Packed<const N: usize> {
+    values: [i64; N],
+    present: u8,
+}
+
+impl<const N: usize> Packed<N> {
+    pub(crate) fn new(optional: [Option<i64>; N]) -> Self {
+        const { assert!(N <= 8, "a u8 mask") };
+        // Straight-line: this runs for every client attempt.
+        let present = optional.iter().rev().fold(0_u8, |bits, value| bits << 1 | u8::from(value.is_some()));
+        Self { values: optional.map(Option::unwrap_or_default), present }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: usize) -> Option<i64> {
+        (self.present & (1 << index) != 0).then_some(self.values[index])
+    }
+
+    /// The sum of the values, wrapping (part of the `touch` methods).
+    fn sum(&self) -> u64 {
+        self.values.iter().fold(u64::from(self.present), |sum, value| sum.wrapping_add(*value as u64))
+    }
+}
+
+/// `name()` for a record's packed optional integers, by their place in its `states`.
+macro_rules! packed_states {
+    ($($name:ident: $index:literal),+ $(,)?) => {$(
+        #[inline]
+        pub(crate) fn $name(&self) -> Option<i64> {
+            self.states.get($index)
+        }
+    )+};
+}
+
+/// A client attempt held until it is joined: what the join and [`build_attempt`] read of its
+/// span, packed (no call id, which its call keeps; its optional integers as [`Packed`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientRec {
+    pub(crate) id: SpanKey,
+    pub(crate) start: UnixNanos,
+    pub(crate) end: UnixNanos,
+    /// attempt, carried, served, returned, committed.
+    states: Packed<5>,
+    pub(crate) client: Sym,
+    pub(crate) namespace: Sym,
+    pub(crate) service: Sym,
+    pub(crate) node: Sym,
+    pub(crate) target_node: Sym,
+    pub(crate) target_role: Sym,
+    pub(crate) consistency: Sym,
+    pub(crate) server_address: Sym,
+    pub(crate) outcome: Sym,
+    pub(crate) error_type: Sym,
+    pub(crate) ok: bool,
+    pub(crate) follower_read: Option<bool>,
+}
+
+impl ClientRec {
+    packed_states!(attempt: 0, carried: 1, served: 2, returned: 3, committed: 4);
+
+    pub(crate) fn of(span: &SpanRec) -> Self {
+        Self {
+            id: span.id,
+            start: span.start,
+            end: span.end,
+            states: Packed::new([span.attempt, span.carried, span.served, span.returned, span.committed]),
+            client: span.client,
+            namespace: span.namespace,
+            service: span.service,
+            node: span.node,
+            target_node: span.target_node,
+            target_role: span.target_role,
+            consistency: span.consistency,
+            server_address: span.server_address,
+            outcome: span.outcome,
+            error_type: span.error_type,
+            ok: span.ok,
+            follower_read: span.follower_read,
+        }
+    }
+
+    /// Reads every field, as [`HopRec::touch`].
+    pub(crate) fn touch(&self) -> u64 {
+        let symbols = [
+            self.client,
+            self.namespace,
+            self.service,
+            self.node,
+            self.target_node,
+            self.target_role,
+            self.consistency,
+            self.server_address,
+            self.outcome,
+            self.error_type,
+        ];
+        (self.id.trace_id as u64 ^ self.id.span_id)
+            .wrapping_add(self.start as u64 ^ self.end as u64)
+            .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
+            .wrapping_add(self.states.sum())
+            .wrapping_add(u64::from(self.ok) + u64::from(self.follower_read.unwrap_or_default()))
+    }
+}
+
 /// One attempt joined across client, router and server (a compact `TimelineAttempt`).
 #[derive(Debug, Clone)]
 pub(crate) struct Attempt {
-    pub(crate) attempt: Option<i64>,
     pub(crate) start: UnixNanos,
     pub(crate) end: UnixNanos,
     pub(crate) client_span: Ref,
@@ -70,22 +172,28 @@ pub(crate) struct Attempt {
     pub(crate) router_node: Sym,
     pub(crate) served_by: Sym,
     pub(crate) served_role: Sym,
-    pub(crate) carried: Option<StateId>,
-    pub(crate) router_carried: Option<StateId>,
-    pub(crate) router_state: Option<StateId>,
-    pub(crate) served: Option<StateId>,
-    pub(crate) returned: Option<StateId>,
-    pub(crate) committed: Option<StateId>,
+    /// attempt, carried, router carried, router state, served, returned, committed, requeues.
+    states: Packed<8>,
     pub(crate) consistency: Sym,
     pub(crate) follower_read: Option<bool>,
     pub(crate) server_address: Sym,
     pub(crate) ok: bool,
     pub(crate) outcome: Sym,
     pub(crate) error_type: Sym,
-    pub(crate) requeues: Option<i64>,
 }
 
 impl Attempt {
+    packed_states!(
+        attempt: 0,
+        carried: 1,
+        router_carried: 2,
+        router_state: 3,
+        served: 4,
+        returned: 5,
+        committed: 6,
+        requeues: 7,
+    );
+
     /// Reads every field, as [`HopRec::touch`].
     pub(crate) fn touch(&self) -> u64 {
         let symbols = [
@@ -101,20 +209,10 @@ impl Attempt {
             self.outcome,
             self.error_type,
         ];
-        let states = [
-            self.attempt,
-            self.carried,
-            self.router_carried,
-            self.router_state,
-            self.served,
-            self.returned,
-            self.committed,
-            self.requeues,
-        ];
         (self.client_span.id.trace_id as u64 ^ self.client_span.id.span_id)
             .wrapping_add(self.start as u64 ^ self.end as u64)
             .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
-            .wrapping_add(super::record::sum_states(&states))
+            .wrapping_add(self.states.sum())
             .wrapping_add(self.hops.len() as u64 + u64::from(self.routers) + self.join as u64)
             .wrapping_add(u64::from(self.ok) + u64::from(self.follower_read.unwrap_or_default()))
     }
@@ -123,7 +221,7 @@ impl Attempt {
         let outcome =
             if self.ok { Outcome::Ok } else { interner.get(self.outcome).map_or(Outcome::Error, Outcome::parse) };
         TimelineAttempt {
-            attempt: self.attempt,
+            attempt: self.attempt(),
             start_unix_nano: self.start,
             end_unix_nano: self.end,
             client_span: self.client_span.materialize(interner),
@@ -141,18 +239,18 @@ impl Attempt {
             router_node: interner.owned(self.router_node),
             served_by: interner.owned(self.served_by),
             served_role: interner.owned(self.served_role),
-            carried: self.carried,
-            router_carried: self.router_carried,
-            router_state: self.router_state,
-            served: self.served,
-            returned: self.returned,
-            committed: self.committed,
+            carried: self.carried(),
+            router_carried: self.router_carried(),
+            router_state: self.router_state(),
+            served: self.served(),
+            returned: self.returned(),
+            committed: self.committed(),
             consistency: interner.owned(self.consistency),
             follower_read: self.follower_read,
             server_address: interner.owned(self.server_address),
             outcome: Some(outcome),
             error_type: interner.owned(self.error_type),
-            requeues: self.requeues,
+            requeues: self.requeues(),
             reported: Default::default(),
         }
     }
@@ -185,7 +283,7 @@ impl Call {
 
 /// One attempt from its client span and the router and server spans joined to it, choosing
 /// the executing server and the router hop as the batch join does.
-pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: TimelineJoin) -> Attempt {
+pub(crate) fn build_attempt(client: &ClientRec, hops: &mut [HopRec], join: TimelineJoin) -> Attempt {
     hops.sort_by_key(|span| span.start);
     let hops = &*hops;
     let routers = || hops.iter().filter(|span| span.component == known::ROUTER);
@@ -196,11 +294,12 @@ pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: Timelin
         .or_else(|| routers().next_back());
     let router_count = routers().count();
     let refs: SmallVec<[HopRef; 2]> = routers().chain(servers()).map(HopRef::of).collect();
+    let returned =
+        client.returned().or_else(|| router.and_then(HopRec::returned)).or_else(|| server.and_then(HopRec::returned));
     Attempt {
-        attempt: client.attempt,
         start: client.start,
         end: client.end,
-        client_span: Ref::of(client),
+        client_span: Ref { id: client.id, service: client.service, node: client.node },
         hops: refs,
         routers: u8::try_from(router_count).unwrap_or(u8::MAX),
         join,
@@ -209,21 +308,42 @@ pub(crate) fn build_attempt(client: &SpanRec, hops: &mut [HopRec], join: Timelin
         router_node: router.map_or(Sym::NONE, |span| span.node),
         served_by: server.map_or(Sym::NONE, |span| span.node),
         served_role: server.map_or(Sym::NONE, |span| span.node_role),
-        carried: client.carried,
-        router_carried: router.and_then(HopRec::carried),
-        router_state: router.and_then(HopRec::router_state),
-        served: server.and_then(HopRec::served).or(client.served),
-        returned: client
-            .returned
-            .or_else(|| router.and_then(HopRec::returned))
-            .or_else(|| server.and_then(HopRec::returned)),
-        committed: server.and_then(HopRec::committed).or(client.committed),
+        states: Packed::new([
+            client.attempt(),
+            client.carried(),
+            router.and_then(HopRec::carried),
+            router.and_then(HopRec::router_state),
+            server.and_then(HopRec::served).or(client.served()),
+            returned,
+            server.and_then(HopRec::committed).or(client.committed()),
+            server.and_then(HopRec::requeues),
+        ]),
         consistency: client.consistency,
         follower_read: client.follower_read,
         server_address: client.server_address,
         ok: client.ok,
         outcome: client.outcome,
         error_type: client.error_type,
-        requeues: server.and_then(HopRec::requeues),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Packed;
+
+    /// Every combination of present and absent integers (zero, negative and extreme values
+    /// among them: an absent one is stored as 0) reads back as it went in.
+    #[test]
+    fn packed_integers_read_back_as_given() {
+        let values = [0, -1, i64::MIN, i64::MAX, 7, 1_000_019, -42, 3];
+        for mask in 0..=u8::MAX {
+            let optional: [Option<i64>; 8] =
+                std::array::from_fn(|index| (mask & (1 << index) != 0).then_some(values[index]));
+            let packed = Packed::new(optional);
+            let read: [Option<i64>; 8] = std::array::from_fn(|index| packed.get(index));
+            assert_eq!(read, optional, "mask {mask:#010b}");
+        }
+        let five = Packed::new([None, Some(0), None, Some(-5), Some(9)]);
+        assert_eq!((0..5).map(|index| five.get(index)).collect::<Vec<_>>(), [None, Some(0), None, Some(-5), Some(9)]);
     }
 }

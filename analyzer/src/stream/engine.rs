@@ -30,7 +30,7 @@ use std::collections::hash_map::Entry;
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
-use super::compact::{Attempt, Call, build_attempt};
+use super::compact::{Attempt, Call, ClientRec, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
@@ -88,19 +88,19 @@ pub struct EngineStats {
     pub late_log_events: u64,
 }
 
-/// A client attempt in an open call: as it arrived (without its call id, which its call
-/// keeps), or joined and compact.
+/// A client attempt in an open call: as it arrived (packed, without its call id, which its
+/// call keeps), or joined and compact.
 #[derive(Debug)]
 enum Slot {
-    Raw(SpanRec),
+    Raw(ClientRec),
     Joined(Attempt),
 }
 
 impl Slot {
     fn order(&self) -> (Option<i64>, UnixNanos) {
         match self {
-            Slot::Raw(span) => (span.attempt, span.start),
-            Slot::Joined(attempt) => (attempt.attempt, attempt.start),
+            Slot::Raw(span) => (span.attempt(), span.start),
+            Slot::Joined(attempt) => (attempt.attempt(), attempt.start),
         }
     }
 }
@@ -651,7 +651,7 @@ impl<'c> Engine<'c> {
             Some(call) => (call, None),
             None => self.open_call(span),
         };
-        let at = self.held.push(Slot::Raw(span.without_call_id()));
+        let at = self.held.push(Slot::Raw(ClientRec::of(span)));
         self.calls[call.slot()].as_mut().expect("an indexed call is open").held.push(at);
         // Last: the index is several times the cache, and its entry's store misses. Copies
         // through the stack (as the two above) wait for every store before them to land when
@@ -968,8 +968,8 @@ impl<'c> Engine<'c> {
         for hop in untraced {
             let nearest = (0..slots.len()).filter(|index| hops[*index].is_some()).min_by_key(|index| {
                 let (attempt, start, end) = match &slots[*index] {
-                    Slot::Raw(span) => (span.attempt, span.start, span.end),
-                    Slot::Joined(attempt) => (attempt.attempt, attempt.start, attempt.end),
+                    Slot::Raw(span) => (span.attempt(), span.start, span.end),
+                    Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
                 };
                 (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
             });
@@ -1053,13 +1053,13 @@ impl<'c> Engine<'c> {
         for (index, attempt) in call.attempts.iter().enumerate() {
             let at = || AttemptAt { call: call.clone(), index };
             if kinds.carried_state_regression
-                && let (Some(seen), Some(carried)) = (&state.seen, attempt.carried)
+                && let (Some(seen), Some(carried)) = (&state.seen, attempt.carried())
                 && seen.state.saturating_sub(carried) >= config.carried_state_regression.min_states_behind.max(1)
             {
                 raised.push(Raise::Regression { index, carried, seen: seen.clone() });
             }
             if kinds.router_state_dropped
-                && let (Some(carried), Some(forwarded)) = (attempt.carried, attempt.router_carried)
+                && let (Some(carried), Some(forwarded)) = (attempt.carried(), attempt.router_carried())
                 && carried.saturating_sub(forwarded) >= config.router_state_dropped.min_states_behind.max(1)
             {
                 raised.push(Raise::Dropped { index, carried, forwarded });
@@ -1067,7 +1067,7 @@ impl<'c> Engine<'c> {
             let served_read = call.op == known::READ && attempt.ok;
             if kinds.stale_read
                 && served_read
-                && let Some(served) = attempt.served
+                && let Some(served) = attempt.served()
             {
                 if !stale_read::exempt(interner.get(attempt.consistency), config)
                     && let Some(broken) = floors.broken_by(served, config.stale_read.min_states_behind)
@@ -1092,7 +1092,7 @@ impl<'c> Engine<'c> {
             }
             if kinds.untrusted_state {
                 let margin = config.untrusted_state.margin_states;
-                if let Some(carried) = attempt.carried
+                if let Some(carried) = attempt.carried()
                     && let Some(committed) = scope.committed.highest_at(attempt.start)
                     && carried > committed.saturating_add(margin)
                 {
@@ -1113,11 +1113,11 @@ impl<'c> Engine<'c> {
                         run.pools.insert((attempt.router_node, attempt.served_by));
                     }
                 }
-                if let Some(forwarded) = attempt.router_carried
-                    && attempt.carried.is_none_or(|own| own < forwarded)
+                if let Some(forwarded) = attempt.router_carried()
+                    && attempt.carried().is_none_or(|own| own < forwarded)
                     && scope.forwarded.len() < MAX_FORWARDED
                 {
-                    scope.forwarded.push((client, forwarded, attempt.carried));
+                    scope.forwarded.push((client, forwarded, attempt.carried()));
                 }
             }
             if kinds.follower_read_disabled && call.op == known::READ {
@@ -1471,7 +1471,7 @@ struct Facts {
 
 fn record_facts(facts: Facts, scope: &mut NamespaceState, attempt: &Attempt, client: Sym, sequence: &mut u64) {
     if facts.committed
-        && let Some(committed) = attempt.committed
+        && let Some(committed) = attempt.committed()
     {
         scope.committed.report(attempt.end, committed);
     }
@@ -1646,7 +1646,10 @@ impl Raise {
                     .find(|earlier| {
                         earlier.end <= attempt.start_unix_nano
                             && earlier.end >= seen.completed
-                            && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
+                            && earlier
+                                .attempts
+                                .iter()
+                                .any(|earlier_attempt| earlier_attempt.returned() == Some(carried))
                     })
                     .map(|earlier| earlier.materialize(interner));
                 carried_state_regression::regression(

@@ -134,11 +134,6 @@ macro_rules! hop_values {
     )+};
 }
 
-/// The sum of `states` (absent as zero), wrapping: part of the `touch` methods.
-pub(crate) fn sum_states(states: &[Option<i64>]) -> u64 {
-    states.iter().fold(0_u64, |sum, state| sum.wrapping_add(state.unwrap_or_default() as u64))
-}
-
 impl HopRec {
     hop_values!(attempt: 0, carried: 1, returned: 2, served: 3, committed: 4, router_state: 5, requeues: 6);
 
@@ -246,91 +241,7 @@ impl SpanRec {
         server_address,
     );
 
-    /// A copy without the call id, for a held client attempt (its call keeps the id). The
-    /// id's clone was the costly part of the copy: an `Option<CompactString>` is copied as 23
-    /// bytes and a byte, so the clone's loads span two of its stores, which no store forwards
-    /// to, and each waited for every store before it. (Every field is named: a field added to
-    /// the record and not here does not compile.)
-    pub(crate) fn without_call_id(&self) -> Self {
-        let Self {
-            id,
-            parent_span_id,
-            start,
-            end,
-            component,
-            ok,
-            service,
-            system,
-            cluster,
-            node,
-            client,
-            call_id: _,
-            attempt,
-            namespace,
-            op,
-            rpc_method,
-            target_node,
-            target_role,
-            node_role,
-            consistency,
-            follower_read,
-            outcome,
-            error_type,
-            server_address,
-            carried,
-            returned,
-            served,
-            committed,
-            router_state,
-            requeues,
-        } = *self;
-        Self {
-            id,
-            parent_span_id,
-            start,
-            end,
-            component,
-            ok,
-            service,
-            system,
-            cluster,
-            node,
-            client,
-            call_id: None,
-            attempt,
-            namespace,
-            op,
-            rpc_method,
-            target_node,
-            target_role,
-            node_role,
-            consistency,
-            follower_read,
-            outcome,
-            error_type,
-            server_address,
-            carried,
-            returned,
-            served,
-            committed,
-            router_state,
-            requeues,
-        }
-    }
-
     /// A client's attempt: the unit timelines are made of.
-    /// Reads every field, as [`HopRec::touch`].
-    pub(crate) fn touch(&self) -> u64 {
-        let states =
-            [self.attempt, self.carried, self.returned, self.served, self.committed, self.router_state, self.requeues];
-        (self.id.trace_id as u64 ^ self.id.span_id ^ self.parent_span_id)
-            .wrapping_add(self.start as u64 ^ self.end as u64)
-            .wrapping_add(self.symbols().iter().map(|sym| u64::from(sym.0)).sum::<u64>())
-            .wrapping_add(sum_states(&states))
-            .wrapping_add(self.call_id.as_ref().map_or(0, |call_id| call_id.len() as u64))
-            .wrapping_add(u64::from(self.ok) + u64::from(self.follower_read.unwrap_or_default()))
-    }
-
     pub fn is_client_attempt(&self) -> bool {
         self.component == known::CLIENT && self.client.is_some()
     }
