@@ -877,13 +877,14 @@ impl<'c> Engine<'c> {
     }
 
     /// As [`Engine::warm_joins`], for a batch of calls about to be finalized: their slab
-    /// entries, then their attempts.
+    /// entries and call ids, then their attempts.
     fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
-        // First the generations and slab entries, then what they point to.
+        // First the generations, slab entries and call ids, then what the entries point to.
         let mut sum = batch.iter().fold(0_u64, |sum, (_, call)| {
             let slot = call.slot();
             let open = self.calls[slot].as_ref().map_or(0, |open| open.held.len() as u64);
-            sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open)
+            let call_id = self.call_ids[slot].as_ref().map_or(0, |call_id| call_id.len() as u64);
+            sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open).wrapping_add(call_id)
         });
         for (_, call) in batch {
             if let Some(open) = &self.calls[call.slot()] {
