@@ -933,7 +933,16 @@ impl<'c> Engine<'c> {
             && let Some(Slot::Joined(_)) = self.held.get(at)
             && let Some(Slot::Joined(attempt)) = self.held.take(at)
         {
-            self.process_call(client, namespace, call_id, open.op, open.rpc_method, vec![attempt]);
+            // The call is allocated and written before its attempt is copied in: the call's
+            // fields are built on the stack and read back in wider loads (which wait for every
+            // store before them), and the attempt's copy is four stores to memory that may
+            // have left the cache.
+            let (start, end) = (attempt.start, attempt.end);
+            let attempts = Vec::with_capacity(1);
+            let mut call = Rc::new(Call { call_id, op: open.op, rpc_method: open.rpc_method, start, end, attempts });
+            Rc::get_mut(&mut call).expect("a call just made has no other owner").attempts.push(attempt);
+            self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(end.saturating_sub(start));
+            self.process(client, namespace, call);
             return;
         }
         // Out of the held attempts into the list that becomes the call's (allocated now, when
