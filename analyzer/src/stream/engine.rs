@@ -1377,9 +1377,17 @@ struct TracedHops {
 }
 
 impl TracedHops {
+    /// Not through `entry`: its key, a `u128` kept on the stack in two halves, was read back
+    /// whole as the new entry was written, a load no store forwards to, which waited for every
+    /// store before it (a third of `push_span`'s samples).
     fn push(&mut self, trace: u128, span: HopRec) {
         let at = self.spans.push(span);
-        self.places.entry(trace).or_default().push(at);
+        match self.places.get_mut(&trace) {
+            Some(places) => places.push(at),
+            None => {
+                self.places.insert(trace, SmallVec::from_buf_and_len([at, 0], 1));
+            }
+        }
     }
 
     /// The spans of `trace` waiting.
