@@ -933,16 +933,7 @@ impl<'c> Engine<'c> {
             && let Some(Slot::Joined(_)) = self.held.get(at)
             && let Some(Slot::Joined(attempt)) = self.held.take(at)
         {
-            // The call is allocated and written before its attempt is copied in: the call's
-            // fields are built on the stack and read back in wider loads (which wait for every
-            // store before them), and the attempt's copy is four stores to memory that may
-            // have left the cache.
-            let (start, end) = (attempt.start, attempt.end);
-            let attempts = Vec::with_capacity(1);
-            let mut call = Rc::new(Call { call_id, op: open.op, rpc_method: open.rpc_method, start, end, attempts });
-            Rc::get_mut(&mut call).expect("a call just made has no other owner").attempts.push(attempt);
-            self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(end.saturating_sub(start));
-            self.process(client, namespace, call);
+            self.process_call(&open, call_id, std::iter::once(attempt), 1);
             return;
         }
         // Out of the held attempts into the list that becomes the call's (allocated now, when
@@ -953,14 +944,12 @@ impl<'c> Engine<'c> {
         let all_joined = slots.iter().all(|slot| matches!(slot, Slot::Joined(_)));
         if all_joined && untraced.is_empty() {
             // Retried calls: every attempt joined through its trace already.
-            let attempts: Vec<Attempt> = slots
-                .into_iter()
-                .filter_map(|slot| match slot {
-                    Slot::Joined(attempt) => Some(attempt),
-                    Slot::Raw(_) => None,
-                })
-                .collect();
-            self.process_call(client, namespace, call_id, open.op, open.rpc_method, attempts);
+            let count = slots.len();
+            let attempts = slots.into_iter().filter_map(|slot| match slot {
+                Slot::Joined(attempt) => Some(attempt),
+                Slot::Raw(_) => None,
+            });
+            self.process_call(&open, call_id, attempts, count);
             return;
         }
         // Raw attempts: their traced hops now, then the untraced hops by call id.
@@ -1010,24 +999,29 @@ impl<'c> Engine<'c> {
                 }
             })
             .collect();
-        self.process_call(client, namespace, call_id, open.op, open.rpc_method, attempts);
+        let count = attempts.len();
+        self.process_call(&open, call_id, attempts.into_iter(), count);
     }
 
-    /// A call's joined attempts into a compact call, then through the detectors.
+    /// A call's joined attempts (`count` of them at most) into a compact call, then through
+    /// the detectors. The call is allocated and written before its attempts are moved in: its
+    /// fields are built on the stack and read back in wider loads (which wait for every store
+    /// before them), and the attempts' copies are stores to memory that may have left the cache.
     fn process_call(
         &mut self,
-        client: Sym,
-        namespace: Sym,
+        open: &OpenCall,
         call_id: Option<CallId>,
-        op: Sym,
-        rpc_method: Sym,
-        attempts: Vec<Attempt>,
+        attempts: impl Iterator<Item = Attempt>,
+        count: usize,
     ) {
-        let start = attempts.iter().map(|attempt| attempt.start).min().unwrap_or_default();
-        let end = attempts.iter().map(|attempt| attempt.end).max().unwrap_or_default();
-        self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(end.saturating_sub(start));
-        let call = Rc::new(Call { call_id, op, rpc_method, start, end, attempts });
-        self.process(client, namespace, call);
+        let (op, rpc_method) = (open.op, open.rpc_method);
+        let mut call = Rc::new(Call { call_id, op, rpc_method, start: 0, end: 0, attempts: Vec::with_capacity(count) });
+        let made = Rc::get_mut(&mut call).expect("a call just made has no other owner");
+        made.attempts.extend(attempts);
+        made.start = made.attempts.iter().map(|attempt| attempt.start).min().unwrap_or_default();
+        made.end = made.attempts.iter().map(|attempt| attempt.end).max().unwrap_or_default();
+        self.stats.longest_call_nanos = self.stats.longest_call_nanos.max(made.end.saturating_sub(made.start));
+        self.process(open.client, open.namespace, call);
     }
 
     /// Runs the per-call and per-client detectors over a processed call, in client order.
