@@ -42,6 +42,37 @@ pub fn write_str(out: &mut Vec<u8>, text: &str) {
     }
 }
 
+/// [`write_str`] into a `String`: text written this way needs no UTF-8 check to become one
+/// (JSON pieces written once and copied into several documents, see [`Raw`]).
+pub fn push_str(out: &mut String, text: &str) {
+    if needs_escaping(text.as_bytes()) {
+        let mut escaped = Vec::with_capacity(text.len() + 8);
+        write_escaped(&mut escaped, text.as_bytes());
+        // Escaping writes ASCII in place of ASCII and copies every other byte as it was.
+        out.push_str(&String::from_utf8_lossy(&escaped));
+    } else {
+        out.reserve(text.len() + 2);
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    }
+}
+
+/// JSON text written by a serializer (or by [`push_str`] and constant punctuation), copied as
+/// it is into the document it is serialized into: by [`write`], and by serde_json, which
+/// copies raw values the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct Raw<'a>(pub &'a str);
+
+impl Serialize for Raw<'_> {
+    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use ser::SerializeStruct as _;
+        let mut raw = serializer.serialize_struct(RAW_VALUE, 1)?;
+        raw.serialize_field(RAW_VALUE, self.0)?;
+        raw.end()
+    }
+}
+
 /// Whether JSON escapes this byte: a control character (below 0x20), a quote, a backslash.
 const fn special(byte: u8) -> bool {
     byte < 0x20 || byte == b'"' || byte == b'\\'

@@ -4,7 +4,7 @@
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 
-use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
+use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
 use crate::floor::{FloorContribution, seen_before};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -64,16 +64,21 @@ pub(crate) fn regression(
             method(seen_call),
         ),
         cause,
-        evidence: evidence!({
-            "carried": carried,
-            "seen": seen.state,
-            "states_behind": seen.state.saturating_sub(carried),
-            "served": attempt.served,
-            "served_by": attempt.served_by,
-            "request": operation(call, attempt),
-            "seen_from": operation(seen_call, seen_attempt),
-            "spans": span_ids(attempt).into_iter().chain(span_ids(seen_attempt)).collect::<Vec<_>>(),
-        }),
+        evidence: {
+            let request = operation(call, attempt);
+            let seen_from = operation(seen_call, seen_attempt);
+            let spans = Spans::concat([&request.spans, &seen_from.spans]);
+            evidence!({
+                "carried": carried,
+                "seen": seen.state,
+                "states_behind": seen.state.saturating_sub(carried),
+                "served": attempt.served,
+                "served_by": attempt.served_by,
+                "request": request,
+                "seen_from": seen_from,
+                "spans": spans,
+            })
+        },
         open: false,
         fingerprint: attempt_fingerprint("carried_state_regression", timeline, call, attempt),
     }

@@ -1,7 +1,7 @@
 //! What every detector's evidence is made of: references to the spans, operations and
 //! attempts involved, in one shape across detectors.
 
-use lagscope_model::{ClientTimeline, TimelineAttempt, TimelineCall};
+use lagscope_model::{ClientTimeline, SpanRef, TimelineAttempt, TimelineCall};
 use serde::Serialize;
 
 pub(crate) fn method(call: &TimelineCall) -> String {
@@ -37,7 +37,7 @@ pub(crate) struct Operation<'a> {
     served: Option<i64>,
     returned: Option<i64>,
     served_by: Option<&'a str>,
-    spans: Vec<SpanId<'a>>,
+    pub(crate) spans: Spans,
 }
 
 pub(crate) fn operation<'a>(call: &'a TimelineCall, attempt: &'a TimelineAttempt) -> Operation<'a> {
@@ -55,7 +55,8 @@ pub(crate) fn operation<'a>(call: &'a TimelineCall, attempt: &'a TimelineAttempt
     }
 }
 
-/// A span reference as evidence: `{trace_id, span_id, service_name, node_id}`.
+/// A span reference as evidence: `{trace_id, span_id, service_name, node_id}` (the shape of
+/// the objects in [`Spans`]).
 #[derive(Serialize)]
 pub(crate) struct SpanId<'a> {
     trace_id: Option<&'a str>,
@@ -64,18 +65,75 @@ pub(crate) struct SpanId<'a> {
     node_id: Option<&'a str>,
 }
 
+/// Span references as evidence: a JSON array of [`SpanId`] objects, written as text once and
+/// copied where it appears again (an anomaly cites the same spans in its operations and in
+/// its list of all spans: most of an anomaly's evidence by size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Spans(String);
+
+impl Spans {
+    /// The spans of the attempts, in order: each attempt's client span, router spans, then
+    /// server spans.
+    pub(crate) fn of<'a>(attempts: impl IntoIterator<Item = &'a TimelineAttempt>) -> Self {
+        Self::of_refs(attempts.into_iter().flat_map(|attempt| {
+            std::iter::once(&attempt.client_span).chain(&attempt.router_spans).chain(&attempt.server_spans)
+        }))
+    }
+
+    /// The references as [`SpanId`]s (the same text serde writes for them).
+    fn of_refs<'a>(spans: impl IntoIterator<Item = &'a SpanRef>) -> Self {
+        let mut text = String::with_capacity(256);
+        text.push('[');
+        for span in spans {
+            if text.len() > 1 {
+                text.push(',');
+            }
+            let fields = [
+                ("{\"trace_id\":", &span.trace_id),
+                (",\"span_id\":", &span.span_id),
+                (",\"service_name\":", &span.service_name),
+                (",\"node_id\":", &span.node_id),
+            ];
+            for (name, value) in fields {
+                text.push_str(name);
+                match value {
+                    Some(value) => lagscope_model::json::push_str(&mut text, value),
+                    None => text.push_str("null"),
+                }
+            }
+            text.push('}');
+        }
+        text.push(']');
+        Self(text)
+    }
+
+    /// The lists one after the other, as one list.
+    pub(crate) fn concat<'a>(lists: impl IntoIterator<Item = &'a Spans>) -> Self {
+        let mut text = String::from("[");
+        for list in lists {
+            let elements = &list.0[1..list.0.len() - 1];
+            if elements.is_empty() {
+                continue;
+            }
+            if text.len() > 1 {
+                text.push(',');
+            }
+            text.push_str(elements);
+        }
+        text.push(']');
+        Self(text)
+    }
+}
+
+impl Serialize for Spans {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        lagscope_model::json::Raw(&self.0).serialize(serializer)
+    }
+}
+
 /// The client, router and server spans of an attempt.
-pub(crate) fn span_ids(attempt: &TimelineAttempt) -> Vec<SpanId<'_>> {
-    std::iter::once(&attempt.client_span)
-        .chain(&attempt.router_spans)
-        .chain(&attempt.server_spans)
-        .map(|span| SpanId {
-            trace_id: span.trace_id.as_deref(),
-            span_id: span.span_id.as_deref(),
-            service_name: span.service_name.as_deref(),
-            node_id: span.node_id.as_deref(),
-        })
-        .collect()
+pub(crate) fn span_ids(attempt: &TimelineAttempt) -> Spans {
+    Spans::of([attempt])
 }
 
 /// Appends what identifies an attempt across analysis passes: its client span, else call id,
@@ -116,4 +174,60 @@ pub(crate) fn attempt_fingerprint(
     }
     push_attempt_key(&mut fingerprint, call, attempt);
     fingerprint
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(trace_id: Option<&str>, span_id: Option<&str>, service: Option<&str>, node: Option<&str>) -> SpanRef {
+        let owned = |value: Option<&str>| value.map(str::to_string);
+        SpanRef {
+            trace_id: owned(trace_id),
+            span_id: owned(span_id),
+            service_name: owned(service),
+            node_id: owned(node),
+        }
+    }
+
+    fn as_span_ids(spans: &[SpanRef]) -> Vec<SpanId<'_>> {
+        spans
+            .iter()
+            .map(|span| SpanId {
+                trace_id: span.trace_id.as_deref(),
+                span_id: span.span_id.as_deref(),
+                service_name: span.service_name.as_deref(),
+                node_id: span.node_id.as_deref(),
+            })
+            .collect()
+    }
+
+    /// The text written for a list of spans is serde_json's for the same `SpanId`s (absent
+    /// fields, and telemetry with quotes, backslashes, control and non-ASCII characters among
+    /// them), and lists joined are the lists' elements in order.
+    #[test]
+    fn span_lists_are_written_as_serde_writes_them() {
+        let first = [
+            span(
+                Some("0af7651916cd43dd8448eb211c80319c"),
+                Some("b7ad6b7169203331"),
+                Some("hdfs-client"),
+                Some("app-1"),
+            ),
+            span(None, None, Some("svc \"quoted\" \\ back"), None),
+        ];
+        let second = [span(Some("t"), Some("s"), Some("tab\there\u{1}"), Some("nœud-é"))];
+        let written = |spans: &Spans| serde_json::to_string(spans).expect("written");
+        let expected = |spans: &[SpanRef]| serde_json::to_string(&as_span_ids(spans)).expect("written");
+        let (one, two, none) = (Spans::of_refs(&first), Spans::of_refs(&second), Spans::of_refs(&[]));
+        assert_eq!(written(&one), expected(&first));
+        assert_eq!(written(&two), expected(&second));
+        assert_eq!(written(&none), "[]");
+        let both: Vec<SpanRef> = first.iter().chain(&second).cloned().collect();
+        assert_eq!(written(&Spans::concat([&none, &one, &none, &two, &none])), expected(&both));
+        assert_eq!(written(&Spans::concat([&none, &none])), "[]");
+        // The same through lagscope's own writer, inside an object.
+        let evidence = evidence!({ "spans": one, "n": 1 });
+        assert_eq!(evidence.as_json(), format!("{{\"spans\":{},\"n\":1}}", expected(&first)));
+    }
 }

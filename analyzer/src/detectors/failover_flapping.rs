@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt};
 
-use super::evidence::{evidence, span_ids};
+use super::evidence::{Spans, evidence};
 use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -161,7 +161,7 @@ pub(crate) fn flapping(timeline: &ClientTimeline, run: &[&Switch<'_>], min_gap: 
             "switches": run.len(),
             "path": path,
             "switch_times_unix_nano": run.iter().map(|switch| switch.0).collect::<Vec<_>>(),
-            "spans": run.iter().flat_map(|switch| span_ids(switch.3)).collect::<Vec<_>>(),
+            "spans": Spans::of(run.iter().map(|switch| switch.3)),
         }),
         open: false,
         fingerprint: format!(

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt, TimelineCall};
 
-use super::evidence::{attempt_fingerprint, evidence, method, span_ids};
+use super::evidence::{Spans, attempt_fingerprint, evidence, method};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 /// (cluster, namespace) → (time, node) of every successful answer.
@@ -136,7 +136,7 @@ pub(crate) fn pinned(
             "consistency": run[0].consistency,
             "served_meanwhile_by": others,
             "call_id": call.call_id,
-            "spans": run.iter().flat_map(|attempt| span_ids(attempt)).collect::<Vec<_>>(),
+            "spans": Spans::of(run.iter().copied()),
         }),
         open: false,
         fingerprint: attempt_fingerprint("pinned_retry", timeline, call, run[0]),

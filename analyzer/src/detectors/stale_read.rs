@@ -7,7 +7,7 @@
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
 
-use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
+use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
 use crate::floor::{FloorContribution, FloorSource, served_reads};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -63,7 +63,9 @@ pub(crate) fn stale_read(
         floor.state,
         guarantee.as_str().replace('_', "-"),
     );
-    let spans: Vec<_> = span_ids(attempt).into_iter().chain(span_ids(floor_attempt)).collect();
+    let read = operation(call, attempt);
+    let floor_set_by = operation(floor_call, floor_attempt);
+    let spans = Spans::concat([&read.spans, &floor_set_by.spans]);
     let evidence = evidence!({
         "guarantee": guarantee.as_str(),
         "floor": floor.state,
@@ -78,8 +80,8 @@ pub(crate) fn stale_read(
         "served_role": attempt.served_role,
         "target_node": attempt.target_node,
         "router": attempt.router_node,
-        "read": operation(call, attempt),
-        "floor_set_by": operation(floor_call, floor_attempt),
+        "read": read,
+        "floor_set_by": floor_set_by,
         "spans": spans,
     });
     Anomaly {
