@@ -16,6 +16,7 @@ pub(crate) mod stale_read;
 pub(crate) mod stale_read_cross_client;
 pub(crate) mod unfair_rejection;
 pub(crate) mod untrusted_state;
+pub(crate) mod view;
 
 use lagscope_model::{Anomaly, AnomalyKind};
 

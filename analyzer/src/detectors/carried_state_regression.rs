@@ -5,6 +5,7 @@
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
 
 use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
+use super::view::{AttemptView, CallView};
 use crate::floor::{FloorContribution, seen_before};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -33,16 +34,16 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 /// The anomaly for `attempt` of `call` carrying `carried` below `seen`, which `seen_call`
 /// returned; `overwritten_by` is the later call whose response brought the lower state back,
 /// if any (see [`overwritten_by`]). Shared with the streaming engine.
-pub(crate) fn regression(
+pub(crate) fn regression<C: CallView>(
     timeline: &ClientTimeline,
-    call: &TimelineCall,
-    attempt: &TimelineAttempt,
+    call: &C,
+    attempt: &impl AttemptView,
     carried: i64,
     seen: &FloorContribution,
-    seen_call: &TimelineCall,
-    overwritten_by: Option<&TimelineCall>,
+    seen_call: &C,
+    overwritten_by: Option<&C>,
 ) -> Anomaly {
-    let seen_attempt = &seen_call.attempts[seen.attempt_index];
+    let seen_attempt = seen_call.attempt(seen.attempt_index);
     let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
     let cause = cause(overwritten_by, attempt, carried, seen);
     Anomaly {
@@ -51,29 +52,29 @@ pub(crate) fn regression(
         cluster: timeline.cluster.clone(),
         namespace: timeline.namespace.clone(),
         client_id: Some(timeline.client_id.clone()),
-        node_id: attempt.router_node.clone().or_else(|| attempt.target_node.clone()),
-        start_unix_nano: attempt.start_unix_nano,
-        end_unix_nano: attempt.end_unix_nano,
+        node_id: attempt.router_node().or_else(|| attempt.target_node()).map(str::to_string),
+        start_unix_nano: attempt.start(),
+        end_unix_nano: attempt.end(),
         summary: format!(
             "client {} sent {} to {namespace} carrying state {carried}, {} below the {} its {} {} had already returned",
             timeline.client_id,
             method(call),
             seen.state.saturating_sub(carried),
             seen.state,
-            seen_call.op.as_ref().map_or("call", |op| op.as_str()),
+            seen_call.op().unwrap_or("call"),
             method(seen_call),
         ),
         cause,
         evidence: {
             let request = operation(call, attempt);
-            let seen_from = operation(seen_call, seen_attempt);
+            let seen_from = operation(seen_call, &seen_attempt);
             let spans = Spans::concat([&request.spans, &seen_from.spans]);
             evidence!({
                 "carried": carried,
                 "seen": seen.state,
                 "states_behind": seen.state.saturating_sub(carried),
-                "served": attempt.served,
-                "served_by": attempt.served_by,
+                "served": attempt.served(),
+                "served_by": attempt.served_by(),
                 "request": request,
                 "seen_from": seen_from,
                 "spans": spans,
@@ -102,13 +103,14 @@ pub(crate) fn overwritten_by<'a>(
 /// Which known bug the regression matches: a lower state adopted from a later response
 /// (HDFS-16837), or a state not yet published when the next call left (HDFS-17156).
 fn cause(
-    overwritten_by: Option<&TimelineCall>,
-    attempt: &TimelineAttempt,
+    overwritten_by: Option<&impl CallView>,
+    attempt: &impl AttemptView,
     carried: i64,
     seen: &FloorContribution,
 ) -> String {
     if let Some(earlier) = overwritten_by {
-        let router = earlier.attempts.iter().rev().find_map(|earlier_attempt| earlier_attempt.router_node.clone());
+        let router =
+            earlier.attempts().rev().find_map(|earlier_attempt| earlier_attempt.router_node().map(str::to_string));
         return format!(
             "stale router response overwrote a newer state: {} answered {carried} after the client had seen {}, and the client \
              kept the lower value instead of the maximum (HDFS-16837)",
@@ -116,7 +118,7 @@ fn cause(
             seen.state
         );
     }
-    let gap = attempt.start_unix_nano - seen.completed_unix_nano;
+    let gap = attempt.start() - seen.completed_unix_nano;
     if (0..=PUBLISH_RACE_GAP_NANOS).contains(&gap) {
         return format!(
             "state published after the call returned: this request left {:.1} ms after the response carrying {} and did not \

@@ -1,11 +1,14 @@
 //! What every detector's evidence is made of: references to the spans, operations and
 //! attempts involved, in one shape across detectors.
 
-use lagscope_model::{ClientTimeline, SpanRef, TimelineAttempt, TimelineCall};
+use lagscope_model::ClientTimeline;
 use serde::Serialize;
 
-pub(crate) fn method(call: &TimelineCall) -> String {
-    call.rpc_method.clone().or_else(|| call.call_id.clone()).unwrap_or_else(|| "call".to_string())
+use super::view::{AttemptView, CallView, SpanView};
+
+/// What a summary calls the call: its RPC method, else its call id.
+pub(crate) fn method(call: &impl CallView) -> &str {
+    call.rpc_method().or_else(|| call.call_id()).unwrap_or("call")
 }
 
 /// `evidence!({ "key": value, ... })`: an anomaly's [`Evidence`](lagscope_model::Evidence),
@@ -40,17 +43,17 @@ pub(crate) struct Operation<'a> {
     pub(crate) spans: Spans,
 }
 
-pub(crate) fn operation<'a>(call: &'a TimelineCall, attempt: &'a TimelineAttempt) -> Operation<'a> {
+pub(crate) fn operation<'a, C: CallView>(call: &'a C, attempt: &'a impl AttemptView) -> Operation<'a> {
     Operation {
-        call_id: call.call_id.as_deref(),
-        op: call.op.as_ref().map(|op| op.as_str()),
-        rpc_method: call.rpc_method.as_deref(),
-        attempt: attempt.attempt,
-        start_unix_nano: attempt.start_unix_nano,
-        end_unix_nano: attempt.end_unix_nano,
-        served: attempt.served,
-        returned: attempt.returned,
-        served_by: attempt.served_by.as_deref(),
+        call_id: call.call_id(),
+        op: call.op(),
+        rpc_method: call.rpc_method(),
+        attempt: attempt.number(),
+        start_unix_nano: attempt.start(),
+        end_unix_nano: attempt.end(),
+        served: attempt.served(),
+        returned: attempt.returned(),
+        served_by: attempt.served_by(),
         spans: span_ids(attempt),
     }
 }
@@ -74,42 +77,22 @@ pub(crate) struct Spans(String);
 impl Spans {
     /// The spans of the attempts, in order: each attempt's client span, router spans, then
     /// server spans.
-    pub(crate) fn of<'a>(attempts: impl IntoIterator<Item = &'a TimelineAttempt>) -> Self {
-        Self::of_refs(attempts.into_iter().flat_map(|attempt| {
-            std::iter::once(&attempt.client_span).chain(&attempt.router_spans).chain(&attempt.server_spans)
-        }))
-    }
-
-    /// The references as [`SpanId`]s (the same text serde writes for them).
-    fn of_refs<'a>(spans: impl IntoIterator<Item = &'a SpanRef>) -> Self {
-        let mut text = String::with_capacity(256);
+    pub(crate) fn of<A: AttemptView>(attempts: impl IntoIterator<Item = A>) -> Self {
+        // An attempt's three spans, as ids and names are usually long (no growing on the way).
+        let mut text = String::with_capacity(512);
         text.push('[');
-        for span in spans {
-            if text.len() > 1 {
-                text.push(',');
-            }
-            let fields = [
-                ("{\"trace_id\":", &span.trace_id),
-                (",\"span_id\":", &span.span_id),
-                (",\"service_name\":", &span.service_name),
-                (",\"node_id\":", &span.node_id),
-            ];
-            for (name, value) in fields {
-                text.push_str(name);
-                match value {
-                    Some(value) => lagscope_model::json::push_str(&mut text, value),
-                    None => text.push_str("null"),
-                }
-            }
-            text.push('}');
+        for attempt in attempts {
+            attempt.each_span(&mut |span| push_span(&mut text, span));
         }
         text.push(']');
         Self(text)
     }
 
     /// The lists one after the other, as one list.
-    pub(crate) fn concat<'a>(lists: impl IntoIterator<Item = &'a Spans>) -> Self {
-        let mut text = String::from("[");
+    pub(crate) fn concat<'a>(lists: impl IntoIterator<Item = &'a Spans, IntoIter: Clone>) -> Self {
+        let lists = lists.into_iter();
+        let mut text = String::with_capacity(lists.clone().map(|list| list.0.len()).sum::<usize>() + 2);
+        text.push('[');
         for list in lists {
             let elements = &list.0[1..list.0.len() - 1];
             if elements.is_empty() {
@@ -131,26 +114,51 @@ impl Serialize for Spans {
     }
 }
 
+/// Appends `span` to a list being written (the same text serde writes for a [`SpanId`]).
+fn push_span(text: &mut String, span: SpanView<'_>) {
+    if !text.ends_with('[') {
+        text.push(',');
+    }
+    text.push_str("{\"trace_id\":");
+    match span.trace_id {
+        Some(id) => id.push_json(text),
+        None => text.push_str("null"),
+    }
+    text.push_str(",\"span_id\":");
+    match span.span_id {
+        Some(id) => id.push_json(text),
+        None => text.push_str("null"),
+    }
+    for (name, value) in [(",\"service_name\":", span.service_name), (",\"node_id\":", span.node_id)] {
+        text.push_str(name);
+        match value {
+            Some(value) => lagscope_model::json::push_str(text, value),
+            None => text.push_str("null"),
+        }
+    }
+    text.push('}');
+}
+
 /// The client, router and server spans of an attempt.
-pub(crate) fn span_ids(attempt: &TimelineAttempt) -> Spans {
+pub(crate) fn span_ids(attempt: &impl AttemptView) -> Spans {
     Spans::of([attempt])
 }
 
 /// Appends what identifies an attempt across analysis passes: its client span, else call id,
 /// attempt and start. Fingerprints are built by concatenation: one is made for every anomaly,
 /// and `format!` costs several times as much.
-fn push_attempt_key(out: &mut String, call: &TimelineCall, attempt: &TimelineAttempt) {
+fn push_attempt_key(out: &mut String, call: &impl CallView, attempt: &impl AttemptView) {
     use std::fmt::Write as _;
-    match (&attempt.client_span.trace_id, &attempt.client_span.span_id) {
-        (Some(trace_id), Some(span_id)) => {
-            out.push_str(trace_id);
+    match attempt.client_span_ids() {
+        Some((trace_id, span_id)) => {
+            trace_id.push_text(out);
             out.push('/');
-            out.push_str(span_id);
+            span_id.push_text(out);
         }
-        _ => {
-            out.push_str(call.call_id.as_deref().unwrap_or(""));
+        None => {
+            out.push_str(call.call_id().unwrap_or(""));
             // Writing into a String cannot fail.
-            let _ = write!(out, "#{}@{}", attempt.attempt.unwrap_or_default(), attempt.start_unix_nano);
+            let _ = write!(out, "#{}@{}", attempt.number().unwrap_or_default(), attempt.start());
         }
     }
 }
@@ -160,8 +168,8 @@ fn push_attempt_key(out: &mut String, call: &TimelineCall, attempt: &TimelineAtt
 pub(crate) fn attempt_fingerprint(
     kind: &str,
     timeline: &ClientTimeline,
-    call: &TimelineCall,
-    attempt: &TimelineAttempt,
+    call: &impl CallView,
+    attempt: &impl AttemptView,
 ) -> String {
     let cluster = timeline.cluster.as_deref().unwrap_or("");
     let namespace = timeline.namespace.as_deref().unwrap_or("");
@@ -178,6 +186,10 @@ pub(crate) fn attempt_fingerprint(
 
 #[cfg(test)]
 mod tests {
+    use std::slice::from_ref;
+
+    use lagscope_model::{SpanRef, TimelineAttempt};
+
     use super::*;
 
     fn span(trace_id: Option<&str>, span_id: Option<&str>, service: Option<&str>, node: Option<&str>) -> SpanRef {
@@ -190,9 +202,18 @@ mod tests {
         }
     }
 
-    fn as_span_ids(spans: &[SpanRef]) -> Vec<SpanId<'_>> {
+    /// An attempt of these client, router and server spans (nothing else set).
+    fn attempt(client: &SpanRef, routers: &[SpanRef], servers: &[SpanRef]) -> TimelineAttempt {
+        serde_json::from_value(serde_json::json!({
+            "start_unix_nano": 1, "end_unix_nano": 2, "join": "trace_context",
+            "client_span": client, "router_spans": routers, "server_spans": servers,
+        }))
+        .expect("an attempt")
+    }
+
+    fn as_span_ids<'a>(spans: impl IntoIterator<Item = &'a SpanRef>) -> Vec<SpanId<'a>> {
         spans
-            .iter()
+            .into_iter()
             .map(|span| SpanId {
                 trace_id: span.trace_id.as_deref(),
                 span_id: span.span_id.as_deref(),
@@ -204,30 +225,29 @@ mod tests {
 
     /// The text written for a list of spans is serde_json's for the same `SpanId`s (absent
     /// fields, and telemetry with quotes, backslashes, control and non-ASCII characters among
-    /// them), and lists joined are the lists' elements in order.
+    /// them), in order (client, routers, servers; attempt after attempt), and lists joined are
+    /// the lists' elements in order.
     #[test]
     fn span_lists_are_written_as_serde_writes_them() {
-        let first = [
-            span(
-                Some("0af7651916cd43dd8448eb211c80319c"),
-                Some("b7ad6b7169203331"),
-                Some("hdfs-client"),
-                Some("app-1"),
-            ),
-            span(None, None, Some("svc \"quoted\" \\ back"), None),
-        ];
-        let second = [span(Some("t"), Some("s"), Some("tab\there\u{1}"), Some("nœud-é"))];
+        let client =
+            span(Some("0af7651916cd43dd8448eb211c80319c"), Some("b7ad6b7169203331"), Some("hdfs-client"), None);
+        let router = span(None, None, Some("svc \"quoted\" \\ back"), Some("router-1"));
+        let server = span(Some("t"), Some("s"), Some("tab\there\u{1}"), Some("nœud-é"));
+        let (one, two) =
+            (attempt(&client, from_ref(&router), from_ref(&server)), attempt(&server, &[], from_ref(&client)));
         let written = |spans: &Spans| serde_json::to_string(spans).expect("written");
-        let expected = |spans: &[SpanRef]| serde_json::to_string(&as_span_ids(spans)).expect("written");
-        let (one, two, none) = (Spans::of_refs(&first), Spans::of_refs(&second), Spans::of_refs(&[]));
-        assert_eq!(written(&one), expected(&first));
-        assert_eq!(written(&two), expected(&second));
+        let expected =
+            |spans: &[&SpanRef]| serde_json::to_string(&as_span_ids(spans.iter().copied())).expect("written");
+        let (first, second, none) = (span_ids(&one), span_ids(&two), Spans::of::<&TimelineAttempt>([]));
+        assert_eq!(written(&first), expected(&[&client, &router, &server]));
+        assert_eq!(written(&second), expected(&[&server, &client]));
         assert_eq!(written(&none), "[]");
-        let both: Vec<SpanRef> = first.iter().chain(&second).cloned().collect();
-        assert_eq!(written(&Spans::concat([&none, &one, &none, &two, &none])), expected(&both));
+        let all = [&client, &router, &server, &server, &client];
+        assert_eq!(written(&Spans::of([&one, &two])), expected(&all));
+        assert_eq!(written(&Spans::concat([&none, &first, &none, &second, &none])), expected(&all));
         assert_eq!(written(&Spans::concat([&none, &none])), "[]");
         // The same through lagscope's own writer, inside an object.
-        let evidence = evidence!({ "spans": one, "n": 1 });
-        assert_eq!(evidence.as_json(), format!("{{\"spans\":{},\"n\":1}}", expected(&first)));
+        let evidence = evidence!({ "spans": first, "n": 1 });
+        assert_eq!(evidence.as_json(), format!("{{\"spans\":{},\"n\":1}}", expected(&[&client, &router, &server])));
     }
 }

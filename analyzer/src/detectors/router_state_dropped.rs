@@ -1,9 +1,10 @@
 //! `router_state_dropped`: the router's request to a server carried less than the client's
 //! request did (HDFS-16826: a connection pool not advanced by the client's state).
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity};
 
 use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
+use super::view::{AttemptView, CallView};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -26,22 +27,22 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 /// `forwarded`. Shared with the streaming engine.
 pub(crate) fn dropped(
     timeline: &ClientTimeline,
-    call: &TimelineCall,
-    attempt: &TimelineAttempt,
+    call: &impl CallView,
+    attempt: &impl AttemptView,
     carried: i64,
     forwarded: i64,
 ) -> Anomaly {
-    let router = attempt.router_node.as_deref().unwrap_or("the router");
-    let target = attempt.served_by.as_deref().unwrap_or("the server");
+    let router = attempt.router_node().unwrap_or("the router");
+    let target = attempt.served_by().unwrap_or("the server");
     Anomaly {
         kind: AnomalyKind::RouterStateDropped,
         severity: Severity::Warning,
         cluster: timeline.cluster.clone(),
         namespace: timeline.namespace.clone(),
         client_id: Some(timeline.client_id.clone()),
-        node_id: attempt.router_node.clone(),
-        start_unix_nano: attempt.start_unix_nano,
-        end_unix_nano: attempt.end_unix_nano,
+        node_id: attempt.router_node().map(str::to_string),
+        start_unix_nano: attempt.start(),
+        end_unix_nano: attempt.end(),
         summary: format!(
             "{router} forwarded {} for client {} to {target} with state {forwarded}, {} below the {carried} the client carried",
             method(call),
@@ -56,9 +57,9 @@ pub(crate) fn dropped(
             "carried": carried,
             "forwarded": forwarded,
             "states_behind": carried.saturating_sub(forwarded),
-            "router": attempt.router_node,
-            "target": attempt.served_by,
-            "served": attempt.served,
+            "router": attempt.router_node(),
+            "target": attempt.served_by(),
+            "served": attempt.served(),
             "request": operation(call, attempt),
             "spans": span_ids(attempt),
         }),

@@ -5,9 +5,10 @@
 //! The cause is found by walking the read's states from client to server: the first hop
 //! where the state fell below the floor is where the guarantee broke.
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity};
 
 use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
+use super::view::{AttemptView, CallView};
 use crate::floor::{FloorContribution, FloorSource, served_reads};
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -35,21 +36,21 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 
 /// The anomaly for `attempt` of `call`, served at `served` below `floor`, which
 /// `floor_call` set (its attempt `floor.attempt_index`). Shared with the streaming engine.
-pub(crate) fn stale_read(
+pub(crate) fn stale_read<C: CallView>(
     timeline: &ClientTimeline,
-    call: &TimelineCall,
-    attempt: &TimelineAttempt,
+    call: &C,
+    attempt: &impl AttemptView,
     served: i64,
     floor: &FloorContribution,
-    floor_call: &TimelineCall,
+    floor_call: &C,
 ) -> Anomaly {
     let guarantee = match floor.source {
         FloorSource::Write => Guarantee::ReadYourWrites,
         FloorSource::Read => Guarantee::MonotonicReads,
     };
-    let floor_attempt = &floor_call.attempts[floor.attempt_index];
-    let node = attempt.served_by.as_deref().unwrap_or("an unknown node");
-    let role = attempt.served_role.as_deref().map(|role| format!(" ({role})")).unwrap_or_default();
+    let floor_attempt = floor_call.attempt(floor.attempt_index);
+    let node = attempt.served_by().unwrap_or("an unknown node");
+    let role = attempt.served_role().map(|role| format!(" ({role})")).unwrap_or_default();
     let namespace = timeline.namespace.as_deref().unwrap_or("its namespace");
     let what_set_floor = match floor.source {
         FloorSource::Write => format!("its own write {} returned", method(floor_call)),
@@ -64,22 +65,22 @@ pub(crate) fn stale_read(
         guarantee.as_str().replace('_', "-"),
     );
     let read = operation(call, attempt);
-    let floor_set_by = operation(floor_call, floor_attempt);
+    let floor_set_by = operation(floor_call, &floor_attempt);
     let spans = Spans::concat([&read.spans, &floor_set_by.spans]);
     let evidence = evidence!({
         "guarantee": guarantee.as_str(),
         "floor": floor.state,
         "served": served,
         "states_behind": floor.state.saturating_sub(served),
-        "carried": attempt.carried,
-        "router_carried": attempt.router_carried,
-        "router_state": attempt.router_state,
-        "returned": attempt.returned,
-        "committed": attempt.committed,
-        "served_by": attempt.served_by,
-        "served_role": attempt.served_role,
-        "target_node": attempt.target_node,
-        "router": attempt.router_node,
+        "carried": attempt.carried(),
+        "router_carried": attempt.router_carried(),
+        "router_state": attempt.router_state(),
+        "returned": attempt.returned(),
+        "committed": attempt.committed(),
+        "served_by": attempt.served_by(),
+        "served_role": attempt.served_role(),
+        "target_node": attempt.target_node(),
+        "router": attempt.router_node(),
         "read": read,
         "floor_set_by": floor_set_by,
         "spans": spans,
@@ -90,9 +91,9 @@ pub(crate) fn stale_read(
         cluster: timeline.cluster.clone(),
         namespace: timeline.namespace.clone(),
         client_id: Some(timeline.client_id.clone()),
-        node_id: attempt.served_by.clone(),
-        start_unix_nano: attempt.start_unix_nano,
-        end_unix_nano: attempt.end_unix_nano,
+        node_id: attempt.served_by().map(str::to_string),
+        start_unix_nano: attempt.start(),
+        end_unix_nano: attempt.end(),
         summary,
         cause: cause(attempt, served, floor.state),
         evidence,
@@ -102,17 +103,17 @@ pub(crate) fn stale_read(
 }
 
 /// Walks the read's states from client to server and names the first hop below the floor.
-fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
-    let node = attempt.served_by.as_deref().unwrap_or("the serving node");
-    let router = attempt.router_node.as_deref().unwrap_or("the router");
-    if let Some(carried) = attempt.carried.filter(|carried| *carried < floor) {
+fn cause(attempt: &impl AttemptView, served: i64, floor: i64) -> String {
+    let node = attempt.served_by().unwrap_or("the serving node");
+    let router = attempt.router_node().unwrap_or("the router");
+    if let Some(carried) = attempt.carried().filter(|carried| *carried < floor) {
         return format!(
             "carried-state regression: the client carried state {carried}, below the {floor} it had already seen, \
              so no server could know to wait (state published after the call returned, HDFS-17156, or a stale \
              router response overwrote a newer state, HDFS-16837)"
         );
     }
-    if let (Some(carried), Some(router_carried)) = (attempt.carried, attempt.router_carried)
+    if let (Some(carried), Some(router_carried)) = (attempt.carried(), attempt.router_carried())
         && router_carried < carried
     {
         return format!(
@@ -120,7 +121,7 @@ fn cause(attempt: &TimelineAttempt, served: i64, floor: i64) -> String {
              the client carried (the pool state was not advanced by the client's state, HDFS-16826)"
         );
     }
-    let required = attempt.router_carried.or(attempt.carried);
+    let required = attempt.router_carried().or(attempt.carried());
     match required {
         Some(required) if served < required => format!(
             "{node} served the read at applied state {served} although the request carried {required}: it did not \

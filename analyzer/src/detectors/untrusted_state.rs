@@ -151,6 +151,6 @@ pub(crate) fn untrusted(timeline: &ClientTimeline, run: &Untrusted<'_>, margin: 
             "spans": span_ids(first),
         }),
         open: false,
-        fingerprint: attempt_fingerprint("untrusted_state", timeline, first_call, first),
+        fingerprint: attempt_fingerprint("untrusted_state", timeline, *first_call, first),
     }
 }

@@ -1,12 +1,13 @@
 //! Compact joined attempts and calls (the streaming counterparts of `TimelineAttempt` and
 //! `TimelineCall`), turned into the model's types only when an anomaly needs them.
 
-use lagscope_model::{Op, Outcome, SpanRef, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
+use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
 use smallvec::SmallVec;
 
 use super::intern::{Interner, Sym, known};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
+use crate::detectors::view::{AttemptView, CallView, Id, SpanView};
 
 /// A span reference in compact form.
 #[derive(Debug, Clone, Copy)]
@@ -278,6 +279,114 @@ impl Call {
             attempts: self.attempts.iter().map(|attempt| attempt.materialize(interner)).collect(),
             floor: None,
         }
+    }
+}
+
+/// A compact call read through the interner, as the anomaly constructors read calls
+/// ([`CallView`]): what [`Call::materialize`] would give, without building it.
+#[derive(Clone, Copy)]
+pub(crate) struct CallIn<'a> {
+    pub(crate) call: &'a Call,
+    pub(crate) interner: &'a Interner,
+}
+
+/// A compact attempt read through the interner ([`AttemptView`]).
+#[derive(Clone, Copy)]
+pub(crate) struct AttemptIn<'a> {
+    pub(crate) attempt: &'a Attempt,
+    pub(crate) interner: &'a Interner,
+}
+
+impl Ref {
+    /// The reference as [`Ref::materialize`] gives it: ids only when the span has them.
+    fn view<'a>(&self, interner: &'a Interner) -> SpanView<'a> {
+        let ids = self.id.is_some();
+        SpanView {
+            trace_id: ids.then_some(Id::Hex { value: self.id.trace_id, digits: 32 }),
+            span_id: ids.then_some(Id::Hex { value: u128::from(self.id.span_id), digits: 16 }),
+            service_name: interner.get(self.service),
+            node_id: interner.get(self.node),
+        }
+    }
+}
+
+impl AttemptView for AttemptIn<'_> {
+    fn number(&self) -> Option<i64> {
+        self.attempt.attempt()
+    }
+    fn start(&self) -> UnixNanos {
+        self.attempt.start
+    }
+    fn end(&self) -> UnixNanos {
+        self.attempt.end
+    }
+    fn carried(&self) -> Option<StateId> {
+        self.attempt.carried()
+    }
+    fn router_carried(&self) -> Option<StateId> {
+        self.attempt.router_carried()
+    }
+    fn router_state(&self) -> Option<StateId> {
+        self.attempt.router_state()
+    }
+    fn served(&self) -> Option<StateId> {
+        self.attempt.served()
+    }
+    fn returned(&self) -> Option<StateId> {
+        self.attempt.returned()
+    }
+    fn committed(&self) -> Option<StateId> {
+        self.attempt.committed()
+    }
+    fn target_node(&self) -> Option<&str> {
+        self.interner.get(self.attempt.target_node)
+    }
+    fn router_node(&self) -> Option<&str> {
+        self.interner.get(self.attempt.router_node)
+    }
+    fn served_by(&self) -> Option<&str> {
+        self.interner.get(self.attempt.served_by)
+    }
+    fn served_role(&self) -> Option<&str> {
+        self.interner.get(self.attempt.served_role)
+    }
+    fn each_span(&self, each: &mut dyn FnMut(SpanView<'_>)) {
+        let attempt = self.attempt;
+        each(attempt.client_span.view(self.interner));
+        // Router spans, then server spans: the order they are kept in.
+        for hop in &attempt.hops {
+            each(hop.in_trace(attempt.client_span.id.trace_id).view(self.interner));
+        }
+    }
+    fn client_span_ids(&self) -> Option<(Id<'_>, Id<'_>)> {
+        let id = self.attempt.client_span.id;
+        id.is_some().then_some((
+            Id::Hex { value: id.trace_id, digits: 32 },
+            Id::Hex { value: u128::from(id.span_id), digits: 16 },
+        ))
+    }
+}
+
+impl CallView for CallIn<'_> {
+    type Attempt<'b>
+        = AttemptIn<'b>
+    where
+        Self: 'b;
+
+    fn call_id(&self) -> Option<&str> {
+        self.call.call_id.as_deref()
+    }
+    fn op(&self) -> Option<&str> {
+        self.interner.get(self.call.op)
+    }
+    fn rpc_method(&self) -> Option<&str> {
+        self.interner.get(self.call.rpc_method)
+    }
+    fn attempt(&self, index: usize) -> AttemptIn<'_> {
+        AttemptIn { attempt: &self.call.attempts[index], interner: self.interner }
+    }
+    fn attempts(&self) -> impl DoubleEndedIterator<Item = AttemptIn<'_>> {
+        self.call.attempts.iter().map(|attempt| AttemptIn { attempt, interner: self.interner })
     }
 }
 

@@ -30,13 +30,14 @@ use std::collections::hash_map::Entry;
 
 use super::client::{AttemptAt, ClientState, Contribution, FailingRun, Rejection, UntrustedRun};
 use super::codec::{SampleRec, SeriesDef};
-use super::compact::{Attempt, Call, ClientRec, build_attempt};
+use super::compact::{Attempt, Call, CallIn, ClientRec, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
 use super::queue::{Places, TimeQueue, Timed};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
+use crate::detectors::view::{AttemptView, CallView};
 use crate::detectors::{
     blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
     pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
@@ -1628,11 +1629,7 @@ fn materialize(
     config: &AnalyzerConfig,
 ) -> Vec<Anomaly> {
     let timeline = identity(interner, state);
-    let this = call.materialize(interner);
-    raised
-        .into_iter()
-        .filter_map(|raise| raise.build(interner, state, &timeline, Some((call, &this)), probes, config))
-        .collect()
+    raised.into_iter().filter_map(|raise| raise.build(interner, state, &timeline, Some(call), probes, config)).collect()
 }
 
 impl Raise {
@@ -1641,50 +1638,50 @@ impl Raise {
         interner: &Interner,
         state: &ClientState,
         timeline: &ClientTimeline,
-        this: Option<(&Call, &lagscope_model::TimelineCall)>,
+        this: Option<&Call>,
         probes: &BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
         config: &AnalyzerConfig,
     ) -> Option<Anomaly> {
-        let current = || this.map(|(_, materialized)| materialized);
+        // The call read in place (the constructors of the kinds raised most), or built whole.
+        let read = |call| CallIn { call, interner };
+        let current = || this.map(read);
+        let materialized = || this.map(|call| call.materialize(interner));
         Some(match self {
             Raise::Regression { index, carried, seen } => {
                 let this = current()?;
-                let attempt = &this.attempts[index];
-                let seen_call = seen.at.call.materialize(interner);
-                let overwriting = state
-                    .recent
-                    .iter()
-                    .rev()
-                    .find(|earlier| {
-                        earlier.end <= attempt.start_unix_nano
-                            && earlier.end >= seen.completed
-                            && earlier
-                                .attempts
-                                .iter()
-                                .any(|earlier_attempt| earlier_attempt.returned() == Some(carried))
-                    })
-                    .map(|earlier| earlier.materialize(interner));
+                let attempt = this.attempt(index);
+                let overwriting = state.recent.iter().rev().find(|earlier| {
+                    earlier.end <= attempt.start()
+                        && earlier.end >= seen.completed
+                        && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned() == Some(carried))
+                });
                 carried_state_regression::regression(
                     timeline,
-                    this,
-                    attempt,
+                    &this,
+                    &attempt,
                     carried,
                     &seen.floor(),
-                    &seen_call,
-                    overwriting.as_ref(),
+                    &read(&seen.at.call),
+                    overwriting.map(|earlier| read(earlier)).as_ref(),
                 )
             }
             Raise::Dropped { index, carried, forwarded } => {
                 let this = current()?;
-                router_state_dropped::dropped(timeline, this, &this.attempts[index], carried, forwarded)
+                router_state_dropped::dropped(timeline, &this, &this.attempt(index), carried, forwarded)
             }
             Raise::Stale { index, served, floor } => {
                 let this = current()?;
-                let floor_call = floor.at.call.materialize(interner);
-                stale_read::stale_read(timeline, this, &this.attempts[index], served, &floor.floor(), &floor_call)
+                stale_read::stale_read(
+                    timeline,
+                    &this,
+                    &this.attempt(index),
+                    served,
+                    &floor.floor(),
+                    &read(&floor.at.call),
+                )
             }
             Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state } => {
-                let this = current()?;
+                let this = &materialized()?;
                 stale_read_cross_client::cross_client(
                     timeline,
                     this,
@@ -1697,7 +1694,7 @@ impl Raise {
                 )
             }
             Raise::Pinned { run, others } => {
-                let this = current()?;
+                let this = &materialized()?;
                 let attempts: Vec<&lagscope_model::TimelineAttempt> =
                     run.iter().map(|index| &this.attempts[*index]).collect();
                 let node = attempts[0].served_by.as_deref().unwrap_or_default();

@@ -47,18 +47,11 @@ impl SpanKey {
     }
 }
 
-/// `format!("{value:0digits$x}")` for `digits` <= 32, without the formatting machinery (every
-/// span an anomaly cites is written this way, tens of ids per anomaly): all 32 digits, two a
-/// byte from the big end, then the last `digits` of them.
+/// `format!("{value:0digits$x}")` for `digits` <= 32, without the formatting machinery.
 fn lower_hex(value: u128, digits: usize) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = [0u8; 32];
-    for (pair, byte) in text.chunks_exact_mut(2).zip(value.to_be_bytes()) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
-    }
-    let digits = digits.min(32);
-    String::from_utf8(text[32 - digits..].to_vec()).expect("hex digits are ASCII")
+    let mut text = String::with_capacity(digits);
+    crate::detectors::view::push_hex(&mut text, value, digits);
+    text
 }
 
 /// One span, as the engine needs it.
