@@ -1016,7 +1016,8 @@ impl<'c> Engine<'c> {
         count: usize,
     ) {
         let (op, rpc_method) = (open.op, open.rpc_method);
-        let mut call = Rc::new(Call { call_id, op, rpc_method, start: 0, end: 0, attempts: Vec::with_capacity(count) });
+        let mut call =
+            Rc::new(Call { call_id, op, rpc_method, start: 0, end: 0, attempts: SmallVec::with_capacity(count) });
         let made = Rc::get_mut(&mut call).expect("a call just made has no other owner");
         made.attempts.extend(attempts);
         made.start = made.attempts.iter().map(|attempt| attempt.start).min().unwrap_or_default();
