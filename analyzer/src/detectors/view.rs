@@ -37,16 +37,28 @@ impl Id<'_> {
 
 /// Appends the last `digits` (at most 32) of `value`'s 32 lowercase hex digits
 /// (`format!("{value:0digits$x}")` without the formatting machinery).
-/// All 32 digits are made, two a byte from the big end, then the last `digits` copied.
 pub(crate) fn push_hex(out: &mut String, value: u128, digits: usize) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 32];
-    for (pair, byte) in text.chunks_exact_mut(2).zip(value.to_be_bytes()) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
-    }
+    text[..16].copy_from_slice(&hex_digits((value >> 64) as u64));
+    text[16..].copy_from_slice(&hex_digits(value as u64));
     // Hex digits are ASCII: the check cannot fail (and is a word at a time).
     out.push_str(std::str::from_utf8(&text[32 - digits.min(32)..]).unwrap_or_default());
+}
+
+/// The 16 lowercase hex digits of `value`, most significant first, made a word at a time
+/// (every id an anomaly cites is written this way): each nibble is spread into a byte of its
+/// own, then turned into its digit (`'0' + n`, plus the distance to `'a'` for n above 9).
+fn hex_digits(value: u64) -> [u8; 16] {
+    const LOW_NIBBLES: u128 = 0x0f0f_0f0f_0f0f_0f0f_0f0f_0f0f_0f0f_0f0f;
+    let ones = LOW_NIBBLES / 0x0f;
+    let mut spread = u128::from(value);
+    spread = (spread | (spread << 32)) & 0x0000_0000_ffff_ffff_0000_0000_ffff_ffff;
+    spread = (spread | (spread << 16)) & 0x0000_ffff_0000_ffff_0000_ffff_0000_ffff;
+    spread = (spread | (spread << 8)) & 0x00ff_00ff_00ff_00ff_00ff_00ff_00ff_00ff;
+    spread = (spread | (spread << 4)) & LOW_NIBBLES;
+    // 1 in each byte whose nibble is above 9 (n + 6 reaches 16); no byte carries into the next.
+    let letters = ((spread + 6 * ones) >> 4) & ones;
+    (spread + 0x30 * ones + letters * (b'a' - b'0' - 10) as u128).to_be_bytes()
 }
 
 /// One span an attempt cites: `{trace_id, span_id, service_name, node_id}`.
@@ -227,7 +239,12 @@ mod tests {
     /// Hex ids are written as `format!` writes them, zero-padded to their digits.
     #[test]
     fn hex_ids_are_written_as_format_writes_them() {
-        for value in [0_u128, 1, 0xabc, u128::from(u64::MAX), u128::MAX, 0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c] {
+        let mut values =
+            vec![0_u128, 1, 0xabc, u128::from(u64::MAX), u128::MAX, 0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c];
+        // Every digit in every place: 0123456789abcdef, f0123456789abcde, ... in both halves.
+        let ascending = (0..32).fold(0_u128, |value, place| value << 4 | (place % 16) as u128);
+        values.extend((0..16).map(|turn| ascending.rotate_left(4 * turn)));
+        for value in values {
             for digits in [16, 32] {
                 let mut text = String::new();
                 push_hex(&mut text, value, digits);
