@@ -12,7 +12,7 @@ const SECOND: i64 = 1_000_000_000;
 fn call(interner: &mut Interner, index: u64, start: i64, op: &str, served: i64, returned: i64) -> (SpanRec, SpanRec) {
     let trace_id = u128::from(index) + 1;
     let client = SpanRec {
-        id: SpanKey { trace_id, span_id: 1 },
+        id: SpanKey::new(trace_id, 1),
         start,
         end: start + SECOND / 100,
         component: known::CLIENT,
@@ -30,7 +30,7 @@ fn call(interner: &mut Interner, index: u64, start: i64, op: &str, served: i64, 
         ..SpanRec::default()
     };
     let server = SpanRec {
-        id: SpanKey { trace_id, span_id: 2 },
+        id: SpanKey::new(trace_id, 2),
         parent_span_id: 1,
         start: start + SECOND / 1000,
         end: start + SECOND / 200,
@@ -161,7 +161,7 @@ fn retries_find_their_call_across_thousands_of_closed_calls() {
         first.outcome = engine.interner.intern("error");
         first.returned = None;
         let mut retry = first.clone();
-        retry.id = SpanKey { trace_id: u128::from(index) + 1, span_id: 3 };
+        retry.id = SpanKey::new(u128::from(index) + 1, 3);
         retry.attempt = Some(2);
         retry.ok = true;
         retry.outcome = known::OK;
@@ -179,7 +179,7 @@ fn retries_find_their_call_across_thousands_of_closed_calls() {
     }
     // Call 0's id once more, long after call 0 was processed: a call of its own.
     let (mut again, _) = call(&mut engine.interner, 0, (calls as i64 / 100 + 200) * SECOND, "write", 0, 0);
-    again.id = SpanKey { trace_id: u128::from(calls) + 1, span_id: 1 };
+    again.id = SpanKey::new(u128::from(calls) + 1, 1);
     engine.push_span(&again);
     let (_, stats) = engine.finish();
     assert_eq!(stats.calls, calls + 1, "{stats:?}");

@@ -160,14 +160,14 @@ fn count_stale_reads(spans: &[SpanRec]) -> usize {
             }
             let read = span.op == known::READ;
             let state = if read { span.served } else { span.returned };
-            let trace = span.id.trace_id;
+            let trace = span.id.trace_id();
             waiting.push_back(Attempt { session, read, ok: span.ok, start: span.start, end: span.end, trace, state });
         } else if span.component == known::SERVER
             && let Some(state) = span.served
         {
-            let entry = served.entry(span.id.trace_id).or_insert((state, span.end));
+            let entry = served.entry(span.id.trace_id()).or_insert((state, span.end));
             *entry = (entry.0.max(state), entry.1.max(span.end));
-            served_order.push_back((span.end, span.id.trace_id));
+            served_order.push_back((span.end, span.id.trace_id()));
         }
         // Every few hundred spans, as the engine: join, judge, forget.
         if index % 256 != 255 && index + 1 != spans.len() {

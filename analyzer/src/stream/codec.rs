@@ -153,7 +153,7 @@ impl Encoder {
         out.push(TAG_SPAN);
         put_varint(out, flags);
         if span.id.is_some() {
-            out.extend_from_slice(&span.id.trace_id.to_le_bytes());
+            out.extend_from_slice(&span.id.trace_id().to_le_bytes());
             out.extend_from_slice(&span.id.span_id.to_le_bytes());
         }
         if span.parent_span_id != 0 {
@@ -406,11 +406,7 @@ impl Decoder {
     fn head(&self, cursor: &mut Cursor<'_>, span: &mut SpanRec) -> Result<u64, String> {
         let flags = cursor.varint()?;
         let bit = |index: u32| flags & (1 << index) != 0;
-        span.id = if bit(0) {
-            SpanKey { trace_id: cursor.u128()?, span_id: cursor.i64()? as u64 }
-        } else {
-            SpanKey::default()
-        };
+        span.id = if bit(0) { SpanKey::new(cursor.u128()?, cursor.i64()? as u64) } else { SpanKey::default() };
         span.parent_span_id = if bit(1) { cursor.i64()? as u64 } else { 0 };
         span.ok = bit(2);
         span.start = cursor.i64()?;
@@ -442,7 +438,7 @@ impl Decoder {
         if bit(0) {
             let trace_id = u128::from_le_bytes(*window.get(at..)?.first_chunk()?);
             let span_id = u64::from_le_bytes(*window.get(at + 16..)?.first_chunk()?);
-            span.id = SpanKey { trace_id, span_id };
+            span.id = SpanKey::new(trace_id, span_id);
             at += 24;
         }
         span.parent_span_id = 0;
@@ -666,7 +662,7 @@ mod tests {
             }
             let id = if bit(0) {
                 let trace_id = u128::from(next()) << 64 | 1;
-                SpanKey { trace_id, span_id: next() | 1 }
+                SpanKey::new(trace_id, next() | 1)
             } else {
                 SpanKey::default()
             };

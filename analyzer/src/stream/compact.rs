@@ -46,7 +46,7 @@ impl HopRef {
     /// The reference in full, in the trace `trace_id` (its attempt's).
     pub(crate) fn in_trace(&self, trace_id: u128) -> Ref {
         let trace_id = if self.span_id == 0 { 0 } else { trace_id };
-        Ref { id: SpanKey { trace_id, span_id: self.span_id }, service: self.service, node: self.node }
+        Ref { id: SpanKey::new(trace_id, self.span_id), service: self.service, node: self.node }
     }
 }
 
@@ -149,7 +149,7 @@ impl ClientRec {
             self.outcome,
             self.error_type,
         ];
-        (self.id.trace_id as u64 ^ self.id.span_id)
+        (self.id.trace_id() as u64 ^ self.id.span_id)
             .wrapping_add(self.start as u64 ^ self.end as u64)
             .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
             .wrapping_add(self.states.sum())
@@ -210,7 +210,7 @@ impl Attempt {
             self.outcome,
             self.error_type,
         ];
-        (self.client_span.id.trace_id as u64 ^ self.client_span.id.span_id)
+        (self.client_span.id.trace_id() as u64 ^ self.client_span.id.span_id)
             .wrapping_add(self.start as u64 ^ self.end as u64)
             .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
             .wrapping_add(self.states.sum())
@@ -228,11 +228,11 @@ impl Attempt {
             client_span: self.client_span.materialize(interner),
             router_spans: self.hops[..usize::from(self.routers)]
                 .iter()
-                .map(|span| span.in_trace(self.client_span.id.trace_id).materialize(interner))
+                .map(|span| span.in_trace(self.client_span.id.trace_id()).materialize(interner))
                 .collect(),
             server_spans: self.hops[usize::from(self.routers)..]
                 .iter()
-                .map(|span| span.in_trace(self.client_span.id.trace_id).materialize(interner))
+                .map(|span| span.in_trace(self.client_span.id.trace_id()).materialize(interner))
                 .collect(),
             join: self.join,
             target_node: interner.owned(self.target_node),
@@ -304,7 +304,7 @@ impl Ref {
     fn view<'a>(&self, interner: &'a Interner) -> SpanView<'a> {
         let ids = self.id.is_some();
         SpanView {
-            trace_id: ids.then_some(Id::Hex { value: self.id.trace_id, digits: 32 }),
+            trace_id: ids.then_some(Id::Hex { value: self.id.trace_id(), digits: 32 }),
             span_id: ids.then_some(Id::Hex { value: u128::from(self.id.span_id), digits: 16 }),
             service_name: interner.get(self.service),
             node_id: interner.get(self.node),
@@ -357,13 +357,13 @@ impl AttemptView for AttemptIn<'_> {
         each(attempt.client_span.view(self.interner));
         // Router spans, then server spans: the order they are kept in.
         for hop in &attempt.hops {
-            each(hop.in_trace(attempt.client_span.id.trace_id).view(self.interner));
+            each(hop.in_trace(attempt.client_span.id.trace_id()).view(self.interner));
         }
     }
     fn client_span_ids(&self) -> Option<(Id<'_>, Id<'_>)> {
         let id = self.attempt.client_span.id;
         id.is_some().then_some((
-            Id::Hex { value: id.trace_id, digits: 32 },
+            Id::Hex { value: id.trace_id(), digits: 32 },
             Id::Hex { value: u128::from(id.span_id), digits: 16 },
         ))
     }

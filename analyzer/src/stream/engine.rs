@@ -423,8 +423,8 @@ impl<'c> Engine<'c> {
                     sum = sum.wrapping_add(self.open_index.get(&key).map_or(0, |call| call.0));
                 }
             } else if span.id.is_some() {
-                sum =
-                    sum.wrapping_add(self.traces.places.get(&span.id.trace_id).map_or(0, |places| places.len() as u64));
+                sum = sum
+                    .wrapping_add(self.traces.places.get(&span.id.trace_id()).map_or(0, |places| places.len() as u64));
             }
         }
         std::hint::black_box(sum);
@@ -765,7 +765,7 @@ impl<'c> Engine<'c> {
     fn push_hop(&mut self, span: &SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.id.is_some() {
-            self.traces.push(span.id.trace_id, HopRec::of(span));
+            self.traces.push(span.id.trace_id(), HopRec::of(span));
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.as_ref()) {
             self.waiting.push_back((span.end, span.client, call_id.clone()));
@@ -868,7 +868,7 @@ impl<'c> Engine<'c> {
         for at in batch {
             if let Some(Slot::Raw(span)) = self.held.get(*at) {
                 sum = sum.wrapping_add(span.touch());
-                traces.push(span.id.trace_id);
+                traces.push(span.id.trace_id());
             }
         }
         for trace in &traces {
@@ -1399,7 +1399,7 @@ impl TracedHops {
             return found;
         }
         let TracedHops { spans, places: by_trace } = self;
-        let Some(places) = by_trace.get_mut(&root.trace_id) else { return found };
+        let Some(places) = by_trace.get_mut(&root.trace_id()) else { return found };
         // Spans taken so far (their ids are parents for the next level), from `level_start` on the
         // latest level's. Traces are small: linear scans beat maps.
         let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
@@ -1432,7 +1432,7 @@ impl TracedHops {
             level_start = level_end;
         }
         if places.is_empty() {
-            by_trace.remove(&root.trace_id);
+            by_trace.remove(&root.trace_id());
         }
         found
     }
@@ -1763,7 +1763,7 @@ mod tests {
         let client = engine.interner.intern("c1");
         let namespace = engine.interner.intern("ns1");
         let attempt = |call_id: &str, attempt: i64, start: i64| SpanRec {
-            id: SpanKey { trace_id: u128::from(start as u64) + 1, span_id: 1 },
+            id: SpanKey::new(u128::from(start as u64) + 1, 1),
             start,
             end: start + 1_000_000,
             component: known::CLIENT,
@@ -1803,7 +1803,7 @@ mod tests {
         for second in 0..2_000_i64 {
             let start = second * 1_000_000_000;
             engine.push_span(&SpanRec {
-                id: SpanKey { trace_id: second as u128 + 1, span_id: 7 },
+                id: SpanKey::new(second as u128 + 1, 7),
                 parent_span_id: 3,
                 start,
                 end: start + 1_000_000,

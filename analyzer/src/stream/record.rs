@@ -24,21 +24,31 @@ macro_rules! symbol_fields {
 /// enough in practice that no span allocates for one).
 pub type CallId = compact_str::CompactString;
 
-/// Span ids as integers (OTLP's 16- and 8-byte ids; zero means absent).
+/// Span ids as integers (OTLP's 16- and 8-byte ids; zero means absent). The trace id is
+/// kept as two words, not a `u128`: that would align every record holding a key (the held
+/// attempts, most of the engine's memory) to 16 bytes, and pad each of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct SpanKey {
-    pub trace_id: u128,
+    trace: [u64; 2],
     pub span_id: u64,
 }
 
 impl SpanKey {
+    pub fn new(trace_id: u128, span_id: u64) -> Self {
+        Self { trace: [(trace_id >> 64) as u64, trace_id as u64], span_id }
+    }
+
+    pub fn trace_id(self) -> u128 {
+        u128::from(self.trace[0]) << 64 | u128::from(self.trace[1])
+    }
+
     pub fn is_some(self) -> bool {
         self.span_id != 0
     }
 
     /// The trace id as OTLP writes it: 32 lowercase hex digits.
     pub fn trace_hex(self) -> String {
-        lower_hex(self.trace_id, 32)
+        lower_hex(self.trace_id(), 32)
     }
 
     /// The span id as OTLP writes it: 16 lowercase hex digits.
@@ -181,7 +191,7 @@ impl SpanRec {
             None => Sym::NONE,
         };
         Self {
-            id: SpanKey { trace_id, span_id },
+            id: SpanKey::new(trace_id, span_id),
             parent_span_id: if span_id == 0 { 0 } else { parent_span_id },
             start: span.start_unix_nano,
             end: span.end_unix_nano,
@@ -249,7 +259,7 @@ mod tests {
         for (trace_id, span_id) in
             [(0, 1), (1, u64::MAX), (u128::MAX, 0x00ab_cdef_0123_4567), (0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c, 42)]
         {
-            let key = SpanKey { trace_id, span_id };
+            let key = SpanKey::new(trace_id, span_id);
             assert_eq!(key.trace_hex(), format!("{trace_id:032x}"));
             assert_eq!(key.span_hex(), format!("{span_id:016x}"));
         }
