@@ -271,6 +271,13 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// Reads what dropping the call reads (its call id's and attempt list's capacities, each
+    /// attempt's hop list's), as the engine's other `touch` methods.
+    pub(crate) fn touch_for_drop(&self) -> u64 {
+        let ids = self.call_id.as_ref().map_or(0, |call_id| call_id.len() as u64);
+        self.attempts.iter().fold(ids + self.attempts.len() as u64, |sum, attempt| sum + attempt.hops.len() as u64)
+    }
+
     pub(crate) fn materialize(&self, interner: &Interner) -> TimelineCall {
         TimelineCall {
             call_id: self.call_id.as_deref().map(str::to_string),
