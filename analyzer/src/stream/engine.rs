@@ -895,8 +895,9 @@ impl<'c> Engine<'c> {
                         Slot::Joined(attempt) => attempt.touch(),
                     });
                 }
-                // The call its client's will push out of its recent calls (freed then, unless
-                // a floor still holds it), last read 16 of the client's calls ago.
+                // The oldest of its client's recent calls, which processing this call pushes out
+                // (freed then, unless a floor still holds it): last read 16 of the client's
+                // calls ago.
                 if let Some(state) = self.clients.get(&(open.client, open.namespace))
                     && let Some(oldest) = state.recent.front()
                 {
@@ -1187,7 +1188,7 @@ impl<'c> Engine<'c> {
             }
         }
         if !raised.is_empty() {
-            anomalies.extend(materialize(interner, state, &call, raised, probes, config));
+            anomalies.extend(build_anomalies(interner, state, &call, raised, probes, config));
         }
         state.contribute(&call, known::READ, known::WRITE);
     }
@@ -1628,7 +1629,8 @@ fn identity(interner: &Interner, state: &ClientState) -> ClientTimeline {
     }
 }
 
-fn materialize(
+/// The anomalies raised on one processed call of the client `state` keeps, built.
+fn build_anomalies(
     interner: &Interner,
     state: &ClientState,
     call: &Call,
@@ -1651,8 +1653,8 @@ impl Raise {
         config: &AnalyzerConfig,
     ) -> Option<Anomaly> {
         // The call read in place (the constructors of the kinds raised most), or built whole.
-        let read = |call| CallIn { call, interner };
-        let current = || this.map(read);
+        let view = |call| CallIn { call, interner };
+        let current = || this.map(view);
         let materialized = || this.map(|call| call.materialize(interner));
         Some(match self {
             Raise::Regression { index, carried, seen } => {
@@ -1669,8 +1671,8 @@ impl Raise {
                     &attempt,
                     carried,
                     &seen.floor(),
-                    &read(&seen.at.call),
-                    overwriting.map(|earlier| read(earlier)).as_ref(),
+                    &view(&seen.at.call),
+                    overwriting.map(|earlier| view(earlier)).as_ref(),
                 )
             }
             Raise::Dropped { index, carried, forwarded } => {
@@ -1685,7 +1687,7 @@ impl Raise {
                     &this.attempt(index),
                     served,
                     &floor.floor(),
-                    &read(&floor.at.call),
+                    &view(&floor.at.call),
                 )
             }
             Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state } => {
