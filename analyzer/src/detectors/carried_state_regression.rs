@@ -2,7 +2,7 @@
 //! that namespace. Latent: raised whether or not the read was served high enough, because
 //! the next read on a lagging observer will be stale.
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt, TimelineCall};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity};
 
 use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
 use super::view::{AttemptView, CallView};
@@ -87,16 +87,16 @@ pub(crate) fn regression<C: CallView>(
 
 /// The latest of `earlier` (newest first) that ended after the client saw `seen` and before
 /// `attempt` left, and returned the lower `carried`: the response that overwrote the state.
-pub(crate) fn overwritten_by<'a>(
-    mut earlier: impl Iterator<Item = &'a TimelineCall>,
-    attempt: &TimelineAttempt,
+pub(crate) fn overwritten_by<C: CallView>(
+    mut earlier: impl Iterator<Item = C>,
+    attempt: &impl AttemptView,
     carried: i64,
     seen: &FloorContribution,
-) -> Option<&'a TimelineCall> {
+) -> Option<C> {
     earlier.find(|earlier| {
-        earlier.end_unix_nano <= attempt.start_unix_nano
-            && earlier.end_unix_nano >= seen.completed_unix_nano
-            && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned == Some(carried))
+        earlier.end() <= attempt.start()
+            && earlier.end() >= seen.completed_unix_nano
+            && earlier.attempts().any(|earlier_attempt| earlier_attempt.returned() == Some(carried))
     })
 }
 

@@ -101,9 +101,37 @@ pub(crate) trait CallView {
     fn call_id(&self) -> Option<&str>;
     fn op(&self) -> Option<&str>;
     fn rpc_method(&self) -> Option<&str>;
+    /// When the client had the response (the last attempt's end).
+    fn end(&self) -> UnixNanos;
     /// The attempt at `index` (in start order).
     fn attempt(&self, index: usize) -> Self::Attempt<'_>;
     fn attempts(&self) -> impl DoubleEndedIterator<Item = Self::Attempt<'_>>;
+}
+
+impl<T: CallView + ?Sized> CallView for &T {
+    type Attempt<'a>
+        = T::Attempt<'a>
+    where
+        Self: 'a;
+
+    fn call_id(&self) -> Option<&str> {
+        (**self).call_id()
+    }
+    fn op(&self) -> Option<&str> {
+        (**self).op()
+    }
+    fn rpc_method(&self) -> Option<&str> {
+        (**self).rpc_method()
+    }
+    fn end(&self) -> UnixNanos {
+        (**self).end()
+    }
+    fn attempt(&self, index: usize) -> Self::Attempt<'_> {
+        (**self).attempt(index)
+    }
+    fn attempts(&self) -> impl DoubleEndedIterator<Item = Self::Attempt<'_>> {
+        (**self).attempts()
+    }
 }
 
 impl<T: AttemptView + ?Sized> AttemptView for &T {
@@ -223,6 +251,9 @@ impl CallView for TimelineCall {
     }
     fn rpc_method(&self) -> Option<&str> {
         self.rpc_method.as_deref()
+    }
+    fn end(&self) -> UnixNanos {
+        self.end_unix_nano
     }
     fn attempt(&self, index: usize) -> &TimelineAttempt {
         &self.attempts[index]

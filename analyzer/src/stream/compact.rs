@@ -6,7 +6,7 @@ use lagscope_model::{Op, Outcome, SpanRef, StateId, TimelineAttempt, TimelineCal
 use smallvec::SmallVec;
 
 use super::intern::{Interner, Sym, known};
-use super::record::{CallId, HopRec, SpanKey, SpanRec};
+use super::record::{CallId, HopRec, Packed, SpanKey, SpanRec, packed_states};
 use crate::detectors::view::{AttemptView, CallView, Id, SpanView};
 
 /// A span reference in compact form.
@@ -50,44 +50,6 @@ impl HopRef {
     }
 }
 
-/// Up to 8 optional integers packed as values and a presence mask: an `Option<i64>` takes 16
-/// bytes, and the records held for the horizon are most of the engine's memory (and of its
-/// cache misses).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Packed<const N: usize> {
-    values: [i64; N],
-    present: u8,
-}
-
-impl<const N: usize> Packed<N> {
-    pub(crate) fn new(optional: [Option<i64>; N]) -> Self {
-        const { assert!(N <= 8, "a u8 mask") };
-        // Straight-line: this runs for every client attempt.
-        let present = optional.iter().rev().fold(0_u8, |bits, value| bits << 1 | u8::from(value.is_some()));
-        Self { values: optional.map(Option::unwrap_or_default), present }
-    }
-
-    #[inline]
-    pub(crate) fn get(&self, index: usize) -> Option<i64> {
-        (self.present & (1 << index) != 0).then_some(self.values[index])
-    }
-
-    /// The sum of the values, wrapping (part of the `touch` methods).
-    fn sum(&self) -> u64 {
-        self.values.iter().fold(u64::from(self.present), |sum, value| sum.wrapping_add(*value as u64))
-    }
-}
-
-/// `name()` for a record's packed optional integers, by their place in its `states`.
-macro_rules! packed_states {
-    ($($name:ident: $index:literal),+ $(,)?) => {$(
-        #[inline]
-        pub(crate) fn $name(&self) -> Option<i64> {
-            self.states.get($index)
-        }
-    )+};
-}
-
 /// A client attempt held until it is joined: what the join and [`build_attempt`] read of its
 /// span, packed (no call id, which its call keeps; its optional integers as [`Packed`]).
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +75,11 @@ pub(crate) struct ClientRec {
 
 impl ClientRec {
     packed_states!(attempt: 0, carried: 1, served: 2, returned: 3, committed: 4);
+
+    #[inline]
+    fn state(&self, index: usize) -> Option<i64> {
+        self.states.get(index)
+    }
 
     pub(crate) fn of(span: &SpanRec) -> Self {
         Self {
@@ -194,6 +161,11 @@ impl Attempt {
         committed: 6,
         requeues: 7,
     );
+
+    #[inline]
+    fn state(&self, index: usize) -> Option<i64> {
+        self.states.get(index)
+    }
 
     /// Reads every field, as [`HopRec::touch`].
     pub(crate) fn touch(&self) -> u64 {
@@ -391,6 +363,9 @@ impl CallView for CallIn<'_> {
     fn rpc_method(&self) -> Option<&str> {
         self.interner.get(self.call.rpc_method)
     }
+    fn end(&self) -> UnixNanos {
+        self.call.end
+    }
     fn attempt(&self, index: usize) -> AttemptIn<'_> {
         AttemptIn { attempt: &self.call.attempts[index], interner: self.interner }
     }
@@ -442,26 +417,5 @@ pub(crate) fn build_attempt(client: &ClientRec, hops: &mut [HopRec], join: Timel
         ok: client.ok,
         outcome: client.outcome,
         error_type: client.error_type,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Packed;
-
-    /// Every combination of present and absent integers (zero, negative and extreme values
-    /// among them: an absent one is stored as 0) reads back as it went in.
-    #[test]
-    fn packed_integers_read_back_as_given() {
-        let values = [0, -1, i64::MIN, i64::MAX, 7, 1_000_019, -42, 3];
-        for mask in 0..=u8::MAX {
-            let optional: [Option<i64>; 8] =
-                std::array::from_fn(|index| (mask & (1 << index) != 0).then_some(values[index]));
-            let packed = Packed::new(optional);
-            let read: [Option<i64>; 8] = std::array::from_fn(|index| packed.get(index));
-            assert_eq!(read, optional, "mask {mask:#010b}");
-        }
-        let five = Packed::new([None, Some(0), None, Some(-5), Some(9)]);
-        assert_eq!((0..5).map(|index| five.get(index)).collect::<Vec<_>>(), [None, Some(0), None, Some(-5), Some(9)]);
     }
 }

@@ -37,7 +37,7 @@ use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
 use super::queue::{Places, TimeQueue, Timed};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
-use crate::detectors::view::{AttemptView, CallView};
+use crate::detectors::view::CallView;
 use crate::detectors::{
     blind_failover_probe, carried_state_regression, failover_flapping, follower_read_disabled, no_namenodes_window,
     pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
@@ -1660,19 +1660,17 @@ impl Raise {
             Raise::Regression { index, carried, seen } => {
                 let this = current()?;
                 let attempt = this.attempt(index);
-                let overwriting = state.recent.iter().rev().find(|earlier| {
-                    earlier.end <= attempt.start()
-                        && earlier.end >= seen.completed
-                        && earlier.attempts.iter().any(|earlier_attempt| earlier_attempt.returned() == Some(carried))
-                });
+                let seen_floor = seen.floor();
+                let earlier = state.recent.iter().rev().map(|earlier| view(earlier));
+                let overwriting = carried_state_regression::overwritten_by(earlier, &attempt, carried, &seen_floor);
                 carried_state_regression::regression(
                     timeline,
                     &this,
                     &attempt,
                     carried,
-                    &seen.floor(),
+                    &seen_floor,
                     &view(&seen.at.call),
-                    overwriting.map(|earlier| view(earlier)).as_ref(),
+                    overwriting.as_ref(),
                 )
             }
             Raise::Dropped { index, carried, forwarded } => {

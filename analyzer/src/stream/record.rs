@@ -103,12 +103,68 @@ pub struct SpanRec {
     pub requeues: Option<i64>,
 }
 
+/// Up to 8 optional integers packed as values and a presence mask: an `Option<i64>` takes 16
+/// bytes, and the records held for the horizon are most of the engine's memory (and of its
+/// cache misses).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Packed<const N: usize> {
+    values: [i64; N],
+    present: u8,
+}
+
+impl<const N: usize> Packed<N> {
+    pub(crate) fn new(optional: [Option<i64>; N]) -> Self {
+        let (values, present) = pack(optional);
+        Self { values, present }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: usize) -> Option<i64> {
+        unpack(&self.values, self.present, index)
+    }
+
+    /// The sum of the values and the mask, wrapping (part of the `touch` methods).
+    pub(crate) fn sum(&self) -> u64 {
+        packed_sum(&self.values, self.present)
+    }
+}
+
+/// Optional integers as values (absent ones 0) and a mask of the present ones, straight-line
+/// (this runs for every span kept).
+fn pack<const N: usize>(optional: [Option<i64>; N]) -> ([i64; N], u8) {
+    const { assert!(N <= 8, "a u8 mask") };
+    let present = optional.iter().rev().fold(0_u8, |bits, value| bits << 1 | u8::from(value.is_some()));
+    (optional.map(Option::unwrap_or_default), present)
+}
+
+#[inline]
+fn unpack(values: &[i64], present: u8, index: usize) -> Option<i64> {
+    (present & (1 << index) != 0).then_some(values[index])
+}
+
+fn packed_sum(values: &[i64], present: u8) -> u64 {
+    values.iter().fold(u64::from(present), |sum, value| sum.wrapping_add(*value as u64))
+}
+
+/// `name()` for a record's packed optional integers, by their place (read through the
+/// record's `state(index)`).
+macro_rules! packed_states {
+    ($($name:ident: $index:literal),+ $(,)?) => {$(
+        #[inline]
+        pub(crate) fn $name(&self) -> Option<i64> {
+            self.state($index)
+        }
+    )+};
+}
+pub(crate) use packed_states;
+
 /// A router, server or intermediate span waiting to be joined to its client attempt: only
 /// what the join and the attempt read, packed (traces wait the lateness, ~20 000 spans at a
-/// time, and are read again cold at the join: 112 bytes instead of a [`SpanRec`]'s 272). Its
+/// time, and are read again cold at the join: 112 bytes instead of a [`SpanRec`]'s 256). Its
 /// trace id is its trace's key in the engine's waiting table (a span without ids waits by call
-/// id and has none); its optional integers are kept as values and a presence mask (an
-/// `Option<i64>` takes 16 bytes).
+/// id and has none); its optional integers are packed as [`Packed`]'s are, but with the mask
+/// beside the values rather than in a `Packed<7>` (whose padding would make the record 120
+/// bytes).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HopRec {
     /// 0 when the span has no ids.
@@ -127,18 +183,13 @@ pub struct HopRec {
     pub node_role: Sym,
 }
 
-/// `name()` for the optional integers of [`HopRec`], by their place in its `values`.
-macro_rules! hop_values {
-    ($($name:ident: $index:literal),+ $(,)?) => {$(
-        #[inline]
-        pub fn $name(&self) -> Option<i64> {
-            (self.present & (1 << $index) != 0).then_some(self.values[$index])
-        }
-    )+};
-}
-
 impl HopRec {
-    hop_values!(attempt: 0, carried: 1, returned: 2, served: 3, committed: 4, router_state: 5, requeues: 6);
+    packed_states!(attempt: 0, carried: 1, returned: 2, served: 3, committed: 4, router_state: 5, requeues: 6);
+
+    #[inline]
+    fn state(&self, index: usize) -> Option<i64> {
+        unpack(&self.values, self.present, index)
+    }
 
     /// Reads every field (so every cache line of the record): the engine reads a batch of
     /// records this way before working on them, so that their cache misses overlap.
@@ -147,16 +198,14 @@ impl HopRec {
         (self.span_id ^ self.parent_span_id)
             .wrapping_add(self.start as u64 ^ self.end as u64)
             .wrapping_add(symbols.iter().map(|sym| u64::from(sym.0)).sum::<u64>())
-            .wrapping_add(self.values.iter().fold(0_u64, |sum, value| sum.wrapping_add(*value as u64)))
-            .wrapping_add(u64::from(self.present) + u64::from(self.ok))
+            .wrapping_add(packed_sum(&self.values, self.present))
+            .wrapping_add(u64::from(self.ok))
     }
 
     pub fn of(span: &SpanRec) -> Self {
         let optional =
             [span.attempt, span.carried, span.returned, span.served, span.committed, span.router_state, span.requeues];
-        // Straight-line (this runs for every router and server span).
-        let values = optional.map(Option::unwrap_or_default);
-        let present = optional.iter().rev().fold(0_u8, |bits, value| bits << 1 | u8::from(value.is_some()));
+        let (values, present) = pack(optional);
         Self {
             span_id: span.id.span_id,
             parent_span_id: span.parent_span_id,
@@ -252,7 +301,23 @@ impl SpanRec {
 
 #[cfg(test)]
 mod tests {
-    use super::SpanKey;
+    use super::{Packed, SpanKey};
+
+    /// Every combination of present and absent integers (zero, negative and extreme values
+    /// among them: an absent one is stored as 0) reads back as it went in.
+    #[test]
+    fn packed_integers_read_back_as_given() {
+        let values = [0, -1, i64::MIN, i64::MAX, 7, 1_000_019, -42, 3];
+        for mask in 0..=u8::MAX {
+            let optional: [Option<i64>; 8] =
+                std::array::from_fn(|index| (mask & (1 << index) != 0).then_some(values[index]));
+            let packed = Packed::new(optional);
+            let read: [Option<i64>; 8] = std::array::from_fn(|index| packed.get(index));
+            assert_eq!(read, optional, "mask {mask:#010b}");
+        }
+        let five = Packed::new([None, Some(0), None, Some(-5), Some(9)]);
+        assert_eq!((0..5).map(|index| five.get(index)).collect::<Vec<_>>(), [None, Some(0), None, Some(-5), Some(9)]);
+    }
 
     #[test]
     fn ids_are_written_as_otlp_hex() {
