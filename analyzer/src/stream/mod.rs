@@ -11,6 +11,7 @@ mod engine;
 mod intern;
 mod metrics;
 mod namespace;
+mod prefetch;
 mod queue;
 mod record;
 
