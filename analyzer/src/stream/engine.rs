@@ -34,7 +34,6 @@ use super::compact::{Attempt, Call, CallIn, ClientRec, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
 use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
-use super::prefetch::prefetch;
 use super::queue::{Places, TimeQueue, Timed};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
@@ -260,11 +259,7 @@ pub struct Engine<'c> {
     held: Places<Slot>,
     /// `advance`'s batches of attempts to join and calls to finalize (kept for their buffers).
     join_batch: Vec<u64>,
-    /// The batch of attempts to join after `join_batch` (see [`Engine::advance`]).
-    join_ahead: Vec<u64>,
     due_batch: Vec<(UnixNanos, CallRef)>,
-    /// The calls due taken from the queue ahead of `due_batch` (see [`Engine::advance`]).
-    due_ahead: VecDeque<(UnixNanos, CallRef)>,
     calls: Vec<Option<OpenCall>>,
     /// The call id of each slot's call, kept apart and left in place when the call closes
     /// (it is cloned out): an id cloned over an id is copied straight into place, while one
@@ -357,9 +352,7 @@ impl<'c> Engine<'c> {
             join_next: 0,
             held: Places::default(),
             join_batch: Vec::new(),
-            join_ahead: Vec::new(),
             due_batch: Vec::new(),
-            due_ahead: VecDeque::new(),
             calls: Vec::new(),
             call_ids: Vec::new(),
             generations: Vec::new(),
@@ -784,56 +777,51 @@ impl<'c> Engine<'c> {
     /// passed, and drops what can no longer join or matter.
     fn advance(&mut self) {
         let join_before = self.watermark.saturating_sub(self.lateness);
-        // Each batch is taken before the one ahead of it is worked on, and its traces' waiting
-        // spans start loading then.
         let mut joins = std::mem::take(&mut self.join_batch);
-        let mut next = std::mem::take(&mut self.join_ahead);
-        self.take_joins(join_before, &mut next);
         loop {
-            std::mem::swap(&mut joins, &mut next);
+            joins.clear();
+            // The held attempts in arrival order, up to the first that ended too recently
+            // (walked in order: the prefetchers bring the next ones in).
+            self.join_next = self.join_next.max(self.held.front_place());
+            while joins.len() < BATCH && self.join_next < self.held.next_place() {
+                if let Some(Slot::Raw(span)) = self.held.get(self.join_next) {
+                    if span.end >= join_before {
+                        break;
+                    }
+                    joins.push(self.join_next);
+                }
+                self.join_next += 1;
+            }
             if joins.is_empty() {
                 break;
             }
-            self.take_joins(join_before, &mut next);
-            self.prefetch_hops(&next);
             self.warm_joins(&joins);
             for at in joins.iter().copied() {
                 self.join_slot(at);
             }
         }
         self.join_batch = joins;
-        self.join_ahead = next;
         let final_before = self.watermark.saturating_sub(self.horizon);
-        // The calls due, taken from the queue up to three batches ahead of the one worked on:
-        // the third's slab entries start loading when taken, the second's attempts (their
-        // places read from the slab entries, loaded by then) before the first is worked on.
-        let mut due = std::mem::take(&mut self.due_ahead);
-        let mut batch = std::mem::take(&mut self.due_batch);
+        let mut due = std::mem::take(&mut self.due_batch);
         loop {
-            while due.len() < 3 * BATCH
+            due.clear();
+            while due.len() < BATCH
                 && let Some(Due(start, _, call)) = self.queue.pop_through(final_before.saturating_sub(1))
             {
-                self.prefetch_slot(call);
-                due.push_back((start, call));
+                due.push((start, call));
             }
             if due.is_empty() {
                 break;
             }
-            for (_, call) in due.iter().skip(BATCH).take(BATCH) {
-                self.prefetch_attempts(*call);
-            }
-            batch.clear();
-            batch.extend(due.drain(..BATCH.min(due.len())));
-            self.warm_calls(&batch);
-            for (start, call) in batch.iter().copied() {
+            self.warm_calls(&due);
+            for (start, call) in due.iter().copied() {
                 if let Some((open, call_id)) = self.close_call(call) {
                     self.finalize(open, call_id);
                 }
                 self.release_answers(start);
             }
         }
-        self.due_ahead = due;
-        self.due_batch = batch;
+        self.due_batch = due;
         // Every call that started before the horizon is processed: so are the answers (log
         // lines included, which no call releases).
         self.release_answers(final_before.saturating_sub(1));
@@ -863,36 +851,6 @@ impl<'c> Engine<'c> {
             for points in self.probes.values_mut() {
                 while points.front().is_some_and(|(at, _)| *at < before) {
                     points.pop_front();
-                }
-            }
-        }
-    }
-
-    /// The next batch of held attempts to join, into `batch`: in arrival order, up to the first
-    /// that ended too recently (walked in order: the prefetchers bring the next ones in).
-    fn take_joins(&mut self, join_before: UnixNanos, batch: &mut Vec<u64>) {
-        batch.clear();
-        self.join_next = self.join_next.max(self.held.front_place());
-        while batch.len() < BATCH && self.join_next < self.held.next_place() {
-            if let Some(Slot::Raw(span)) = self.held.get(self.join_next) {
-                if span.end >= join_before {
-                    break;
-                }
-                batch.push(self.join_next);
-            }
-            self.join_next += 1;
-        }
-    }
-
-    /// Starts loading the router and server spans waiting in the traces of a batch of
-    /// attempts to join (see [`Engine::advance`]).
-    fn prefetch_hops(&self, batch: &[u64]) {
-        for at in batch {
-            if let Some(Slot::Raw(span)) = self.held.get(*at)
-                && let Some(places) = self.traces.places.get(&span.id.trace_id())
-            {
-                for place in places {
-                    self.traces.spans.prefetch(*place);
                 }
             }
         }
@@ -948,33 +906,6 @@ impl<'c> Engine<'c> {
             }
         }
         std::hint::black_box(sum);
-    }
-
-    /// Starts loading the slab entry, generation and call id of `call` (see [`Engine::advance`]).
-    fn prefetch_slot(&self, call: CallRef) {
-        let slot = call.slot();
-        if let (Some(open), Some(generation), Some(call_id)) =
-            (self.calls.get(slot), self.generations.get(slot), self.call_ids.get(slot))
-        {
-            prefetch(open);
-            prefetch(generation);
-            prefetch(call_id);
-        }
-    }
-
-    /// Starts loading the held attempts of `call`, and the oldest of its client's recent calls
-    /// (which processing it pushes out), reading its slab entry (see [`Engine::advance`]).
-    fn prefetch_attempts(&self, call: CallRef) {
-        if let Some(Some(open)) = self.calls.get(call.slot()) {
-            for at in &open.held {
-                self.held.prefetch(*at);
-            }
-            if let Some(state) = self.clients.get(&(open.client, open.namespace))
-                && let Some(oldest) = state.recent.front()
-            {
-                prefetch(&**oldest);
-            }
-        }
     }
 
     /// Joins a traced attempt to the router and server spans under it. Untraced attempts

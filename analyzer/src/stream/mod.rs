@@ -11,7 +11,6 @@ mod engine;
 mod intern;
 mod metrics;
 mod namespace;
-mod prefetch;
 mod queue;
 mod record;
 

@@ -209,18 +209,6 @@ impl<T> Places<T> {
         Some((self.front, self.get(self.front)?))
     }
 
-    /// Starts loading the place `at` (its first and last cache lines: the first of the next
-    /// place's is the last of its own, unless a block ends there), without reading it.
-    pub(crate) fn prefetch(&self, at: u64) {
-        if let Some((block, offset)) = self.locate(at) {
-            let block = &self.blocks[block];
-            super::prefetch::prefetch(&block[offset]);
-            if let Some(next) = block.get(offset + 1) {
-                super::prefetch::prefetch(next);
-            }
-        }
-    }
-
     /// The item at place `at`, unless it was taken.
     pub(crate) fn get(&self, at: u64) -> Option<&T> {
         let (block, offset) = self.locate(at)?;
@@ -287,11 +275,6 @@ mod tests {
                 assert_eq!(places.take(at), None);
             }
             if round % 97 == 0 {
-                // A prefetch changes nothing, wherever it points: taken, held, the last place of a
-                // block, past the end.
-                for at in places.base.saturating_sub(1)..=pushed + PLACES_PER_BLOCK {
-                    places.prefetch(at);
-                }
                 for (at, item) in &expected {
                     assert_eq!(places.get(*at), Some(item));
                 }
