@@ -4,7 +4,7 @@
 use lagscope_model::ClientTimeline;
 use serde::Serialize;
 
-use super::view::{AttemptView, CallView, SpanView};
+use super::view::{AttemptView, CallView, Id, SpanView};
 
 /// What a summary calls the call: its RPC method, else its call id.
 pub(crate) fn method(call: &impl CallView) -> &str {
@@ -119,20 +119,16 @@ fn push_span(text: &mut String, span: SpanView<'_>) {
     if !text.ends_with('[') {
         text.push(',');
     }
-    text.push_str("{\"trace_id\":");
-    match span.trace_id {
-        Some(id) => id.push_json(text),
-        None => text.push_str("null"),
-    }
-    text.push_str(",\"span_id\":");
-    match span.span_id {
-        Some(id) => id.push_json(text),
-        None => text.push_str("null"),
-    }
-    for (name, value) in [(",\"service_name\":", span.service_name), (",\"node_id\":", span.node_id)] {
+    let fields = [
+        ("{\"trace_id\":", span.trace_id),
+        (",\"span_id\":", span.span_id),
+        (",\"service_name\":", span.service_name.map(Id::Text)),
+        (",\"node_id\":", span.node_id.map(Id::Text)),
+    ];
+    for (name, value) in fields {
         text.push_str(name);
         match value {
-            Some(value) => lagscope_model::json::push_str(text, value),
+            Some(value) => value.push_json(text),
             None => text.push_str("null"),
         }
     }

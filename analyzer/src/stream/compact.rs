@@ -278,13 +278,21 @@ pub(crate) struct AttemptIn<'a> {
     pub(crate) interner: &'a Interner,
 }
 
+/// A span's trace and span ids as OTLP writes them (32 and 16 hex digits), when it has them.
+fn hex_ids(id: SpanKey) -> Option<(Id<'static>, Id<'static>)> {
+    id.is_some().then_some((
+        Id::Hex { value: id.trace_id(), digits: 32 },
+        Id::Hex { value: u128::from(id.span_id), digits: 16 },
+    ))
+}
+
 impl Ref {
     /// The reference as [`Ref::materialize`] gives it: ids only when the span has them.
     fn view<'a>(&self, interner: &'a Interner) -> SpanView<'a> {
-        let ids = self.id.is_some();
+        let ids = hex_ids(self.id);
         SpanView {
-            trace_id: ids.then_some(Id::Hex { value: self.id.trace_id(), digits: 32 }),
-            span_id: ids.then_some(Id::Hex { value: u128::from(self.id.span_id), digits: 16 }),
+            trace_id: ids.map(|(trace_id, _)| trace_id),
+            span_id: ids.map(|(_, span_id)| span_id),
             service_name: interner.get(self.service),
             node_id: interner.get(self.node),
         }
@@ -340,11 +348,7 @@ impl AttemptView for AttemptIn<'_> {
         }
     }
     fn client_span_ids(&self) -> Option<(Id<'_>, Id<'_>)> {
-        let id = self.attempt.client_span.id;
-        id.is_some().then_some((
-            Id::Hex { value: id.trace_id(), digits: 32 },
-            Id::Hex { value: u128::from(id.span_id), digits: 16 },
-        ))
+        hex_ids(self.attempt.client_span.id)
     }
 }
 
