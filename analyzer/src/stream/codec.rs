@@ -47,11 +47,6 @@ const TAG_SAMPLE: u8 = 4;
 const TAG_LOG_EVENT: u8 = 5;
 const TAG_HOP: u8 = 6;
 
-/// Where a hop's four symbols go among a span's sixteen ([`SpanRec::symbols`]' order):
-/// component, service, node, node role.
-const HOP_SYMBOLS: [usize; 4] = [0, 1, 4, 11];
-const ALL_SYMBOLS: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
-
 /// A metric series: its name and labels (symbols of the reader's interner).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SeriesDef {
@@ -154,11 +149,11 @@ impl Encoder {
     /// client attempt is written as a hop (see the module documentation).
     pub fn span(&mut self, span: &SpanRec, interner: &Interner) {
         let hop = span.id.is_some() && !span.is_client_attempt();
-        let syms = span.symbols();
-        let written: &[usize] = if hop { &HOP_SYMBOLS } else { &ALL_SYMBOLS };
+        let all = span.symbols();
+        let syms: &[Sym] = if hop { &span.hop_symbols() } else { &all };
         let mut indexes = [0_u32; 16];
-        for (index, at) in indexes.iter_mut().zip(written) {
-            *index = self.string(syms[*at], interner);
+        for (index, sym) in indexes.iter_mut().zip(syms) {
+            *index = self.string(*sym, interner);
         }
         let call_id = if hop { None } else { span.call_id.as_ref() };
         let follower_read = if hop { None } else { span.follower_read };
@@ -187,7 +182,7 @@ impl Encoder {
         }
         out.extend_from_slice(&span.start.to_le_bytes());
         put_signed(out, span.end.wrapping_sub(span.start));
-        for index in &indexes[..written.len()] {
+        for index in &indexes[..syms.len()] {
             put_varint(out, u64::from(*index));
         }
         if let Some(call_id) = call_id {
@@ -504,16 +499,15 @@ impl Decoder {
 /// Sets a span's symbols from a span item's sixteen, or a hop's four (the others absent).
 #[inline(always)]
 fn set_symbols<const SYMBOLS: usize>(span: &mut SpanRec, syms: [Sym; SYMBOLS]) {
-    const { assert!(SYMBOLS == 16 || SYMBOLS == HOP_SYMBOLS.len()) };
-    let mut all = [Sym::NONE; 16];
-    if SYMBOLS == 16 {
-        all[..SYMBOLS].copy_from_slice(&syms);
-    } else {
-        for (at, sym) in HOP_SYMBOLS.iter().zip(syms) {
-            all[*at] = sym;
+    match syms[..] {
+        [component, service, node, node_role] => span.set_hop_symbols([component, service, node, node_role]),
+        _ => {
+            const { assert!(SYMBOLS == 16 || SYMBOLS == 4) };
+            let mut all = [Sym::NONE; 16];
+            all.copy_from_slice(&syms);
+            span.set_symbols(all);
         }
     }
-    span.set_symbols(all);
 }
 
 /// The bytes [`Decoder::head_in_window`] reads a span's head from: more than the longest head

@@ -293,6 +293,18 @@ impl SpanRec {
         server_address,
     );
 
+    /// The symbols the engine reads of a span with ids that is not a client attempt (what
+    /// [`HopRec`] keeps): component, service, node, node role.
+    pub fn hop_symbols(&self) -> [Sym; 4] {
+        [self.component, self.service, self.node, self.node_role]
+    }
+
+    /// Sets [`SpanRec::hop_symbols`] and clears every other symbol.
+    pub fn set_hop_symbols(&mut self, [component, service, node, node_role]: [Sym; 4]) {
+        self.set_symbols([Sym::NONE; 16]);
+        (self.component, self.service, self.node, self.node_role) = (component, service, node, node_role);
+    }
+
     /// A client's attempt: the unit timelines are made of.
     pub fn is_client_attempt(&self) -> bool {
         self.component == known::CLIENT && self.client.is_some()
