@@ -61,32 +61,37 @@ WHERE reads.served < floors.floor
 """
 
 
-def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: stale_read_duckdb.py SPANS.parquet [RUNS]")
-    path, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    connection = duckdb.connect()
-    connection.execute("SET threads TO 1")  # one core, as lagscope's offline analyzer
-    started = time.perf_counter()
-    connection.execute("CREATE TABLE spans AS SELECT * FROM read_parquet(?)", [path])
-    load = time.perf_counter() - started
-    rows = connection.execute("SELECT count(*) FROM spans").fetchone()[0]
+def time_query(connection, runs: int, label: str) -> tuple[list[float], int]:
+    """Runs the query `runs` times on `connection`: each run's seconds, and the count found."""
     times, found = [], None
     for run in range(runs):
         started = time.perf_counter()
         found = connection.execute(QUERY).fetchone()[0]
         times.append(time.perf_counter() - started)
-        print(f"duckdb run {run + 1}: {times[-1]:.3f} s, {found} stale reads", file=sys.stderr)
-    from_file = duckdb.connect()
-    from_file.execute("SET threads TO 1")
+        print(f"{label} run {run + 1}: {times[-1]:.3f} s, {found} stale reads", file=sys.stderr)
+    return times, found
+
+
+def connect():
+    connection = duckdb.connect()
+    connection.execute("SET threads TO 1")  # one core, as lagscope's offline analyzer
+    return connection
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: stale_read_duckdb.py SPANS.parquet [RUNS]")
+    path, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    connection = connect()
+    started = time.perf_counter()
+    connection.execute("CREATE TABLE spans AS SELECT * FROM read_parquet(?)", [path])
+    load = time.perf_counter() - started
+    rows = connection.execute("SELECT count(*) FROM spans").fetchone()[0]
+    times, found = time_query(connection, runs, "duckdb")
+    from_file = connect()
     # A view's definition cannot take a parameter: the path goes in as an escaped literal.
     from_file.execute("CREATE VIEW spans AS SELECT * FROM read_parquet('%s')" % path.replace("'", "''"))
-    file_times, file_found = [], None
-    for run in range(runs):
-        started = time.perf_counter()
-        file_found = from_file.execute(QUERY).fetchone()[0]
-        file_times.append(time.perf_counter() - started)
-        print(f"duckdb from the file, run {run + 1}: {file_times[-1]:.3f} s, {file_found} stale reads", file=sys.stderr)
+    file_times, file_found = time_query(from_file, runs, "duckdb from the file,")
     if file_found != found:
         sys.exit(f"the query over the file found {file_found} stale reads, over the table {found}")
     print(json.dumps({
@@ -99,7 +104,6 @@ def main() -> None:
         "from_file_median_seconds": round(statistics.median(file_times), 3),
         "stale_reads": found,
     }))
-
 
 if __name__ == "__main__":
     main()
