@@ -148,7 +148,7 @@ impl Encoder {
     /// Appends a span; `interner` resolves the record's symbols. A span with ids that is not a
     /// client attempt is written as a hop (see the module documentation).
     pub fn span(&mut self, span: &SpanRec, interner: &Interner) {
-        let hop = span.id.is_some() && !span.is_client_attempt();
+        let hop = span.is_trace_hop();
         let all = span.symbols();
         let syms: &[Sym] = if hop { &span.hop_symbols() } else { &all };
         let mut indexes = [0_u32; 16];
@@ -793,7 +793,7 @@ mod tests {
                 Some(text) => reader.intern(text),
                 None => Sym::NONE,
             }));
-            if written.id.is_some() && !written.is_client_attempt() {
+            if written.is_trace_hop() {
                 // A hop: what the engine reads of it, the rest absent.
                 hops += 1;
                 expected = SpanRec {

@@ -293,8 +293,14 @@ impl SpanRec {
         server_address,
     );
 
-    /// The symbols the engine reads of a span with ids that is not a client attempt (what
-    /// [`HopRec`] keeps): component, service, node, node role.
+    /// A span with ids that is not a client attempt: the engine joins it to its attempt through
+    /// the trace, and reads of it only what [`HopRec`] keeps.
+    pub fn is_trace_hop(&self) -> bool {
+        self.id.is_some() && !self.is_client_attempt()
+    }
+
+    /// The symbols the engine reads of a [trace hop](SpanRec::is_trace_hop) (what [`HopRec`]
+    /// keeps): component, service, node, node role.
     pub fn hop_symbols(&self) -> [Sym; 4] {
         [self.component, self.service, self.node, self.node_role]
     }
