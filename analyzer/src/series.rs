@@ -56,14 +56,25 @@ pub fn value_at(points: &[(i64, f64)], at: i64) -> Option<f64> {
 
 /// Per-second rates of a cumulative counter between consecutive points (resets count from 0).
 pub fn rates(points: &[(i64, f64)]) -> Vec<(i64, f64)> {
-    points
-        .windows(2)
-        .zip(increases(points))
-        .filter_map(|(pair, (time, increase))| {
-            let seconds = (time - pair[0].0) as f64 / 1e9;
-            (seconds > 0.0).then(|| (time, increase / seconds))
-        })
-        .collect()
+    interval_rates(points).map(|(_, time, rate)| (time, rate)).collect()
+}
+
+/// As [`rates`], each with the interval it was measured over: (previous point's time, time,
+/// per-second rate). What the counter counted happened somewhere in that interval.
+pub fn interval_rates(points: &[(i64, f64)]) -> impl Iterator<Item = (i64, i64, f64)> + '_ {
+    points.windows(2).zip(increases(points)).filter_map(|(pair, (time, increase))| {
+        let seconds = (time - pair[0].0) as f64 / 1e9;
+        (seconds > 0.0).then(|| (pair[0].0, time, increase / seconds))
+    })
+}
+
+/// The highest value a sampled series held over `(from, to]`: the value in force at `from`
+/// and every point after it, up to `to`.
+pub fn peak_over(points: &[(i64, f64)], from: i64, to: i64) -> Option<f64> {
+    let after = points.partition_point(|(time, _)| *time <= from);
+    let through = points.partition_point(|(time, _)| *time <= to);
+    let within = points[after..through].iter().map(|(_, value)| *value);
+    value_at(points, from).into_iter().chain(within).reduce(f64::max)
 }
 
 /// How much a cumulative counter grew between consecutive points, at the later point's time
@@ -105,5 +116,13 @@ mod tests {
         assert_eq!(value_at(&points, -1), None);
         let high = runs(&rates(&points), 500_000_000, |_, rate| rate >= 10.0);
         assert_eq!(high, vec![(1_000_000_000, 2_000_000_000)]);
+        let intervals: Vec<_> = interval_rates(&points).collect();
+        assert_eq!(intervals[1], (1_000_000_000, 2_000_000_000, 20.0));
+        // In force at the start (10 from 1 s), then 30 at 2 s; 5 at 3 s is past the end.
+        assert_eq!(peak_over(&points, 1_500_000_000, 2_500_000_000), Some(30.0));
+        assert_eq!(peak_over(&points, 2_000_000_000, 2_500_000_000), Some(30.0));
+        assert_eq!(peak_over(&points, 2_000_000_000, 3_000_000_000), Some(30.0));
+        assert_eq!(peak_over(&points, -2, -1), None);
+        assert_eq!(peak_over(&points, -1, 0), Some(0.0));
     }
 }

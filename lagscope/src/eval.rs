@@ -139,13 +139,11 @@ fn errors(value: Option<(f64, f64)>) -> String {
 
 /// Runs the named scenarios (or all), prints the table or JSON, and fails if anything was
 /// missed or falsely reported.
-pub fn run(names: &[String], seed: u64, json: bool, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+pub fn run(runs: &[SimConfig], json: bool, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
     let mut scores = Vec::new();
-    for name in names {
-        let mut config = SimConfig::new(name);
-        config.seed = seed;
-        eprintln!("eval: running {name}");
-        scores.push(evaluate(&config, analyzer)?);
+    for config in runs {
+        eprintln!("eval: running {}", config.scenario);
+        scores.push(evaluate(config, analyzer)?);
     }
     let mut stdout = std::io::stdout().lock();
     if json {

@@ -22,6 +22,35 @@ struct Cli {
     command: Command,
 }
 
+/// How a scenario runs: `sim` and `eval` take the same.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Seed of the run: the same seed gives the same bytes.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Client sessions [default: the scenario's].
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Simulated length, e.g. 60s, 2m [default: the scenario's].
+    #[arg(long)]
+    duration: Option<String>,
+    /// Client operations per second [default: the scenario's].
+    #[arg(long)]
+    rate: Option<f64>,
+}
+
+impl RunArgs {
+    /// The simulator's configuration of `scenario` run so.
+    fn config(&self, scenario: &str) -> anyhow::Result<lagscope_sim::SimConfig> {
+        let mut config = lagscope_sim::SimConfig::new(scenario);
+        config.seed = self.seed;
+        config.clients = self.clients;
+        config.rate = self.rate;
+        config.duration = self.duration.as_deref().map(sim_cmd::parse_duration).transpose()?;
+        Ok(config)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum AlertsAction {
     /// Send a test alert straight to one receiver (it resolves by itself in Alertmanager).
@@ -92,18 +121,8 @@ enum Command {
         /// Scenario name.
         #[arg(long, required_unless_present = "list")]
         scenario: Option<String>,
-        /// Seed of the run: the same seed gives the same bytes.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Client sessions [default: the scenario's].
-        #[arg(long)]
-        clients: Option<usize>,
-        /// Simulated length, e.g. 60s, 2m [default: the scenario's].
-        #[arg(long)]
-        duration: Option<String>,
-        /// Client operations per second [default: the scenario's].
-        #[arg(long)]
-        rate: Option<f64>,
+        #[command(flatten)]
+        run: RunArgs,
         /// Write OTLP JSON lines to this file (lagscope's compact analysis capture when it ends
         /// in .lscap: what `analyze` reads fastest).
         #[arg(long, required_unless_present_any = ["list", "otlp_http", "otlp_grpc"])]
@@ -215,8 +234,10 @@ enum Command {
         /// A scenario name, or `all`.
         #[arg(long, default_value = "all")]
         scenario: String,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
+        /// The seed, clients, length and rate of every scenario run (as `lagscope sim`'s): the
+        /// detectors are held to the truth of runs they were not tuned to.
+        #[command(flatten)]
+        run: RunArgs,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -444,31 +465,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
-        Command::Sim {
-            list,
-            scenario,
-            seed,
-            clients,
-            duration,
-            rate,
-            out,
-            otlp_http,
-            otlp_grpc,
-            truth,
-            realtime,
-            serve_native,
-        } => {
+        Command::Sim { list, scenario, run, out, otlp_http, otlp_grpc, truth, realtime, serve_native } => {
             if list {
                 for info in lagscope_sim::scenarios() {
                     println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
                 }
                 return Ok(());
             }
-            let mut config = lagscope_sim::SimConfig::new(scenario.as_deref().unwrap_or_default());
-            config.seed = seed;
-            config.clients = clients;
-            config.rate = rate;
-            config.duration = duration.as_deref().map(sim_cmd::parse_duration).transpose()?;
+            let mut config = run.config(scenario.as_deref().unwrap_or_default())?;
             if realtime {
                 config.start_unix_nano = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -508,14 +512,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, seed, format, config } => {
+        Command::Eval { scenario, run, format, config } => {
             let config = Config::load(config.as_deref())?;
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
             } else {
                 vec![scenario]
             };
-            eval::run(&names, seed, format == Format::Json, &config.analyzer)
+            let runs = names.iter().map(|name| run.config(name)).collect::<anyhow::Result<Vec<_>>>()?;
+            eval::run(&runs, format == Format::Json, &config.analyzer)
         }
     }
 }

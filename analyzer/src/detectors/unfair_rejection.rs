@@ -9,7 +9,7 @@ use lagscope_model::{Anomaly, AnomalyKind, Severity};
 
 use super::evidence::{NO_SPANS, evidence};
 use super::shard_pressure::{SHARD_ROLE, ratios};
-use crate::series::{Scope, rates, series_of, value_at};
+use crate::series::{Scope, interval_rates, peak_over, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -32,11 +32,14 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             .collect();
         let mut unfair: Vec<(i64, f64)> = Vec::new();
         let mut holder: BTreeMap<String, f64> = BTreeMap::new();
-        for (at, rate) in rates(&rejections) {
+        for (since, at, rate) in interval_rates(&rejections) {
             if rate <= 0.0 {
                 continue;
             }
-            let own = value_at(&own_ratio, at).unwrap_or(0.0);
+            // The rejections happened somewhere since the counter's previous point: the shard's
+            // own pressure must have been low all that time, not only when the counter was read
+            // (a shard at its limit until just before then was rejected fairly).
+            let own = peak_over(&own_ratio, since, at).unwrap_or(0.0);
             let own_bytes = inflight.get(&key).and_then(|points| value_at(points, at)).unwrap_or(0.0);
             let heaviest = others
                 .iter()

@@ -98,6 +98,9 @@ struct Series {
     /// Shard series: in-flight bytes over the limit at the latest point with a limit, and
     /// when.
     ratio: Option<(UnixNanos, f64)>,
+    /// The highest of those ratios since the shard's rejection counter was last read, and the
+    /// one in force then (what `unfair_rejection` judges the rejections in between by).
+    ratio_peak: Option<f64>,
     // apply_lag
     last_change: Option<(UnixNanos, f64)>,
     committed_at_change: f64,
@@ -184,6 +187,7 @@ impl Metrics {
                     current: None,
                     rate: None,
                     ratio: None,
+                    ratio_peak: None,
                     last_change: None,
                     committed_at_change: 0.0,
                     episode: None,
@@ -251,7 +255,10 @@ impl Metrics {
                 let limit = self.current((Which::Limit, cluster, namespace, node, extra)).filter(|limit| *limit > 0.0);
                 let bytes = self.series[series as usize].current.map(|(_, bytes)| bytes);
                 if let (Some(limit), Some(bytes)) = (limit, bytes) {
-                    self.series[series as usize].ratio = Some((time, bytes / limit));
+                    let series = &mut self.series[series as usize];
+                    let ratio = bytes / limit;
+                    series.ratio = Some((time, ratio));
+                    series.ratio_peak = Some(series.ratio_peak.map_or(ratio, |peak| peak.max(ratio)));
                 }
             }
             for series in updated {
@@ -469,14 +476,21 @@ impl Metrics {
     }
 
     fn unfair_step(&mut self, index: usize, time: UnixNanos, interner: &Interner, config: &AnalyzerConfig) {
+        let (_, cluster, namespace, node, extra) = self.series[index].key;
+        let own_key = (Which::Inflight, cluster, namespace, node, extra);
+        let own_index = self.index.get(&own_key).map(|own| *own as usize);
+        // The shard's highest pressure since the counter's previous point (the rejections
+        // counted now happened in between), and from now on the one in force now.
+        let own = own_index.and_then(|own| {
+            let series = &mut self.series[own];
+            std::mem::replace(&mut series.ratio_peak, series.ratio.map(|(_, ratio)| ratio))
+        });
         let Some((at, rate)) = self.series[index].rate.filter(|(at, _)| *at == time) else { return };
         if rate <= 0.0 {
             return;
         }
-        let (_, cluster, namespace, node, extra) = self.series[index].key;
-        let own_key = (Which::Inflight, cluster, namespace, node, extra);
-        let own_series = self.index.get(&own_key).map(|own| &self.series[*own as usize]);
-        let own = own_series.and_then(|series| series.ratio).map_or(0.0, |(_, ratio)| ratio);
+        let own = own.unwrap_or(0.0);
+        let own_series = own_index.map(|own| &self.series[own]);
         let own_bytes = own_series.and_then(|series| series.current).map_or(0.0, |(_, bytes)| bytes);
         // The node's other shards, in the order the batch detector meets them.
         let mut others: Vec<(Option<&str>, Option<f64>)> = self
