@@ -2,15 +2,17 @@
 //! path as `lagscope analyze` (OTLP JSON lines → request decoder → streaming engine), as the
 //! simulator makes it, and scores the anomalies against each run's ground truth.
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::io::Write;
 
 use anyhow::bail;
 use lagscope_analyzer::stream::Engine;
 use lagscope_analyzer::{AnalyzerConfig, detectors};
 use lagscope_collector::capture::stream_requests;
+use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
-use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
+use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
 use serde::Serialize;
 
 use crate::analyze::push_decoded;
@@ -25,6 +27,35 @@ pub struct ScenarioScore {
     pub anomalies_found: usize,
     pub kinds: Vec<KindScore>,
     pub figures: serde_json::Map<String, serde_json::Value>,
+    /// What the analyzer found, in the order it reported them.
+    #[serde(skip)]
+    pub anomalies: Vec<Anomaly>,
+}
+
+/// How the simulator's export requests reach the analyzer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivery {
+    /// Each request is held back a random time up to this (drawn from the run's seed), so the
+    /// analyzer meets the processes' batches out of order, as from a collector fed by many
+    /// batch exporters. 0: in the order they were made.
+    pub max_delay: Nanos,
+}
+
+impl Delivery {
+    /// Refuses a delay the analyzer is not built to absorb: requests held back longer than its
+    /// lateness less the simulator's 1 s export interval may arrive after their spans' joins
+    /// (and then are rightly analyzed differently).
+    pub fn validate(&self, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+        let lateness = analyzer.stream.lateness_seconds;
+        if self.max_delay < 0 || self.max_delay.saturating_add(lagscope_sim::SECOND) > lateness * lagscope_sim::SECOND {
+            bail!(
+                "--export-delay {:.3} s: must be at least 0 and under analyzer.stream.lateness_seconds ({lateness} s) \
+                 less the simulator's 1 s export interval",
+                self.max_delay as f64 / 1e9
+            );
+        }
+        Ok(())
+    }
 }
 
 impl ScenarioScore {
@@ -34,13 +65,18 @@ impl ScenarioScore {
 }
 
 /// Runs one scenario through the analyzer and scores it.
-pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig) -> anyhow::Result<ScenarioScore> {
+pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Delivery) -> anyhow::Result<ScenarioScore> {
     let mut sink = EngineSink {
         source_name: format!("{}.jsonl", config.scenario),
         engine: Engine::new(analyzer, |_| true),
         error: None,
+        delivery,
+        delays: Rng::new(config.seed ^ 0xDE1A_7ED0),
+        held: BinaryHeap::new(),
+        sequence: 0,
     };
     let truth: Truth = lagscope_sim::run(config, &mut sink)?;
+    sink.deliver_through(Nanos::MAX);
     if let Some(error) = sink.error {
         bail!("{error}");
     }
@@ -64,6 +100,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig) -> anyhow::Result
         anomalies_found: found.len(),
         kinds: score(&truth, &found),
         figures: truth.figures.into_iter().collect(),
+        anomalies,
     })
 }
 
@@ -74,14 +111,64 @@ struct EngineSink<'c> {
     source_name: String,
     engine: Engine<'c>,
     error: Option<String>,
+    delivery: Delivery,
+    delays: Rng,
+    /// Requests held back ([`Delivery`]): (when delivered, in what order made).
+    held: BinaryHeap<Reverse<(Nanos, u64, HeldRequest)>>,
+    sequence: u64,
+}
+
+/// A request waiting for its delivery (ordered by the heap's time and sequence only).
+struct HeldRequest(Request);
+
+impl PartialEq for HeldRequest {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for HeldRequest {}
+
+impl PartialOrd for HeldRequest {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for HeldRequest {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
 }
 
 impl Sink for EngineSink<'_> {
-    fn export(&mut self, _at: Nanos, request: Request) {
+    fn export(&mut self, at: Nanos, request: Request) {
+        if self.delivery.max_delay == 0 {
+            self.deliver(&request);
+            return;
+        }
+        let delay = self.delays.range(0, self.delivery.max_delay);
+        self.sequence += 1;
+        self.held.push(Reverse((at.saturating_add(delay), self.sequence, HeldRequest(request))));
+        self.deliver_through(at);
+    }
+}
+
+impl EngineSink<'_> {
+    /// Delivers the held requests due by `at`, in the order they fall due.
+    fn deliver_through(&mut self, at: Nanos) {
+        while self.held.peek().is_some_and(|Reverse((due, _, _))| *due <= at) {
+            if let Some(Reverse((_, _, HeldRequest(request)))) = self.held.pop() {
+                self.deliver(&request);
+            }
+        }
+    }
+
+    fn deliver(&mut self, request: &Request) {
         if self.error.is_some() {
             return;
         }
-        let line = json_line(&request);
+        let line = json_line(request);
         let engine = &mut self.engine;
         let read = stream_requests(&self.source_name, line.as_bytes(), |decoded| {
             push_decoded(engine, &decoded);
@@ -139,11 +226,12 @@ fn errors(value: Option<(f64, f64)>) -> String {
 
 /// Runs the named scenarios (or all), prints the table or JSON, and fails if anything was
 /// missed or falsely reported.
-pub fn run(runs: &[SimConfig], json: bool, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+pub fn run(runs: &[SimConfig], delivery: Delivery, json: bool, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+    delivery.validate(analyzer)?;
     let mut scores = Vec::new();
     for config in runs {
         eprintln!("eval: running {}", config.scenario);
-        scores.push(evaluate(config, analyzer)?);
+        scores.push(evaluate(config, analyzer, delivery)?);
     }
     let mut stdout = std::io::stdout().lock();
     if json {

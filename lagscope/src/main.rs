@@ -238,6 +238,11 @@ enum Command {
         /// detectors are held to the truth of runs they were not tuned to.
         #[command(flatten)]
         run: RunArgs,
+        /// Hold each export request back a random time up to this (e.g. 5s) before the analyzer
+        /// sees it, so the processes' batches arrive out of order as through a collector; what
+        /// is found must not change. At most the analyzer's lateness less 1 s.
+        #[arg(long)]
+        export_delay: Option<String>,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -512,7 +517,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, run, format, config } => {
+        Command::Eval { scenario, run, export_delay, format, config } => {
             let config = Config::load(config.as_deref())?;
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
@@ -520,7 +525,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 vec![scenario]
             };
             let runs = names.iter().map(|name| run.config(name)).collect::<anyhow::Result<Vec<_>>>()?;
-            eval::run(&runs, format == Format::Json, &config.analyzer)
+            let max_delay = export_delay.as_deref().map(sim_cmd::parse_duration).transpose()?.unwrap_or(0);
+            let delivery = eval::Delivery { max_delay };
+            eval::run(&runs, delivery, format == Format::Json, &config.analyzer)
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use lagscope::eval::evaluate;
+use lagscope::eval::{Delivery, evaluate};
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_sim::{SimConfig, scenarios};
 
@@ -13,7 +13,8 @@ fn every_scenario_is_found_exactly_as_its_truth_says() {
     let mut failures = Vec::new();
     let mut rows = 0;
     for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
-        let score = evaluate(&SimConfig::new(info.name), &AnalyzerConfig::default()).expect("scenario runs");
+        let score = evaluate(&SimConfig::new(info.name), &AnalyzerConfig::default(), Delivery::default())
+            .expect("scenario runs");
         for row in &score.kinds {
             rows += 1;
             if row.missed > 0 || row.false_positives > 0 {
@@ -34,7 +35,7 @@ fn a_second_seed_is_found_exactly_too() {
     for name in ["hdfs-publish-race", "hdfs-pool-not-advanced", "hdfs-observer-lag-storm", "es-node-level-pressure"] {
         let mut config = SimConfig::new(name);
         config.seed = 42;
-        let score = evaluate(&config, &AnalyzerConfig::default()).expect("scenario runs");
+        let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
         assert!(score.clean(), "{name} seed 42: {:?}", score.kinds);
     }
 }
@@ -46,7 +47,7 @@ fn a_rejection_counted_just_after_the_release_is_not_unfair() {
     // unfair, though it happened while the shard was at its own limit.
     let mut config = SimConfig::new("es-shard-level-pressure");
     config.seed = 103;
-    let score = evaluate(&config, &AnalyzerConfig::default()).expect("scenario runs");
+    let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
     assert!(score.clean(), "es-shard-level-pressure seed 103: {:?}", score.kinds);
 }
 
@@ -91,4 +92,33 @@ fn eval_holds_the_detectors_to_runs_at_other_loads() {
 
     let (ok, _, stderr) = eval_cli(&["--scenario", "hdfs-publish-race", "--duration", "ninety"]);
     assert!(!ok && stderr.contains("invalid duration \"ninety\""), "{stderr}");
+}
+
+#[test]
+fn batches_arriving_out_of_order_within_the_lateness_change_nothing() {
+    // Every export request held back up to 5 s, as through a collector that many batch
+    // exporters feed on their own schedules: the same anomalies, in the same order, whole.
+    let analyzer = AnalyzerConfig::default();
+    let delayed = Delivery { max_delay: 5_000_000_000 };
+    delayed.validate(&analyzer).expect("5 s is within the lateness");
+    for name in [
+        "hdfs-publish-race",
+        "hdfs-stale-router-merge",
+        "hdfs-no-namenodes",
+        "hdfs-observer-lag-storm",
+        "ozone-follower-read-disabled",
+        "ozone-pinned-retry",
+        "es-node-level-pressure",
+        "pulsar-tcp-probe-half-dead",
+    ] {
+        let config = SimConfig::new(name);
+        let in_order = evaluate(&config, &analyzer, Delivery::default()).expect("scenario runs");
+        let shuffled = evaluate(&config, &analyzer, delayed).expect("scenario runs");
+        assert!(shuffled.clean(), "{name} delayed: {:?}", shuffled.kinds);
+        assert!(!in_order.anomalies.is_empty(), "{name}: a bug scenario finds something");
+        assert_eq!(shuffled.anomalies, in_order.anomalies, "{name}: delayed delivery changed what was found");
+    }
+    let too_late = Delivery { max_delay: 9_500_000_000 };
+    let refused = too_late.validate(&analyzer).expect_err("past the lateness less the export interval");
+    assert!(refused.to_string().contains("--export-delay 9.500 s"), "{refused}");
 }

@@ -22,6 +22,7 @@ pub mod truth;
 use std::fmt;
 
 pub use emit::{Request, Sink};
+pub use rng::Rng;
 pub use truth::{ExpectedAnomaly, Truth};
 
 /// Simulated time: nanoseconds since the start of the run.
