@@ -138,7 +138,8 @@ pub struct ApplyLagConfig {
     /// Not advancing while committed advances for this long is a stall; shorter episodes
     /// are not reported.
     pub min_seconds: i64,
-    /// Within this many states of committed counts as caught up (the episode ends).
+    /// Within this many states of committed, and applying again, counts as caught up (the
+    /// episode ends; a stalled follower close to committed is still stalled).
     pub caught_up_states: i64,
 }
 

@@ -36,7 +36,9 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             let lag = committed_now - value;
             let stalled = at - changed_at >= settings.min_seconds * 1_000_000_000 && committed_now > committed_then;
             let lagging = lag > settings.max_lag_states as f64;
-            let caught_up = lag <= settings.caught_up_states as f64;
+            // Caught up: close enough and applying again. A stalled follower's lag can stay
+            // under the threshold for long at a low commit rate; its stall is still one episode.
+            let caught_up = lag <= settings.caught_up_states as f64 && !stalled;
             if is_leader(at) {
                 continue;
             }

@@ -353,7 +353,8 @@ impl Metrics {
         let stalled = at.saturating_sub(changed_at) >= settings.min_seconds.saturating_mul(1_000_000_000)
             && committed_now > committed_then;
         let lagging = lag > settings.max_lag_states as f64;
-        let caught_up = lag <= settings.caught_up_states as f64;
+        // As the batch detector: caught up once close enough and applying again.
+        let caught_up = lag <= settings.caught_up_states as f64 && !stalled;
         if is_leader {
             return;
         }
