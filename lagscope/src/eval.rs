@@ -4,6 +4,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
+use std::hash::{Hash, Hasher};
 use std::io::Write;
 
 use anyhow::bail;
@@ -13,6 +14,9 @@ use lagscope_collector::capture::stream_requests;
 use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
 use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
+use opentelemetry_proto::tonic::metrics::v1::NumberDataPoint;
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde::Serialize;
 
 use crate::analyze::push_decoded;
@@ -39,6 +43,11 @@ pub struct Delivery {
     /// analyzer meets the processes' batches out of order, as from a collector fed by many
     /// batch exporters. 0: in the order they were made.
     pub max_delay: Nanos,
+    /// Each process's clock is off by a random amount up to this, either way (drawn from the
+    /// run's seed and the process's resource): its spans, span events, metric points and log
+    /// records carry the skewed times, as from hosts whose clocks NTP keeps only roughly in step.
+    /// 0: every process on the true time.
+    pub max_skew: Nanos,
 }
 
 impl Delivery {
@@ -46,6 +55,9 @@ impl Delivery {
     /// lateness less the simulator's 1 s export interval may arrive after their spans' joins
     /// (and then are rightly analyzed differently).
     pub fn validate(&self, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+        if !(0..=60 * lagscope_sim::SECOND).contains(&self.max_skew) {
+            bail!("--clock-skew {:.3} s: must be between 0 and 60 s", self.max_skew as f64 / 1e9);
+        }
         let lateness = analyzer.stream.lateness_seconds;
         if self.max_delay < 0 || self.max_delay.saturating_add(lagscope_sim::SECOND) > lateness * lagscope_sim::SECOND {
             bail!(
@@ -72,6 +84,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
         error: None,
         delivery,
         delays: Rng::new(config.seed ^ 0xDE1A_7ED0),
+        skew_seed: config.seed ^ 0x5CE4_C10C,
         held: BinaryHeap::new(),
         sequence: 0,
     };
@@ -116,6 +129,7 @@ struct EngineSink<'c> {
     /// Requests held back ([`Delivery`]): (when delivered, in what order made).
     held: BinaryHeap<Reverse<(Nanos, u64, HeldRequest)>>,
     sequence: u64,
+    skew_seed: u64,
 }
 
 /// A request waiting for its delivery (ordered by the heap's time and sequence only).
@@ -142,7 +156,10 @@ impl Ord for HeldRequest {
 }
 
 impl Sink for EngineSink<'_> {
-    fn export(&mut self, at: Nanos, request: Request) {
+    fn export(&mut self, at: Nanos, mut request: Request) {
+        if self.delivery.max_skew > 0 {
+            skew(&mut request, self.skew_seed, self.delivery.max_skew);
+        }
         if self.delivery.max_delay == 0 {
             self.deliver(&request);
             return;
@@ -177,6 +194,90 @@ impl EngineSink<'_> {
         if let Err(error) = read {
             self.error = Some(error.to_string());
         }
+    }
+}
+
+/// Shifts every time in `request` by its process's clock offset: uniform in
+/// `[-max_skew, max_skew]`, drawn from `seed` and the process's resource (the same for every
+/// request of the process).
+fn skew(request: &mut Request, seed: u64, max_skew: Nanos) {
+    let offset = |resource: &Option<Resource>| {
+        let mut hasher = std::hash::DefaultHasher::new();
+        for attribute in resource.iter().flat_map(|resource| &resource.attributes) {
+            attribute.key.hash(&mut hasher);
+            format!("{:?}", attribute.value).hash(&mut hasher);
+        }
+        Rng::new(seed ^ hasher.finish()).range(-max_skew, max_skew)
+    };
+    let shift = |time: &mut u64, offset: i64| {
+        if *time != 0 {
+            *time = time.saturating_add_signed(offset);
+        }
+    };
+    match request {
+        Request::Traces(request) => {
+            for resource in &mut request.resource_spans {
+                let offset = offset(&resource.resource);
+                for span in resource.scope_spans.iter_mut().flat_map(|scope| &mut scope.spans) {
+                    shift(&mut span.start_time_unix_nano, offset);
+                    shift(&mut span.end_time_unix_nano, offset);
+                    for event in &mut span.events {
+                        shift(&mut event.time_unix_nano, offset);
+                    }
+                }
+            }
+        }
+        Request::Metrics(request) => {
+            for resource in &mut request.resource_metrics {
+                let offset = offset(&resource.resource);
+                for metric in resource.scope_metrics.iter_mut().flat_map(|scope| &mut scope.metrics) {
+                    let points: Vec<(&mut u64, &mut u64)> = match &mut metric.data {
+                        Some(Data::Gauge(gauge)) => gauge.data_points.iter_mut().map(NumberDataPoint::times).collect(),
+                        Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(NumberDataPoint::times).collect(),
+                        Some(Data::Histogram(histogram)) => histogram
+                            .data_points
+                            .iter_mut()
+                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
+                            .collect(),
+                        Some(Data::ExponentialHistogram(histogram)) => histogram
+                            .data_points
+                            .iter_mut()
+                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
+                            .collect(),
+                        Some(Data::Summary(summary)) => summary
+                            .data_points
+                            .iter_mut()
+                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    for (start, time) in points {
+                        shift(start, offset);
+                        shift(time, offset);
+                    }
+                }
+            }
+        }
+        Request::Logs(request) => {
+            for resource in &mut request.resource_logs {
+                let offset = offset(&resource.resource);
+                for record in resource.scope_logs.iter_mut().flat_map(|scope| &mut scope.log_records) {
+                    shift(&mut record.time_unix_nano, offset);
+                    shift(&mut record.observed_time_unix_nano, offset);
+                }
+            }
+        }
+    }
+}
+
+/// A number data point's start and time, to shift.
+trait Times {
+    fn times(&mut self) -> (&mut u64, &mut u64);
+}
+
+impl Times for NumberDataPoint {
+    fn times(&mut self) -> (&mut u64, &mut u64) {
+        (&mut self.start_time_unix_nano, &mut self.time_unix_nano)
     }
 }
 

@@ -243,6 +243,10 @@ enum Command {
         /// is found must not change. At most the analyzer's lateness less 1 s.
         #[arg(long)]
         export_delay: Option<String>,
+        /// Set each simulated process's clock off by a random amount up to this (e.g. 200ms),
+        /// either way: how far the detectors hold when hosts' clocks disagree.
+        #[arg(long)]
+        clock_skew: Option<String>,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -517,7 +521,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, run, export_delay, format, config } => {
+        Command::Eval { scenario, run, export_delay, clock_skew, format, config } => {
             let config = Config::load(config.as_deref())?;
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
@@ -525,8 +529,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 vec![scenario]
             };
             let runs = names.iter().map(|name| run.config(name)).collect::<anyhow::Result<Vec<_>>>()?;
-            let max_delay = export_delay.as_deref().map(sim_cmd::parse_duration).transpose()?.unwrap_or(0);
-            let delivery = eval::Delivery { max_delay };
+            let nanos = |text: Option<String>| text.as_deref().map(sim_cmd::parse_duration).transpose();
+            let delivery = eval::Delivery {
+                max_delay: nanos(export_delay)?.unwrap_or(0),
+                max_skew: nanos(clock_skew)?.unwrap_or(0),
+            };
             eval::run(&runs, delivery, format == Format::Json, &config.analyzer)
         }
     }
