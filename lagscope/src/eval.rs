@@ -26,6 +26,8 @@ use crate::sim_cmd::json_line;
 #[derive(Debug, Serialize)]
 pub struct ScenarioScore {
     pub scenario: String,
+    /// When the run started: the table gives the missed and false anomalies' times from it.
+    pub start_unix_nano: i64,
     pub spans: usize,
     pub anomalies_expected: usize,
     pub anomalies_found: usize,
@@ -108,6 +110,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
         .collect();
     Ok(ScenarioScore {
         scenario: config.scenario.clone(),
+        start_unix_nano: truth.start_unix_nano,
         spans: stats.spans as usize,
         anomalies_expected: truth.anomalies.len(),
         anomalies_found: found.len(),
@@ -316,6 +319,31 @@ pub fn write_table(out: &mut impl Write, scores: &[ScenarioScore]) -> anyhow::Re
                 errors(row.start_error_ms),
                 errors(row.end_error_ms),
             )?;
+            let at = |nanos: i64| (nanos - scenario.start_unix_nano) as f64 / 1e9;
+            let or_dash = |text: &Option<String>| text.clone().unwrap_or_else(|| "-".to_string());
+            for missed in &row.missed_examples {
+                writeln!(
+                    out,
+                    "    missed: client={} ns={} node={} {:.3}..{:.3} s: {}",
+                    or_dash(&missed.client_id),
+                    or_dash(&missed.namespace),
+                    or_dash(&missed.node_id),
+                    at(missed.start_unix_nano),
+                    at(missed.end_unix_nano),
+                    missed.detail
+                )?;
+            }
+            for found in &row.false_examples {
+                writeln!(
+                    out,
+                    "    false:  client={} ns={} node={} {:.3}..{:.3} s",
+                    or_dash(&found.client_id),
+                    or_dash(&found.namespace),
+                    or_dash(&found.node_id),
+                    at(found.start_unix_nano),
+                    at(found.end_unix_nano)
+                )?;
+            }
         }
     }
     Ok(())

@@ -147,3 +147,24 @@ fn a_follower_stalled_at_a_low_commit_rate_is_one_anomaly() {
     assert!(score.clean(), "{:?}", score.kinds);
     assert_eq!(score.anomalies.len(), 1, "{:#?}", score.anomalies);
 }
+
+#[test]
+fn a_failing_eval_says_which_anomalies_it_missed() {
+    // Thresholds no scenario can meet: every stale read is missed, and the table shows the
+    // first few with their client, node, times and why the truth expected them.
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let config = directory.path().join("strict.toml");
+    std::fs::write(&config, "[analyzer.stale_read]\nmin_states_behind = 1000000000\n").expect("config written");
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["eval", "--scenario", "hdfs-publish-race", "--duration", "20s", "--config"])
+        .arg(&config)
+        .output()
+        .expect("lagscope runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success(), "{stdout}");
+    assert!(stderr.contains("1 of 1 scenarios have missed or false anomalies: hdfs-publish-race"), "{stderr}");
+    let missed: Vec<&str> = stdout.lines().filter(|line| line.trim_start().starts_with("missed:")).collect();
+    assert_eq!(missed.len(), lagscope_sim::score::EXAMPLES, "{stdout}");
+    assert!(missed[0].contains("client=") && missed[0].contains(" s: "), "{}", missed[0]);
+    assert!(!stdout.contains("false:"), "nothing is found, so nothing is false: {stdout}");
+}

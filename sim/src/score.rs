@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::Truth;
+use crate::{ExpectedAnomaly, Truth};
 
 /// An anomaly as an analyzer reported it (only what matching needs).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Found {
     pub kind: String,
     pub cluster: Option<String>,
@@ -33,7 +33,16 @@ pub struct KindScore {
     /// Median and largest absolute error of matched windows' start and end, in milliseconds.
     pub start_error_ms: Option<(f64, f64)>,
     pub end_error_ms: Option<(f64, f64)>,
+    /// The first few expected anomalies nothing matched, and found ones that matched nothing
+    /// (at most [`EXAMPLES`] each, in time order): where to start looking.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missed_examples: Vec<ExpectedAnomaly>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub false_examples: Vec<Found>,
 }
+
+/// How many missed and false anomalies a [`KindScore`] shows.
+pub const EXAMPLES: usize = 5;
 
 /// Matches found anomalies to expected ones: same kind and cluster, the same namespace,
 /// client and node wherever the truth names one, overlapping windows (within the
@@ -86,6 +95,26 @@ pub fn score(truth: &Truth, found: &[Found]) -> Vec<KindScore> {
                 }
             }
             let matched = start_errors.len();
+            let mut missed_examples: Vec<ExpectedAnomaly> = expected
+                .iter()
+                .zip(&partner)
+                .filter(|(_, partner)| partner.is_none())
+                .map(|(wanted, _)| (*wanted).clone())
+                .collect();
+            missed_examples.sort_by_key(|anomaly| anomaly.start_unix_nano);
+            missed_examples.truncate(EXAMPLES);
+            let mut matched_found = vec![false; reported.len()];
+            for index in partner.iter().flatten() {
+                matched_found[*index] = true;
+            }
+            let mut false_examples: Vec<Found> = reported
+                .iter()
+                .zip(&matched_found)
+                .filter(|(_, matched)| !**matched)
+                .map(|(anomaly, _)| (*anomaly).clone())
+                .collect();
+            false_examples.sort_by_key(|anomaly| anomaly.start_unix_nano);
+            false_examples.truncate(EXAMPLES);
             KindScore {
                 kind: kind.to_string(),
                 expected: expected.len(),
@@ -95,6 +124,8 @@ pub fn score(truth: &Truth, found: &[Found]) -> Vec<KindScore> {
                 false_positives: reported.len() - matched,
                 start_error_ms: median_and_max(start_errors),
                 end_error_ms: median_and_max(end_errors),
+                missed_examples,
+                false_examples,
             }
         })
         .collect()
@@ -179,7 +210,6 @@ fn median_and_max(mut values: Vec<f64>) -> Option<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ExpectedAnomaly;
 
     fn expected(kind: &str, client: &str, start: i64, end: i64) -> ExpectedAnomaly {
         ExpectedAnomaly {
@@ -226,6 +256,9 @@ mod tests {
         let stale = by_kind["stale_read"];
         assert_eq!((stale.expected, stale.found, stale.matched, stale.missed, stale.false_positives), (2, 2, 1, 1, 1));
         assert_eq!(stale.start_error_ms, Some((3.0, 3.0)));
+        // Which ones: client b's expected read, client c's found one.
+        assert_eq!(stale.missed_examples, vec![truth.anomalies[1].clone()]);
+        assert_eq!(stale.false_examples, vec![reported[1].clone()]);
         assert_eq!(by_kind["apply_lag"].missed, 1);
         assert_eq!(by_kind["requeue_storm"].false_positives, 1);
     }
