@@ -2,8 +2,7 @@
 //! path as `lagscope analyze` (OTLP JSON lines → request decoder → streaming engine), as the
 //! simulator makes it, and scores the anomalies against each run's ground truth.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 
@@ -14,8 +13,10 @@ use lagscope_collector::capture::stream_requests;
 use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
 use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
-use opentelemetry_proto::tonic::metrics::v1::NumberDataPoint;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::{
+    ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint, SummaryDataPoint,
+};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde::Serialize;
 
@@ -87,7 +88,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
         delivery,
         delays: Rng::new(config.seed ^ 0xDE1A_7ED0),
         skew_seed: config.seed ^ 0x5CE4_C10C,
-        held: BinaryHeap::new(),
+        held: BTreeMap::new(),
         sequence: 0,
     };
     let truth: Truth = lagscope_sim::run(config, &mut sink)?;
@@ -129,33 +130,10 @@ struct EngineSink<'c> {
     error: Option<String>,
     delivery: Delivery,
     delays: Rng,
-    /// Requests held back ([`Delivery`]): (when delivered, in what order made).
-    held: BinaryHeap<Reverse<(Nanos, u64, HeldRequest)>>,
+    /// Requests held back ([`Delivery`]), by when they are delivered and in what order made.
+    held: BTreeMap<(Nanos, u64), Request>,
     sequence: u64,
     skew_seed: u64,
-}
-
-/// A request waiting for its delivery (ordered by the heap's time and sequence only).
-struct HeldRequest(Request);
-
-impl PartialEq for HeldRequest {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for HeldRequest {}
-
-impl PartialOrd for HeldRequest {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for HeldRequest {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
 }
 
 impl Sink for EngineSink<'_> {
@@ -169,7 +147,7 @@ impl Sink for EngineSink<'_> {
         }
         let delay = self.delays.range(0, self.delivery.max_delay);
         self.sequence += 1;
-        self.held.push(Reverse((at.saturating_add(delay), self.sequence, HeldRequest(request))));
+        self.held.insert((at.saturating_add(delay), self.sequence), request);
         self.deliver_through(at);
     }
 }
@@ -177,10 +155,11 @@ impl Sink for EngineSink<'_> {
 impl EngineSink<'_> {
     /// Delivers the held requests due by `at`, in the order they fall due.
     fn deliver_through(&mut self, at: Nanos) {
-        while self.held.peek().is_some_and(|Reverse((due, _, _))| *due <= at) {
-            if let Some(Reverse((_, _, HeldRequest(request)))) = self.held.pop() {
-                self.deliver(&request);
-            }
+        while let Some(entry) = self.held.first_entry()
+            && entry.key().0 <= at
+        {
+            let request = entry.remove();
+            self.deliver(&request);
         }
     }
 
@@ -235,23 +214,15 @@ fn skew(request: &mut Request, seed: u64, max_skew: Nanos) {
                 let offset = offset(&resource.resource);
                 for metric in resource.scope_metrics.iter_mut().flat_map(|scope| &mut scope.metrics) {
                     let points: Vec<(&mut u64, &mut u64)> = match &mut metric.data {
-                        Some(Data::Gauge(gauge)) => gauge.data_points.iter_mut().map(NumberDataPoint::times).collect(),
-                        Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(NumberDataPoint::times).collect(),
-                        Some(Data::Histogram(histogram)) => histogram
-                            .data_points
-                            .iter_mut()
-                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
-                            .collect(),
-                        Some(Data::ExponentialHistogram(histogram)) => histogram
-                            .data_points
-                            .iter_mut()
-                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
-                            .collect(),
-                        Some(Data::Summary(summary)) => summary
-                            .data_points
-                            .iter_mut()
-                            .map(|point| (&mut point.start_time_unix_nano, &mut point.time_unix_nano))
-                            .collect(),
+                        Some(Data::Gauge(gauge)) => gauge.data_points.iter_mut().map(Times::times).collect(),
+                        Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(Times::times).collect(),
+                        Some(Data::Histogram(histogram)) => {
+                            histogram.data_points.iter_mut().map(Times::times).collect()
+                        }
+                        Some(Data::ExponentialHistogram(histogram)) => {
+                            histogram.data_points.iter_mut().map(Times::times).collect()
+                        }
+                        Some(Data::Summary(summary)) => summary.data_points.iter_mut().map(Times::times).collect(),
                         None => Vec::new(),
                     };
                     for (start, time) in points {
@@ -273,16 +244,22 @@ fn skew(request: &mut Request, seed: u64, max_skew: Nanos) {
     }
 }
 
-/// A number data point's start and time, to shift.
+/// A data point's start and time, to shift.
 trait Times {
     fn times(&mut self) -> (&mut u64, &mut u64);
 }
 
-impl Times for NumberDataPoint {
-    fn times(&mut self) -> (&mut u64, &mut u64) {
-        (&mut self.start_time_unix_nano, &mut self.time_unix_nano)
-    }
+macro_rules! times {
+    ($($point:ty),*) => {$(
+        impl Times for $point {
+            fn times(&mut self) -> (&mut u64, &mut u64) {
+                (&mut self.start_time_unix_nano, &mut self.time_unix_nano)
+            }
+        }
+    )*};
 }
+
+times!(NumberDataPoint, HistogramDataPoint, ExponentialHistogramDataPoint, SummaryDataPoint);
 
 /// The kinds the analyzer has a detector for today.
 pub fn detected_kinds() -> BTreeSet<&'static str> {
@@ -319,34 +296,26 @@ pub fn write_table(out: &mut impl Write, scores: &[ScenarioScore]) -> anyhow::Re
                 errors(row.start_error_ms),
                 errors(row.end_error_ms),
             )?;
-            let at = |nanos: i64| (nanos - scenario.start_unix_nano) as f64 / 1e9;
-            let or_dash = |text: &Option<String>| text.clone().unwrap_or_else(|| "-".to_string());
             for missed in &row.missed_examples {
-                writeln!(
-                    out,
-                    "    missed: client={} ns={} node={} {:.3}..{:.3} s: {}",
-                    or_dash(&missed.client_id),
-                    or_dash(&missed.namespace),
-                    or_dash(&missed.node_id),
-                    at(missed.start_unix_nano),
-                    at(missed.end_unix_nano),
-                    missed.detail
-                )?;
+                let scope = [&missed.client_id, &missed.namespace, &missed.node_id];
+                let line = example("missed:", scope, (missed.start_unix_nano, missed.end_unix_nano), scenario);
+                writeln!(out, "{line}: {}", missed.detail)?;
             }
             for found in &row.false_examples {
-                writeln!(
-                    out,
-                    "    false:  client={} ns={} node={} {:.3}..{:.3} s",
-                    or_dash(&found.client_id),
-                    or_dash(&found.namespace),
-                    or_dash(&found.node_id),
-                    at(found.start_unix_nano),
-                    at(found.end_unix_nano)
-                )?;
+                let scope = [&found.client_id, &found.namespace, &found.node_id];
+                writeln!(out, "{}", example("false: ", scope, (found.start_unix_nano, found.end_unix_nano), scenario))?;
             }
         }
     }
     Ok(())
+}
+
+/// A missed or false anomaly under its row: its client, namespace and node, and its window
+/// in seconds from the start of the run.
+fn example(label: &str, scope: [&Option<String>; 3], (start, end): (i64, i64), scenario: &ScenarioScore) -> String {
+    let [client, namespace, node] = scope.map(|name| name.as_deref().unwrap_or("-"));
+    let at = |nanos: i64| (nanos - scenario.start_unix_nano) as f64 / 1e9;
+    format!("    {label} client={client} ns={namespace} node={node} {:.3}..{:.3} s", at(start), at(end))
 }
 
 fn errors(value: Option<(f64, f64)>) -> String {
