@@ -159,11 +159,20 @@ pub struct RequeueStormConfig {
     pub min_requeues_per_processed_call: f64,
     /// How long the rate must stay that high.
     pub min_seconds: i64,
+    /// A dip below that rate no longer than this does not end a storm (a server requeueing a
+    /// few clients' calls drops for a second whenever one of them gives up and the next has
+    /// not arrived); 0: any dip ends it.
+    pub max_dip_seconds: i64,
 }
 
 impl Default for RequeueStormConfig {
     fn default() -> Self {
-        Self { min_requeues_per_second: 100.0, min_requeues_per_processed_call: 100.0, min_seconds: 30 }
+        Self {
+            min_requeues_per_second: 100.0,
+            min_requeues_per_processed_call: 100.0,
+            min_seconds: 30,
+            max_dip_seconds: 5,
+        }
     }
 }
 

@@ -89,14 +89,36 @@ pub fn increases(points: &[(i64, f64)]) -> impl Iterator<Item = (i64, f64)> + '_
 /// Maximal runs of consecutive points for which `condition` holds, as (first, last) times,
 /// kept when they last at least `min_nanos`.
 pub fn runs(points: &[(i64, f64)], min_nanos: i64, condition: impl Fn(i64, f64) -> bool) -> Vec<(i64, i64)> {
+    runs_through_dips(points, min_nanos, 0, condition)
+}
+
+/// As [`runs`], a run going on through points that fail `condition` as long as they lie no
+/// more than `max_dip_nanos` after the run's latest point that held (0: any such point ends
+/// it). A run is (its first, its latest point that held).
+pub fn runs_through_dips(
+    points: &[(i64, f64)],
+    min_nanos: i64,
+    max_dip_nanos: i64,
+    condition: impl Fn(i64, f64) -> bool,
+) -> Vec<(i64, i64)> {
     let mut result = Vec::new();
     let mut current: Option<(i64, i64)> = None;
+    let mut dipped = false;
     for &(time, value) in points {
-        if condition(time, value) {
+        let holds = condition(time, value);
+        if let Some(run) = current
+            && !holds | dipped
+            && time - run.1 > max_dip_nanos
+        {
+            result.push(run);
+            current = None;
+        }
+        if holds {
             let run = current.get_or_insert((time, time));
             run.1 = time;
-        } else if let Some(run) = current.take() {
-            result.push(run);
+            dipped = false;
+        } else {
+            dipped = current.is_some();
         }
     }
     result.extend(current);
@@ -116,6 +138,19 @@ mod tests {
         assert_eq!(value_at(&points, -1), None);
         let high = runs(&rates(&points), 500_000_000, |_, rate| rate >= 10.0);
         assert_eq!(high, vec![(1_000_000_000, 2_000_000_000)]);
+        // High at 0-2 s and 4-5 s, low at 3 s (a dip of 2 s after the last high) and 6-9 s.
+        let second = 1_000_000_000;
+        let dipping: Vec<(i64, f64)> = [9.0, 9.0, 9.0, 1.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0]
+            .iter()
+            .enumerate()
+            .map(|(at, v)| (at as i64 * second, *v))
+            .collect();
+        assert_eq!(runs_through_dips(&dipping, 0, 2 * second, |_, v| v > 5.0), vec![(0, 5 * second)]);
+        assert_eq!(
+            runs_through_dips(&dipping, 0, second, |_, v| v > 5.0),
+            vec![(0, 2 * second), (4 * second, 5 * second)]
+        );
+        assert_eq!(runs_through_dips(&dipping, 0, 0, |_, v| v > 5.0), runs(&dipping, 0, |_, v| v > 5.0));
         let intervals: Vec<_> = interval_rates(&points).collect();
         assert_eq!(intervals[1], (1_000_000_000, 2_000_000_000, 20.0));
         // In force at the start (10 from 1 s), then 30 at 2 s; 5 at 3 s is past the end.

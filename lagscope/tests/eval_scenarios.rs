@@ -149,6 +149,19 @@ fn a_follower_stalled_at_a_low_commit_rate_is_one_anomaly() {
 }
 
 #[test]
+fn one_client_s_requeue_storm_is_found_through_its_dips() {
+    // Found by running hdfs-observer-lag-storm with one client at 10 operations/s: the stalled
+    // observer requeued ~200 calls/s for 40 s but dipped under 100/s for a second whenever the
+    // client's call gave up, and each dip ended the storm before it had lasted 30 s.
+    let mut config = SimConfig::new("hdfs-observer-lag-storm");
+    config.seed = 41;
+    config.clients = Some(1);
+    config.rate = Some(10.0);
+    let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
+    assert!(score.clean(), "{:?}", score.kinds);
+}
+
+#[test]
 fn a_failing_eval_says_which_anomalies_it_missed() {
     // Thresholds no scenario can meet: every stale read is missed, and the table shows the
     // first few with their client, node, times and why the truth expected them.

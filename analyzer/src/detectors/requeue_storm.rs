@@ -6,7 +6,7 @@ use lagscope_model::conventions::{METRIC_REQUEUE_CALLS, METRIC_RPC_PROCESSING_OP
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 
 use super::evidence::{NO_SPANS, evidence};
-use crate::series::{Scope, rates, runs, series_of, value_at};
+use crate::series::{Scope, rates, runs_through_dips, series_of, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -19,7 +19,9 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         let processed_rates = processing_ops.get(&key).map(|points| rates(points)).unwrap_or_default();
         // High: many requeues per second, and many per call the server got through (short
         // waits behind a fresh write requeue a few times each; a stalled server, hundreds).
-        let storms = runs(&requeue_rates, settings.min_seconds * 1_000_000_000, |at, rate| {
+        let (min_nanos, max_dip_nanos) =
+            (settings.min_seconds * 1_000_000_000, settings.max_dip_seconds * 1_000_000_000);
+        let storms = runs_through_dips(&requeue_rates, min_nanos, max_dip_nanos, |at, rate| {
             let processed = processed_rates.iter().find(|(time, _)| *time == at).map_or(0.0, |(_, rate)| *rate);
             rate >= settings.min_requeues_per_second
                 && rate >= settings.min_requeues_per_processed_call * processed.max(1.0)

@@ -68,6 +68,8 @@ struct Run {
     /// ops, processing ops; shard pressure: the limit at the end).
     at_start: [Option<f64>; 3],
     at_end: [Option<f64>; 3],
+    /// Whether a point since `end` failed the condition (a dip the run may go on through).
+    dipped: bool,
 }
 
 /// An apply-lag episode in progress, with the committed state at its start and at its end.
@@ -322,13 +324,14 @@ impl Metrics {
                     self.current((Which::QueueOps, cluster, namespace, node, Sym::NONE)),
                     self.current((Which::ProcessingOps, cluster, namespace, node, Sym::NONE)),
                 ];
-                self.run_step(index, at, storming, rate, values, interner, config);
+                let max_dip = settings.max_dip_seconds.saturating_mul(1_000_000_000);
+                self.run_step(index, at, storming, max_dip, rate, values, interner, config);
             }
             Which::Inflight => {
                 let Some((_, ratio)) = self.series[index].ratio.filter(|(at, _)| *at == time) else { return };
                 let limit = self.current((Which::Limit, cluster, namespace, node, extra));
                 let pressed = ratio >= config.shard_pressure.yellow_ratio;
-                self.run_step(index, time, pressed, ratio, [limit, None, None], interner, config);
+                self.run_step(index, time, pressed, 0, ratio, [limit, None, None], interner, config);
             }
             Which::Rejections => self.unfair_step(index, time, interner, config),
             _ => {}
@@ -398,19 +401,35 @@ impl Metrics {
         index: usize,
         at: UnixNanos,
         holds: bool,
+        max_dip: i64,
         value: f64,
         values: [Option<f64>; 3],
         interner: &Interner,
         config: &AnalyzerConfig,
     ) {
+        // As `series::runs_through_dips`: a run goes on through a dip of at most `max_dip`.
+        if let Some(run) = &self.series[index].run
+            && !holds | run.dipped
+            && at.saturating_sub(run.end) > max_dip
+        {
+            self.close(index, interner, config);
+        }
         let series = &mut self.series[index];
         if holds {
-            let run = series.run.get_or_insert(Run { start: at, end: at, peak: 0.0, at_start: values, at_end: values });
+            let run = series.run.get_or_insert(Run {
+                start: at,
+                end: at,
+                peak: 0.0,
+                at_start: values,
+                at_end: values,
+                dipped: false,
+            });
             run.end = at;
             run.peak = run.peak.max(value);
             run.at_end = values;
-        } else if series.run.is_some() {
-            self.close(index, interner, config);
+            run.dipped = false;
+        } else if let Some(run) = series.run.as_mut() {
+            run.dipped = true;
         }
     }
 
