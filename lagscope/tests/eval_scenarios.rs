@@ -45,10 +45,19 @@ fn a_rejection_counted_just_after_the_release_is_not_unfair() {
     // Found by a sweep of seeds 100-160 (`lagscope eval --seed N`): with seed 103, a rejection
     // of the hot shard counted by the sample just after its pressure dropped was raised as
     // unfair, though it happened while the shard was at its own limit.
-    let mut config = SimConfig::new("es-shard-level-pressure");
-    config.seed = 103;
+    clean_run("es-shard-level-pressure", 103, None);
+}
+
+/// A run a sweep found faults in (seed, and clients and operations/s if not the scenario's),
+/// scored: it must be found exactly.
+fn clean_run(name: &str, seed: u64, load: Option<(usize, f64)>) -> lagscope::eval::ScenarioScore {
+    let mut config = SimConfig::new(name);
+    config.seed = seed;
+    config.clients = load.map(|(clients, _)| clients);
+    config.rate = load.map(|(_, rate)| rate);
     let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
-    assert!(score.clean(), "es-shard-level-pressure seed 103: {:?}", score.kinds);
+    assert!(score.clean(), "{name} seed {seed} load {load:?}: {:?}", score.kinds);
+    score
 }
 
 /// `lagscope eval` with the scenario's run options, as JSON.
@@ -139,12 +148,7 @@ fn a_follower_stalled_at_a_low_commit_rate_is_one_anomaly() {
     // Found by running ozone-apply-lag with 3 clients at 60 operations/s: the stalled
     // follower's lag stayed under the 1 000 states that count as caught up, and its stall was
     // reported four times, each from the same start.
-    let mut config = SimConfig::new("ozone-apply-lag");
-    config.seed = 21;
-    config.clients = Some(3);
-    config.rate = Some(60.0);
-    let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
-    assert!(score.clean(), "{:?}", score.kinds);
+    let score = clean_run("ozone-apply-lag", 21, Some((3, 60.0)));
     assert_eq!(score.anomalies.len(), 1, "{:#?}", score.anomalies);
 }
 
@@ -153,12 +157,7 @@ fn one_client_s_requeue_storm_is_found_through_its_dips() {
     // Found by running hdfs-observer-lag-storm with one client at 10 operations/s: the stalled
     // observer requeued ~200 calls/s for 40 s but dipped under 100/s for a second whenever the
     // client's call gave up, and each dip ended the storm before it had lasted 30 s.
-    let mut config = SimConfig::new("hdfs-observer-lag-storm");
-    config.seed = 41;
-    config.clients = Some(1);
-    config.rate = Some(10.0);
-    let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
-    assert!(score.clean(), "{:?}", score.kinds);
+    clean_run("hdfs-observer-lag-storm", 41, Some((1, 10.0)));
 }
 
 #[test]
