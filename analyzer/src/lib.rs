@@ -45,9 +45,11 @@ impl AnalysisInput {
         Self { timelines, samples, log_events: Vec::new() }
     }
 
-    /// Adds the events of the log records that carry one.
+    /// Adds the events of the log records that carry one; a line sent again
+    /// ([`log_events::LogEvent::identity`]) is taken once.
     pub fn with_logs(mut self, logs: &[lagscope_model::LogRecord]) -> Self {
         self.log_events.extend(logs.iter().filter_map(log_events::classify));
+        log_events::take_once(&mut self.log_events);
         self.log_events.sort_by_key(|event| event.time_unix_nano);
         self
     }

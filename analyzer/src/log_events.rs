@@ -52,7 +52,7 @@ pub const PHRASES: &[&str] = &[
 /// thousand a second from a node under pressure.
 pub const MAX_EVIDENCE_LINES: usize = 100_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogEventKind {
     NoNamenodes,
@@ -96,6 +96,18 @@ pub struct LogEvent {
 }
 
 impl LogEvent {
+    /// What tells this line from every other: its time and a hash of what it says, who logged
+    /// it and where. A line with the same identity is the same line sent again (an exporter
+    /// retried the request), as Loki takes an identical line at an identical time in a stream
+    /// once; two lines of one logger differ in time or text.
+    pub fn identity(&self) -> (UnixNanos, u64) {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (self.kind, &self.cluster, &self.namespace, &self.node_id, &self.client_id, &self.text).hash(&mut hasher);
+        self.component.as_ref().map(Component::as_str).hash(&mut hasher);
+        (self.time_unix_nano, hasher.finish())
+    }
+
     /// A NoNamenodesAvailable answer of the router that logged it, not already a span's.
     pub fn router_answer(&self) -> Option<&str> {
         (self.kind == LogEventKind::NoNamenodes && !self.traced && self.component == Some(Component::Router))
@@ -154,6 +166,13 @@ pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogE
             }),
         );
     }
+}
+
+/// Keeps the first of the events with one [`LogEvent::identity`]: the others are the same
+/// line sent again.
+pub fn take_once(events: &mut Vec<LogEvent>) {
+    let mut seen = std::collections::HashSet::with_capacity(events.len());
+    events.retain(|event| seen.insert(event.identity()));
 }
 
 /// The event a log record carries, if it is one of the recognised lines.

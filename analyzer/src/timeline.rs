@@ -5,6 +5,7 @@
 //! and client id, to the attempt nearest in time.
 
 use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -18,9 +19,27 @@ const MAX_PARENT_HOPS: usize = 32;
 
 /// Builds the timeline of every (client, namespace) in `spans`, ordered by client id then
 /// namespace. Calls are in client order (start time), each with its attempts.
+///
+/// A span that comes again (the trace and span ids of an earlier one in `spans`: an exporter
+/// retried a request that had been received, OTLP delivery being at least once) is the same
+/// span, taken once: the first.
 pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
-    let client_attempts: Vec<usize> = (0..spans.len()).filter(|index| is_client_attempt(&spans[*index])).collect();
-    let hops = attach_hops(spans, &client_attempts);
+    let mut by_id: HashMap<(&str, &str), usize> = HashMap::default();
+    by_id.reserve(spans.len());
+    let mut repeated = vec![false; spans.len()];
+    for (index, span) in spans.iter().enumerate() {
+        if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
+            match by_id.entry((trace_id, span_id)) {
+                Entry::Occupied(_) => repeated[index] = true,
+                Entry::Vacant(entry) => {
+                    entry.insert(index);
+                }
+            }
+        }
+    }
+    let client_attempts: Vec<usize> =
+        (0..spans.len()).filter(|index| !repeated[*index] && is_client_attempt(&spans[*index])).collect();
+    let hops = attach_hops(spans, &by_id, &repeated, &client_attempts);
 
     // (client, namespace) -> its first attempt span and its calls
     let mut grouped: BTreeMap<(String, Option<String>), (usize, CallAttempts)> = BTreeMap::new();
@@ -84,14 +103,10 @@ fn is_client_attempt(span: &Span) -> bool {
     span.call.client_id.is_some() && span.component() == Some(Component::Client)
 }
 
-fn attach_hops(spans: &[Span], client_attempts: &[usize]) -> Hops {
-    let mut by_id: HashMap<(&str, &str), usize> = HashMap::default();
-    by_id.reserve(spans.len());
-    for (index, span) in spans.iter().enumerate() {
-        if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
-            by_id.insert((trace_id, span_id), index);
-        }
-    }
+/// Spans by (trace id, span id): the first of each.
+type ById<'s> = HashMap<(&'s str, &'s str), usize>;
+
+fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attempts: &[usize]) -> Hops {
     let mut by_call: HashMap<(&str, &str), Vec<usize>> = HashMap::default();
     for &index in client_attempts {
         let call = &spans[index].call;
@@ -109,10 +124,13 @@ fn attach_hops(spans: &[Span], client_attempts: &[usize]) -> Hops {
 
     let mut hops = Hops::default();
     for (index, span) in spans.iter().enumerate() {
-        if is_client[index] || !matches!(span.component(), Some(Component::Router | Component::Server)) {
+        if is_client[index]
+            || repeated[index]
+            || !matches!(span.component(), Some(Component::Router | Component::Server))
+        {
             continue;
         }
-        let joined = ancestor_attempt(spans, &by_id, &is_client, index)
+        let joined = ancestor_attempt(spans, by_id, &is_client, index)
             .map(|attempt| (attempt, TimelineJoin::TraceContext))
             .or_else(|| nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId)));
         if let Some((attempt, join)) = joined {
@@ -123,12 +141,7 @@ fn attach_hops(spans: &[Span], client_attempts: &[usize]) -> Hops {
     hops
 }
 
-fn ancestor_attempt(
-    spans: &[Span],
-    by_id: &HashMap<(&str, &str), usize>,
-    is_client: &[bool],
-    index: usize,
-) -> Option<usize> {
+fn ancestor_attempt(spans: &[Span], by_id: &ById<'_>, is_client: &[bool], index: usize) -> Option<usize> {
     let mut current = &spans[index];
     for _ in 0..MAX_PARENT_HOPS {
         let trace_id = current.trace_id.as_deref()?;

@@ -89,6 +89,28 @@ fn a_router_that_only_logs_its_answers_gets_its_window_from_the_lines() {
 }
 
 #[test]
+fn lines_sent_twice_count_once() {
+    // Every line of the window comes again a few lines later (the router's exporter retried
+    // requests whose acknowledgements were lost): 21 answers, not 42. A line logged twice at
+    // different times is two answers.
+    let once = router_lines(0, 40, 2, "router-1", "router", false);
+    let mut twice = Vec::new();
+    for (index, line) in once.iter().enumerate() {
+        twice.push(line.clone());
+        if index >= 3 {
+            twice.push(once[index - 3].clone());
+        }
+    }
+    let expected = batch(&once);
+    assert_eq!(expected[0].evidence["attempts"], 21, "{}", expected[0].evidence);
+    assert_eq!(batch(&twice), expected, "batch");
+    assert_eq!(streamed(&twice), expected, "streaming engine");
+    let mut again_later = once.clone();
+    again_later.push(line(T0 + 41 * SECOND, once[0].body.as_str().expect("text"), "router", "router-1", false));
+    assert_eq!(batch(&again_later)[0].evidence["attempts"], 22);
+}
+
+#[test]
 fn traced_client_and_scattered_lines_make_no_window() {
     let cases = [
         ("traced: the router span counts instead", router_lines(0, 40, 2, "router-1", "router", true)),
@@ -279,4 +301,73 @@ fn a_client_that_logs_turning_follower_read_off_is_caught_without_a_rejected_spa
     back_on_followers.extend(read(9, "r9", 110, "om3", "follower", "LINEARIZABLE_ALLOW_FOLLOWER", true));
     let found = analyzed_both_ways(&back_on_followers, &logs);
     assert!(found.iter().all(|anomaly| anomaly.kind != AnomalyKind::FollowerReadDisabled), "{found:#?}");
+}
+
+/// A client call that router-1 answered NoNamenodesAvailable after trying nn1 (traced: client,
+/// router and server spans), at `second` after T0.
+fn traced_no_namenodes_answer(second: i64) -> [Span; 3] {
+    let trace = 1000 + second as u64;
+    let span = |component: &str, node: &str, span_id: u64, parent: Option<u64>, offset: i64| Span {
+        trace_id: Some(format!("{trace:032x}")),
+        span_id: Some(format!("{span_id:016x}")),
+        parent_span_id: parent.map(|parent| format!("{parent:016x}")),
+        name: "ClientProtocol/getFileInfo".to_string(),
+        kind: if component == "client" { SpanKind::Client } else { SpanKind::Server },
+        start_unix_nano: T0 + second * SECOND + offset,
+        end_unix_nano: T0 + second * SECOND + 10_000_000 - offset,
+        status_code: 2,
+        status_message: None,
+        resource: ResourceFields {
+            service_name: Some(format!("hdfs-{component}")),
+            system: Some("hdfs-rbf".to_string()),
+            cluster: Some("prod-east".to_string()),
+            component: Some(Component::parse(component)),
+            node_id: Some(node.to_string()),
+            attributes: serde_json::Map::new(),
+        },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: serde_json::Map::new(),
+        call: CallFields { namespace: Some("ns1".to_string()), ..CallFields::default() },
+        attributes: serde_json::Map::new(),
+        events: Vec::new(),
+        links: Vec::new(),
+    };
+    let mut client = span("client", "app-1", trace * 4, None, 0);
+    client.call.client_id = Some("client-1".to_string());
+    client.call.call_id = Some(format!("call-{second}"));
+    client.call.attempt = Some(1);
+    client.call.op = Some(Op::Read);
+    client.call.error_type =
+        Some("org.apache.hadoop.hdfs.server.federation.router.NoNamenodesAvailableException".to_string());
+    let router = span("router", "router-1", trace * 4 + 1, Some(trace * 4), 1_000_000);
+    let mut server = span("server", "nn1", trace * 4 + 2, Some(trace * 4 + 1), 2_000_000);
+    server.call.node_role = Some("standby".to_string());
+    [client, router, server]
+}
+
+#[test]
+fn a_router_that_traces_and_logs_its_answers_has_each_counted_once() {
+    // Every answer is in a trace and in a line without trace context (a router whose log
+    // lines are shipped apart from its spans): 21 answers, not 42.
+    let spans: Vec<Span> = (0..=40).step_by(2).flat_map(traced_no_namenodes_answer).collect();
+    let logs = router_lines(0, 40, 2, "router-1", "router", false);
+    let window = |anomalies: &[Anomaly]| -> Anomaly {
+        let windows: Vec<&Anomaly> =
+            anomalies.iter().filter(|anomaly| anomaly.kind == AnomalyKind::NoNamenodesWindow).collect();
+        assert_eq!(windows.len(), 1, "{anomalies:#?}");
+        windows[0].clone()
+    };
+    let both = window(&analyzed_both_ways(&spans, &logs));
+    assert_eq!(both.evidence["attempts"], 21, "{}", both.evidence);
+    assert_eq!(both.evidence["namenode_tried_first"], "nn1", "the spans name the node: {}", both.evidence);
+    assert_eq!(both.evidence["clients_affected"], json!(["client-1"]));
+    let spans_only = window(&analyzed_both_ways(&spans, &[]));
+    assert_eq!(spans_only.evidence["attempts"], 21, "{}", spans_only.evidence);
+    let lines_only = window(&analyzed_both_ways(&[], &logs));
+    assert_eq!(lines_only.evidence["attempts"], 21, "{}", lines_only.evidence);
+    assert_eq!(lines_only.evidence["namenode_tried_first"], "nn1.example:8020");
+    // Lines the spans do not have (more answers logged than traced): the lines' count.
+    let more_lines = router_lines(0, 40, 1, "router-1", "router", false);
+    assert_eq!(window(&analyzed_both_ways(&spans, &more_lines)).evidence["attempts"], 41);
 }

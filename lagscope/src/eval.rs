@@ -40,7 +40,7 @@ pub struct ScenarioScore {
 }
 
 /// How the simulator's export requests reach the analyzer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Delivery {
     /// Each request is held back a random time up to this (drawn from the run's seed), so the
     /// analyzer meets the processes' batches out of order, as from a collector fed by many
@@ -51,6 +51,11 @@ pub struct Delivery {
     /// records carry the skewed times, as from hosts whose clocks NTP keeps only roughly in step.
     /// 0: every process on the true time.
     pub max_skew: Nanos,
+    /// This fraction of the export requests (drawn from the run's seed) is delivered twice, the
+    /// copy a random time up to `max_delay` (at least 1 s) after the request was made, as when
+    /// an exporter retries a request whose acknowledgement was lost (OTLP delivery is at least
+    /// once): the spans, samples and log records come again with their ids. 0: each once.
+    pub redeliver: f64,
 }
 
 impl Delivery {
@@ -58,11 +63,16 @@ impl Delivery {
     /// lateness less the simulator's 1 s export interval may arrive after their spans' joins
     /// (and then are rightly analyzed differently).
     pub fn validate(&self, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.redeliver) {
+            bail!("--redeliver {}: must be a fraction between 0 and 1", self.redeliver);
+        }
         if !(0..=60 * lagscope_sim::SECOND).contains(&self.max_skew) {
             bail!("--clock-skew {:.3} s: must be between 0 and 60 s", self.max_skew as f64 / 1e9);
         }
         let lateness = analyzer.stream.lateness_seconds;
-        if self.max_delay < 0 || self.max_delay.saturating_add(lagscope_sim::SECOND) > lateness * lagscope_sim::SECOND {
+        if self.max_delay < 0
+            || self.copy_delay().saturating_add(lagscope_sim::SECOND) > lateness * lagscope_sim::SECOND
+        {
             bail!(
                 "--export-delay {:.3} s: must be at least 0 and under analyzer.stream.lateness_seconds ({lateness} s) \
                  less the simulator's 1 s export interval",
@@ -70,6 +80,13 @@ impl Delivery {
             );
         }
         Ok(())
+    }
+}
+
+impl Delivery {
+    /// How long after its request a redelivered copy may come.
+    fn copy_delay(&self) -> Nanos {
+        if self.redeliver > 0.0 { self.max_delay.max(lagscope_sim::SECOND) } else { self.max_delay }
     }
 }
 
@@ -87,6 +104,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
         error: None,
         delivery,
         delays: Rng::new(config.seed ^ 0xDE1A_7ED0),
+        copies: Rng::new(config.seed ^ 0xC0_91E5),
         skew_seed: config.seed ^ 0x5CE4_C10C,
         held: BTreeMap::new(),
         sequence: 0,
@@ -130,6 +148,8 @@ struct EngineSink<'c> {
     error: Option<String>,
     delivery: Delivery,
     delays: Rng,
+    /// Which requests are redelivered, and when.
+    copies: Rng,
     /// Requests held back ([`Delivery`]), by when they are delivered and in what order made.
     held: BTreeMap<(Nanos, u64), Request>,
     sequence: u64,
@@ -141,18 +161,27 @@ impl Sink for EngineSink<'_> {
         if self.delivery.max_skew > 0 {
             skew(&mut request, self.skew_seed, self.delivery.max_skew);
         }
+        if self.delivery.redeliver > 0.0 && self.copies.chance(self.delivery.redeliver) {
+            let delay = self.copies.range(0, self.delivery.copy_delay());
+            self.hold(at.saturating_add(delay), request.clone());
+        }
         if self.delivery.max_delay == 0 {
+            self.deliver_through(at);
             self.deliver(&request);
             return;
         }
         let delay = self.delays.range(0, self.delivery.max_delay);
-        self.sequence += 1;
-        self.held.insert((at.saturating_add(delay), self.sequence), request);
+        self.hold(at.saturating_add(delay), request);
         self.deliver_through(at);
     }
 }
 
 impl EngineSink<'_> {
+    fn hold(&mut self, due: Nanos, request: Request) {
+        self.sequence += 1;
+        self.held.insert((due, self.sequence), request);
+    }
+
     /// Delivers the held requests due by `at`, in the order they fall due.
     fn deliver_through(&mut self, at: Nanos) {
         while let Some(entry) = self.held.first_entry()

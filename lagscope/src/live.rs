@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lagscope_analyzer::log_events::{LogEvent, classify};
+use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
 use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds, read_lag_rows, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
@@ -39,6 +39,7 @@ pub async fn run_live_analyzer(
     }
     let mut shutdown = shutdown;
     let mut rollups = WrittenRollups::default();
+    let mut lines = RecognisedLines::default();
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -46,7 +47,7 @@ pub async fn run_live_analyzer(
         };
         let started = Instant::now();
         let through_batch = pending.through_batch;
-        match analysis_pass(store.as_ref(), &metrics, &config, &mut rollups, pending).await {
+        match analysis_pass(store.as_ref(), &metrics, &config, (&mut rollups, &mut lines), pending).await {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
                 // The data is committed; the next pass for these clients will find it again.
@@ -144,6 +145,7 @@ async fn analyze_marks(
 ) {
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
     let mut rollups = WrittenRollups::default();
+    let mut lines = RecognisedLines::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -155,7 +157,7 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, &mut rollups, pass).await?;
+            analysis_pass(store, metrics, config, (&mut rollups, &mut lines), pass).await?;
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
         }
@@ -269,27 +271,55 @@ impl WrittenRollups {
     }
 }
 
+/// The recognised log lines of each cluster, as last read from the store: every pass sees
+/// them, not only the passes of batches that brought new lines (a window's evidence would
+/// otherwise change with which batch came last). Re-read when a cluster's lines arrive; as
+/// the store's read, at most `max_logs_per_cluster` lines of the scope window per cluster.
+#[derive(Default)]
+struct RecognisedLines {
+    by_cluster: BTreeMap<Option<String>, Vec<LogEvent>>,
+    /// The lines that name a client (a Pulsar client's switches, an Ozone client's disabling
+    /// of follower reads), by client: what each client pass reads.
+    by_client: HashMap<String, Vec<LogEvent>>,
+}
+
+impl RecognisedLines {
+    fn index_clients(&mut self) {
+        self.by_client.clear();
+        for event in self.by_cluster.values().flatten() {
+            if let Some(client) = &event.client_id {
+                self.by_client.entry(client.clone()).or_default().push(event.clone());
+            }
+        }
+    }
+}
+
 async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    rollups: &mut WrittenRollups,
+    (rollups, lines): (&mut WrittenRollups, &mut RecognisedLines),
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
     // The recognised lines of each cluster with new log records: they name the scopes to look
-    // at again, and every pass of the cluster sees them. (Passes of clusters without new logs
-    // read none: what log lines found stays stored, and reading a busy cluster's logs on every
-    // batch of spans would cost more than the spans.)
-    let mut events_by_cluster: BTreeMap<Option<String>, Vec<LogEvent>> = BTreeMap::new();
+    // at again, and replace what the passes remember of the cluster's lines. (Passes of
+    // clusters without new logs read none from the store: reading a busy cluster's logs on
+    // every batch of spans would cost more than the spans.)
     for cluster in &pending.log_clusters {
         let window = config.live.scope_window_seconds * 1_000_000_000;
         // Only candidate lines (an index finds them) leave the store; classify decides.
         let logs = store.recognised_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
-        let events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
+        let mut events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
+        // A line stored twice (an exporter retried its request) is one line.
+        take_once(&mut events);
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
-        events_by_cluster.insert(cluster.clone(), events);
+        lines.by_cluster.insert(cluster.clone(), events);
     }
+    if !pending.log_clusters.is_empty() {
+        lines.index_clients();
+    }
+    let events_by_cluster = &lines.by_cluster;
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
@@ -297,12 +327,7 @@ async fn analysis_pass(
         let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
         let mut input = AnalysisInput::from_telemetry(&spans, Vec::new());
         // The client's own lines (a client that logs its switches is judged by them).
-        input.log_events = events_by_cluster
-            .values()
-            .flatten()
-            .filter(|event| event.client_id.as_deref() == Some(client_id.as_str()))
-            .cloned()
-            .collect();
+        input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
         // Spans of shared traces bring in fragments of other clients' timelines: each
         // client's anomalies come from its own, complete pass.
         let anomalies: Vec<_> = analyze(&input, &config.analyzer)

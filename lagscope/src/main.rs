@@ -247,6 +247,12 @@ enum Command {
         /// either way: how far the detectors hold when hosts' clocks disagree.
         #[arg(long)]
         clock_skew: Option<String>,
+        /// Deliver this fraction of the export requests twice (e.g. 0.1), the copy up to
+        /// --export-delay (at least 1 s) later, as an exporter retrying a request whose
+        /// acknowledgement was lost: the same spans, samples and logs, ids and all, must not
+        /// change what is found.
+        #[arg(long, default_value_t = 0.0)]
+        redeliver: f64,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -456,7 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!(
                     "streaming engine: {} calls of {} clients (at most {} at a time, {} finished early when idle), longest \
                      call {:.1} s; at most {} spans waiting to join and {} calls open; {} attempts later than the \
-                     horizon, {} router/server spans never joined",
+                     horizon, {} router/server spans never joined, {} duplicates (spans and log lines sent again) taken once",
                     stats.calls,
                     stats.clients,
                     stats.peak_clients,
@@ -465,7 +471,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     stats.peak_pending_spans,
                     stats.peak_open_calls,
                     stats.late_attempts,
-                    stats.unjoined_hops
+                    stats.unjoined_hops,
+                    stats.duplicates
                 );
             }
             match format {
@@ -521,7 +528,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, run, export_delay, clock_skew, format, config } => {
+        Command::Eval { scenario, run, export_delay, clock_skew, redeliver, format, config } => {
             let config = Config::load(config.as_deref())?;
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
@@ -533,6 +540,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let delivery = eval::Delivery {
                 max_delay: nanos(export_delay)?.unwrap_or(0),
                 max_skew: nanos(clock_skew)?.unwrap_or(0),
+                redeliver,
             };
             eval::run(&runs, delivery, format == Format::Json, &config.analyzer)
         }

@@ -133,6 +133,37 @@ fn batches_arriving_out_of_order_within_the_lateness_change_nothing() {
 }
 
 #[test]
+fn requests_delivered_twice_change_nothing() {
+    // A third of the export requests come again (an exporter retrying a request whose
+    // acknowledgement was lost), the copies up to 3 s later and every request up to 3 s late:
+    // spans, samples and log lines sent twice must be taken once. Before they were, copied
+    // attempts made false pinned retries and carried-state regressions, and copied router log
+    // lines counted twice in a window's attempts.
+    let analyzer = AnalyzerConfig::default();
+    let twice = Delivery { max_delay: 3_000_000_000, redeliver: 0.3, ..Delivery::default() };
+    twice.validate(&analyzer).expect("copies within the lateness");
+    for name in [
+        "hdfs-publish-race",
+        "hdfs-stale-router-merge",
+        "hdfs-no-namenodes",
+        "hdfs-observer-lag-storm",
+        "ozone-follower-read-disabled",
+        "ozone-pinned-retry",
+        "es-shard-level-pressure",
+        "pulsar-health-probe",
+    ] {
+        let config = SimConfig::new(name);
+        let once = evaluate(&config, &analyzer, Delivery::default()).expect("scenario runs");
+        let copied = evaluate(&config, &analyzer, twice).expect("scenario runs");
+        assert!(copied.clean(), "{name} delivered twice: {:?}", copied.kinds);
+        assert!(copied.spans > once.spans, "{name}: some spans came twice");
+        assert_eq!(copied.anomalies, once.anomalies, "{name}: copies changed what was found");
+    }
+    let refused = Delivery { redeliver: 1.5, ..Delivery::default() }.validate(&analyzer).expect_err("not a fraction");
+    assert!(refused.to_string().contains("--redeliver 1.5"), "{refused}");
+}
+
+#[test]
 fn hosts_whose_clocks_disagree_are_still_found_exactly() {
     // Every process's clock off by up to 250 ms either way: the per-call kinds come out
     // hundreds of milliseconds from the truth's times, and must still all be matched.

@@ -19,6 +19,8 @@ struct Answer<'a> {
     no_namenodes: bool,
     client: &'a str,
     tried: Option<&'a str>,
+    /// From a log line without trace context, not from a traced attempt.
+    logged: bool,
 }
 
 type Key<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
@@ -40,12 +42,14 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
                     no_namenodes,
                     client: &timeline.client_id,
                     tried: attempt.served_by.as_deref(),
+                    logged: false,
                 },
             );
         }
     }
     // Routers that log the answer without tracing it (log lines with trace context belong to a
-    // router span counted above).
+    // router span counted above). A router may do both: then its lines and its spans tell of
+    // the same answers, and each window counts them once ([`raise`]).
     for event in &input.log_events {
         let Some(router) = event.router_answer() else { continue };
         answers.entry((event.cluster.as_deref(), event.namespace.as_deref(), router)).or_default().push(Answer {
@@ -54,6 +58,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             no_namenodes: true,
             client: "",
             tried: event.fields.get("namenode").map(String::as_str),
+            logged: true,
         });
     }
     let mut anomalies = Vec::new();
@@ -90,21 +95,32 @@ fn raise(
     router: &str,
     window: &[&Answer<'_>],
 ) -> Anomaly {
-    let (start, end) = (window[0].start, window[window.len() - 1].end);
+    // The last answer to end (answers in start order: a span and a line of one answer start
+    // together and end apart).
+    let (start, end) = (window[0].start, window.iter().map(|answer| answer.end).max().unwrap_or(window[0].end));
     // Log lines do not name the client.
     let clients: BTreeSet<&str> =
         window.iter().map(|answer| answer.client).filter(|client| !client.is_empty()).collect();
-    let mut tried: BTreeMap<&str, usize> = BTreeMap::new();
-    for node in window.iter().filter_map(|answer| answer.tried) {
-        *tried.entry(node).or_default() += 1;
+    // A router that traces its answers and logs them tells of each twice: its spans and its
+    // lines are counted apart, and the window has the more of the two (either may miss some:
+    // sampled traces, rate-limited logs). The NameNode tried first is the spans' (a node id),
+    // else the lines' (an address).
+    let mut tried: [BTreeMap<&str, usize>; 2] = Default::default();
+    let mut counts = [0_usize; 2];
+    for answer in window {
+        counts[usize::from(answer.logged)] += 1;
+        if let Some(node) = answer.tried {
+            *tried[usize::from(answer.logged)].entry(node).or_default() += 1;
+        }
     }
+    let tried = if tried[0].is_empty() { &tried[1] } else { &tried[0] };
     let tried_first = tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| *node);
     let active = active_reported(input, cluster, namespace, start, end);
     let found = Window {
         start,
         end,
         seconds: (window[window.len() - 1].start - window[0].start) as f64 / 1e9,
-        attempts: window.len(),
+        attempts: counts[0].max(counts[1]),
         clients: clients.into_iter().map(str::to_string).collect(),
         tried_first: tried_first.map(str::to_string),
         active,
@@ -114,7 +130,7 @@ fn raise(
 
 /// A router's NoNamenodesAvailable window, summed up.
 pub(crate) struct Window {
-    /// First answer's start, last answer's end.
+    /// First answer's start, the latest end of its answers.
     pub start: i64,
     pub end: i64,
     /// From the first answer's start to the last one's.

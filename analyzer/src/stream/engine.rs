@@ -87,6 +87,11 @@ pub struct EngineStats {
     /// out of time order).
     pub log_events: u64,
     pub late_log_events: u64,
+    /// Spans and recognised log lines that came again (a span with the trace and span ids of
+    /// one already held, a log line identical to one taken, time and all): an exporter
+    /// retrying a request that had been received (OTLP delivery is at least once). Each was
+    /// taken once.
+    pub duplicates: u64,
 }
 
 /// A client attempt in an open call: as it arrived (packed, without its call id, which its
@@ -98,6 +103,13 @@ enum Slot {
 }
 
 impl Slot {
+    fn id(&self) -> SpanKey {
+        match self {
+            Slot::Raw(span) => span.id,
+            Slot::Joined(attempt) => attempt.client_span.id,
+        }
+    }
+
     fn order(&self) -> (Option<i64>, UnixNanos) {
         match self {
             Slot::Raw(span) => (span.attempt(), span.start),
@@ -157,6 +169,8 @@ struct Answer {
     no_namenodes: bool,
     client: Sym,
     tried: Sym,
+    /// From a log line without trace context.
+    logged: bool,
 }
 
 /// (cluster, namespace, router).
@@ -188,9 +202,11 @@ struct RouterWindow {
     first_start: UnixNanos,
     last_start: UnixNanos,
     last_end: UnixNanos,
-    attempts: usize,
+    /// Answers from traced attempts and from log lines, apart (a router may tell of one
+    /// answer both ways), and the NameNodes each named.
+    attempts: [usize; 2],
     clients: BTreeSet<Sym>,
-    tried: FxHashMap<Sym, usize>,
+    tried: [FxHashMap<Sym, usize>; 2],
 }
 
 /// (cluster, namespace, node, server.address, probe kind, client id) of a probe series, as
@@ -302,6 +318,10 @@ pub struct Engine<'c> {
     evidence_lines: VecDeque<crate::log_events::LogEvent>,
     /// Clients' "Disable OM follower read" lines: (time, the OM that refused), in time order.
     logged_disables: FxHashMap<Sym, Vec<(UnixNanos, Sym)>>,
+    /// The identities of the log lines taken in the last horizon, in arrival order and as a
+    /// set: a line met again is a copy ([`EngineStats::duplicates`]).
+    recent_lines: VecDeque<(UnixNanos, u64)>,
+    recent_line_set: FxHashSet<(UnixNanos, u64)>,
     anomalies: Vec<Anomaly>,
     /// Window anomalies [`Engine::drain_found`] met, kept for [`Engine::finish`].
     windows_found: Vec<Anomaly>,
@@ -375,6 +395,8 @@ impl<'c> Engine<'c> {
             logging_clients: FxHashSet::default(),
             logged_disables: FxHashMap::default(),
             evidence_lines: VecDeque::new(),
+            recent_lines: VecDeque::new(),
+            recent_line_set: FxHashSet::default(),
             anomalies: Vec::new(),
             windows_found: Vec::new(),
             stats: EngineStats::default(),
@@ -385,6 +407,7 @@ impl<'c> Engine<'c> {
         EngineStats {
             clients: self.clients.len() + self.stats.evicted_clients,
             peak_waiting_samples: self.metrics.as_ref().map_or(0, |metrics| metrics.held_peak),
+            duplicates: self.stats.duplicates + self.traces.duplicates,
             ..self.stats
         }
     }
@@ -442,6 +465,18 @@ impl<'c> Engine<'c> {
         if time.saturating_add(self.horizon) < self.watermark {
             self.stats.late_log_events += 1;
         }
+        while let Some(&(oldest, _)) = self.recent_lines.front()
+            && oldest.saturating_add(self.horizon) < self.watermark
+        {
+            let expired = self.recent_lines.pop_front().expect("a front was just read");
+            self.recent_line_set.remove(&expired);
+        }
+        let identity = event.identity();
+        if !self.recent_line_set.insert(identity) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        self.recent_lines.push_back(identity);
         let cluster = self.interner.intern_opt(event.cluster.as_deref());
         let end = self.data_end.entry(cluster).or_insert(i64::MIN);
         *end = (*end).max(time);
@@ -480,8 +515,15 @@ impl<'c> Engine<'c> {
                 self.interner.intern(router),
             );
             let tried = self.interner.intern_opt(event.fields.get("namenode").map(String::as_str));
-            let answer =
-                Answer { start: time, order: self.sequence, end: time, no_namenodes: true, client: Sym::NONE, tried };
+            let answer = Answer {
+                start: time,
+                order: self.sequence,
+                end: time,
+                no_namenodes: true,
+                client: Sym::NONE,
+                tried,
+                logged: true,
+            };
             self.answers.push(RouterAnswer(answer, key));
         }
         if self.watermark >= self.next_advance {
@@ -648,6 +690,13 @@ impl<'c> Engine<'c> {
             self.stats.late_attempts += 1;
         }
         let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
+        if let Some(call) = existing
+            && span.id.is_some()
+            && self.holds(call, span.id)
+        {
+            self.stats.duplicates += 1;
+            return;
+        }
         let (call, index_key) = match existing {
             Some(call) => (call, None),
             None => self.open_call(span),
@@ -660,6 +709,13 @@ impl<'c> Engine<'c> {
         if let Some(key) = index_key {
             self.index_call(key, call);
         }
+    }
+
+    /// Whether the open call `call` holds an attempt whose span is `id` (a retried export
+    /// request brings it again).
+    fn holds(&self, call: CallRef, id: SpanKey) -> bool {
+        self.current(call)
+            .is_some_and(|open| open.held.iter().any(|at| self.held.get(*at).is_some_and(|slot| slot.id() == id)))
     }
 
     /// The call `call` names, if it is still open.
@@ -1170,6 +1226,7 @@ impl<'c> Engine<'c> {
                         no_namenodes,
                         client,
                         tried: attempt.served_by,
+                        logged: false,
                     };
                     answers.push(RouterAnswer(answer, (state.cluster, state.namespace, attempt.router_node)));
                 }
@@ -1206,18 +1263,19 @@ impl<'c> Engine<'c> {
                 self.flush_window(key, window);
             }
             if answer.no_namenodes {
-                let window = self
-                    .windows
-                    .entry(key)
-                    .or_insert_with(|| RouterWindow { first_start: answer.start, ..RouterWindow::default() });
+                let window = self.windows.entry(key).or_insert_with(|| RouterWindow {
+                    first_start: answer.start,
+                    last_end: answer.end,
+                    ..RouterWindow::default()
+                });
                 window.last_start = answer.start;
-                window.last_end = answer.end;
-                window.attempts += 1;
+                window.last_end = window.last_end.max(answer.end);
+                window.attempts[usize::from(answer.logged)] += 1;
                 if answer.client.is_some() {
                     window.clients.insert(answer.client);
                 }
                 if answer.tried.is_some() {
-                    *window.tried.entry(answer.tried).or_default() += 1;
+                    *window.tried[usize::from(answer.logged)].entry(answer.tried).or_default() += 1;
                 }
             }
         }
@@ -1247,13 +1305,15 @@ impl<'c> Engine<'c> {
                     .map(|fact| fact.node)
             })
         });
+        // As the batch detector: the spans' NameNodes, else the lines'.
+        let tried = if window.tried[0].is_empty() { &window.tried[1] } else { &window.tried[0] };
         let tried: BTreeMap<&str, usize> =
-            window.tried.iter().filter_map(|(node, count)| Some((interner.get(*node)?, *count))).collect();
+            tried.iter().filter_map(|(node, count)| Some((interner.get(*node)?, *count))).collect();
         let found = no_namenodes_window::Window {
             start,
             end,
             seconds: window.last_start.saturating_sub(window.first_start) as f64 / 1e9,
-            attempts: window.attempts,
+            attempts: window.attempts[0].max(window.attempts[1]),
             clients: window
                 .clients
                 .iter()
@@ -1378,6 +1438,8 @@ impl<'c> Engine<'c> {
 struct TracedHops {
     spans: Places<HopRec>,
     places: FxHashMap<u128, SmallVec<[u64; 2]>>,
+    /// Spans found twice under an attempt ([`EngineStats::duplicates`]).
+    duplicates: u64,
 }
 
 impl TracedHops {
@@ -1406,7 +1468,7 @@ impl TracedHops {
         if !root.is_some() {
             return found;
         }
-        let TracedHops { spans, places: by_trace } = self;
+        let TracedHops { spans, places: by_trace, duplicates } = self;
         let Some(places) = by_trace.get_mut(&root.trace_id()) else { return found };
         // Spans taken so far (their ids are parents for the next level), from `level_start` on the
         // latest level's. Traces are small: linear scans beat maps.
@@ -1425,6 +1487,11 @@ impl TracedHops {
                     if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
                 if under {
                     if let Some(span) = spans.take(places.remove(index)) {
+                        // The same span again (an export request delivered twice): taken once.
+                        if taken.contains(&span.span_id) {
+                            *duplicates += 1;
+                            continue;
+                        }
                         taken.push(span.span_id);
                         if matches!(span.component, known::ROUTER | known::SERVER) {
                             found.push(span);
