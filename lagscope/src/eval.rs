@@ -312,7 +312,13 @@ pub fn write_table(out: &mut impl Write, scores: &[ScenarioScore]) -> anyhow::Re
             continue;
         }
         for row in &scenario.kinds {
-            let note = if !detected.contains(row.kind.as_str()) { "no detector yet" } else { "" };
+            let note = if !detected.contains(row.kind.as_str()) {
+                "no detector yet".to_string()
+            } else if row.tolerated > 0 {
+                format!("{} borderline found (right either way)", row.tolerated)
+            } else {
+                String::new()
+            };
             writeln!(
                 out,
                 "{:<36} {:<26} {:>8} {:>6} {:>6} {:>6}  {:>17}  {:>17}  {note}",

@@ -192,6 +192,32 @@ fn one_client_s_requeue_storm_is_found_through_its_dips() {
 }
 
 #[test]
+fn a_stalled_observer_serving_data_older_than_the_refresh_period_is_a_stale_refresh() {
+    // Found by `eval --seed 300` (mixed): the stalled observer served one read 19.8 s after a
+    // newer state was committed, beyond RBF's 15 s refresh period. The detector raised it as a
+    // cross-client stale read and the simulator's truth had no such kind: counted false. The
+    // truth now expects cross-client staleness beyond the bound (within the telemetry's
+    // resolution of it, either answer is right).
+    let mut config = SimConfig::new("hdfs-observer-lag-storm");
+    config.seed = 55_733;
+    config.duration = Some(200 * lagscope_sim::SECOND);
+    let truth = lagscope_sim::run(&config, &mut Vec::<lagscope_sim::Request>::new()).expect("scenario runs");
+    let expected: Vec<_> =
+        truth.anomalies.iter().filter(|anomaly| anomaly.detail.starts_with("cross_client")).collect();
+    assert_eq!(expected.len(), 1, "{expected:#?}");
+    assert!(!expected[0].optional, "19.8 s is well past the bound: {:?}", expected[0]);
+    let score = evaluate(&config, &AnalyzerConfig::default(), Delivery::default()).expect("scenario runs");
+    assert!(score.clean(), "{:?}", score.kinds);
+    let found: Vec<_> = score
+        .anomalies
+        .iter()
+        .filter(|anomaly| anomaly.evidence.get("guarantee").and_then(|value| value.as_str()) == Some("cross_client"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].node_id.as_deref(), Some("nn-obs2"));
+}
+
+#[test]
 fn a_failing_eval_says_which_anomalies_it_missed() {
     // Thresholds no scenario can meet: every stale read is missed, and the table shows the
     // first few with their client, node, times and why the truth expected them.

@@ -312,6 +312,7 @@ impl Model {
             && end - start >= 10 * SECOND
         {
             anomalies.push(ExpectedAnomaly {
+                optional: false,
                 kind: "shard_pressure".to_string(),
                 cluster: CLUSTER.to_string(),
                 namespace: Some("logs/0".to_string()),
@@ -324,6 +325,7 @@ impl Model {
         }
         if let Some((start, end)) = self.unfair {
             anomalies.push(ExpectedAnomaly {
+                optional: false,
                 kind: "unfair_rejection".to_string(),
                 cluster: CLUSTER.to_string(),
                 namespace: Some("logs/1".to_string()),

@@ -358,6 +358,7 @@ impl Ring {
         detail: String,
     ) -> ExpectedAnomaly {
         ExpectedAnomaly {
+            optional: false,
             kind: kind.to_string(),
             cluster: CLUSTER.to_string(),
             namespace: Some(SERVICE_ID.to_string()),

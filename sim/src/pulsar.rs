@@ -223,6 +223,7 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
         && end - start >= 30 * SECOND
     {
         truth.anomalies.push(ExpectedAnomaly {
+            optional: false,
             kind: "blind_failover_probe".to_string(),
             cluster: EAST.name.to_string(),
             namespace: Some(TOPIC.to_string()),

@@ -29,6 +29,11 @@ pub struct ExpectedAnomaly {
     pub end_unix_nano: i64,
     /// Why the model produced it, for people reading the truth file.
     pub detail: String,
+    /// Right either way: the model's figure lies within what the telemetry can resolve of the
+    /// detector's threshold (a staleness within a metric period of its bound). Found, it
+    /// matches; not found, it is not missed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 impl Truth {

@@ -41,6 +41,12 @@ impl EditLog {
         self.history[index.saturating_sub(1)].1
     }
 
+    /// When the active first wrote a txid above `state` (what replaced the data at `state`).
+    pub fn replaced_at(&self, state: StateId) -> Option<Nanos> {
+        let index = self.history.partition_point(|(_, txid)| *txid <= state);
+        self.history.get(index).map(|(time, _)| *time)
+    }
+
     pub fn last(&self) -> StateId {
         self.history.last().map_or(0, |entry| entry.1)
     }

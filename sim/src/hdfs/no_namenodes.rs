@@ -264,6 +264,7 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink, fixed: bool) -> Truth {
         truth.figure(&format!("{}_no_namenodes_window_seconds", router.node), seconds);
         if last - first >= 5 * SECOND {
             truth.anomalies.push(ExpectedAnomaly {
+                optional: false,
                 kind: "no_namenodes_window".to_string(),
                 cluster: CLUSTER.to_string(),
                 namespace: Some(NAMESPACE.to_string()),

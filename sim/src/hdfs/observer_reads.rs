@@ -24,6 +24,9 @@ use crate::truth::ExpectedAnomaly;
 use crate::{MILLISECOND, Nanos, SECOND, SimConfig, Truth};
 
 const REFRESH_PERIOD: Nanos = 15 * SECOND;
+/// How finely an analyzer can tell a read's staleness across clients from the telemetry: the
+/// committed state is reported every second (`emit_metrics`).
+const CROSS_CLIENT_RESOLUTION: Nanos = SECOND;
 const HOP: Nanos = 300_000; // one network hop, 0.3 ms
 const MAX_ATTEMPTS: i64 = 4;
 const FUTURE_STATE_JUMP: StateId = 50_000_000;
@@ -516,6 +519,7 @@ impl Model {
         let namespace = record.namespace;
         let client = &self.clients[record.client_index];
         let expected = |kind: &str, node: Option<&str>, detail: String| ExpectedAnomaly {
+            optional: false,
             kind: kind.to_string(),
             cluster: CLUSTER.to_string(),
             namespace: Some(namespace.to_string()),
@@ -563,6 +567,31 @@ impl Model {
                     Some(record.target),
                     format!("{guarantee}: served {served} below {floor}"),
                 ));
+            } else if let Served::Ok { at: served_at, .. } = record.served
+                && let Some(replaced_at) = self
+                    .namespaces
+                    .iter()
+                    .find(|candidate| candidate.name == namespace)
+                    .and_then(|ns| ns.log.replaced_at(served))
+            {
+                // Across clients RBF promises discovery within the refresh period: data older
+                // than that (a stalled observer serving a client whose carried state is old) is
+                // a stale refresh. An analyzer knows a commit from the next report of it (the
+                // active's committed state every second, or a span's), and hosts' clocks
+                // disagree a little: within that of the bound, either answer is right.
+                let staleness = served_at - replaced_at;
+                if staleness > REFRESH_PERIOD - CROSS_CLIENT_RESOLUTION {
+                    let mut anomaly = expected(
+                        "stale_read",
+                        Some(record.target),
+                        format!(
+                            "cross_client: served {served} {:.3} s after a newer state was committed",
+                            staleness as f64 / 1e9
+                        ),
+                    );
+                    anomaly.optional = staleness <= REFRESH_PERIOD + 2 * CROSS_CLIENT_RESOLUTION;
+                    found.push(anomaly);
+                }
             }
         }
         let max_committed =
@@ -741,6 +770,7 @@ impl Model {
         for client in &self.clients {
             if let Some((start, end)) = client.untrusted {
                 self.truth.anomalies.push(ExpectedAnomaly {
+                    optional: false,
                     kind: "untrusted_state".to_string(),
                     cluster: CLUSTER.to_string(),
                     namespace: Some("ns1".to_string()),
@@ -758,6 +788,7 @@ impl Model {
                 let log = &namespace.log;
                 let caught_up = observer.caught_up_at(log, self.duration).unwrap_or(self.duration);
                 self.truth.anomalies.push(ExpectedAnomaly {
+                    optional: false,
                     kind: "apply_lag".to_string(),
                     cluster: CLUSTER.to_string(),
                     namespace: Some(namespace.name.to_string()),
@@ -784,6 +815,7 @@ impl Model {
                     continue;
                 }
                 self.truth.anomalies.push(ExpectedAnomaly {
+                    optional: false,
                     kind: "requeue_storm".to_string(),
                     cluster: CLUSTER.to_string(),
                     namespace: Some(namespace.name.to_string()),
