@@ -197,22 +197,28 @@ fn a_client_that_logs_its_switches_is_judged_by_them() {
     assert_eq!(streamed(&settled), Vec::new());
 }
 
-/// A client read attempt and the server span under it (times in seconds after T0).
-fn read(trace: u64, call: &str, start: i64, server: &str, role: &str, consistency: &str, follower: bool) -> [Span; 2] {
-    let base = |component: &str, node: &str, start: i64, end: i64, span_id: u64| Span {
+/// A span of `node` (a `component` of `system` in `cluster`), `start..end` nanoseconds after T0.
+fn span_of(
+    (system, cluster): (&str, &str),
+    component: &str,
+    node: &str,
+    (trace, span_id): (u64, u64),
+    (start, end): (i64, i64),
+) -> Span {
+    Span {
         trace_id: Some(format!("{trace:032x}")),
         span_id: Some(format!("{span_id:016x}")),
         parent_span_id: None,
-        name: "LookupKey".to_string(),
+        name: "call".to_string(),
         kind: if component == "client" { SpanKind::Client } else { SpanKind::Server },
         start_unix_nano: T0 + start,
         end_unix_nano: T0 + end,
         status_code: 0,
         status_message: None,
         resource: ResourceFields {
-            service_name: Some(format!("ozone-{component}")),
-            system: Some("ozone".to_string()),
-            cluster: Some("ozone-1".to_string()),
+            service_name: Some(format!("{system}-{component}")),
+            system: Some(system.to_string()),
+            cluster: Some(cluster.to_string()),
             component: Some(Component::parse(component)),
             node_id: Some(node.to_string()),
             attributes: serde_json::Map::new(),
@@ -224,6 +230,15 @@ fn read(trace: u64, call: &str, start: i64, server: &str, role: &str, consistenc
         attributes: serde_json::Map::new(),
         events: Vec::new(),
         links: Vec::new(),
+    }
+}
+
+/// A client read attempt and the server span under it (times in seconds after T0).
+fn read(trace: u64, call: &str, start: i64, server: &str, role: &str, consistency: &str, follower: bool) -> [Span; 2] {
+    let base = |component: &str, node: &str, start: i64, end: i64, span_id: u64| {
+        let mut span = span_of(("ozone", "ozone-1"), component, node, (trace, span_id), (start, end));
+        span.name = "LookupKey".to_string();
+        span
     };
     let mut client = base("client", "s3g", start * SECOND, start * SECOND + SECOND / 2, trace * 2);
     client.call.client_id = Some("ozone-client-9".to_string());
@@ -307,31 +322,14 @@ fn a_client_that_logs_turning_follower_read_off_is_caught_without_a_rejected_spa
 /// router and server spans), at `second` after T0.
 fn traced_no_namenodes_answer(second: i64) -> [Span; 3] {
     let trace = 1000 + second as u64;
-    let span = |component: &str, node: &str, span_id: u64, parent: Option<u64>, offset: i64| Span {
-        trace_id: Some(format!("{trace:032x}")),
-        span_id: Some(format!("{span_id:016x}")),
-        parent_span_id: parent.map(|parent| format!("{parent:016x}")),
-        name: "ClientProtocol/getFileInfo".to_string(),
-        kind: if component == "client" { SpanKind::Client } else { SpanKind::Server },
-        start_unix_nano: T0 + second * SECOND + offset,
-        end_unix_nano: T0 + second * SECOND + 10_000_000 - offset,
-        status_code: 2,
-        status_message: None,
-        resource: ResourceFields {
-            service_name: Some(format!("hdfs-{component}")),
-            system: Some("hdfs-rbf".to_string()),
-            cluster: Some("prod-east".to_string()),
-            component: Some(Component::parse(component)),
-            node_id: Some(node.to_string()),
-            attributes: serde_json::Map::new(),
-        },
-        scope_name: None,
-        scope_version: None,
-        scope_attributes: serde_json::Map::new(),
-        call: CallFields { namespace: Some("ns1".to_string()), ..CallFields::default() },
-        attributes: serde_json::Map::new(),
-        events: Vec::new(),
-        links: Vec::new(),
+    let span = |component: &str, node: &str, span_id: u64, parent: Option<u64>, offset: i64| {
+        let at = second * SECOND;
+        let times = (at + offset, at + 10_000_000 - offset);
+        let mut span = span_of(("hdfs-rbf", "prod-east"), component, node, (trace, span_id), times);
+        span.parent_span_id = parent.map(|parent| format!("{parent:016x}"));
+        span.status_code = 2;
+        span.call.namespace = Some("ns1".to_string());
+        span
     };
     let mut client = span("client", "app-1", trace * 4, None, 0);
     client.call.client_id = Some("client-1".to_string());

@@ -103,32 +103,47 @@ fn eval_holds_the_detectors_to_runs_at_other_loads() {
     assert!(!ok && stderr.contains("invalid duration \"ninety\""), "{stderr}");
 }
 
+/// Scenarios with spans, metrics and log lines, and a bug of each system, to deliver otherwise
+/// than in order.
+const DELIVERY_SCENARIOS: [&str; 9] = [
+    "hdfs-publish-race",
+    "hdfs-stale-router-merge",
+    "hdfs-no-namenodes",
+    "hdfs-observer-lag-storm",
+    "ozone-follower-read-disabled",
+    "ozone-pinned-retry",
+    "es-node-level-pressure",
+    "es-shard-level-pressure",
+    "pulsar-tcp-probe-half-dead",
+];
+
+/// Runs each scenario delivered in order and as `delivery` says: both clean, the same
+/// anomalies in the same order, whole. Returns the spans each run took (in order, `delivery`).
+fn same_as_in_order(delivery: Delivery, names: &[&str]) -> Vec<(usize, usize)> {
+    let analyzer = AnalyzerConfig::default();
+    delivery.validate(&analyzer).expect("a delivery the lateness absorbs");
+    let mut spans = Vec::new();
+    for name in names {
+        let config = SimConfig::new(name);
+        let in_order = evaluate(&config, &analyzer, Delivery::default()).expect("scenario runs");
+        let other = evaluate(&config, &analyzer, delivery).expect("scenario runs");
+        assert!(other.clean(), "{name} delivered as {delivery:?}: {:?}", other.kinds);
+        assert!(!in_order.anomalies.is_empty(), "{name}: a bug scenario finds something");
+        assert_eq!(other.anomalies, in_order.anomalies, "{name}: {delivery:?} changed what was found");
+        spans.push((in_order.spans, other.spans));
+    }
+    spans
+}
+
 #[test]
 fn batches_arriving_out_of_order_within_the_lateness_change_nothing() {
     // Every export request held back up to 5 s, as through a collector that many batch
-    // exporters feed on their own schedules: the same anomalies, in the same order, whole.
-    let analyzer = AnalyzerConfig::default();
+    // exporters feed on their own schedules.
     let delayed = Delivery { max_delay: 5_000_000_000, ..Delivery::default() };
-    delayed.validate(&analyzer).expect("5 s is within the lateness");
-    for name in [
-        "hdfs-publish-race",
-        "hdfs-stale-router-merge",
-        "hdfs-no-namenodes",
-        "hdfs-observer-lag-storm",
-        "ozone-follower-read-disabled",
-        "ozone-pinned-retry",
-        "es-node-level-pressure",
-        "pulsar-tcp-probe-half-dead",
-    ] {
-        let config = SimConfig::new(name);
-        let in_order = evaluate(&config, &analyzer, Delivery::default()).expect("scenario runs");
-        let shuffled = evaluate(&config, &analyzer, delayed).expect("scenario runs");
-        assert!(shuffled.clean(), "{name} delayed: {:?}", shuffled.kinds);
-        assert!(!in_order.anomalies.is_empty(), "{name}: a bug scenario finds something");
-        assert_eq!(shuffled.anomalies, in_order.anomalies, "{name}: delayed delivery changed what was found");
-    }
+    same_as_in_order(delayed, &DELIVERY_SCENARIOS);
     let too_late = Delivery { max_delay: 9_500_000_000, ..Delivery::default() };
-    let refused = too_late.validate(&analyzer).expect_err("past the lateness less the export interval");
+    let refused =
+        too_late.validate(&AnalyzerConfig::default()).expect_err("past the lateness less the export interval");
     assert!(refused.to_string().contains("--export-delay 9.500 s"), "{refused}");
 }
 
@@ -139,27 +154,13 @@ fn requests_delivered_twice_change_nothing() {
     // spans, samples and log lines sent twice must be taken once. Before they were, copied
     // attempts made false pinned retries and carried-state regressions, and copied router log
     // lines counted twice in a window's attempts.
-    let analyzer = AnalyzerConfig::default();
     let twice = Delivery { max_delay: 3_000_000_000, redeliver: 0.3, ..Delivery::default() };
-    twice.validate(&analyzer).expect("copies within the lateness");
-    for name in [
-        "hdfs-publish-race",
-        "hdfs-stale-router-merge",
-        "hdfs-no-namenodes",
-        "hdfs-observer-lag-storm",
-        "ozone-follower-read-disabled",
-        "ozone-pinned-retry",
-        "es-shard-level-pressure",
-        "pulsar-health-probe",
-    ] {
-        let config = SimConfig::new(name);
-        let once = evaluate(&config, &analyzer, Delivery::default()).expect("scenario runs");
-        let copied = evaluate(&config, &analyzer, twice).expect("scenario runs");
-        assert!(copied.clean(), "{name} delivered twice: {:?}", copied.kinds);
-        assert!(copied.spans > once.spans, "{name}: some spans came twice");
-        assert_eq!(copied.anomalies, once.anomalies, "{name}: copies changed what was found");
+    for (name, (once, copied)) in DELIVERY_SCENARIOS.iter().zip(same_as_in_order(twice, &DELIVERY_SCENARIOS)) {
+        assert!(copied > once, "{name}: some spans came twice ({copied} against {once})");
     }
-    let refused = Delivery { redeliver: 1.5, ..Delivery::default() }.validate(&analyzer).expect_err("not a fraction");
+    let refused = Delivery { redeliver: 1.5, ..Delivery::default() }
+        .validate(&AnalyzerConfig::default())
+        .expect_err("not a fraction");
     assert!(refused.to_string().contains("--redeliver 1.5"), "{refused}");
 }
 

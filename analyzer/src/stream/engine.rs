@@ -581,7 +581,13 @@ impl<'c> Engine<'c> {
         match &series.role {
             SeriesRole::Ignored => {}
             SeriesRole::Probe(key) => {
-                self.probes.entry(key.clone()).or_default().push_back((sample.time, sample.value));
+                // In time order, one verdict a timestamp (the first, as every series keeps; a
+                // request sent again brings the same ones).
+                let points = self.probes.entry(key.clone()).or_default();
+                let at = points.partition_point(|(time, _)| *time <= sample.time);
+                if at == 0 || points[at - 1].0 != sample.time {
+                    points.insert(at, (sample.time, sample.value));
+                }
             }
             SeriesRole::Committed => {
                 self.namespaces.entry(key).or_default().committed.report(sample.time, sample.value as StateId);
