@@ -20,19 +20,24 @@ const MAX_PARENT_HOPS: usize = 32;
 /// Builds the timeline of every (client, namespace) in `spans`, ordered by client id then
 /// namespace. Calls are in client order (start time), each with its attempts.
 ///
-/// A span that comes again (the trace and span ids of an earlier one in `spans`: an exporter
-/// retried a request that had been received, OTLP delivery being at least once) is the same
-/// span, taken once: the first.
+/// A span that comes again (the trace and span ids and the start of an earlier one in
+/// `spans`: an exporter retried a request that had been received, OTLP delivery being at least
+/// once) is the same span, taken once: the first. (Ids alone are not enough: a generator that
+/// repeats ids across runs makes different spans with the same ids, and PostgreSQL keeps
+/// them apart by start.)
 pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
-    let mut by_id: HashMap<(&str, &str), usize> = HashMap::default();
+    let mut by_id: ById<'_> = HashMap::default();
     by_id.reserve(spans.len());
+    let mut seen: HashMap<(&str, &str, UnixNanos), ()> = HashMap::default();
+    seen.reserve(spans.len());
     let mut repeated = vec![false; spans.len()];
     for (index, span) in spans.iter().enumerate() {
         if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
-            match by_id.entry((trace_id, span_id)) {
+            match seen.entry((trace_id, span_id, span.start_unix_nano)) {
                 Entry::Occupied(_) => repeated[index] = true,
                 Entry::Vacant(entry) => {
-                    entry.insert(index);
+                    entry.insert(());
+                    by_id.insert((trace_id, span_id), index);
                 }
             }
         }

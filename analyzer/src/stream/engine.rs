@@ -103,10 +103,11 @@ enum Slot {
 }
 
 impl Slot {
-    fn id(&self) -> SpanKey {
+    /// Its span's ids and start: what tells it from every other ([`Engine::holds`]).
+    fn identity(&self) -> (SpanKey, UnixNanos) {
         match self {
-            Slot::Raw(span) => span.id,
-            Slot::Joined(attempt) => attempt.client_span.id,
+            Slot::Raw(span) => (span.id, span.start),
+            Slot::Joined(attempt) => (attempt.client_span.id, attempt.start),
         }
     }
 
@@ -698,7 +699,7 @@ impl<'c> Engine<'c> {
         let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
         if let Some(call) = existing
             && span.id.is_some()
-            && self.holds(call, span.id)
+            && self.holds(call, (span.id, span.start))
         {
             self.stats.duplicates += 1;
             return;
@@ -717,11 +718,12 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Whether the open call `call` holds an attempt whose span is `id` (a retried export
-    /// request brings it again).
-    fn holds(&self, call: CallRef, id: SpanKey) -> bool {
-        self.current(call)
-            .is_some_and(|open| open.held.iter().any(|at| self.held.get(*at).is_some_and(|slot| slot.id() == id)))
+    /// Whether the open call `call` holds an attempt whose span has these ids and start (a
+    /// retried export request brings it again; as `build_timelines`, ids alone are not enough).
+    fn holds(&self, call: CallRef, identity: (SpanKey, UnixNanos)) -> bool {
+        self.current(call).is_some_and(|open| {
+            open.held.iter().any(|at| self.held.get(*at).is_some_and(|slot| slot.identity() == identity))
+        })
     }
 
     /// The call `call` names, if it is still open.
@@ -1479,6 +1481,7 @@ impl TracedHops {
         // Spans taken so far (their ids are parents for the next level), from `level_start` on the
         // latest level's. Traces are small: linear scans beat maps.
         let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
+        let mut starts: SmallVec<[UnixNanos; 8]> = SmallVec::new();
         let mut level_start = 0;
         for depth in 0..MAX_PARENT_HOPS {
             let level_end = taken.len();
@@ -1494,11 +1497,12 @@ impl TracedHops {
                 if under {
                     if let Some(span) = spans.take(places.remove(index)) {
                         // The same span again (an export request delivered twice): taken once.
-                        if taken.contains(&span.span_id) {
+                        if taken.iter().zip(&starts).any(|(id, start)| (*id, *start) == (span.span_id, span.start)) {
                             *duplicates += 1;
                             continue;
                         }
                         taken.push(span.span_id);
+                        starts.push(span.start);
                         if matches!(span.component, known::ROUTER | known::SERVER) {
                             found.push(span);
                         }
