@@ -5,9 +5,8 @@
 //! and client id, to the attempt nearest in time.
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::Entry;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use lagscope_model::{ClientTimeline, Component, Span, TimelineAttempt, TimelineCall, TimelineJoin, UnixNanos};
 
@@ -28,17 +27,15 @@ const MAX_PARENT_HOPS: usize = 32;
 pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
     let mut by_id: ById<'_> = HashMap::default();
     by_id.reserve(spans.len());
-    let mut seen: HashMap<(&str, &str, UnixNanos), ()> = HashMap::default();
+    let mut seen: HashSet<(&str, &str, UnixNanos)> = HashSet::default();
     seen.reserve(spans.len());
     let mut repeated = vec![false; spans.len()];
     for (index, span) in spans.iter().enumerate() {
         if let (Some(trace_id), Some(span_id)) = (&span.trace_id, &span.span_id) {
-            match seen.entry((trace_id, span_id, span.start_unix_nano)) {
-                Entry::Occupied(_) => repeated[index] = true,
-                Entry::Vacant(entry) => {
-                    entry.insert(());
-                    by_id.insert((trace_id, span_id), index);
-                }
+            if seen.insert((trace_id, span_id, span.start_unix_nano)) {
+                by_id.insert((trace_id, span_id), index);
+            } else {
+                repeated[index] = true;
             }
         }
     }
@@ -108,7 +105,7 @@ fn is_client_attempt(span: &Span) -> bool {
     span.call.client_id.is_some() && span.component() == Some(Component::Client)
 }
 
-/// Spans by (trace id, span id): the first of each.
+/// Spans by (trace id, span id), each taken once (different spans sharing ids: the last).
 type ById<'s> = HashMap<(&'s str, &'s str), usize>;
 
 fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attempts: &[usize]) -> Hops {

@@ -81,9 +81,7 @@ impl Delivery {
         }
         Ok(())
     }
-}
 
-impl Delivery {
     /// How long after its request a redelivered copy may come.
     fn copy_delay(&self) -> Nanos {
         if self.redeliver > 0.0 { self.max_delay.max(lagscope_sim::SECOND) } else { self.max_delay }

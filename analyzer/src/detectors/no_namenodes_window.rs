@@ -101,10 +101,6 @@ fn raise(
     // Log lines do not name the client.
     let clients: BTreeSet<&str> =
         window.iter().map(|answer| answer.client).filter(|client| !client.is_empty()).collect();
-    // A router that traces its answers and logs them tells of each twice: its spans and its
-    // lines are counted apart, and the window has the more of the two (either may miss some:
-    // sampled traces, rate-limited logs). The NameNode tried first is the spans' (a node id),
-    // else the lines' (an address).
     let mut tried: [BTreeMap<&str, usize>; 2] = Default::default();
     let mut counts = [0_usize; 2];
     for answer in window {
@@ -113,19 +109,29 @@ fn raise(
             *tried[usize::from(answer.logged)].entry(node).or_default() += 1;
         }
     }
-    let tried = if tried[0].is_empty() { &tried[1] } else { &tried[0] };
-    let tried_first = tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| *node);
+    let (attempts, tried_first) = counted(counts, tried);
     let active = active_reported(input, cluster, namespace, start, end);
     let found = Window {
         start,
         end,
         seconds: (window[window.len() - 1].start - window[0].start) as f64 / 1e9,
-        attempts: counts[0].max(counts[1]),
+        attempts,
         clients: clients.into_iter().map(str::to_string).collect(),
         tried_first: tried_first.map(str::to_string),
         active,
     };
     window_anomaly(cluster, namespace, router, &found)
+}
+
+/// A window's answers and the NameNode tried first, from its traced answers (index 0) and its
+/// logged ones (index 1), counted apart with the NameNodes each named. A router that traces
+/// its answers and logs them tells of each twice: the window has the more of the two counts
+/// (either may miss some: sampled traces, rate-limited logs), and the NameNode the spans name
+/// most (a node id), else the lines' (an address). Shared with the streaming engine.
+pub(crate) fn counted(counts: [usize; 2], tried: [BTreeMap<&str, usize>; 2]) -> (usize, Option<&str>) {
+    let tried = if tried[0].is_empty() { &tried[1] } else { &tried[0] };
+    let first = tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| *node);
+    (counts[0].max(counts[1]), first)
 }
 
 /// A router's NoNamenodesAvailable window, summed up.

@@ -1313,21 +1313,22 @@ impl<'c> Engine<'c> {
                     .map(|fact| fact.node)
             })
         });
-        // As the batch detector: the spans' NameNodes, else the lines'.
-        let tried = if window.tried[0].is_empty() { &window.tried[1] } else { &window.tried[0] };
-        let tried: BTreeMap<&str, usize> =
-            tried.iter().filter_map(|(node, count)| Some((interner.get(*node)?, *count))).collect();
+        let tried = window
+            .tried
+            .each_ref()
+            .map(|tried| tried.iter().filter_map(|(node, count)| Some((interner.get(*node)?, *count))).collect());
+        let (attempts, tried_first) = no_namenodes_window::counted(window.attempts, tried);
         let found = no_namenodes_window::Window {
             start,
             end,
             seconds: window.last_start.saturating_sub(window.first_start) as f64 / 1e9,
-            attempts: window.attempts[0].max(window.attempts[1]),
+            attempts,
             clients: window
                 .clients
                 .iter()
                 .map(|client| interner.get(*client).unwrap_or_default().to_string())
                 .collect(),
-            tried_first: tried.iter().max_by_key(|(_, count)| **count).map(|(node, _)| node.to_string()),
+            tried_first: tried_first.map(str::to_string),
             active: active.and_then(|node| interner.owned(node)),
         };
         let router = interner.get(router).unwrap_or_default();
@@ -1478,10 +1479,9 @@ impl TracedHops {
         }
         let TracedHops { spans, places: by_trace, duplicates } = self;
         let Some(places) = by_trace.get_mut(&root.trace_id()) else { return found };
-        // Spans taken so far (their ids are parents for the next level), from `level_start` on the
-        // latest level's. Traces are small: linear scans beat maps.
-        let mut taken: SmallVec<[u64; 8]> = SmallVec::new();
-        let mut starts: SmallVec<[UnixNanos; 8]> = SmallVec::new();
+        // Spans taken so far, by id and start (their ids are parents for the next level), from
+        // `level_start` on the latest level's. Traces are small: linear scans beat maps.
+        let mut taken: SmallVec<[(u64, UnixNanos); 8]> = SmallVec::new();
         let mut level_start = 0;
         for depth in 0..MAX_PARENT_HOPS {
             let level_end = taken.len();
@@ -1492,17 +1492,19 @@ impl TracedHops {
                     places.remove(index);
                     continue;
                 };
-                let under =
-                    if depth == 0 { parent == root.span_id } else { taken[level_start..level_end].contains(&parent) };
+                let under = if depth == 0 {
+                    parent == root.span_id
+                } else {
+                    taken[level_start..level_end].iter().any(|(id, _)| *id == parent)
+                };
                 if under {
                     if let Some(span) = spans.take(places.remove(index)) {
                         // The same span again (an export request delivered twice): taken once.
-                        if taken.iter().zip(&starts).any(|(id, start)| (*id, *start) == (span.span_id, span.start)) {
+                        if taken.contains(&(span.span_id, span.start)) {
                             *duplicates += 1;
                             continue;
                         }
-                        taken.push(span.span_id);
-                        starts.push(span.start);
+                        taken.push((span.span_id, span.start));
                         if matches!(span.component, known::ROUTER | known::SERVER) {
                             found.push(span);
                         }

@@ -518,6 +518,7 @@ impl Model {
         let start_unix_nano = self.truth.start_unix_nano;
         let namespace = record.namespace;
         let client = &self.clients[record.client_index];
+        let log = self.namespaces.iter().find(|candidate| candidate.name == namespace).map(|ns| &ns.log);
         let expected = |kind: &str, node: Option<&str>, detail: String| ExpectedAnomaly {
             optional: false,
             kind: kind.to_string(),
@@ -568,11 +569,7 @@ impl Model {
                     format!("{guarantee}: served {served} below {floor}"),
                 ));
             } else if let Served::Ok { at: served_at, .. } = record.served
-                && let Some(replaced_at) = self
-                    .namespaces
-                    .iter()
-                    .find(|candidate| candidate.name == namespace)
-                    .and_then(|ns| ns.log.replaced_at(served))
+                && let Some(replaced_at) = log.and_then(|log| log.replaced_at(served))
             {
                 // Across clients RBF promises discovery within the refresh period: data older
                 // than that (a stalled observer serving a client whose carried state is old) is
@@ -594,8 +591,7 @@ impl Model {
                 }
             }
         }
-        let max_committed =
-            self.namespaces.iter().find(|candidate| candidate.name == namespace).map_or(0, |ns| ns.log.last());
+        let max_committed = log.map_or(0, EditLog::last);
         let untrusted = record.carried.is_some_and(|carried| carried > max_committed + TOO_FAR_AHEAD);
         self.truth.anomalies.extend(found);
         let client = &mut self.clients[record.client_index];
