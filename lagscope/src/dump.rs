@@ -7,10 +7,9 @@
 //! `{"anomaly":{"anomaly":{...},"first_seen_unix_nano":...,"last_seen_unix_nano":...}}`, in the
 //! model's own serde form, so nothing a sender sent is lost on the way. Records are read
 //! from the store a page at a time and imported a batch at a time: memory stays bounded by
-//! the page size whatever the store holds. Importing again stores no span, sample or anomaly
-//! twice (a span already stored is skipped, a sample replaces itself, an anomaly is upserted
-//! by fingerprint); log records have no identity in OTLP, so an import run again appends the
-//! log records of the batches it had already committed (it says how far it got).
+//! the page size whatever the store holds. Importing again stores nothing twice (a span or a
+//! log record already stored is skipped, a sample replaces itself, an anomaly is upserted by
+//! fingerprint), so an import that stopped can simply be run again (it says how far it got).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -186,8 +186,7 @@ enum Command {
     },
     /// Import dumps written by `lagscope export --dump` into a store (SQLite in --data-dir,
     /// created if missing, or PostgreSQL with --database-url): moves data between backends.
-    /// Importing a file again stores no span, sample or anomaly twice (log records, which have
-    /// no identity, are appended again).
+    /// Importing a file again stores nothing twice.
     Import {
         /// Directory of the embedded store to import into [default: ./lagscope-data].
         #[arg(long, env = "LAGSCOPE_DATA_DIR", default_value = "lagscope-data")]

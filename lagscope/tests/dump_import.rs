@@ -104,14 +104,14 @@ async fn a_store_moves_between_backends_without_loss() {
     assert!(differing.is_empty() && before.len() == after.len(), "records changed on the way: {differing:#?}");
     assert!(before.iter().any(|record| record.contains("<script>alert('x')</script>")));
 
-    // Run again (after an interruption, say): spans, samples and anomalies are not stored twice.
-    // (Log records have no identity in OTLP: a repeated import appends them again.)
+    // Run again (after an interruption, say): no span, sample, log record or anomaly is stored
+    // twice.
     let (ok, stderr) = lagscope(&["import", "--database-url", &url, first.to_str().expect("path")]);
     assert!(ok, "{stderr}");
     let again = postgres.stats().await.expect("stats");
     assert_eq!(
-        (again.spans, again.series, again.samples, again.anomalies),
-        (stats.spans, stats.series, stats.samples, stats.anomalies)
+        (again.spans, again.series, again.samples, again.logs, again.anomalies),
+        (stats.spans, stats.series, stats.samples, stats.logs, stats.anomalies)
     );
     postgres.close().await;
 

@@ -1,7 +1,8 @@
 //! Live: OTLP delivery is at least once. An exporter whose request was received but whose
-//! acknowledgement was lost sends the request again, and the service stores it again. What
-//! the service reports must be what it reports for the telemetry sent once: the same
-//! anomalies with the same evidence, and timelines with each attempt once.
+//! acknowledgement was lost sends the request again. The service must store what it stored
+//! for the telemetry sent once (each span, sample and log record once) and report what it
+//! reports for it: the same anomalies with the same evidence, and timelines with each attempt
+//! once.
 
 mod support;
 
@@ -46,6 +47,13 @@ async fn telemetry_sent_twice_is_reported_as_sent_once() {
 
     let (_, stats_once) = get_json(&once, "/api/v1/health").await;
     let (_, stats_twice) = get_json(&twice, "/api/v1/health").await;
+    assert!(stats_once["store"]["logs"].as_u64().expect("a count") > 0, "{stats_once}");
+    for table in ["spans", "series", "samples", "logs"] {
+        assert_eq!(
+            stats_twice["store"][table], stats_once["store"][table],
+            "{table}: {stats_twice} against {stats_once}"
+        );
+    }
     let expected = anomalies(&once).await;
     let kinds: std::collections::BTreeSet<&str> =
         expected.iter().filter_map(|anomaly| anomaly["kind"].as_str()).collect();

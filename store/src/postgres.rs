@@ -2,11 +2,11 @@
 //!
 //! Spans, samples and logs live in tables partitioned by time (daily ranges, created ahead of
 //! time by [`partitions`]; anything outside them lands in each table's DEFAULT partition).
-//! Ingest streams rows with `COPY ... FROM STDIN`: spans straight into their partitions under
-//! a savepoint (a repeated span makes the batch go through a staging table and `INSERT ...
-//! ON CONFLICT DO NOTHING` instead), samples through staging (a re-sent sample replaces the
-//! stored one), logs straight in, all in one transaction: a batch is committed whole or not at
-//! all, and durable when `ingest` returns (the server's default
+//! Ingest streams rows with `COPY ... FROM STDIN`: spans and logs straight into their
+//! partitions under a savepoint (a repeated span or log record makes its batch go through a
+//! staging table and `INSERT ... ON CONFLICT DO NOTHING` instead), samples through staging (a
+//! re-sent sample replaces the stored one), all in one transaction: a batch is committed whole
+//! or not at all, and durable when `ingest` returns (the server's default
 //! `synchronous_commit = on`). Every value is bound or sent as COPY data, never spliced into
 //! SQL; the only generated SQL text is partition DDL made from integers.
 
@@ -26,8 +26,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use self::copy::CopyRows;
 use crate::anomaly_query::Dialect;
 use crate::rows::{
-    AnomalyRow, BucketRow, LogRow, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow, series_with_buckets,
-    to_json_text,
+    AnomalyRow, BucketRow, LogColumns, LogRow, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow,
+    series_with_buckets, to_json_text,
 };
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
@@ -49,7 +49,7 @@ const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, name, kind, start
 
 const LOG_COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_number, severity_text, body, \
     event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
-    scope_name, scope_version, attributes";
+    scope_name, scope_version, attributes, identity";
 
 /// A span row with its row id (the order ties in start time are broken by).
 #[derive(sqlx::FromRow)]
@@ -953,8 +953,8 @@ fn scoped<'q, O>(
     query.bind(cluster).bind(namespace).bind(range.from).bind(range.to).bind(i64::from(limit))
 }
 
-/// Streams the spans into their partitions; returns how many were new (see the comment inside
-/// for the staging path a repeated span takes).
+/// Streams the spans into their partitions; returns how many were new (a span sent again takes
+/// the staging path of [`copy_skipping_repeats`]).
 async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span]) -> Result<u64> {
     if spans.is_empty() {
         return Ok(0);
@@ -1007,37 +1007,51 @@ async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span
             .text(&to_json_text(&span.links))
             .end_row();
     }
-    // The common case: none of the spans is stored yet, and they go straight into their
-    // partitions. A retried export (or a batch repeating a span) breaks the unique index: the
-    // savepoint is rolled back and the batch takes the staging path, which skips what is
-    // already stored.
+    copy_skipping_repeats(transaction, &rows, "spans", SPAN_COLUMNS, SPANS_UNIQUE).await
+}
+
+/// The unique index a span sent again breaks (its ids and start, the partition key).
+const SPANS_UNIQUE: &str = "(trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL";
+/// The unique index a log record sent again breaks (its time and identity, see `LogColumns`).
+const LOGS_UNIQUE: &str = "(time_unix_nano, identity)";
+
+/// Streams `rows` into `table`'s partitions; returns how many were new. The common case: none
+/// of the rows is stored yet, and they go straight in. A retried export (or a batch repeating a
+/// row) breaks the table's unique index `unique`: the savepoint is rolled back and the rows take
+/// a staging table and `INSERT ... ON CONFLICT DO NOTHING`, which skips what is already
+/// stored. `table`, `columns` and `unique` are program text, never telemetry.
+async fn copy_skipping_repeats(
+    transaction: &mut Transaction<'_, Postgres>,
+    rows: &CopyRows,
+    table: &'static str,
+    columns: &'static str,
+    unique: &'static str,
+) -> Result<u64> {
     let connection: &mut PgConnection = transaction;
-    sqlx::query("SAVEPOINT spans_copy").execute(&mut *connection).await?;
-    match rows.send(connection, &format!("COPY spans ({SPAN_COLUMNS}) FROM STDIN")).await {
+    sqlx::query("SAVEPOINT copy_rows").execute(&mut *connection).await?;
+    match rows.send(connection, &format!("COPY {table} ({columns}) FROM STDIN")).await {
         Ok(written) => {
-            sqlx::query("RELEASE SAVEPOINT spans_copy").execute(&mut *connection).await?;
+            sqlx::query("RELEASE SAVEPOINT copy_rows").execute(&mut *connection).await?;
             return Ok(written);
         }
         Err(StoreError::Query(sqlx::Error::Database(error))) if error.code().as_deref() == Some("23505") => {
-            sqlx::query("ROLLBACK TO SAVEPOINT spans_copy").execute(&mut *connection).await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT copy_rows").execute(&mut *connection).await?;
         }
         Err(error) => return Err(error),
     }
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TEMP TABLE IF NOT EXISTS spans_staging ON COMMIT DELETE ROWS AS \
-         SELECT {SPAN_COLUMNS} FROM spans WITH NO DATA"
+        "CREATE TEMP TABLE IF NOT EXISTS {table}_staging ON COMMIT DELETE ROWS AS \
+         SELECT {columns} FROM {table} WITH NO DATA"
     )))
     .execute(&mut *connection)
     .await?;
-    rows.send(connection, &format!("COPY spans_staging ({SPAN_COLUMNS}) FROM STDIN")).await?;
+    rows.send(connection, &format!("COPY {table}_staging ({columns}) FROM STDIN")).await?;
     let result = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO spans ({SPAN_COLUMNS}) SELECT {SPAN_COLUMNS} FROM spans_staging \
-         ON CONFLICT (trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL \
-         DO NOTHING"
+        "INSERT INTO {table} ({columns}) SELECT {columns} FROM {table}_staging ON CONFLICT {unique} DO NOTHING"
     )))
     .execute(&mut *connection)
     .await?;
-    sqlx::query("TRUNCATE spans_staging").execute(&mut *connection).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("TRUNCATE {table}_staging"))).execute(&mut *connection).await?;
     Ok(result.rows_affected())
 }
 
@@ -1122,20 +1136,21 @@ async fn insert_samples(transaction: &mut Transaction<'_, Postgres>, samples: &[
     Ok(result.rows_affected())
 }
 
-/// Log records have no natural key: they are streamed straight into their table.
+/// Streams the log records into their partitions; returns how many were new (a record
+/// identical to a stored one is that record sent again, see `LogColumns`).
 async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRecord]) -> Result<u64> {
     if logs.is_empty() {
         return Ok(0);
     }
-    let connection: &mut PgConnection = transaction;
     let mut rows = CopyRows::default();
     for record in logs {
         let resource = &record.resource;
+        let columns = LogColumns::of(record);
         rows.int(record.time_unix_nano)
             .opt_int(record.observed_time_unix_nano)
             .int(i64::from(record.severity_number))
             .opt_text(record.severity_text.as_deref())
-            .text(&to_json_text(&record.body))
+            .text(&columns.body)
             .opt_text(record.event_name.as_deref())
             .opt_text(record.trace_id.as_deref())
             .opt_text(record.span_id.as_deref())
@@ -1144,11 +1159,12 @@ async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRec
             .opt_text(resource.cluster.as_deref())
             .opt_text(resource.component.as_ref().map(lagscope_model::Component::as_str))
             .opt_text(resource.node_id.as_deref())
-            .text(&to_json_text(&resource.attributes))
+            .text(&columns.resource_attributes)
             .opt_text(record.scope_name.as_deref())
             .opt_text(record.scope_version.as_deref())
-            .text(&to_json_text(&record.attributes))
+            .text(&columns.attributes)
+            .int(columns.identity)
             .end_row();
     }
-    rows.send(connection, &format!("COPY logs ({LOG_COLUMNS}) FROM STDIN")).await
+    copy_skipping_repeats(transaction, &rows, "logs", LOG_COLUMNS, LOGS_UNIQUE).await
 }

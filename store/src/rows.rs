@@ -284,6 +284,68 @@ impl LogRow {
     }
 }
 
+/// A log record's JSON columns and its identity, computed once for its insert.
+pub(crate) struct LogColumns {
+    pub(crate) body: String,
+    pub(crate) resource_attributes: String,
+    pub(crate) attributes: String,
+    /// The first eight bytes of a SHA-256 over every field of the record (its times to the
+    /// nanosecond, severity, body, ids, resource and scope), stored beside the record's time
+    /// under a unique index: OTLP log records carry no ids, and a record identical to a stored
+    /// one in every field is that record sent again (an exporter retrying a request whose
+    /// acknowledgement it lost). A cryptographic digest, so that no sender can make another's
+    /// record look like its own; fixed, so that every instance and version agrees on it.
+    pub(crate) identity: i64,
+}
+
+impl LogColumns {
+    pub(crate) fn of(record: &LogRecord) -> Self {
+        use sha2::{Digest, Sha256};
+        let body = to_json_text(&record.body);
+        let resource_attributes = to_json_text(&record.resource.attributes);
+        let attributes = to_json_text(&record.attributes);
+        let mut digest = Sha256::new();
+        // Every variable-length field with its presence and length in front, so that no two
+        // different records write the same bytes.
+        let mut field = |value: Option<&str>| match value {
+            None => digest.update([0]),
+            Some(text) => {
+                digest.update([1]);
+                digest.update((text.len() as u64).to_le_bytes());
+                digest.update(text.as_bytes());
+            }
+        };
+        let resource = &record.resource;
+        field(record.severity_text.as_deref());
+        field(Some(&body));
+        field(record.event_name.as_deref());
+        field(record.trace_id.as_deref());
+        field(record.span_id.as_deref());
+        field(resource.service_name.as_deref());
+        field(resource.system.as_deref());
+        field(resource.cluster.as_deref());
+        field(resource.component.as_ref().map(lagscope_model::Component::as_str));
+        field(resource.node_id.as_deref());
+        field(Some(&resource_attributes));
+        field(record.scope_name.as_deref());
+        field(record.scope_version.as_deref());
+        field(Some(&attributes));
+        digest.update(record.time_unix_nano.to_le_bytes());
+        match record.observed_time_unix_nano {
+            None => digest.update([0]),
+            Some(observed) => {
+                digest.update([1]);
+                digest.update(observed.to_le_bytes());
+            }
+        }
+        digest.update(record.severity_number.to_le_bytes());
+        let hash = digest.finalize();
+        let mut first = [0_u8; 8];
+        first.copy_from_slice(&hash[..8]);
+        Self { body, resource_attributes, attributes, identity: i64::from_le_bytes(first) }
+    }
+}
+
 #[derive(FromRow)]
 pub(crate) struct AnomalyRow {
     pub(crate) id: i64,

@@ -468,21 +468,3 @@ impl Store for SqliteStore {
         })
     }
 }
-
-/// A statement being built for SQLite.
-type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
-
-/// Binds the resource columns spans and log records share, in table order (service_name,
-/// system, cluster, component, node_id, resource_attributes).
-pub(super) fn bind_resource<'q>(
-    query: SqliteQuery<'q>,
-    resource: &'q lagscope_model::ResourceFields,
-) -> SqliteQuery<'q> {
-    query
-        .bind(&resource.service_name)
-        .bind(&resource.system)
-        .bind(&resource.cluster)
-        .bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
-        .bind(&resource.node_id)
-        .bind(crate::rows::to_json_text(&resource.attributes))
-}

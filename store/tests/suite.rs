@@ -28,6 +28,8 @@ macro_rules! store_suite {
 
             case!(spans_round_trip_with_every_attribute);
             case!(a_resent_span_is_stored_once);
+            case!(spans_that_drew_the_same_ids_are_both_stored);
+            case!(a_resent_log_record_is_stored_once);
             case!(client_spans_bring_their_traces_and_respect_range_and_limit);
             case!(client_spans_cut_at_the_limit_through_ties_and_bring_many_traces);
             case!(client_spans_take_the_spans_of_their_traces_within_the_trace_window);
@@ -178,6 +180,51 @@ async fn a_resent_span_is_stored_once(store: &dyn Store) {
     let repeating = IngestBatch { spans: vec![full_span(), other.clone(), other], ..IngestBatch::default() };
     assert_eq!(store.ingest(&repeating).await.expect("repeating").spans_written, 1);
     assert_eq!(store.stats().await.expect("stats").spans, 2);
+}
+
+/// Two different spans with the same ids (two runs of one seeded simulator, or ids drawn
+/// badly) are both kept: only the ids and the start together make a span sent again.
+async fn spans_that_drew_the_same_ids_are_both_stored(store: &dyn Store) {
+    let first = full_span();
+    let mut second = full_span();
+    second.start_unix_nano += SECOND;
+    second.end_unix_nano += SECOND;
+    let receipt = store
+        .ingest(&IngestBatch { spans: vec![first.clone(), second.clone()], ..IngestBatch::default() })
+        .await
+        .expect("ingest");
+    assert_eq!(receipt.spans_written, 2);
+    let again = store.ingest(&IngestBatch { spans: vec![second.clone()], ..IngestBatch::default() }).await;
+    assert_eq!(again.expect("again").spans_written, 0);
+    assert_eq!(store.client_spans("c1", TimeRange::ALL, 100).await.expect("read"), vec![first, second]);
+}
+
+/// OTLP log records have no ids: one identical to a stored one in every field is that record
+/// sent again, and a record differing in any field (here its observed time, its attributes or
+/// its resource) is another.
+async fn a_resent_log_record_is_stored_once(store: &dyn Store) {
+    let line = log(T0, "Cannot get available namenode for ns60 nn6002:8020 error: No namenodes available");
+    let batch = IngestBatch { logs: vec![line.clone()], ..IngestBatch::default() };
+    assert_eq!(store.ingest(&batch).await.expect("first").logs_written, 1);
+    assert_eq!(store.ingest(&batch).await.expect("second").logs_written, 0);
+    assert_eq!(store.stats().await.expect("stats").logs, 1);
+
+    let mut observed_later = line.clone();
+    observed_later.observed_time_unix_nano = Some(T0 + 2);
+    let mut other_thread = line.clone();
+    other_thread.attributes.insert("thread".to_string(), json!(8));
+    let mut other_router = line.clone();
+    other_router.resource.node_id = Some("router-2".to_string());
+    // A batch repeating a stored record and a new one, alongside three that differ: the new
+    // ones are stored once each.
+    let logs = vec![line.clone(), observed_later.clone(), observed_later.clone(), other_thread.clone(), other_router];
+    let receipt = store.ingest(&IngestBatch { logs, ..IngestBatch::default() }).await.expect("repeating");
+    assert_eq!(receipt.logs_written, 3);
+    assert_eq!(store.stats().await.expect("stats").logs, 4);
+    let stored = store.logs(TimeRange::ALL, 10).await.expect("logs");
+    assert_eq!(stored.iter().filter(|record| **record == line).count(), 1);
+    assert_eq!(stored.iter().filter(|record| **record == observed_later).count(), 1);
+    assert_eq!(stored.iter().filter(|record| **record == other_thread).count(), 1);
 }
 
 async fn client_spans_bring_their_traces_and_respect_range_and_limit(store: &dyn Store) {

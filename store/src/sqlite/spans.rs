@@ -15,7 +15,8 @@ const INSERT_HEAD: &str = "INSERT INTO spans (
     outcome, error_type, requeues, retry_delay_ms, bytes, attributes, events, links
 ) ";
 
-const CONFLICT: &str = " ON CONFLICT (trace_id, span_id) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL DO NOTHING";
+const CONFLICT: &str =
+    " ON CONFLICT (trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL DO NOTHING";
 
 /// Rows per INSERT statement: 42 columns each, well under SQLite's 32 766 bound parameters.
 /// One statement per chunk instead of one per span: each statement is a round trip to
