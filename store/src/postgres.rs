@@ -8,7 +8,8 @@
 //! re-sent sample replaces the stored one), all in one transaction: a batch is committed whole
 //! or not at all, and durable when `ingest` returns (the server's default
 //! `synchronous_commit = on`). Every value is bound or sent as COPY data, never spliced into
-//! SQL; the only generated SQL text is partition DDL made from integers.
+//! SQL; the only generated SQL text is partition DDL made from integers and statements put
+//! together from the program's own table and column names.
 
 mod coordination;
 mod copy;
