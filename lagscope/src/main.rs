@@ -252,6 +252,11 @@ enum Command {
         /// change what is found.
         #[arg(long, default_value_t = 0.0)]
         redeliver: f64,
+        /// Lose this fraction of the export requests (e.g. 0.1), as an exporter that gave up
+        /// after its retries or a collector shedding load: anomalies whose evidence was lost
+        /// may be missed, but nothing may be reported that the run did not have.
+        #[arg(long, default_value_t = 0.0)]
+        lose: f64,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -527,7 +532,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, run, export_delay, clock_skew, redeliver, format, config } => {
+        Command::Eval { scenario, run, export_delay, clock_skew, redeliver, lose, format, config } => {
             let config = Config::load(config.as_deref())?;
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
@@ -540,6 +545,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_delay: nanos(export_delay)?.unwrap_or(0),
                 max_skew: nanos(clock_skew)?.unwrap_or(0),
                 redeliver,
+                lose,
             };
             eval::run(&runs, delivery, format == Format::Json, &config.analyzer)
         }

@@ -165,6 +165,39 @@ fn requests_delivered_twice_change_nothing() {
 }
 
 #[test]
+fn telemetry_lost_on_the_way_makes_nothing_false() {
+    // A quarter of the export requests never arrive (an exporter that gave up after its
+    // retries, a collector shedding load), the rest up to 3 s late and a tenth of them twice:
+    // whole spans, samples and log lines are missing from every scenario. What their evidence
+    // was lost may be missed; nothing may be reported that the run did not have, and the
+    // scenarios without a bug must stay quiet.
+    let lossy = Delivery { max_delay: 3_000_000_000, redeliver: 0.1, lose: 0.25, ..Delivery::default() };
+    lossy.validate(&AnalyzerConfig::default()).expect("a delivery the lateness absorbs");
+    let (mut found, mut missed) = (0, 0);
+    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
+        let score = evaluate(&SimConfig::new(info.name), &AnalyzerConfig::default(), lossy).expect("scenario runs");
+        assert!(score.nothing_false(), "{} with requests lost: {:?}", info.name, score.kinds);
+        found += score.anomalies.len();
+        missed += score.kinds.iter().map(|row| row.missed).sum::<usize>();
+    }
+    assert!(
+        found > 1_000 && missed > 100,
+        "the bugs are still found, and the loss showed: {found} found, {missed} missed"
+    );
+    for refused in [1.0, -0.1] {
+        let error = Delivery { lose: refused, ..Delivery::default() }
+            .validate(&AnalyzerConfig::default())
+            .expect_err("not a fraction below 1");
+        assert!(error.to_string().contains(&format!("--lose {refused}")), "{error}");
+    }
+    // The command says what was missed, and succeeds with nothing false.
+    let (ok, scores, stderr) = eval_cli(&["--scenario", "ozone-pinned-retry", "--lose", "0.5", "--seed", "3"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("50% of the export requests lost: "), "{stderr}");
+    assert!(scores[0]["kinds"].as_array().is_some_and(|rows| !rows.is_empty()), "{scores}");
+}
+
+#[test]
 fn hosts_whose_clocks_disagree_are_still_found_exactly() {
     // Every process's clock off by up to 250 ms either way: the per-call kinds come out
     // hundreds of milliseconds from the truth's times, and must still all be matched.
