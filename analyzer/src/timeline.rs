@@ -132,9 +132,14 @@ fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attem
         {
             continue;
         }
-        let joined = ancestor_attempt(spans, by_id, &is_client, index)
-            .map(|attempt| (attempt, TimelineJoin::TraceContext))
-            .or_else(|| nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId)));
+        // A hop with trace context joins the attempt it descends from, or none: when its
+        // ancestors were lost on the way, the call's other attempts are not its own. Only a
+        // hop without trace context (its system propagates none) joins by call id.
+        let joined = if span.trace_id.is_some() && span.span_id.is_some() {
+            ancestor_attempt(spans, by_id, &is_client, index).map(|attempt| (attempt, TimelineJoin::TraceContext))
+        } else {
+            nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId))
+        };
         if let Some((attempt, join)) = joined {
             hops.by_attempt.entry(attempt).or_default().push(index);
             hops.join.entry(attempt).or_insert(join);
@@ -161,12 +166,23 @@ fn nearest_attempt_of_call(spans: &[Span], by_call: &HashMap<(&str, &str), Vec<u
     let client_id = span.call.client_id.as_deref()?;
     let call_id = span.call.call_id.as_deref()?;
     let candidates = by_call.get(&(client_id, call_id))?;
-    candidates.iter().copied().min_by_key(|candidate| {
-        let attempt = &spans[*candidate];
-        let distance = distance_to(attempt.start_unix_nano, attempt.end_unix_nano, span.start_unix_nano);
-        // Same attempt number first, then nearest in time.
-        (attempt.call.attempt != span.call.attempt || span.call.attempt.is_none(), distance)
-    })
+    candidates
+        .iter()
+        .copied()
+        .filter(|candidate| same_attempt_or_unnumbered(spans[*candidate].call.attempt, span.call.attempt))
+        .min_by_key(|candidate| {
+            let attempt = &spans[*candidate];
+            let distance = distance_to(attempt.start_unix_nano, attempt.end_unix_nano, span.start_unix_nano);
+            // Same attempt number first, then nearest in time.
+            (attempt.call.attempt != span.call.attempt || span.call.attempt.is_none(), distance)
+        })
+}
+
+/// Whether a hop of a call (without trace context) may join one of the call's attempts: the
+/// attempt with its number, never another one (that attempt's client span was lost, or never
+/// sent), and by time alone only where one of the two has no number.
+pub(crate) fn same_attempt_or_unnumbered(attempt: Option<i64>, hop: Option<i64>) -> bool {
+    attempt.is_none() || hop.is_none() || attempt == hop
 }
 
 /// How far `at` lies outside [`start`, `end`] (0 inside).

@@ -43,7 +43,7 @@ use crate::detectors::{
     pinned_retry, router_state_dropped, stale_read, stale_read_cross_client, untrusted_state,
 };
 use crate::floor::{CallFloors, FloorSource};
-use crate::timeline::distance_to;
+use crate::timeline::{distance_to, same_attempt_or_unnumbered};
 
 /// Attempts joined, and calls finalized, per batch in `advance` (see [`Engine::warm_joins`]).
 const BATCH: usize = 64;
@@ -1038,13 +1038,16 @@ impl<'c> Engine<'c> {
             })
             .collect();
         for hop in untraced {
-            let nearest = (0..slots.len()).filter(|index| hops[*index].is_some()).min_by_key(|index| {
-                let (attempt, start, end) = match &slots[*index] {
-                    Slot::Raw(span) => (span.attempt(), span.start, span.end),
-                    Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
-                };
-                (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
-            });
+            let placed = |index: usize| match &slots[index] {
+                Slot::Raw(span) => (span.attempt(), span.start, span.end),
+                Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
+            };
+            let nearest = (0..slots.len())
+                .filter(|index| hops[*index].is_some() && same_attempt_or_unnumbered(placed(*index).0, hop.attempt()))
+                .min_by_key(|index| {
+                    let (attempt, start, end) = placed(*index);
+                    (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
+                });
             match nearest.and_then(|index| hops[index].as_mut()) {
                 Some((list, join)) => {
                     if *join == TimelineJoin::ClientOnly {
