@@ -258,6 +258,63 @@ fn with_attributes_missing_both_ways_still_agree() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+#[test]
+fn a_node_gone_silent_is_not_a_failing_node() {
+    // One process's exporter stops for the middle third of a run without a bug (a node's
+    // metrics and spans, or a client host's spans, lost; the others still report): a
+    // follower's applied state stops being reported while the leader's committed state goes
+    // on, its answers to the clients go untraced. Nothing it did not do may be reported of it,
+    // nor of anything else, by either path: a silent node is unknown, not stalled, lagging or
+    // rejecting.
+    let config = AnalyzerConfig::default();
+    let mut failures = Vec::new();
+    let mut silenced = 0;
+    let quiet = scenarios().into_iter().filter(|info| info.name.ends_with("-fixed") || info.name.ends_with("-healthy"));
+    for info in quiet.chain(scenarios().into_iter().filter(|info| info.name == "pulsar-health-probe")) {
+        let records = records_of(&SimConfig::new(info.name));
+        // The process that sent the record: a span's host, a metric's node.
+        let node_of = |record: &Record| match record {
+            Record::Span(span) => span.resource.node_id.clone(),
+            Record::Sample(sample) => sample.series.label(lagscope_model::conventions::NODE_ID).map(str::to_string),
+        };
+        let time_of = |record: &Record| match record {
+            Record::Span(span) => span.start_unix_nano,
+            Record::Sample(sample) => sample.time_unix_nano,
+        };
+        let (first, last) =
+            records.iter().map(time_of).fold((i64::MAX, i64::MIN), |(low, high), time| (low.min(time), high.max(time)));
+        let (from, to) = (first + (last - first) / 3, first + 2 * (last - first) / 3);
+        let nodes: std::collections::BTreeSet<String> = records.iter().filter_map(|record| node_of(record)).collect();
+        for node in nodes {
+            let kept: Vec<Record> = records
+                .iter()
+                .filter(|record| {
+                    !(node_of(record).as_deref() == Some(node.as_str()) && (from..to).contains(&time_of(record)))
+                })
+                .map(|record| match record {
+                    Record::Span(span) => Record::Span(span.clone()),
+                    Record::Sample(sample) => Record::Sample(sample.clone()),
+                })
+                .collect();
+            if kept.len() == records.len() {
+                continue; // the process sent nothing in that third
+            }
+            silenced += 1;
+            let expected = batch(&kept, &config);
+            let name = format!("{} with {node} silent", info.name);
+            if !expected.is_empty() {
+                failures.push(format!(
+                    "{name}: {:#?}",
+                    expected.iter().map(|anomaly| &anomaly.summary).collect::<Vec<_>>()
+                ));
+            }
+            compare(&name, &expected, &streamed(&kept, &config), &mut failures);
+        }
+    }
+    assert!(silenced >= 20, "{silenced} nodes silenced");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 /// A process's clock offset, within 300 ms either way, from its name.
 fn offset(process: Option<&str>) -> i64 {
     let hash = process
