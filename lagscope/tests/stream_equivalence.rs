@@ -225,7 +225,7 @@ fn with_attributes_missing_both_ways_still_agree() {
         for (index, record) in records.iter_mut().enumerate() {
             let Record::Span(span) = record else { continue };
             let draw = (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-            if draw % 4 != 0 {
+            if !draw.is_multiple_of(4) {
                 continue;
             }
             mutated += 1;
@@ -284,7 +284,7 @@ fn a_node_gone_silent_is_not_a_failing_node() {
         let (first, last) =
             records.iter().map(time_of).fold((i64::MAX, i64::MIN), |(low, high), time| (low.min(time), high.max(time)));
         let (from, to) = (first + (last - first) / 3, first + 2 * (last - first) / 3);
-        let nodes: std::collections::BTreeSet<String> = records.iter().filter_map(|record| node_of(record)).collect();
+        let nodes: std::collections::BTreeSet<String> = records.iter().filter_map(node_of).collect();
         for node in nodes {
             let kept: Vec<Record> = records
                 .iter()
