@@ -132,10 +132,11 @@ fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attem
         {
             continue;
         }
-        // A hop with trace context joins the attempt it descends from, or none: when its
-        // ancestors were lost on the way, the call's other attempts are not its own. Only a
-        // hop without trace context (its system propagates none) joins by call id.
-        let joined = if span.trace_id.is_some() && span.span_id.is_some() {
+        // A hop that received trace context (it has a parent) joins the attempt it descends
+        // from, or none: when its ancestors were lost on the way, the call's other attempts
+        // are not its own. A hop that received none (a root of its own trace, or no ids at
+        // all: its system propagates no context) joins by call id.
+        let joined = if span.trace_id.is_some() && span.span_id.is_some() && span.parent_span_id.is_some() {
             ancestor_attempt(spans, by_id, &is_client, index).map(|attempt| (attempt, TimelineJoin::TraceContext))
         } else {
             nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId))

@@ -148,9 +148,22 @@ pub(crate) struct Attempt {
     pub(crate) ok: bool,
     pub(crate) outcome: Sym,
     pub(crate) error_type: Sym,
+    /// The trace of each hop that is not in the client span's trace (span id, trace id): hops
+    /// whose process received no trace context, joined by call id. None in the common case:
+    /// boxed so that every other attempt pays one word for it, not a vector's three.
+    #[allow(clippy::box_collection)]
+    pub(crate) hop_traces: Option<Box<Vec<(u64, u128)>>>,
 }
 
 impl Attempt {
+    /// A hop's reference in full, in its own trace (its attempt's, unless it started one).
+    pub(crate) fn hop_ref(&self, hop: &HopRef) -> Ref {
+        let own = self.hop_traces.as_ref().and_then(|traces| {
+            traces.iter().find(|(span_id, _)| *span_id == hop.span_id).map(|(_, trace_id)| *trace_id)
+        });
+        hop.in_trace(own.unwrap_or_else(|| self.client_span.id.trace_id()))
+    }
+
     packed_states!(
         attempt: 0,
         carried: 1,
@@ -200,11 +213,11 @@ impl Attempt {
             client_span: self.client_span.materialize(interner),
             router_spans: self.hops[..usize::from(self.routers)]
                 .iter()
-                .map(|span| span.in_trace(self.client_span.id.trace_id()).materialize(interner))
+                .map(|span| self.hop_ref(span).materialize(interner))
                 .collect(),
             server_spans: self.hops[usize::from(self.routers)..]
                 .iter()
-                .map(|span| span.in_trace(self.client_span.id.trace_id()).materialize(interner))
+                .map(|span| self.hop_ref(span).materialize(interner))
                 .collect(),
             join: self.join,
             target_node: interner.owned(self.target_node),
@@ -344,7 +357,7 @@ impl AttemptView for AttemptIn<'_> {
         each(attempt.client_span.view(self.interner));
         // Router spans, then server spans: the order they are kept in.
         for hop in &attempt.hops {
-            each(hop.in_trace(attempt.client_span.id.trace_id()).view(self.interner));
+            each(attempt.hop_ref(hop).view(self.interner));
         }
     }
     fn client_span_ids(&self) -> Option<(Id<'_>, Id<'_>)> {
@@ -421,5 +434,6 @@ pub(crate) fn build_attempt(client: &ClientRec, hops: &mut [HopRec], join: Timel
         ok: client.ok,
         outcome: client.outcome,
         error_type: client.error_type,
+        hop_traces: None,
     }
 }

@@ -95,11 +95,13 @@ pub struct EngineStats {
 }
 
 /// A client attempt in an open call: as it arrived (packed, without its call id, which its
-/// call keeps), or joined and compact.
+/// call keeps), or joined and compact, or, when its client's hops also join by call id (they
+/// received no trace context), with the hops its trace gave it, waiting for its call's.
 #[derive(Debug)]
 enum Slot {
     Raw(ClientRec),
     Joined(Attempt),
+    Waiting(Box<(ClientRec, Hops)>),
 }
 
 impl Slot {
@@ -108,6 +110,7 @@ impl Slot {
         match self {
             Slot::Raw(span) => (span.id, span.start),
             Slot::Joined(attempt) => (attempt.client_span.id, attempt.start),
+            Slot::Waiting(waiting) => (waiting.0.id, waiting.0.start),
         }
     }
 
@@ -115,6 +118,7 @@ impl Slot {
         match self {
             Slot::Raw(span) => (span.attempt(), span.start),
             Slot::Joined(attempt) => (attempt.attempt(), attempt.start),
+            Slot::Waiting(waiting) => (waiting.0.attempt(), waiting.0.start),
         }
     }
 }
@@ -264,7 +268,7 @@ pub struct Engine<'c> {
     next_prune: i64,
     sequence: u64,
     traces: TracedHops,
-    by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<HopRec>>>,
+    by_call: FxHashMap<Sym, FxHashMap<CallId, Vec<(u128, HopRec)>>>,
     /// Hops without trace context waiting by call id, in arrival order: (end, client, call id).
     /// (Traced hops are dropped from the front of their own queue, [`TracedHops::spans`].)
     waiting: VecDeque<(UnixNanos, Sym, CallId)>,
@@ -828,12 +832,23 @@ impl<'c> Engine<'c> {
 
     fn push_hop(&mut self, span: &SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
-        if span.id.is_some() {
+        if span.is_trace_hop() {
             self.traces.push(span.id.trace_id(), HopRec::of(span));
             self.stats.peak_pending_spans = self.stats.peak_pending_spans.max(self.traces.spans.len());
         } else if hop && let (true, Some(call_id)) = (span.client.is_some(), span.call_id.as_ref()) {
+            // No trace context reached it (a root of its own trace, or no ids at all): it joins
+            // by call id. One with ids sent again is taken once.
+            let waiting = self.by_call.entry(span.client).or_default().entry(call_id.clone()).or_default();
+            let record = HopRec::of(span);
+            if span.id.is_some()
+                && waiting.iter().any(|(_, other)| other.span_id == record.span_id && other.start == record.start)
+            {
+                self.stats.duplicates += 1;
+                return;
+            }
+            let trace_id = if span.id.is_some() { span.id.trace_id() } else { 0 };
+            waiting.push((trace_id, record));
             self.waiting.push_back((span.end, span.client, call_id.clone()));
-            self.by_call.entry(span.client).or_default().entry(call_id.clone()).or_default().push(HopRec::of(span));
         }
     }
 
@@ -957,6 +972,7 @@ impl<'c> Engine<'c> {
                     sum = sum.wrapping_add(match slot {
                         Slot::Raw(span) => span.touch(),
                         Slot::Joined(attempt) => attempt.touch(),
+                        Slot::Waiting(waiting) => waiting.0.touch(),
                     });
                 }
                 // The oldest of its client's recent calls, which processing this call pushes out
@@ -983,6 +999,12 @@ impl<'c> Engine<'c> {
         // Its call's: a call's attempts share their client and namespace.
         let (client, namespace) = (span.client, span.namespace);
         let mut hops = self.traces.take_under(span.id);
+        if !self.waiting.is_empty() && self.by_call.get(&client).is_some_and(|calls| !calls.is_empty()) {
+            // The client's hops (some at least) received no trace context and join by call id
+            // when the call is final: this attempt waits for them with what its trace gave it.
+            *slot = Slot::Waiting(Box::new((*span, hops)));
+            return;
+        }
         let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let attempt = build_attempt(span, &mut hops, join);
         *slot = Slot::Joined(attempt);
@@ -1020,27 +1042,37 @@ impl<'c> Engine<'c> {
             let count = slots.len();
             let attempts = slots.into_iter().filter_map(|slot| match slot {
                 Slot::Joined(attempt) => Some(attempt),
-                Slot::Raw(_) => None,
+                Slot::Raw(_) | Slot::Waiting(_) => None,
             });
             self.process_call(&open, call_id, attempts, count);
             return;
         }
-        // Raw attempts: their traced hops now, then the untraced hops by call id.
+        // Raw attempts: their traced hops now (waiting ones have theirs), then the untraced hops
+        // by call id, with the traces of those that started their own.
+        let joined_by =
+            |traced: &Hops| if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
         let mut hops: Vec<Option<(Hops, TimelineJoin)>> = slots
-            .iter()
+            .iter_mut()
             .map(|slot| match slot {
                 Slot::Raw(span) => {
                     let traced = self.traces.take_under(span.id);
-                    let join = if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
+                    let join = joined_by(&traced);
+                    Some((traced, join))
+                }
+                Slot::Waiting(waiting) => {
+                    let traced = std::mem::take(&mut waiting.1);
+                    let join = joined_by(&traced);
                     Some((traced, join))
                 }
                 Slot::Joined(_) => None,
             })
             .collect();
-        for hop in untraced {
+        let mut hop_traces: Vec<Vec<(u64, u128)>> = vec![Vec::new(); slots.len()];
+        for (trace_id, hop) in untraced {
             let placed = |index: usize| match &slots[index] {
                 Slot::Raw(span) => (span.attempt(), span.start, span.end),
                 Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
+                Slot::Waiting(waiting) => (waiting.0.attempt(), waiting.0.start, waiting.0.end),
             };
             let nearest = (0..slots.len())
                 .filter(|index| hops[*index].is_some() && same_attempt_or_unnumbered(placed(*index).0, hop.attempt()))
@@ -1048,10 +1080,13 @@ impl<'c> Engine<'c> {
                     let (attempt, start, end) = placed(*index);
                     (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
                 });
-            match nearest.and_then(|index| hops[index].as_mut()) {
-                Some((list, join)) => {
+            match nearest.and_then(|index| hops[index].as_mut().map(|hops| (index, hops))) {
+                Some((index, (list, join))) => {
                     if *join == TimelineJoin::ClientOnly {
                         *join = TimelineJoin::CallId;
+                    }
+                    if trace_id != 0 {
+                        hop_traces[index].push((hop.span_id, trace_id));
                     }
                     list.push(hop);
                 }
@@ -1062,11 +1097,20 @@ impl<'c> Engine<'c> {
         let attempts: Vec<Attempt> = slots
             .into_iter()
             .zip(hops)
-            .map(|(slot, hops)| match (slot, hops) {
-                (Slot::Joined(attempt), _) => attempt,
-                (Slot::Raw(span), hops) => {
+            .zip(hop_traces)
+            .map(|((slot, hops), traces)| match slot {
+                Slot::Joined(attempt) => attempt,
+                Slot::Raw(_) | Slot::Waiting(_) => {
+                    let span = match slot {
+                        Slot::Raw(span) => span,
+                        Slot::Waiting(waiting) => waiting.0,
+                        Slot::Joined(_) => unreachable!("matched above"),
+                    };
                     let (mut hops, join) = hops.unwrap_or((Hops::new(), TimelineJoin::ClientOnly));
-                    let attempt = build_attempt(&span, &mut hops, join);
+                    let mut attempt = build_attempt(&span, &mut hops, join);
+                    if !traces.is_empty() {
+                        attempt.hop_traces = Some(Box::new(traces));
+                    }
                     if let Some(scope) = scope {
                         let namespace = self.namespaces.entry(scope).or_default();
                         record_facts(self.facts, namespace, &attempt, client, &mut self.sequence);

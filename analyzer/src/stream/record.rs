@@ -293,10 +293,11 @@ impl SpanRec {
         server_address,
     );
 
-    /// A span with ids that is not a client attempt: the engine joins it to its attempt through
-    /// the trace, and reads of it only what [`HopRec`] keeps.
+    /// A span with ids and a parent that is not a client attempt: the engine joins it to its
+    /// attempt through the trace, and reads of it only what [`HopRec`] keeps. (A root hop, one
+    /// whose process received no trace context, joins by call id, as one without ids does.)
     pub fn is_trace_hop(&self) -> bool {
-        self.id.is_some() && !self.is_client_attempt()
+        self.id.is_some() && self.parent_span_id != 0 && !self.is_client_attempt()
     }
 
     /// The symbols the engine reads of a [trace hop](SpanRec::is_trace_hop) (what [`HopRec`]
