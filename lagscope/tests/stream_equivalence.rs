@@ -157,22 +157,38 @@ fn the_streaming_engine_equals_the_batch_analysis_on_every_scenario() {
     assert!(kinds.len() >= 12, "the scenarios raise most kinds: {kinds:?}");
 }
 
+/// Every scenario but `mixed`, its telemetry as `records_for` makes it, analysed both ways
+/// (and through lscap when `through_codec`): the anomalies the batch analysis found, and
+/// where the two ways differ.
+fn both_ways_on_every_scenario(
+    what: &str,
+    through_codec: bool,
+    mut records_for: impl FnMut(&SimConfig) -> Vec<Record>,
+) -> (usize, Vec<String>) {
+    let config = AnalyzerConfig::default();
+    let (mut found, mut failures) = (0, Vec::new());
+    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
+        let records = records_for(&SimConfig::new(info.name));
+        let expected = batch(&records, &config);
+        found += expected.len();
+        let name = format!("{} {what}", info.name);
+        compare(&name, &expected, &streamed(&records, &config), &mut failures);
+        if through_codec {
+            compare(&format!("{name} (lscap)"), &expected, &streamed_through_codec(&records, &config), &mut failures);
+        }
+    }
+    (found, failures)
+}
+
 #[test]
 fn with_requests_lost_both_ways_still_agree() {
     // A quarter of the export requests never arrive: calls without their server spans, series
     // with gaps, windows without their first or last samples. Whatever the detectors make of
     // what is left, the batch analysis and the streaming engine must make the same of it.
-    let config = AnalyzerConfig::default();
-    let mut failures = Vec::new();
-    let mut found = 0;
-    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
+    let (found, failures) = both_ways_on_every_scenario("with requests lost", false, |config| {
         // A fixed scatter of the requests (a multiplicative hash of the index), not a pattern.
-        let records =
-            records_delivered(&SimConfig::new(info.name), |index| (index as u64).wrapping_mul(0x9E37_79B9) % 100 >= 25);
-        let expected = batch(&records, &config);
-        found += expected.len();
-        compare(&format!("{} with requests lost", info.name), &expected, &streamed(&records, &config), &mut failures);
-    }
+        records_delivered(config, |index| (index as u64).wrapping_mul(0x9E37_79B9) % 100 >= 25)
+    });
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert!(found > 1_000, "the bugs are still found from what is left: {found}");
 }
@@ -182,10 +198,8 @@ fn with_clocks_apart_both_ways_still_agree() {
     // Every process's clock off by up to 300 ms either way (its spans, their events and its
     // samples shifted alike): calls overlap otherwise, a router's span starts before its
     // client's, a sample lands on the other side of a call. The two paths must still agree.
-    let config = AnalyzerConfig::default();
-    let mut failures = Vec::new();
-    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
-        let mut records = records_of(&SimConfig::new(info.name));
+    let (_, failures) = both_ways_on_every_scenario("with clocks apart", false, |config| {
+        let mut records = records_of(config);
         for record in &mut records {
             match record {
                 Record::Span(span) => {
@@ -205,9 +219,8 @@ fn with_clocks_apart_both_ways_still_agree() {
                 }
             }
         }
-        let expected = batch(&records, &config);
-        compare(&format!("{} with clocks apart", info.name), &expected, &streamed(&records, &config), &mut failures);
-    }
+        records
+    });
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
@@ -217,11 +230,9 @@ fn with_attributes_missing_both_ways_still_agree() {
     // and there (an older client library, a router without the call id, a server without its
     // role). Every fourth span loses one attribute, a different one each time, and, once in
     // a while, its parent. Whatever the detectors make of it, both paths make the same.
-    let config = AnalyzerConfig::default();
-    let mut failures = Vec::new();
     let mut mutated = 0;
-    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
-        let mut records = records_of(&SimConfig::new(info.name));
+    let (_, failures) = both_ways_on_every_scenario("with attributes missing", true, |config| {
+        let mut records = records_of(config);
         for (index, record) in records.iter_mut().enumerate() {
             let Record::Span(span) = record else { continue };
             let draw = (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
@@ -249,11 +260,8 @@ fn with_attributes_missing_both_ways_still_agree() {
                 _ => span.parent_span_id = None,
             }
         }
-        let expected = batch(&records, &config);
-        let name = format!("{} with attributes missing", info.name);
-        compare(&name, &expected, &streamed(&records, &config), &mut failures);
-        compare(&format!("{name} (lscap)"), &expected, &streamed_through_codec(&records, &config), &mut failures);
-    }
+        records
+    });
     assert!(mutated > 10_000, "{mutated} spans lost an attribute");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

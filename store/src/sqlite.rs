@@ -468,3 +468,27 @@ impl Store for SqliteStore {
         })
     }
 }
+
+/// Rows per multi-row INSERT: one statement per chunk instead of one per row (each statement
+/// is a round trip to sqlx's SQLite worker thread), well under SQLite's 32 766 bound
+/// parameters for the widest rows (spans, 42 columns).
+const ROWS_PER_STATEMENT: usize = 200;
+
+/// Inserts `rows`, [`ROWS_PER_STATEMENT`] to a statement: `head` (the INSERT and its columns),
+/// each row's values as `bind` pushes them, then `conflict`. Returns how many rows were new.
+pub(super) async fn insert_rows<T: Sync>(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    head: &str,
+    conflict: &str,
+    rows: &[T],
+    mut bind: impl FnMut(sqlx::query_builder::Separated<'_, sqlx::Sqlite, &'static str>, &T) + Send,
+) -> Result<u64> {
+    let mut written = 0;
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut builder = sqlx::QueryBuilder::<sqlx::Sqlite>::new(head);
+        builder.push_values(chunk, &mut bind);
+        builder.push(conflict);
+        written += builder.build().execute(&mut **transaction).await?.rows_affected();
+    }
+    Ok(written)
+}

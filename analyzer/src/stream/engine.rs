@@ -115,12 +115,38 @@ impl Slot {
     }
 
     fn order(&self) -> (Option<i64>, UnixNanos) {
+        let (attempt, start, _) = self.placed();
+        (attempt, start)
+    }
+
+    /// Its attempt number, start and end: where a hop joining by call id finds it.
+    fn placed(&self) -> (Option<i64>, UnixNanos, UnixNanos) {
         match self {
-            Slot::Raw(span) => (span.attempt(), span.start),
-            Slot::Joined(attempt) => (attempt.attempt(), attempt.start),
-            Slot::Waiting(waiting) => (waiting.0.attempt(), waiting.0.start),
+            Slot::Raw(span) => (span.attempt(), span.start, span.end),
+            Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
+            Slot::Waiting(waiting) => (waiting.0.attempt(), waiting.0.start, waiting.0.end),
         }
     }
+}
+
+/// What an attempt not yet joined gathers at its call's end: its hops, how they were joined,
+/// and the traces of those that started their own (span id, trace id).
+struct Gathered {
+    hops: Hops,
+    join: TimelineJoin,
+    traces: Vec<(u64, u128)>,
+}
+
+impl Gathered {
+    /// The hops its trace gave it, before any joins by call id.
+    fn traced(hops: Hops) -> Self {
+        Self { join: traced_join(&hops), hops, traces: Vec::new() }
+    }
+}
+
+/// How an attempt's traced hops joined it: through the trace, or not at all (yet).
+fn traced_join(hops: &Hops) -> TimelineJoin {
+    if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext }
 }
 
 /// A call still gathering attempts.
@@ -1005,7 +1031,7 @@ impl<'c> Engine<'c> {
             *slot = Slot::Waiting(Box::new((*span, hops)));
             return;
         }
-        let join = if hops.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
+        let join = traced_join(&hops);
         let attempt = build_attempt(span, &mut hops, join);
         *slot = Slot::Joined(attempt);
         let Slot::Joined(attempt) = slot else { return };
@@ -1049,46 +1075,35 @@ impl<'c> Engine<'c> {
         }
         // Raw attempts: their traced hops now (waiting ones have theirs), then the untraced hops
         // by call id, with the traces of those that started their own.
-        let joined_by =
-            |traced: &Hops| if traced.is_empty() { TimelineJoin::ClientOnly } else { TimelineJoin::TraceContext };
-        let mut hops: Vec<Option<(Hops, TimelineJoin)>> = slots
+        let mut gathered: Vec<Option<Gathered>> = slots
             .iter_mut()
-            .map(|slot| match slot {
-                Slot::Raw(span) => {
-                    let traced = self.traces.take_under(span.id);
-                    let join = joined_by(&traced);
-                    Some((traced, join))
-                }
-                Slot::Waiting(waiting) => {
-                    let traced = std::mem::take(&mut waiting.1);
-                    let join = joined_by(&traced);
-                    Some((traced, join))
-                }
-                Slot::Joined(_) => None,
+            .map(|slot| {
+                let hops = match slot {
+                    Slot::Raw(span) => self.traces.take_under(span.id),
+                    Slot::Waiting(waiting) => std::mem::take(&mut waiting.1),
+                    Slot::Joined(_) => return None,
+                };
+                Some(Gathered::traced(hops))
             })
             .collect();
-        let mut hop_traces: Vec<Vec<(u64, u128)>> = vec![Vec::new(); slots.len()];
         for (trace_id, hop) in untraced {
-            let placed = |index: usize| match &slots[index] {
-                Slot::Raw(span) => (span.attempt(), span.start, span.end),
-                Slot::Joined(attempt) => (attempt.attempt(), attempt.start, attempt.end),
-                Slot::Waiting(waiting) => (waiting.0.attempt(), waiting.0.start, waiting.0.end),
-            };
             let nearest = (0..slots.len())
-                .filter(|index| hops[*index].is_some() && same_attempt_or_unnumbered(placed(*index).0, hop.attempt()))
+                .filter(|index| {
+                    gathered[*index].is_some() && same_attempt_or_unnumbered(slots[*index].placed().0, hop.attempt())
+                })
                 .min_by_key(|index| {
-                    let (attempt, start, end) = placed(*index);
+                    let (attempt, start, end) = slots[*index].placed();
                     (attempt != hop.attempt() || hop.attempt().is_none(), distance_to(start, end, hop.start))
                 });
-            match nearest.and_then(|index| hops[index].as_mut().map(|hops| (index, hops))) {
-                Some((index, (list, join))) => {
-                    if *join == TimelineJoin::ClientOnly {
-                        *join = TimelineJoin::CallId;
+            match nearest.and_then(|index| gathered[index].as_mut()) {
+                Some(into) => {
+                    if into.join == TimelineJoin::ClientOnly {
+                        into.join = TimelineJoin::CallId;
                     }
                     if trace_id != 0 {
-                        hop_traces[index].push((hop.span_id, trace_id));
+                        into.traces.push((hop.span_id, trace_id));
                     }
-                    list.push(hop);
+                    into.hops.push(hop);
                 }
                 None => self.stats.unjoined_hops += 1,
             }
@@ -1096,27 +1111,23 @@ impl<'c> Engine<'c> {
         let scope = self.clients.get(&(client, namespace)).map(|state| (state.cluster, state.namespace));
         let attempts: Vec<Attempt> = slots
             .into_iter()
-            .zip(hops)
-            .zip(hop_traces)
-            .map(|((slot, hops), traces)| match slot {
-                Slot::Joined(attempt) => attempt,
-                Slot::Raw(_) | Slot::Waiting(_) => {
-                    let span = match slot {
-                        Slot::Raw(span) => span,
-                        Slot::Waiting(waiting) => waiting.0,
-                        Slot::Joined(_) => unreachable!("matched above"),
-                    };
-                    let (mut hops, join) = hops.unwrap_or((Hops::new(), TimelineJoin::ClientOnly));
-                    let mut attempt = build_attempt(&span, &mut hops, join);
-                    if !traces.is_empty() {
-                        attempt.hop_traces = Some(Box::new(traces));
-                    }
-                    if let Some(scope) = scope {
-                        let namespace = self.namespaces.entry(scope).or_default();
-                        record_facts(self.facts, namespace, &attempt, client, &mut self.sequence);
-                    }
-                    attempt
+            .zip(gathered)
+            .map(|(slot, gathered)| {
+                let span = match slot {
+                    Slot::Joined(attempt) => return attempt,
+                    Slot::Raw(span) => span,
+                    Slot::Waiting(waiting) => waiting.0,
+                };
+                let Gathered { mut hops, join, traces } = gathered.unwrap_or_else(|| Gathered::traced(Hops::new()));
+                let mut attempt = build_attempt(&span, &mut hops, join);
+                if !traces.is_empty() {
+                    attempt.hop_traces = Some(Box::new(traces));
                 }
+                if let Some(scope) = scope {
+                    let namespace = self.namespaces.entry(scope).or_default();
+                    record_facts(self.facts, namespace, &attempt, client, &mut self.sequence);
+                }
+                attempt
             })
             .collect();
         let count = attempts.len();

@@ -1,8 +1,9 @@
 //! Log record rows.
 
 use lagscope_model::LogRecord;
-use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
+use super::insert_rows;
 use crate::rows::{LogColumns, LogRow};
 use crate::{Result, TimeRange};
 
@@ -14,43 +15,32 @@ const INSERT_HEAD: &str = "INSERT INTO logs (
 
 const CONFLICT: &str = " ON CONFLICT (time_unix_nano, identity) DO NOTHING";
 
-/// Rows per INSERT statement (18 columns each), as for spans: one statement per chunk instead
-/// of one per record, each statement a round trip to sqlx's SQLite worker thread.
-const ROWS_PER_STATEMENT: usize = 200;
-
 /// Inserts log records; returns how many were new (a record identical to a stored one is
 /// that record sent again, see [`LogColumns`]).
 pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, logs: &[LogRecord]) -> Result<u64> {
-    let mut written = 0;
-    for chunk in logs.chunks(ROWS_PER_STATEMENT) {
-        let mut builder = QueryBuilder::<Sqlite>::new(INSERT_HEAD);
-        builder.push_values(chunk, |mut row, record| {
-            let resource = &record.resource;
-            let columns = LogColumns::of(record);
-            row.push_bind(record.time_unix_nano)
-                .push_bind(record.observed_time_unix_nano)
-                .push_bind(record.severity_number)
-                .push_bind(&record.severity_text)
-                .push_bind(columns.body)
-                .push_bind(&record.event_name)
-                .push_bind(&record.trace_id)
-                .push_bind(&record.span_id)
-                .push_bind(&resource.service_name)
-                .push_bind(&resource.system)
-                .push_bind(&resource.cluster)
-                .push_bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
-                .push_bind(&resource.node_id)
-                .push_bind(columns.resource_attributes)
-                .push_bind(&record.scope_name)
-                .push_bind(&record.scope_version)
-                .push_bind(columns.attributes)
-                .push_bind(columns.identity);
-        });
-        builder.push(CONFLICT);
-        let result = builder.build().execute(&mut **transaction).await?;
-        written += result.rows_affected();
-    }
-    Ok(written)
+    insert_rows(transaction, INSERT_HEAD, CONFLICT, logs, |mut row, record| {
+        let resource = &record.resource;
+        let columns = LogColumns::of(record);
+        row.push_bind(record.time_unix_nano)
+            .push_bind(record.observed_time_unix_nano)
+            .push_bind(record.severity_number)
+            .push_bind(&record.severity_text)
+            .push_bind(columns.body)
+            .push_bind(&record.event_name)
+            .push_bind(&record.trace_id)
+            .push_bind(&record.span_id)
+            .push_bind(&resource.service_name)
+            .push_bind(&resource.system)
+            .push_bind(&resource.cluster)
+            .push_bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
+            .push_bind(&resource.node_id)
+            .push_bind(columns.resource_attributes)
+            .push_bind(&record.scope_name)
+            .push_bind(&record.scope_version)
+            .push_bind(columns.attributes)
+            .push_bind(columns.identity);
+    })
+    .await
 }
 
 pub(super) async fn range(pool: &SqlitePool, range: TimeRange, limit: u32) -> Result<Vec<LogRecord>> {

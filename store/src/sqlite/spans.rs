@@ -1,8 +1,9 @@
 //! Span rows: written column by column, read back into domain spans.
 
 use lagscope_model::{Op, Outcome, Span};
-use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
+use super::insert_rows;
 use crate::rows::{SpanRow, to_json_text};
 use crate::{Result, TimeRange};
 
@@ -18,67 +19,55 @@ const INSERT_HEAD: &str = "INSERT INTO spans (
 const CONFLICT: &str =
     " ON CONFLICT (trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL DO NOTHING";
 
-/// Rows per INSERT statement: 42 columns each, well under SQLite's 32 766 bound parameters.
-/// One statement per chunk instead of one per span: each statement is a round trip to
-/// sqlx's SQLite worker thread.
-const ROWS_PER_STATEMENT: usize = 200;
-
 /// Inserts spans; returns how many were new.
 pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[Span]) -> Result<u64> {
-    let mut written = 0;
-    for chunk in spans.chunks(ROWS_PER_STATEMENT) {
-        let mut builder = QueryBuilder::<Sqlite>::new(INSERT_HEAD);
-        builder.push_values(chunk, |mut row, span| {
-            let resource = &span.resource;
-            let call = &span.call;
-            row.push_bind(&span.trace_id)
-                .push_bind(&span.span_id)
-                .push_bind(&span.parent_span_id)
-                .push_bind(&span.name)
-                .push_bind(span.kind.to_otlp())
-                .push_bind(span.start_unix_nano)
-                .push_bind(span.end_unix_nano)
-                .push_bind(span.status_code)
-                .push_bind(&span.status_message)
-                .push_bind(&resource.service_name)
-                .push_bind(&resource.system)
-                .push_bind(&resource.cluster)
-                .push_bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
-                .push_bind(&resource.node_id)
-                .push_bind(to_json_text(&resource.attributes))
-                .push_bind(&span.scope_name)
-                .push_bind(&span.scope_version)
-                .push_bind(to_json_text(&span.scope_attributes))
-                .push_bind(&call.client_id)
-                .push_bind(&call.call_id)
-                .push_bind(call.attempt)
-                .push_bind(&call.namespace)
-                .push_bind(call.op.as_ref().map(Op::as_str))
-                .push_bind(&call.rpc_method)
-                .push_bind(&call.target_node)
-                .push_bind(&call.target_role)
-                .push_bind(&call.node_role)
-                .push_bind(&call.consistency)
-                .push_bind(call.follower_read)
-                .push_bind(call.state.carried)
-                .push_bind(call.state.returned)
-                .push_bind(call.state.served)
-                .push_bind(call.state.committed)
-                .push_bind(call.state.router)
-                .push_bind(call.outcome.as_ref().map(Outcome::as_str))
-                .push_bind(&call.error_type)
-                .push_bind(call.requeues)
-                .push_bind(call.retry_delay_ms)
-                .push_bind(call.bytes)
-                .push_bind(to_json_text(&span.attributes))
-                .push_bind(to_json_text(&span.events))
-                .push_bind(to_json_text(&span.links));
-        });
-        builder.push(CONFLICT);
-        let result = builder.build().execute(&mut **transaction).await?;
-        written += result.rows_affected();
-    }
-    Ok(written)
+    insert_rows(transaction, INSERT_HEAD, CONFLICT, spans, |mut row, span| {
+        let resource = &span.resource;
+        let call = &span.call;
+        row.push_bind(&span.trace_id)
+            .push_bind(&span.span_id)
+            .push_bind(&span.parent_span_id)
+            .push_bind(&span.name)
+            .push_bind(span.kind.to_otlp())
+            .push_bind(span.start_unix_nano)
+            .push_bind(span.end_unix_nano)
+            .push_bind(span.status_code)
+            .push_bind(&span.status_message)
+            .push_bind(&resource.service_name)
+            .push_bind(&resource.system)
+            .push_bind(&resource.cluster)
+            .push_bind(resource.component.as_ref().map(lagscope_model::Component::as_str))
+            .push_bind(&resource.node_id)
+            .push_bind(to_json_text(&resource.attributes))
+            .push_bind(&span.scope_name)
+            .push_bind(&span.scope_version)
+            .push_bind(to_json_text(&span.scope_attributes))
+            .push_bind(&call.client_id)
+            .push_bind(&call.call_id)
+            .push_bind(call.attempt)
+            .push_bind(&call.namespace)
+            .push_bind(call.op.as_ref().map(Op::as_str))
+            .push_bind(&call.rpc_method)
+            .push_bind(&call.target_node)
+            .push_bind(&call.target_role)
+            .push_bind(&call.node_role)
+            .push_bind(&call.consistency)
+            .push_bind(call.follower_read)
+            .push_bind(call.state.carried)
+            .push_bind(call.state.returned)
+            .push_bind(call.state.served)
+            .push_bind(call.state.committed)
+            .push_bind(call.state.router)
+            .push_bind(call.outcome.as_ref().map(Outcome::as_str))
+            .push_bind(&call.error_type)
+            .push_bind(call.requeues)
+            .push_bind(call.retry_delay_ms)
+            .push_bind(call.bytes)
+            .push_bind(to_json_text(&span.attributes))
+            .push_bind(to_json_text(&span.events))
+            .push_bind(to_json_text(&span.links));
+    })
+    .await
 }
 
 /// The spans of a `spans` subquery as one JSON text: an array of [`SpanRow`]s, each an array
