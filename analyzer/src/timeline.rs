@@ -135,9 +135,15 @@ fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attem
         // A hop that received trace context (it has a parent) joins the attempt it descends
         // from, or none: when its ancestors were lost on the way, the call's other attempts
         // are not its own. A hop that received none (a root of its own trace, or no ids at
-        // all: its system propagates no context) joins by call id.
+        // all: its system propagates no context) joins by call id, and the hops under such a
+        // root join with it.
         let joined = if span.trace_id.is_some() && span.span_id.is_some() && span.parent_span_id.is_some() {
-            ancestor_attempt(spans, by_id, &is_client, index).map(|attempt| (attempt, TimelineJoin::TraceContext))
+            match ancestor(spans, by_id, &is_client, index) {
+                Some(Ancestor::Attempt(attempt)) => Some((attempt, TimelineJoin::TraceContext)),
+                Some(Ancestor::RootHop(root)) => nearest_attempt_of_call(spans, &by_call, &spans[root])
+                    .map(|attempt| (attempt, TimelineJoin::CallId)),
+                None => None,
+            }
         } else {
             nearest_attempt_of_call(spans, &by_call, span).map(|attempt| (attempt, TimelineJoin::CallId))
         };
@@ -149,16 +155,28 @@ fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attem
     hops
 }
 
-fn ancestor_attempt(spans: &[Span], by_id: &ById<'_>, is_client: &[bool], index: usize) -> Option<usize> {
+/// Where a hop's trace context came from: the client attempt it descends from, or a hop at
+/// the root of the trace (a process that received no context and started the trace).
+enum Ancestor {
+    Attempt(usize),
+    RootHop(usize),
+}
+
+fn ancestor(spans: &[Span], by_id: &ById<'_>, is_client: &[bool], index: usize) -> Option<Ancestor> {
     let mut current = &spans[index];
     for _ in 0..MAX_PARENT_HOPS {
         let trace_id = current.trace_id.as_deref()?;
         let parent_id = current.parent_span_id.as_deref()?;
         let parent_index = *by_id.get(&(trace_id, parent_id))?;
+        let parent = &spans[parent_index];
         if is_client[parent_index] {
-            return Some(parent_index);
+            return Some(Ancestor::Attempt(parent_index));
         }
-        current = &spans[parent_index];
+        if parent.parent_span_id.is_none() {
+            return matches!(parent.component(), Some(Component::Router | Component::Server))
+                .then_some(Ancestor::RootHop(parent_index));
+        }
+        current = parent;
     }
     None
 }

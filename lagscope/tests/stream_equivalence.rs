@@ -363,3 +363,127 @@ fn spans_sent_twice_are_taken_once_both_ways() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+#[test]
+fn with_context_cut_below_the_clients_the_same_is_found_both_ways() {
+    // Captures where the clients propagate no trace context but the processes behind them do
+    // (Hadoop IPC carries no `traceparent`; a router traces its own calls onwards): every
+    // router or server span directly under a client attempt (carrying its call id) starts a
+    // trace of its own, and the
+    // spans under it move to that trace with it. Those roots join their attempts by call id,
+    // the spans under them through the roots: both paths must find exactly what they find
+    // with full propagation, the evidence naming each span in its new trace.
+    let config = AnalyzerConfig::default();
+    let (mut failures, mut cut, mut found) = (Vec::new(), 0, 0);
+    for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
+        let records = records_of(&SimConfig::new(info.name));
+        let expected = batch(&records, &config);
+        let (records_cut, moved) = context_cut_below_clients(records);
+        if moved.is_empty() {
+            continue;
+        }
+        cut += moved.len();
+        found += expected.len();
+        let back = |anomalies: Vec<Anomaly>| -> Vec<Anomaly> {
+            anomalies.into_iter().map(|anomaly| with_traces_moved_back(anomaly, &moved)).collect()
+        };
+        let name = format!("{} with context cut below the clients", info.name);
+        compare(&format!("{name} (batch)"), &expected, &back(batch(&records_cut, &config)), &mut failures);
+        compare(&format!("{name} (stream)"), &expected, &back(streamed(&records_cut, &config)), &mut failures);
+        compare(
+            &format!("{name} (lscap)"),
+            &expected,
+            &back(streamed_through_codec(&records_cut, &config)),
+            &mut failures,
+        );
+    }
+    assert!(cut > 10_000, "{cut} hops started traces of their own");
+    assert!(found > 1_000, "the bugs are found through the cut: {found}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Every router or server span whose parent is a client attempt becomes the root of a new
+/// trace, and every span under it moves to that trace. Returns the records and, for each new
+/// trace id, the trace it came from.
+fn context_cut_below_clients(mut records: Vec<Record>) -> (Vec<Record>, std::collections::HashMap<String, String>) {
+    use lagscope_model::Component;
+    use std::collections::HashMap;
+    type Key = (String, String);
+    let key = |span: &Span| -> Option<Key> { Some((span.trace_id.clone()?, span.span_id.clone()?)) };
+    let parent = |span: &Span| -> Option<Key> { Some((span.trace_id.clone()?, span.parent_span_id.clone()?)) };
+    let spans = || records.iter().filter_map(|record| if let Record::Span(span) = record { Some(span) } else { None });
+    let clients: std::collections::HashSet<Key> = spans()
+        .filter(|span| span.component() == Some(Component::Client) && span.call.client_id.is_some())
+        .filter_map(key)
+        .collect();
+    let parents: HashMap<Key, Option<Key>> = spans().filter_map(|span| Some((key(span)?, parent(span)))).collect();
+    // The spans cut from their parents: router or server spans under a client attempt that
+    // carry its client and call ids, as the conventions ask of hops that may receive no
+    // context (the simulated Ozone Manager's spans carry neither, and are left alone).
+    let roots: std::collections::HashSet<Key> = spans()
+        .filter(|span| matches!(span.component(), Some(Component::Router | Component::Server)))
+        .filter(|span| span.call.client_id.is_some() && span.call.call_id.is_some())
+        .filter(|span| parent(span).is_some_and(|parent| clients.contains(&parent)))
+        .filter_map(key)
+        .collect();
+    let new_trace = |(trace, span): &Key| {
+        format!(
+            "{:032x}",
+            u128::from_str_radix(trace, 16).unwrap_or(0)
+                ^ u128::from_str_radix(span, 16).unwrap_or(0)
+                ^ 0x5eed_u128 << 64
+        )
+    };
+    let mut moved = HashMap::new();
+    for record in &mut records {
+        let Record::Span(span) = record else { continue };
+        let Some(mut at) = key(span) else { continue };
+        // Up through the parents to a cut root, if the span is under one.
+        let mut root = None;
+        for _ in 0..32 {
+            if roots.contains(&at) {
+                root = Some(at.clone());
+                break;
+            }
+            match parents.get(&at).cloned().flatten() {
+                Some(up) => at = up,
+                None => break,
+            }
+        }
+        let Some(root) = root else { continue };
+        let trace = new_trace(&root);
+        moved.insert(trace.clone(), root.0.clone());
+        if key(span).as_ref() == Some(&root) {
+            span.parent_span_id = None;
+        }
+        span.trace_id = Some(trace);
+    }
+    (records, moved)
+}
+
+/// The anomaly with the spans its evidence names in a moved trace (wherever in the evidence:
+/// the request's, the earlier call's) named in the trace they came from.
+fn with_traces_moved_back(mut anomaly: Anomaly, moved: &std::collections::HashMap<String, String>) -> Anomaly {
+    fn back(value: &mut serde_json::Value, moved: &std::collections::HashMap<String, String>) {
+        match value {
+            serde_json::Value::Object(object) => {
+                for (key, field) in object.iter_mut() {
+                    match field {
+                        serde_json::Value::String(trace) if key == "trace_id" => {
+                            if let Some(original) = moved.get(trace.as_str()) {
+                                *trace = original.clone();
+                            }
+                        }
+                        other => back(other, moved),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|item| back(item, moved)),
+            _ => {}
+        }
+    }
+    let mut evidence = anomaly.evidence.value().clone();
+    back(&mut evidence, moved);
+    anomaly.evidence = lagscope_model::Evidence::from(evidence);
+    anomaly
+}

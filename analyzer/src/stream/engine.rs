@@ -1101,9 +1101,18 @@ impl<'c> Engine<'c> {
                         into.join = TimelineJoin::CallId;
                     }
                     if trace_id != 0 {
+                        // A root of its own trace: the hops under it (its process propagated
+                        // context onwards) join with it, named in that trace.
+                        let root = SpanKey::new(trace_id, hop.span_id);
                         into.traces.push((hop.span_id, trace_id));
+                        into.hops.push(hop);
+                        for under in self.traces.take_under(root) {
+                            into.traces.push((under.span_id, trace_id));
+                            into.hops.push(under);
+                        }
+                    } else {
+                        into.hops.push(hop);
                     }
-                    into.hops.push(hop);
                 }
                 None => self.stats.unjoined_hops += 1,
             }
