@@ -87,58 +87,214 @@ pub struct Decoded {
 /// how many requests were read; `each`'s error stops the reading and is reported at its line.
 pub fn stream_requests(
     source_name: &str,
-    mut reader: impl std::io::BufRead,
+    reader: impl std::io::BufRead + Send,
+    each: impl FnMut(Decoded) -> Result<(), String>,
+) -> Result<usize, CaptureError> {
+    stream_requests_decoding_on(1, source_name, reader, each)
+}
+
+/// [`stream_requests`], with the lines decoded on `threads` threads (with 1, on the caller's
+/// alone) while the caller hands the requests already decoded to `each`, in the file's order.
+/// Decoding is most of the work of reading OTLP JSON; on a machine with cores to spare this
+/// divides it. What `each` sees, and every error with its line, are those of the reading on
+/// one thread; memory holds a few lines per thread.
+pub fn stream_requests_decoding_on(
+    threads: usize,
+    source_name: &str,
+    mut reader: impl std::io::BufRead + Send,
     mut each: impl FnMut(Decoded) -> Result<(), String>,
 ) -> Result<usize, CaptureError> {
     let error = |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, message };
-    let mut text = String::new();
+    // Up to the first line holding a request, one line at a time: a document over several
+    // lines is read whole.
     let mut line = 0;
     let mut requests = 0;
+    let mut text = String::new();
     loop {
         text.clear();
-        let read = reader.read_line(&mut text).map_err(|io| {
-            let what = if io.kind() == std::io::ErrorKind::InvalidData { "not UTF-8 text" } else { "cannot read" };
-            error(line + 1, format!("{what}: {io}"))
-        })?;
-        if read == 0 {
+        if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
             return Ok(requests);
         }
         line += 1;
-        let mut values = serde_json::Deserializer::from_str(&text).into_iter::<AnyRequest>();
-        loop {
-            match values.next() {
-                None => break,
-                Some(Ok(request)) => {
-                    let mut capture = Capture::default();
-                    capture.read_request(request).map_err(|message| error(line, message))?;
+        match decode_line(&text) {
+            Ok(decoded) if decoded.is_empty() => continue,
+            Ok(decoded) => {
+                for one in decoded {
+                    each(one).map_err(|message| error(line, message))?;
                     requests += 1;
-                    let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
-                    each(decoded).map_err(|message| error(line, message))?;
                 }
-                Some(Err(json_error)) if json_error.is_eof() && requests == 0 => {
-                    // One document over several lines: read it whole.
-                    let mut rest = text.clone();
-                    reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
-                    let mut capture = Capture::default();
-                    capture.read_str(source_name, &rest).map_err(|mut inner| {
-                        inner.line += line - 1;
-                        inner
-                    })?;
-                    let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
-                    each(decoded).map_err(|message| error(line, message))?;
-                    return Ok(capture.requests);
+                break;
+            }
+            Err(LineError::Eof(_)) => {
+                let mut rest = std::mem::take(&mut text);
+                reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
+                let mut capture = Capture::default();
+                capture.read_str(source_name, &rest).map_err(|mut inner| {
+                    inner.line += line - 1;
+                    inner
+                })?;
+                let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
+                each(decoded).map_err(|message| error(line, message))?;
+                return Ok(capture.requests);
+            }
+            Err(LineError::Invalid(message)) => return Err(error(line, message)),
+        }
+    }
+    // The rest, a line at a time.
+    let mut handle = |at: usize, decoded: Result<Vec<Decoded>, String>, requests: &mut usize| {
+        for one in decoded.map_err(|message| error(at, message))? {
+            each(one).map_err(|message| error(at, message))?;
+            *requests += 1;
+        }
+        Ok::<(), CaptureError>(())
+    };
+    if threads <= 1 {
+        // Each request is handed on while what it decoded to is still in the cache.
+        loop {
+            text.clear();
+            if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
+                return Ok(requests);
+            }
+            line += 1;
+            handle(line, decode_line(&text).map_err(LineError::message), &mut requests)?;
+        }
+    }
+    // One thread reads the lines, `threads` decode them as they come, a chunk of lines at a
+    // time, and this one puts the chunks back in order and hands their requests on. The
+    // reader takes a token for every chunk it reads and this thread gives one back for every
+    // chunk handed on: at most `window` chunks are between the two, however long one of them
+    // takes to decode.
+    let window = 2 * threads + 1;
+    std::thread::scope(|scope| {
+        let (work, jobs) = std::sync::mpsc::sync_channel::<(usize, Vec<(usize, String)>)>(window);
+        let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
+        let (done, results) = std::sync::mpsc::sync_channel::<(usize, DecodedLines)>(window);
+        let (give, tokens) = std::sync::mpsc::sync_channel::<()>(window);
+        for _ in 0..window {
+            let _ = give.send(());
+        }
+        let read_failed = done.clone();
+        scope.spawn(move || {
+            // Stops at the end of the input, at an error reading it (handed on in its place), or
+            // when nothing takes chunks any more (an error was met: tokens or jobs hang up).
+            for chunk in 0.. {
+                if tokens.recv().is_err() {
+                    return;
                 }
-                Some(Err(json_error)) => {
-                    let message = if json_error.is_data() {
-                        json_error.to_string()
-                    } else {
-                        format!("invalid JSON: {json_error}")
-                    };
-                    return Err(error(line, message));
+                let (mut lines, mut bytes) = (Vec::new(), 0);
+                let mut failed = None;
+                while bytes < CHUNK_BYTES {
+                    let mut text = String::new();
+                    match read_line(&mut reader, &mut text) {
+                        Ok(0) => break,
+                        Ok(read) => {
+                            line += 1;
+                            bytes += read;
+                            lines.push((line, text));
+                        }
+                        Err(message) => {
+                            failed = Some((line + 1, Err(message)));
+                            break;
+                        }
+                    }
                 }
+                // Short of a chunk's bytes: the input ended (or failed).
+                let end = bytes < CHUNK_BYTES;
+                if let Some(failed) = failed {
+                    // After the lines read before it, in a chunk of its own.
+                    if lines.is_empty() {
+                        let _ = read_failed.send((chunk, vec![failed]));
+                    } else if work.send((chunk, lines)).is_ok() {
+                        let _ = read_failed.send((chunk + 1, vec![failed]));
+                    }
+                    return;
+                }
+                if lines.is_empty() || work.send((chunk, lines)).is_err() || end {
+                    return;
+                }
+            }
+        });
+        for _ in 0..threads {
+            let (jobs, done) = (std::sync::Arc::clone(&jobs), done.clone());
+            scope.spawn(move || {
+                loop {
+                    let job = jobs.lock().map_err(drop).and_then(|jobs| jobs.recv().map_err(drop));
+                    let Ok((chunk, lines)) = job else { return };
+                    let decoded =
+                        lines.iter().map(|(at, text)| (*at, decode_line(text).map_err(LineError::message))).collect();
+                    if done.send((chunk, decoded)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done);
+        let mut next = 0;
+        let mut waiting = std::collections::BTreeMap::new();
+        for (chunk, decoded) in results {
+            waiting.insert(chunk, decoded);
+            while let Some(lines) = waiting.remove(&next) {
+                for (at, decoded) in lines {
+                    handle(at, decoded, &mut requests)?;
+                }
+                next += 1;
+                let _ = give.send(());
+            }
+        }
+        Ok(requests)
+    })
+}
+
+/// Lines with what each decoded to, in order.
+type DecodedLines = Vec<(usize, Result<Vec<Decoded>, String>)>;
+
+/// Lines decoded together by one of [`stream_requests_decoding_on`]'s threads, up to about
+/// this many bytes: enough that passing them between threads costs nothing beside decoding
+/// them (a millisecond or two), few enough that what they decode to is still in the cache when
+/// it is handed on.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// One line into `text`; 0 at the end of the input.
+fn read_line(reader: &mut impl std::io::BufRead, text: &mut String) -> Result<usize, String> {
+    reader.read_line(text).map_err(|io| {
+        let what = if io.kind() == std::io::ErrorKind::InvalidData { "not UTF-8 text" } else { "cannot read" };
+        format!("{what}: {io}")
+    })
+}
+
+/// Why a line did not decode: it ended inside a value (perhaps a document over several
+/// lines), or it is not a valid request; the message says what is wrong.
+enum LineError {
+    Eof(String),
+    Invalid(String),
+}
+
+impl LineError {
+    fn message(self) -> String {
+        match self {
+            Self::Eof(message) | Self::Invalid(message) => message,
+        }
+    }
+}
+
+/// The export requests on one line (none on a blank one), each converted.
+fn decode_line(text: &str) -> Result<Vec<Decoded>, LineError> {
+    let mut decoded = Vec::new();
+    for value in serde_json::Deserializer::from_str(text).into_iter::<AnyRequest>() {
+        match value {
+            Ok(request) => {
+                let mut capture = Capture::default();
+                capture.read_request(request).map_err(LineError::Invalid)?;
+                decoded.push(Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs });
+            }
+            Err(json_error) => {
+                let message =
+                    if json_error.is_data() { json_error.to_string() } else { format!("invalid JSON: {json_error}") };
+                return Err(if json_error.is_eof() { LineError::Eof(message) } else { LineError::Invalid(message) });
             }
         }
     }
+    Ok(decoded)
 }
 
 /// One export request of any signal, recognised by its key and decoded straight into its
@@ -261,6 +417,67 @@ mod tests {
                 .expect_err("must fail");
         assert_eq!(error.line, 2);
         assert!(error.message.contains("invalid ExportTraceServiceRequest"), "{error}");
+    }
+
+    /// A capture of `lines` requests, line `n` holding a span whose carried state is `n`, and
+    /// `broken` (1-based) replaced by `with`.
+    fn numbered_capture(lines: usize, broken: Option<(usize, &[u8])>) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for line in 1..=lines {
+            match broken {
+                Some((at, with)) if at == line => bytes.extend_from_slice(with),
+                _ => bytes.extend_from_slice(
+                    SPAN_LINE.replace(r#"{"intValue":"42"}"#, &format!(r#"{{"intValue":"{line}"}}"#)).as_bytes(),
+                ),
+            }
+            bytes.push(b'\n');
+        }
+        bytes
+    }
+
+    /// What reading `bytes` on `threads` threads hands on (each span's carried state, in order)
+    /// and returns, `each` refusing the request of line `refuse`.
+    fn read_on(threads: usize, bytes: &[u8], refuse: Option<i64>) -> (Vec<i64>, Result<usize, CaptureError>) {
+        let mut seen = Vec::new();
+        let result = stream_requests_decoding_on(threads, "c.jsonl", bytes, |decoded| {
+            let carried = decoded.spans[0].call.state.carried.expect("carried");
+            if Some(carried) == refuse {
+                return Err(format!("refused {carried}"));
+            }
+            seen.push(carried);
+            Ok(())
+        });
+        (seen, result)
+    }
+
+    #[test]
+    fn decoding_on_threads_hands_on_what_one_thread_does() {
+        // Several chunks of lines (about 1.3 MB), decoded out of order on the threads.
+        let lines = 4_000;
+        let whole = numbered_capture(lines, None);
+        assert!(whole.len() > 4 * CHUNK_BYTES, "{} bytes", whole.len());
+        let expected: Vec<i64> = (1..=lines as i64).collect();
+        let broken_json = numbered_capture(lines, Some((2_345, b"{\"resourceSpans\": [")));
+        let not_utf8 = numbered_capture(lines, Some((3_001, b"{\"resourceSpans\": \xff}")));
+        for threads in [1, 2, 3, 8] {
+            let (seen, result) = read_on(threads, &whole, None);
+            assert_eq!(result.expect("reads"), lines, "{threads} threads");
+            assert_eq!(seen, expected, "{threads} threads: every request, in the file's order");
+            // A line that is not JSON: every request before it handed on, none after, its line named.
+            let (seen, result) = read_on(threads, &broken_json, None);
+            let error = result.expect_err("broken JSON");
+            assert_eq!((error.line, seen.len()), (2_345, 2_344), "{threads} threads: {error}");
+            assert!(error.message.contains("EOF while parsing"), "{error}");
+            // Bytes that are not text: the reading fails there.
+            let (seen, result) = read_on(threads, &not_utf8, None);
+            let error = result.expect_err("not UTF-8");
+            assert_eq!((error.line, seen.len()), (3_001, 3_000), "{threads} threads: {error}");
+            assert!(error.message.contains("not UTF-8"), "{error}");
+            // `each` refusing a request stops the reading there.
+            let (seen, result) = read_on(threads, &whole, Some(1_234));
+            let error = result.expect_err("refused");
+            assert_eq!((error.line, error.message.as_str(), seen.len()), (1_234, "refused 1234", 1_233));
+        }
     }
 
     #[test]

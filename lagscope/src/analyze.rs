@@ -9,7 +9,7 @@ use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
-use lagscope_collector::capture::{Capture, Decoded, stream_requests};
+use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind};
 
 /// How `analyze` prints what it found.
@@ -47,6 +47,9 @@ pub struct Timings {
     /// Handing anomalies to the caller's `emit` as they are found (serializing and writing
     /// them, for `analyze --format jsonl`).
     pub writing: f64,
+    /// The threads that decoded OTLP JSON, when some was read: then `read` is the time the
+    /// engine waited for them, not the time they took.
+    pub json_decode_threads: Option<usize>,
 }
 
 /// Reads every capture, runs every detector, returns what was read and found.
@@ -60,7 +63,13 @@ pub fn analyze_paths_kinds(
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
 ) -> anyhow::Result<Report> {
-    analyze_paths_emitting(paths, config, kinds, None)
+    analyze_paths_emitting(paths, config, kinds, None, default_decode_threads())
+}
+
+/// How many threads decode OTLP JSON by default: the machine's cores, up to 8 (decoding is
+/// most of the work of reading OTLP JSON; the engine runs beside them on the caller's).
+pub fn default_decode_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(8)
 }
 
 /// Where anomalies go as they are found.
@@ -70,12 +79,15 @@ pub type Emit<'a> = &'a mut dyn FnMut(&Anomaly) -> anyhow::Result<()>;
 /// given (their order is then the order found; otherwise they are returned in order).
 ///
 /// Every capture goes through the streaming engine, one export request (OTLP JSON lines) or
-/// one block (lscap) at a time: memory holds what is in flight, not the capture.
+/// one block (lscap) at a time: memory holds what is in flight, not the capture. OTLP JSON is
+/// decoded on `decode_threads` threads (1: on the caller's alone), handed to the engine in
+/// the file's order.
 pub fn analyze_paths_emitting(
     paths: &[impl AsRef<Path>],
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
     emit: Option<Emit<'_>>,
+    decode_threads: usize,
 ) -> anyhow::Result<Report> {
     if paths.is_empty() {
         bail!("no capture given: pass OTLP JSON files (.json, .jsonl, optionally .gz) or lscap files");
@@ -83,6 +95,8 @@ pub fn analyze_paths_emitting(
     let mut run = Run {
         engine: Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind)),
         emit,
+        decode_threads: decode_threads.max(1),
+        json_read: false,
         anomaly_count: 0,
         requests: 0,
         log_records: 0,
@@ -99,7 +113,18 @@ pub fn analyze_paths_emitting(
         }
     }
     let finishing = Instant::now();
-    let Run { engine, mut emit, mut anomaly_count, requests, log_records, read, mut detect, mut writing } = run;
+    let Run {
+        engine,
+        mut emit,
+        decode_threads,
+        json_read,
+        mut anomaly_count,
+        requests,
+        log_records,
+        read,
+        mut detect,
+        mut writing,
+    } = run;
     let (mut anomalies, stats) = engine.finish();
     detect += finishing.elapsed().as_secs_f64();
     anomaly_count += anomalies.len();
@@ -117,7 +142,7 @@ pub fn analyze_paths_emitting(
         log_records,
         anomalies,
         anomaly_count,
-        timings: Timings { read, detectors: detect, writing },
+        timings: Timings { read, detectors: detect, writing, json_decode_threads: json_read.then_some(decode_threads) },
         stream: Some(stats),
     })
 }
@@ -126,6 +151,9 @@ pub fn analyze_paths_emitting(
 struct Run<'c, 'e> {
     engine: Engine<'c>,
     emit: Option<Emit<'e>>,
+    decode_threads: usize,
+    /// Whether an OTLP JSON capture was read.
+    json_read: bool,
     anomaly_count: usize,
     requests: usize,
     log_records: usize,
@@ -202,22 +230,24 @@ impl Run<'_, '_> {
     /// An OTLP JSON capture (optionally gzipped), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
         let reader = open_capture(path)?;
+        self.json_read = true;
         let mut started = Instant::now();
         let mut failure = None;
-        let requests = stream_requests(&path.display().to_string(), reader, |decoded| {
-            let decoded_at = Instant::now();
-            self.read += (decoded_at - started).as_secs_f64();
-            push_decoded(&mut self.engine, &decoded);
-            self.log_records += decoded.logs.len();
-            self.detect += decoded_at.elapsed().as_secs_f64();
-            let emitted = self.emit_found().map_err(|error| {
-                let message = format!("cannot write the anomalies: {error}");
-                failure = Some(error);
-                message
+        let requests =
+            stream_requests_decoding_on(self.decode_threads, &path.display().to_string(), reader, |decoded| {
+                let decoded_at = Instant::now();
+                self.read += (decoded_at - started).as_secs_f64();
+                push_decoded(&mut self.engine, &decoded);
+                self.log_records += decoded.logs.len();
+                self.detect += decoded_at.elapsed().as_secs_f64();
+                let emitted = self.emit_found().map_err(|error| {
+                    let message = format!("cannot write the anomalies: {error}");
+                    failure = Some(error);
+                    message
+                });
+                started = Instant::now();
+                emitted
             });
-            started = Instant::now();
-            emitted
-        });
         if let Some(error) = failure {
             return Err(error);
         }
@@ -227,7 +257,7 @@ impl Run<'_, '_> {
 }
 
 /// A capture file for reading request by request, gunzipped when it ends in `.gz`.
-pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead>> {
+pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead + Send>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     Ok(if path.extension().is_some_and(|extension| extension == "gz") {
         Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))

@@ -120,22 +120,24 @@ pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Conv
         let path = capture.as_ref();
         let reader = crate::analyze::open_capture(path)?;
         let name = path.display().to_string();
-        converted.requests += lagscope_collector::capture::stream_requests(&name, reader, |decoded| {
-            let written: std::io::Result<()> = (|| {
-                for span in &decoded.spans {
-                    writer.span(span)?;
-                }
-                for sample in &decoded.samples {
-                    writer.sample(sample)?;
-                }
-                for log in &decoded.logs {
-                    writer.log(log)?;
-                }
-                Ok(())
-            })();
-            converted.log_records += decoded.logs.len();
-            written.map_err(|error| format!("cannot write {}: {error}", out.display()))
-        })?;
+        let threads = crate::analyze::default_decode_threads();
+        converted.requests +=
+            lagscope_collector::capture::stream_requests_decoding_on(threads, &name, reader, |decoded| {
+                let written: std::io::Result<()> = (|| {
+                    for span in &decoded.spans {
+                        writer.span(span)?;
+                    }
+                    for sample in &decoded.samples {
+                        writer.sample(sample)?;
+                    }
+                    for log in &decoded.logs {
+                        writer.log(log)?;
+                    }
+                    Ok(())
+                })();
+                converted.log_records += decoded.logs.len();
+                written.map_err(|error| format!("cannot write {}: {error}", out.display()))
+            })?;
     }
     converted.spans = writer.spans;
     converted.samples = writer.samples;

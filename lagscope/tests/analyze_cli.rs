@@ -221,3 +221,43 @@ fn a_router_s_log_lines_in_a_capture_are_analyzed_and_carried_by_convert() {
     let converted: serde_json::Value = serde_json::from_str(&stdout_of(&from_lscap)).expect("JSON");
     assert_eq!(converted["anomalies"], parsed["anomalies"]);
 }
+
+#[test]
+fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
+    // A simulated capture of several megabytes (many chunks of lines, decoded out of order on
+    // the threads): the same anomalies, in the same order, as decoded on one thread.
+    let directory = tempfile::tempdir().expect("temp dir");
+    let capture = directory.path().join("race.jsonl");
+    let simulated = lagscope(&[
+        "sim",
+        "--scenario",
+        "hdfs-publish-race",
+        "--duration",
+        "20s",
+        "--out",
+        capture.to_str().expect("path"),
+    ]);
+    assert!(simulated.status.success(), "{}", String::from_utf8_lossy(&simulated.stderr));
+    let size = std::fs::metadata(&capture).expect("capture written").len();
+    assert!(size > 2 << 20, "a capture of {size} bytes");
+    let on = |threads: &str| {
+        let output =
+            lagscope(&["analyze", "--format", "jsonl", "--decode-threads", threads, capture.to_str().expect("path")]);
+        (stdout_of(&output), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (one, one_log) = on("1");
+    assert!(one.lines().count() > 10, "the race is found: {one_log}");
+    assert!(!one_log.contains("decoded on"), "{one_log}");
+    for threads in ["2", "4"] {
+        let (many, log) = on(threads);
+        assert!(many == one, "{threads} threads: {} anomalies against {}", many.lines().count(), one.lines().count());
+        assert!(log.contains(&format!("OTLP JSON decoded on {threads} threads")), "{log}");
+    }
+    let refused = lagscope(&["analyze", "--decode-threads", "0", capture.to_str().expect("path")]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--decode-threads"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
