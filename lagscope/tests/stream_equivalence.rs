@@ -369,25 +369,55 @@ fn with_context_cut_below_the_clients_the_same_is_found_both_ways() {
     // Captures where the clients propagate no trace context but the processes behind them do
     // (Hadoop IPC carries no `traceparent`; a router traces its own calls onwards): every
     // router or server span directly under a client attempt (carrying its call id) starts a
-    // trace of its own, and the
-    // spans under it move to that trace with it. Those roots join their attempts by call id,
-    // the spans under them through the roots: both paths must find exactly what they find
-    // with full propagation, the evidence naming each span in its new trace.
+    // trace of its own, and the spans under it move to that trace with it. Those roots join
+    // their attempts by call id, the spans under them through the roots: both paths must find
+    // exactly what they find with full propagation, the evidence naming each span in its new
+    // trace.
+    let (cut, found, failures) = the_same_with_context_cut(Cut::BelowClients);
+    assert!(cut > 10_000, "{cut} hops started traces of their own");
+    assert!(found > 1_000, "the bugs are found through the cut: {found}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn with_no_context_crossing_any_hop_the_same_is_found_both_ways() {
+    // Every process traces, none propagates (golden case 26 on every scenario): each router
+    // and server span carrying its call id starts a trace of its own, and joins by call id.
+    let (cut, found, failures) = the_same_with_context_cut(Cut::EveryHop);
+    assert!(cut > 20_000, "{cut} hops started traces of their own");
+    assert!(found > 1_000, "the bugs are found through the cut: {found}");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Where trace context stops crossing the RPCs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Cut {
+    /// Between a client attempt and the router or server it calls.
+    BelowClients,
+    /// Into every router and server.
+    EveryHop,
+}
+
+/// Every scenario but `mixed` whose hops carry call ids, with trace context cut as `cut`
+/// says, analysed both ways and through lscap against the batch analysis of the whole
+/// traces: how many hops started a trace of their own, the anomalies expected, and what
+/// differed.
+fn the_same_with_context_cut(cut: Cut) -> (usize, usize, Vec<String>) {
     let config = AnalyzerConfig::default();
-    let (mut failures, mut cut, mut found) = (Vec::new(), 0, 0);
+    let (mut failures, mut roots, mut found) = (Vec::new(), 0, 0);
     for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
         let records = records_of(&SimConfig::new(info.name));
         let expected = batch(&records, &config);
-        let (records_cut, moved) = context_cut_below_clients(records);
+        let (records_cut, moved) = context_cut(records, cut);
         if moved.is_empty() {
             continue;
         }
-        cut += moved.len();
+        roots += moved.len();
         found += expected.len();
         let back = |anomalies: Vec<Anomaly>| -> Vec<Anomaly> {
             anomalies.into_iter().map(|anomaly| with_traces_moved_back(anomaly, &moved)).collect()
         };
-        let name = format!("{} with context cut below the clients", info.name);
+        let name = format!("{} with context cut ({cut:?})", info.name);
         compare(&format!("{name} (batch)"), &expected, &back(batch(&records_cut, &config)), &mut failures);
         compare(&format!("{name} (stream)"), &expected, &back(streamed(&records_cut, &config)), &mut failures);
         compare(
@@ -397,15 +427,13 @@ fn with_context_cut_below_the_clients_the_same_is_found_both_ways() {
             &mut failures,
         );
     }
-    assert!(cut > 10_000, "{cut} hops started traces of their own");
-    assert!(found > 1_000, "the bugs are found through the cut: {found}");
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    (roots, found, failures)
 }
 
-/// Every router or server span whose parent is a client attempt becomes the root of a new
-/// trace, and every span under it moves to that trace. Returns the records and, for each new
-/// trace id, the trace it came from.
-fn context_cut_below_clients(mut records: Vec<Record>) -> (Vec<Record>, std::collections::HashMap<String, String>) {
+/// Every router or server span whose parent is a client attempt (with `Cut::EveryHop`, any
+/// parent) becomes the root of a new trace, and every span under it moves to that trace.
+/// Returns the records and, for each new trace id, the trace it came from.
+fn context_cut(mut records: Vec<Record>, cut: Cut) -> (Vec<Record>, std::collections::HashMap<String, String>) {
     use lagscope_model::Component;
     use std::collections::HashMap;
     type Key = (String, String);
@@ -423,7 +451,7 @@ fn context_cut_below_clients(mut records: Vec<Record>) -> (Vec<Record>, std::col
     let roots: std::collections::HashSet<Key> = spans()
         .filter(|span| matches!(span.component(), Some(Component::Router | Component::Server)))
         .filter(|span| span.call.client_id.is_some() && span.call.call_id.is_some())
-        .filter(|span| parent(span).is_some_and(|parent| clients.contains(&parent)))
+        .filter(|span| parent(span).is_some_and(|parent| cut == Cut::EveryHop || clients.contains(&parent)))
         .filter_map(key)
         .collect();
     let new_trace = |(trace, span): &Key| {
