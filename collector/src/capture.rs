@@ -81,6 +81,12 @@ pub struct Decoded {
     pub logs: Vec<LogRecord>,
 }
 
+impl From<Capture> for Decoded {
+    fn from(capture: Capture) -> Self {
+        Self { spans: capture.spans, samples: capture.samples, logs: capture.logs }
+    }
+}
+
 /// Reads export requests one at a time from JSON lines (the Collector's file exporter: one
 /// request per line), handing each to `each` as it is decoded, so memory holds one request,
 /// not the file. A file that is one JSON document over several lines is read whole. Returns
@@ -105,42 +111,6 @@ pub fn stream_requests_decoding_on(
     mut each: impl FnMut(Decoded) -> Result<(), String>,
 ) -> Result<usize, CaptureError> {
     let error = |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, message };
-    // Up to the first line holding a request, one line at a time: a document over several
-    // lines is read whole.
-    let mut line = 0;
-    let mut requests = 0;
-    let mut text = String::new();
-    loop {
-        text.clear();
-        if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
-            return Ok(requests);
-        }
-        line += 1;
-        match decode_line(&text) {
-            Ok(decoded) if decoded.is_empty() => continue,
-            Ok(decoded) => {
-                for one in decoded {
-                    each(one).map_err(|message| error(line, message))?;
-                    requests += 1;
-                }
-                break;
-            }
-            Err(LineError::Eof(_)) => {
-                let mut rest = std::mem::take(&mut text);
-                reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
-                let mut capture = Capture::default();
-                capture.read_str(source_name, &rest).map_err(|mut inner| {
-                    inner.line += line - 1;
-                    inner
-                })?;
-                let decoded = Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs };
-                each(decoded).map_err(|message| error(line, message))?;
-                return Ok(capture.requests);
-            }
-            Err(LineError::Invalid(message)) => return Err(error(line, message)),
-        }
-    }
-    // The rest, a line at a time.
     let mut handle = |at: usize, decoded: Result<Vec<Decoded>, String>, requests: &mut usize| {
         for one in decoded.map_err(|message| error(at, message))? {
             each(one).map_err(|message| error(at, message))?;
@@ -148,15 +118,32 @@ pub fn stream_requests_decoding_on(
         }
         Ok::<(), CaptureError>(())
     };
-    if threads <= 1 {
-        // Each request is handed on while what it decoded to is still in the cache.
-        loop {
-            text.clear();
-            if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
-                return Ok(requests);
+    // A line at a time up to the first line holding a request (a document over several lines
+    // is read whole), and on one thread to the end: each request is handed on while what it
+    // decoded to is still in the cache.
+    let mut line = 0;
+    let mut requests = 0;
+    let mut text = String::new();
+    while threads <= 1 || requests == 0 {
+        text.clear();
+        if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
+            return Ok(requests);
+        }
+        line += 1;
+        match decode_line(&text) {
+            Err(LineError::Eof(_)) if requests == 0 => {
+                let mut rest = std::mem::take(&mut text);
+                reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
+                let mut capture = Capture::default();
+                capture.read_str(source_name, &rest).map_err(|mut inner| {
+                    inner.line += line - 1;
+                    inner
+                })?;
+                let read = capture.requests;
+                handle(line, Ok(vec![capture.into()]), &mut requests)?;
+                return Ok(read);
             }
-            line += 1;
-            handle(line, decode_line(&text).map_err(LineError::message), &mut requests)?;
+            decoded => handle(line, decoded.map_err(LineError::message), &mut requests)?,
         }
     }
     // One thread reads the lines, `threads` decode them as they come, a chunk of lines at a
@@ -285,7 +272,7 @@ fn decode_line(text: &str) -> Result<Vec<Decoded>, LineError> {
             Ok(request) => {
                 let mut capture = Capture::default();
                 capture.read_request(request).map_err(LineError::Invalid)?;
-                decoded.push(Decoded { spans: capture.spans, samples: capture.samples, logs: capture.logs });
+                decoded.push(capture.into());
             }
             Err(json_error) => {
                 let message =
