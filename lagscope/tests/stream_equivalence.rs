@@ -443,7 +443,7 @@ fn context_cut(mut records: Vec<Record>, cut: Cut) -> (Vec<Record>, std::collect
     let parents: HashMap<Key, Option<Key>> = spans().filter_map(|span| Some((key(span)?, parent(span)))).collect();
     // The spans cut from their parents: router or server spans under a client attempt that
     // carry its client and call ids, as the conventions ask of hops that may receive no
-    // context (the simulated Ozone Manager's spans carry neither, and are left alone).
+    // context (spans that carry neither are left alone).
     let roots: std::collections::HashSet<Key> = spans()
         .filter(|span| matches!(span.component(), Some(Component::Router | Component::Server)))
         .filter(|span| span.call.client_id.is_some() && span.call.call_id.is_some())

@@ -256,7 +256,12 @@ impl Ring {
         let mut server_span =
             SpanSpec::new(format!("OzoneManagerProtocol/{}", attempt.method), Kind::Server, server_start, server_end);
         server_span.parent = Some(parent);
+        // The OM knows the caller and the call from the Hadoop RPC header (client id, call id,
+        // retry count), whether or not trace context came with it.
         server_span.attributes = vec![
+            string("lagscope.client.id", attempt.client),
+            string("lagscope.call.id", attempt.call_id.clone()),
+            int("lagscope.attempt", attempt.attempt),
             string("lagscope.namespace", SERVICE_ID),
             string("lagscope.op", attempt.op),
             string("rpc.method", attempt.method),

@@ -354,6 +354,8 @@ pub struct Engine<'c> {
     recent_lines: VecDeque<(UnixNanos, u64)>,
     recent_line_set: FxHashSet<(UnixNanos, u64)>,
     anomalies: Vec<Anomaly>,
+    /// Pinned runs waiting to be judged, in the order found.
+    pinned: Vec<PendingPinned>,
     /// Window anomalies [`Engine::drain_found`] met, kept for [`Engine::finish`].
     windows_found: Vec<Anomaly>,
     stats: EngineStats,
@@ -429,6 +431,7 @@ impl<'c> Engine<'c> {
             recent_lines: VecDeque::new(),
             recent_line_set: FxHashSet::default(),
             anomalies: Vec::new(),
+            pinned: Vec::new(),
             windows_found: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -927,6 +930,18 @@ impl<'c> Engine<'c> {
             }
         }
         self.due_batch = due;
+        // Every call that started before `final_before` is processed: the runs that ended
+        // before it can be judged.
+        if self.pinned.iter().any(|pending| pending.end < final_before) {
+            let (due, waiting): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.pinned).into_iter().partition(|pending| pending.end < final_before);
+            self.pinned = waiting;
+            let (interner, namespaces) = (&self.interner, &self.namespaces);
+            self.anomalies.extend(due.into_iter().filter_map(|pending| {
+                let scope = namespaces.get(&pending.scope);
+                pending.judge(interner, scope)
+            }));
+        }
         // Every call that started before the horizon is processed: so are the answers (log
         // lines included, which no call releases).
         self.release_answers(final_before.saturating_sub(1));
@@ -1181,6 +1196,7 @@ impl<'c> Engine<'c> {
             probes,
             logging_clients,
             logged_disables,
+            pinned,
             ..
         } = self;
         let Some(state) = clients.get_mut(&(client, namespace)) else { return };
@@ -1308,15 +1324,19 @@ impl<'c> Engine<'c> {
             }
         }
         if kinds.pinned_retry {
+            // Judged once every call that started by the run's end is processed: the answers
+            // of attempts joined by call id are known only then.
             for run in pinned_runs(&call, config.pinned_retry.min_attempts) {
                 let first = &call.attempts[run[0]];
-                let node = first.served_by;
-                let (start, end) = (first.start, call.attempts[run[run.len() - 1]].end);
-                let others: BTreeSet<Sym> =
-                    scope.served.within(start, end).map(|fact| fact.node).filter(|other| *other != node).collect();
-                if !others.is_empty() {
-                    raised.push(Raise::Pinned { run, others });
-                }
+                pinned.push(PendingPinned {
+                    start: first.start,
+                    end: call.attempts[run[run.len() - 1]].end,
+                    node: first.served_by,
+                    scope: (state.cluster, state.namespace),
+                    client: identity(interner, state),
+                    call: call.clone(),
+                    run,
+                });
             }
         }
         if !raised.is_empty() {
@@ -1753,13 +1773,47 @@ fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
     )
 }
 
+/// A run of attempts pinned to one node, waiting until the answers given by other nodes
+/// within it are all known.
+struct PendingPinned {
+    start: UnixNanos,
+    end: UnixNanos,
+    node: Sym,
+    /// The namespace's (cluster, namespace), whose answers are read.
+    scope: (Sym, Sym),
+    /// The client's identity (its state may be evicted by then).
+    client: ClientTimeline,
+    call: Rc<Call>,
+    run: Vec<usize>,
+}
+
+impl PendingPinned {
+    /// The anomaly, if another node of the namespace served within the run.
+    fn judge(self, interner: &Interner, scope: Option<&NamespaceState>) -> Option<Anomaly> {
+        let others: BTreeSet<&str> = scope?
+            .served
+            .within(self.start, self.end)
+            .map(|fact| fact.node)
+            .filter(|other| *other != self.node)
+            .filter_map(|other| interner.get(other))
+            .collect();
+        if others.is_empty() {
+            return None;
+        }
+        let call = self.call.materialize(interner);
+        let attempts: Vec<&lagscope_model::TimelineAttempt> =
+            self.run.iter().map(|index| &call.attempts[*index]).collect();
+        let node = attempts[0].served_by.as_deref().unwrap_or_default();
+        Some(pinned_retry::pinned(&self.client, &call, &attempts, node, &others))
+    }
+}
+
 /// An anomaly found on compact data, to be built once with the shared constructors.
 enum Raise {
     Regression { index: usize, carried: StateId, seen: Contribution },
     Dropped { index: usize, carried: StateId, forwarded: StateId },
     Stale { index: usize, served: StateId, floor: Contribution },
     CrossClient { index: usize, served: StateId, staleness: f64, bound: i64, replaced_at: i64, newer_state: StateId },
-    Pinned { run: Vec<usize>, others: BTreeSet<Sym> },
     Failing(FailingRun),
     Flapping(Vec<super::client::Switch>),
 }
@@ -1846,14 +1900,6 @@ impl Raise {
                     replaced_at,
                     newer_state,
                 )
-            }
-            Raise::Pinned { run, others } => {
-                let this = &materialized()?;
-                let attempts: Vec<&lagscope_model::TimelineAttempt> =
-                    run.iter().map(|index| &this.attempts[*index]).collect();
-                let node = attempts[0].served_by.as_deref().unwrap_or_default();
-                let others: BTreeSet<&str> = others.iter().filter_map(|other| interner.get(*other)).collect();
-                pinned_retry::pinned(timeline, this, &attempts, node, &others)
             }
             Raise::Failing(run) => {
                 let first = run.first.attempt();
