@@ -312,7 +312,7 @@ async fn analysis_pass(
         let logs = store.recognised_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
         let mut events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
         // A line stored twice is one line: the store keeps a record sent again once, but not
-        // one stored before it did, nor one line forwarded by two shippers (observed twice).
+        // one line forwarded by two shippers (observed twice).
         take_once(&mut events);
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
         lines.by_cluster.insert(cluster.clone(), events);

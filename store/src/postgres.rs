@@ -28,7 +28,7 @@ use self::copy::CopyRows;
 use crate::anomaly_query::Dialect;
 use crate::rows::{
     AnomalyRow, BucketRow, LogColumns, LogRow, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow,
-    series_with_buckets, to_json_text,
+    UnidentifiedLogRow, series_with_buckets, to_json_text,
 };
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
@@ -123,6 +123,14 @@ impl PgStore {
             .await
             .map_err(open_error)?;
         MIGRATIONS.run(&pool).await?;
+        let (identified, removed) = identify_old_logs(&pool).await?;
+        if identified + removed > 0 {
+            tracing::info!(
+                identified,
+                removed,
+                "log records stored before migration 0008 now have their identity; copies of one removed"
+            );
+        }
         let reads = PgPoolOptions::new()
             .max_connections(u32::try_from(MAX_PARALLEL_TRACE_READS + 1).unwrap_or(u32::MAX))
             .acquire_timeout(Duration::from_secs(10))
@@ -1015,6 +1023,78 @@ async fn insert_spans(transaction: &mut Transaction<'_, Postgres>, spans: &[Span
 const SPANS_UNIQUE: &str = "(trace_id, span_id, start_unix_nano) WHERE trace_id IS NOT NULL AND span_id IS NOT NULL";
 /// The unique index a log record sent again breaks (its time and identity, see `LogColumns`).
 const LOGS_UNIQUE: &str = "(time_unix_nano, identity)";
+
+/// Gives each log row stored before log records had an identity (migration 0008) the one its
+/// insert would give it now, and removes the rows that turn out to be copies of another (a
+/// record sent again, which the store kept twice then), as SQLite's `identify_old_rows`.
+/// Instances connecting at once take turns batch by batch (a transaction-scoped advisory lock);
+/// a batch that meets a copy an ingest stored meanwhile (a unique violation) is run again, and
+/// then finds it. Returns (rows identified, copies removed).
+async fn identify_old_logs(pool: &PgPool) -> Result<(u64, u64)> {
+    let (mut identified, mut removed, mut batches) = (0_u64, 0_u64, 0_u64);
+    let mut conflicts = 0;
+    loop {
+        match identify_old_logs_batch(pool).await {
+            Ok(None) => return Ok((identified, removed)),
+            Ok(Some((batch_identified, batch_removed))) => {
+                identified += batch_identified;
+                removed += batch_removed;
+                batches += 1;
+                if batches.is_multiple_of(100) {
+                    tracing::info!(identified, removed, "identifying log records stored before migration 0008");
+                }
+            }
+            Err(StoreError::Query(sqlx::Error::Database(error)))
+                if error.code().as_deref() == Some("23505") && conflicts < 10 =>
+            {
+                conflicts += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// One batch of [`identify_old_logs`] in one transaction: what it identified and removed, or
+/// `None` when no row was left.
+async fn identify_old_logs_batch(pool: &PgPool) -> Result<Option<(u64, u64)>> {
+    /// The advisory lock's key: "lagscope logs identity" in eight bytes.
+    const LOCK: i64 = 0x6c67_7363_6c6f_6769;
+    let mut transaction = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(LOCK).execute(&mut *transaction).await?;
+    let rows: Vec<UnidentifiedLogRow> =
+        sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT 1000")
+            .fetch_all(&mut *transaction)
+            .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let (mut identified, mut removed) = (0, 0);
+    for row in &rows {
+        let (identity, time) = (row.identity(), row.row.time_unix_nano);
+        // In id order, so that of several copies the first stored keeps its row.
+        let updated = sqlx::query(
+            "UPDATE logs SET identity = $1 WHERE id = $2 AND time_unix_nano = $3 AND NOT EXISTS
+                 (SELECT 1 FROM logs WHERE time_unix_nano = $3 AND identity = $1)",
+        )
+        .bind(identity)
+        .bind(row.id)
+        .bind(time)
+        .execute(&mut *transaction)
+        .await?;
+        if updated.rows_affected() == 1 {
+            identified += 1;
+        } else {
+            sqlx::query("DELETE FROM logs WHERE id = $1 AND time_unix_nano = $2")
+                .bind(row.id)
+                .bind(time)
+                .execute(&mut *transaction)
+                .await?;
+            removed += 1;
+        }
+    }
+    transaction.commit().await?;
+    Ok(Some((identified, removed)))
+}
 
 /// Streams `rows` into `table`'s partitions; returns how many were new. The common case: none
 /// of the rows is stored yet, and they go straight in. A retried export (or a batch repeating a

@@ -300,10 +300,60 @@ pub(crate) struct LogColumns {
 
 impl LogColumns {
     pub(crate) fn of(record: &LogRecord) -> Self {
-        use sha2::{Digest, Sha256};
         let body = to_json_text(&record.body);
         let resource_attributes = to_json_text(&record.resource.attributes);
         let attributes = to_json_text(&record.attributes);
+        let resource = &record.resource;
+        let identity = LogFields {
+            time_unix_nano: record.time_unix_nano,
+            observed_time_unix_nano: record.observed_time_unix_nano,
+            severity_number: record.severity_number,
+            severity_text: record.severity_text.as_deref(),
+            body: &body,
+            event_name: record.event_name.as_deref(),
+            trace_id: record.trace_id.as_deref(),
+            span_id: record.span_id.as_deref(),
+            service_name: resource.service_name.as_deref(),
+            system: resource.system.as_deref(),
+            cluster: resource.cluster.as_deref(),
+            component: resource.component.as_ref().map(lagscope_model::Component::as_str),
+            node_id: resource.node_id.as_deref(),
+            resource_attributes: &resource_attributes,
+            scope_name: record.scope_name.as_deref(),
+            scope_version: record.scope_version.as_deref(),
+            attributes: &attributes,
+        }
+        .identity();
+        Self { body, resource_attributes, attributes, identity }
+    }
+}
+
+/// A log record's columns as stored (its JSON as text): what its identity is a digest of, the
+/// same whether computed for its insert or from a row stored without one.
+pub(crate) struct LogFields<'a> {
+    pub(crate) time_unix_nano: i64,
+    pub(crate) observed_time_unix_nano: Option<i64>,
+    pub(crate) severity_number: i32,
+    pub(crate) severity_text: Option<&'a str>,
+    pub(crate) body: &'a str,
+    pub(crate) event_name: Option<&'a str>,
+    pub(crate) trace_id: Option<&'a str>,
+    pub(crate) span_id: Option<&'a str>,
+    pub(crate) service_name: Option<&'a str>,
+    pub(crate) system: Option<&'a str>,
+    pub(crate) cluster: Option<&'a str>,
+    pub(crate) component: Option<&'a str>,
+    pub(crate) node_id: Option<&'a str>,
+    pub(crate) resource_attributes: &'a str,
+    pub(crate) scope_name: Option<&'a str>,
+    pub(crate) scope_version: Option<&'a str>,
+    pub(crate) attributes: &'a str,
+}
+
+impl LogFields<'_> {
+    /// See [`LogColumns::identity`].
+    pub(crate) fn identity(&self) -> i64 {
+        use sha2::{Digest, Sha256};
         let mut digest = Sha256::new();
         // Every variable-length field with its presence and length in front, so that no two
         // different records write the same bytes.
@@ -315,34 +365,69 @@ impl LogColumns {
                 digest.update(text.as_bytes());
             }
         };
-        let resource = &record.resource;
-        field(record.severity_text.as_deref());
-        field(Some(&body));
-        field(record.event_name.as_deref());
-        field(record.trace_id.as_deref());
-        field(record.span_id.as_deref());
-        field(resource.service_name.as_deref());
-        field(resource.system.as_deref());
-        field(resource.cluster.as_deref());
-        field(resource.component.as_ref().map(lagscope_model::Component::as_str));
-        field(resource.node_id.as_deref());
-        field(Some(&resource_attributes));
-        field(record.scope_name.as_deref());
-        field(record.scope_version.as_deref());
-        field(Some(&attributes));
-        digest.update(record.time_unix_nano.to_le_bytes());
-        match record.observed_time_unix_nano {
+        field(self.severity_text);
+        field(Some(self.body));
+        field(self.event_name);
+        field(self.trace_id);
+        field(self.span_id);
+        field(self.service_name);
+        field(self.system);
+        field(self.cluster);
+        field(self.component);
+        field(self.node_id);
+        field(Some(self.resource_attributes));
+        field(self.scope_name);
+        field(self.scope_version);
+        field(Some(self.attributes));
+        digest.update(self.time_unix_nano.to_le_bytes());
+        match self.observed_time_unix_nano {
             None => digest.update([0]),
             Some(observed) => {
                 digest.update([1]);
                 digest.update(observed.to_le_bytes());
             }
         }
-        digest.update(record.severity_number.to_le_bytes());
+        digest.update(self.severity_number.to_le_bytes());
         let hash = digest.finalize();
         let mut first = [0_u8; 8];
         first.copy_from_slice(&hash[..8]);
-        Self { body, resource_attributes, attributes, identity: i64::from_le_bytes(first) }
+        i64::from_le_bytes(first)
+    }
+}
+
+/// A log row stored before log records had an identity (SQLite migration 0013, PostgreSQL
+/// 0008), with its key, for the store to give it one.
+#[derive(FromRow)]
+pub(crate) struct UnidentifiedLogRow {
+    pub(crate) id: i64,
+    #[sqlx(flatten)]
+    pub(crate) row: LogRow,
+}
+
+impl UnidentifiedLogRow {
+    /// The identity its insert would have given it (its columns are the text the insert wrote).
+    pub(crate) fn identity(&self) -> i64 {
+        let (row, resource) = (&self.row, &self.row.resource);
+        LogFields {
+            time_unix_nano: row.time_unix_nano,
+            observed_time_unix_nano: row.observed_time_unix_nano,
+            severity_number: row.severity_number,
+            severity_text: row.severity_text.as_deref(),
+            body: &row.body,
+            event_name: row.event_name.as_deref(),
+            trace_id: row.trace_id.as_deref(),
+            span_id: row.span_id.as_deref(),
+            service_name: resource.service_name.as_deref(),
+            system: resource.system.as_deref(),
+            cluster: resource.cluster.as_deref(),
+            component: resource.component.as_deref(),
+            node_id: resource.node_id.as_deref(),
+            resource_attributes: &resource.resource_attributes,
+            scope_name: row.scope_name.as_deref(),
+            scope_version: row.scope_version.as_deref(),
+            attributes: &row.attributes,
+        }
+        .identity()
     }
 }
 

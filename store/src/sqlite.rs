@@ -63,6 +63,14 @@ impl SqliteStore {
         let writer =
             SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.map_err(open_error)?;
         MIGRATIONS.run(&writer).await?;
+        let (identified, removed) = logs::identify_old_rows(&writer).await?;
+        if identified + removed > 0 {
+            tracing::info!(
+                identified,
+                removed,
+                "log records stored before migration 0013 now have their identity; copies of one removed"
+            );
+        }
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options.read_only(true))

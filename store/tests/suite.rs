@@ -1170,3 +1170,76 @@ async fn concurrent_ingests_sharing_series_and_clients_all_commit(store: &dyn St
     assert_eq!(stats.samples, (SERIES * BATCHES) as u64, "{stats:?}");
     assert_eq!(stats.spans, (SERIES * BATCHES) as u64, "re-sent spans are stored once: {stats:?}");
 }
+
+/// Log rows stored before log records had an identity (SQLite migration 0013, PostgreSQL 0008)
+/// are given it when the store opens, and those that are copies of another row (a record sent
+/// again, kept twice then) are removed: afterwards every record is stored once, and a copy sent
+/// later is recognised. `raw` runs SQL on the store's database behind its back (to make the
+/// rows an older lagscope left: the same columns, no identity, copies side by side);
+/// `reopen` opens the store again.
+async fn log_rows_stored_before_identities_get_theirs<S: Store>(
+    store: S,
+    raw: impl AsyncFn(String),
+    reopen: impl AsyncFn() -> S,
+) {
+    let first = log(T0, "Cannot get available namenode for ns60 nn6002:8020 error: No namenodes available");
+    let same_time = log(T0, "Observer Node is too far behind: serverStateId = 7");
+    let second = log(T0 + SECOND, "No namenodes available under nameservice ns60");
+    let third = log(T0 + 2 * SECOND, "Disable OM follower read and retry OM leader directly");
+    let records = vec![first.clone(), same_time.clone(), second.clone(), third.clone()];
+    let batch = IngestBatch { logs: records.clone(), ..IngestBatch::default() };
+    assert_eq!(store.ingest(&batch).await.expect("ingest").logs_written, 4);
+    const COLUMNS: &str = "time_unix_nano, observed_time_unix_nano, severity_number, severity_text, body, \
+        event_name, trace_id, span_id, service_name, system, cluster, component, node_id, resource_attributes, \
+        scope_name, scope_version, attributes";
+    let copy = |condition: String| format!("INSERT INTO logs ({COLUMNS}) SELECT {COLUMNS} FROM logs WHERE {condition}");
+    // The two records at T0 and the one a second later as an older store held them: no
+    // identity, the first two twice each, the third four times.
+    raw(format!("UPDATE logs SET identity = NULL WHERE time_unix_nano IN ({T0}, {})", T0 + SECOND)).await;
+    raw(copy(format!("time_unix_nano = {T0}"))).await;
+    raw(copy(format!("time_unix_nano = {}", T0 + SECOND))).await;
+    raw(copy(format!("time_unix_nano = {}", T0 + SECOND))).await;
+    // The last one stored without an identity before the migration, and sent again after it.
+    raw(copy(format!("time_unix_nano = {}", T0 + 2 * SECOND))).await;
+    assert_eq!(store.stats().await.expect("stats").logs, 2 + 2 + 4 + 2);
+    drop(store);
+
+    let store = reopen().await;
+    assert_eq!(store.stats().await.expect("stats").logs, 4, "each record once");
+    assert_eq!(store.logs(TimeRange::ALL, 100).await.expect("logs"), records, "each record as it was");
+    let again = store.ingest(&batch).await.expect("sent again");
+    assert_eq!(again.logs_written, 0, "every stored record is recognised when sent again");
+    drop(store);
+    let store = reopen().await;
+    assert_eq!(store.stats().await.expect("stats").logs, 4, "opening again changes nothing");
+}
+
+#[tokio::test]
+async fn sqlite_gives_log_rows_stored_before_identities_theirs() {
+    let (store, directory) = open_sqlite().await;
+    let url = format!("sqlite://{}", directory.path().join(lagscope_store::sqlite_database_file()).display());
+    let raw = async |sql: String| {
+        let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await.expect("connect");
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&mut connection)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    };
+    let reopen = async || SqliteStore::open_dir(directory.path()).await.expect("store opens again");
+    log_rows_stored_before_identities_get_theirs(store, raw, reopen).await;
+}
+
+#[tokio::test]
+async fn postgres_gives_log_rows_stored_before_identities_theirs() {
+    let url = postgres_support::fresh_database().await;
+    let store = PgStore::connect(&url).await.unwrap_or_else(|error| panic!("cannot open {url}: {error}"));
+    let raw = async |sql: String| {
+        let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.expect("connect");
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&mut connection)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    };
+    let reopen = async || PgStore::connect(&url).await.expect("store connects again");
+    log_rows_stored_before_identities_get_theirs(store, raw, reopen).await;
+}

@@ -4,7 +4,7 @@ use lagscope_model::LogRecord;
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::insert_rows;
-use crate::rows::{LogColumns, LogRow};
+use crate::rows::{LogColumns, LogRow, UnidentifiedLogRow};
 use crate::{Result, TimeRange};
 
 const INSERT_HEAD: &str = "INSERT INTO logs (
@@ -77,3 +77,52 @@ pub(super) async fn recognised_for_cluster(
     .await?;
     rows.into_iter().map(LogRow::into_record).collect()
 }
+
+/// Gives each log row stored before log records had an identity (migration 0013) the one its
+/// insert would give it now, and removes the rows that turn out to be copies of another (a
+/// record sent again, which the store kept twice then): afterwards a stored record is stored
+/// once, and a copy of it sent later is recognised. Rows without an identity are found through
+/// the partial index of migration 0014, which stays empty once they are done: on a store with
+/// none this is one empty index read. Each batch is one transaction, so an interrupted run
+/// loses nothing and the next open finishes it. Returns (rows identified, copies removed).
+pub(super) async fn identify_old_rows(pool: &SqlitePool) -> Result<(u64, u64)> {
+    let (mut identified, mut removed, mut batches) = (0_u64, 0_u64, 0_u64);
+    loop {
+        let mut transaction = pool.begin().await?;
+        let rows: Vec<UnidentifiedLogRow> =
+            sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT ?1")
+                .bind(IDENTIFY_BATCH)
+                .fetch_all(&mut *transaction)
+                .await?;
+        if rows.is_empty() {
+            return Ok((identified, removed));
+        }
+        for row in &rows {
+            let identity = row.identity();
+            // In id order, so that of several copies the first stored keeps its row.
+            let updated = sqlx::query(
+                "UPDATE logs SET identity = ?1 WHERE id = ?2 AND NOT EXISTS
+                     (SELECT 1 FROM logs WHERE time_unix_nano = ?3 AND identity = ?1)",
+            )
+            .bind(identity)
+            .bind(row.id)
+            .bind(row.row.time_unix_nano)
+            .execute(&mut *transaction)
+            .await?;
+            if updated.rows_affected() == 1 {
+                identified += 1;
+            } else {
+                sqlx::query("DELETE FROM logs WHERE id = ?1").bind(row.id).execute(&mut *transaction).await?;
+                removed += 1;
+            }
+        }
+        transaction.commit().await?;
+        batches += 1;
+        if batches.is_multiple_of(100) {
+            tracing::info!(identified, removed, "identifying log records stored before migration 0013");
+        }
+    }
+}
+
+/// Rows identified per transaction.
+const IDENTIFY_BATCH: i64 = 1_000;
