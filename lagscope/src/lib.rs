@@ -15,6 +15,7 @@ mod live;
 pub mod lscap;
 pub mod migrate;
 pub mod native_server;
+pub mod output;
 mod retention;
 pub mod server;
 pub mod sim_cmd;

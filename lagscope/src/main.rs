@@ -2,7 +2,6 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use std::io::Write;
 
 use lagscope::analyze::{Format, analyze_paths_emitting, write_json, write_table};
 use lagscope::{Config, Server};
@@ -422,12 +421,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Analyze { format, config, kinds, decode_threads, paths } => {
             let config = Config::load(config.as_deref())?;
-            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             // Lines of serde_json's text, written by the model's faster JSON writer one after
             // another into one buffer and handed to stdout a few hundred kilobytes at a time
-            // (not copied once more through a line buffer: the 10 M capture writes 1.1 GB).
-            // It only ever holds whole lines: a line that fails to serialize is taken back.
+            // (not copied once more through a line buffer: the 10 M capture writes 1.1 GB), on
+            // a thread of its own (`output`: a write blocked on a busy disk does not stop the
+            // analysis). A chunk only ever holds whole lines: a line that fails to serialize is
+            // taken back.
             const WRITE_CHUNK: usize = 1 << 18;
+            let mut output = lagscope::output::ChunkWriter::spawn(std::io::stdout(), 8)
+                .context("cannot start the thread writing the anomalies")?;
             let mut lines = Vec::with_capacity(WRITE_CHUNK + (1 << 14));
             let mut write_line = |anomaly: &lagscope_model::Anomaly| -> anyhow::Result<()> {
                 let whole = lines.len();
@@ -437,8 +439,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 lines.push(b'\n');
                 if lines.len() >= WRITE_CHUNK {
-                    stdout.write_all(&lines)?;
-                    lines.clear();
+                    lines = output.write(std::mem::take(&mut lines))?;
                 }
                 Ok(())
             };
@@ -447,7 +448,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let threads = decode_threads.map_or_else(lagscope::analyze::default_decode_threads, usize::from);
             let analyzed = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads);
             // The anomalies written before any error are kept.
-            stdout.write_all(&lines)?;
+            output.write(lines)?;
+            output.finish()?;
             let report = analyzed?;
             eprintln!(
                 "read {} export requests from {} file(s): {} spans, {} metric samples, {} log records; {} anomalies",
@@ -490,9 +492,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     stats.duplicates
                 );
             }
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
             match format {
                 Format::Json => write_json(&mut stdout, &report.anomalies),
-                Format::Jsonl => Ok(stdout.flush()?),
+                Format::Jsonl => Ok(()),
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
