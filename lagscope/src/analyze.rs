@@ -2,7 +2,9 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flate2::read::MultiGzDecoder;
@@ -63,7 +65,7 @@ pub fn analyze_paths_kinds(
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
 ) -> anyhow::Result<Report> {
-    analyze_paths_emitting(paths, config, kinds, None, default_decode_threads())
+    analyze_paths_emitting(paths, config, kinds, None, default_decode_threads(), Progress::Off)
 }
 
 /// How many threads decode OTLP JSON by default: the machine's cores, up to 8 (decoding is
@@ -81,13 +83,14 @@ pub type Emit<'a> = &'a mut dyn FnMut(&Anomaly) -> anyhow::Result<()>;
 /// Every capture goes through the streaming engine, one export request (OTLP JSON lines) or
 /// one block (lscap) at a time: memory holds what is in flight, not the capture. OTLP JSON is
 /// decoded on `decode_threads` threads (1: on the caller's alone), handed to the engine in
-/// the file's order.
+/// the file's order. `progress` says how it reports its progress on stderr.
 pub fn analyze_paths_emitting(
     paths: &[impl AsRef<Path>],
     config: &AnalyzerConfig,
     kinds: &[AnomalyKind],
     emit: Option<Emit<'_>>,
     decode_threads: usize,
+    progress: Progress,
 ) -> anyhow::Result<Report> {
     if paths.is_empty() {
         bail!("no capture given: pass OTLP JSON files (.json, .jsonl, optionally .gz) or lscap files");
@@ -103,15 +106,18 @@ pub fn analyze_paths_emitting(
         read: 0.0,
         detect: 0.0,
         writing: 0.0,
+        progress: Reporter::new(progress, paths.len()),
     };
     for path in paths {
         let path = path.as_ref();
-        if crate::lscap::is_lscap(path) {
-            run.lscap(path)?;
-        } else {
-            run.otlp_json(path)?;
+        run.progress.file(path);
+        let result = if crate::lscap::is_lscap(path) { run.lscap(path) } else { run.otlp_json(path) };
+        if result.is_err() {
+            run.progress.clear();
         }
+        result?;
     }
+    run.progress.clear();
     let finishing = Instant::now();
     let Run {
         engine,
@@ -124,6 +130,7 @@ pub fn analyze_paths_emitting(
         read,
         mut detect,
         mut writing,
+        progress: _,
     } = run;
     let (mut anomalies, stats) = engine.finish();
     detect += finishing.elapsed().as_secs_f64();
@@ -161,6 +168,7 @@ struct Run<'c, 'e> {
     read: f64,
     detect: f64,
     writing: f64,
+    progress: Reporter,
 }
 
 impl Run<'_, '_> {
@@ -188,7 +196,7 @@ impl Run<'_, '_> {
         let mut batch = Batch::default();
         // Reading the file counts with decoding: from the end of the previous block's work.
         let mut started = Instant::now();
-        crate::lscap::read_lscap_blocks(path, |_, payload| {
+        crate::lscap::read_lscap_blocks(path, |block, payload| {
             let mut at = 0;
             while at < payload.len() {
                 decoder
@@ -223,13 +231,18 @@ impl Run<'_, '_> {
             }
             let emitted = self.emit_found();
             started = Instant::now();
+            if self.progress.due(started) {
+                // Through this block: its offset, its length's four bytes and its payload.
+                let through = block.offset + 4 + payload.len() as u64;
+                self.progress.report(started, through, self.engine.stats().spans, self.anomaly_count);
+            }
             emitted
         })
     }
 
     /// An OTLP JSON capture (optionally gzipped), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
-        let reader = open_capture(path)?;
+        let (reader, bytes_read) = open_capture_counted(path)?;
         self.json_read = true;
         let mut started = Instant::now();
         let mut failure = None;
@@ -237,6 +250,10 @@ impl Run<'_, '_> {
             stream_requests_decoding_on(self.decode_threads, &path.display().to_string(), reader, |decoded| {
                 let decoded_at = Instant::now();
                 self.read += (decoded_at - started).as_secs_f64();
+                if self.progress.due(decoded_at) {
+                    let (bytes, spans) = (bytes_read.load(Ordering::Relaxed), self.engine.stats().spans);
+                    self.progress.report(decoded_at, bytes, spans, self.anomaly_count);
+                }
                 push_decoded(&mut self.engine, &decoded);
                 self.log_records += decoded.logs.len();
                 self.detect += decoded_at.elapsed().as_secs_f64();
@@ -258,12 +275,195 @@ impl Run<'_, '_> {
 
 /// A capture file for reading request by request, gunzipped when it ends in `.gz`.
 pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead + Send>> {
+    Ok(open_capture_counted(path)?.0)
+}
+
+/// [`open_capture`], with a count of the bytes read from the file so far (compressed bytes,
+/// for a `.gz`): how far through it the reading is, from any thread.
+fn open_capture_counted(path: &Path) -> anyhow::Result<(Box<dyn std::io::BufRead + Send>, Arc<AtomicU64>)> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    Ok(if path.extension().is_some_and(|extension| extension == "gz") {
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let file = Counted { inner: file, bytes_read: bytes_read.clone() };
+    let reader: Box<dyn std::io::BufRead + Send> = if path.extension().is_some_and(|extension| extension == "gz") {
         Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))
     } else {
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
-    })
+    };
+    Ok((reader, bytes_read))
+}
+
+/// A reader counting the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    bytes_read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buffer)?;
+        self.bytes_read.fetch_add(read as u64, Ordering::Relaxed);
+        Ok(read)
+    }
+}
+
+/// How `analyze` reports its progress on stderr while it reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Progress {
+    Off,
+    /// A line every so often, each on a line of its own (for logs).
+    Lines(Duration),
+    /// One line redrawn in place every so often, and erased at the end (for a terminal).
+    InPlace(Duration),
+}
+
+impl Progress {
+    /// `every` seconds on lines of their own when asked for; otherwise once a second in place
+    /// when stderr is a terminal, and none when it is not (a log or a script reading it).
+    pub fn choose(every: Option<f64>, stderr_is_terminal: bool) -> anyhow::Result<Self> {
+        match every {
+            Some(seconds) => match Duration::try_from_secs_f64(seconds) {
+                Ok(every) => Ok(Self::Lines(every)),
+                Err(_) => bail!("--progress-every {seconds}: not a number of seconds (0 or more)"),
+            },
+            None if stderr_is_terminal => Ok(Self::InPlace(Duration::from_secs(1))),
+            None => Ok(Self::Off),
+        }
+    }
+}
+
+/// Progress through the capture files: where in which file, spans pushed, anomalies found,
+/// and the rate since the start.
+struct Reporter {
+    progress: Progress,
+    started: Instant,
+    next: Option<Instant>,
+    files: usize,
+    file_index: usize,
+    file_name: String,
+    /// The file's name without its directory.
+    short_name: String,
+    /// The current file's size, when known.
+    file_bytes: Option<u64>,
+    /// Whether a line drawn in place is on screen.
+    drawn: bool,
+}
+
+impl Reporter {
+    fn new(progress: Progress, files: usize) -> Self {
+        let started = Instant::now();
+        let next = match progress {
+            Progress::Off => None,
+            Progress::Lines(every) | Progress::InPlace(every) => Some(started + every),
+        };
+        Self {
+            progress,
+            started,
+            next,
+            files,
+            file_index: 0,
+            file_name: String::new(),
+            short_name: String::new(),
+            file_bytes: None,
+            drawn: false,
+        }
+    }
+
+    /// A file is about to be read.
+    fn file(&mut self, path: &Path) {
+        self.file_index += 1;
+        self.file_name = path.display().to_string();
+        self.short_name =
+            path.file_name().map_or_else(|| self.file_name.clone(), |name| name.to_string_lossy().into_owned());
+        self.file_bytes = std::fs::metadata(path).ok().map(|metadata| metadata.len());
+    }
+
+    /// Whether a report is due at `now` (cheap: called for every chunk read).
+    fn due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|next| now >= next)
+    }
+
+    fn report(&mut self, now: Instant, bytes_done: u64, spans: u64, anomalies: usize) {
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        let rate = spans as f64 / elapsed.max(1e-9);
+        let through = match self.file_bytes {
+            Some(total) if total > 0 => format!(
+                "{:.0}% of {}",
+                (bytes_done.min(total) as f64 * 100.0 / total as f64).floor(),
+                human_bytes(total)
+            ),
+            _ => format!("{} read", human_bytes(bytes_done)),
+        };
+        let files =
+            if self.files > 1 { format!(" (file {} of {})", self.file_index, self.files) } else { String::new() };
+        let mut stderr = std::io::stderr().lock();
+        // Progress is best effort: a closed stderr does not stop the analysis.
+        let _ = match self.progress {
+            Progress::Off => return,
+            Progress::Lines(every) => {
+                self.next = Some(now + every);
+                writeln!(
+                    stderr,
+                    "analyze: {}{files}: {through}; {spans} spans, {anomalies} anomalies so far; {elapsed:.0} s, {rate:.0} \
+                     spans/s",
+                    self.file_name
+                )
+            }
+            Progress::InPlace(every) => {
+                self.next = Some(now + every);
+                self.drawn = true;
+                // A line that wraps cannot be redrawn with a carriage return: at most 79
+                // characters, the numbers first and the file's name (without its directory)
+                // last, where it may be cut.
+                let line = format!(
+                    "{through}{files}: {} spans, {} anomalies, {} spans/s; {}",
+                    human_count(spans as f64),
+                    human_count(anomalies as f64),
+                    human_count(rate),
+                    self.short_name
+                );
+                let line: String = line.chars().take(79).collect();
+                write!(stderr, "\r\x1b[K{line}").and_then(|()| stderr.flush())
+            }
+        };
+    }
+
+    /// Erases a line drawn in place (before the summary, or an error, is printed).
+    fn clear(&mut self) {
+        if self.drawn {
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(stderr, "\r\x1b[K").and_then(|()| stderr.flush());
+            self.drawn = false;
+        }
+    }
+}
+
+/// A count in three significant figures with a decimal suffix (`1.96 M`), exact below 1 000.
+fn human_count(value: f64) -> String {
+    let (scaled, suffix) = match value {
+        value if value < 1e3 => return format!("{value:.0}"),
+        value if value < 1e6 => (value / 1e3, "k"),
+        value if value < 1e9 => (value / 1e6, "M"),
+        value => (value / 1e9, "G"),
+    };
+    let decimals = if scaled < 10.0 {
+        2
+    } else if scaled < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{scaled:.decimals$} {suffix}")
+}
+
+/// Bytes in the largest unit that keeps a number of at least 1 (decimal units, as `du -h --si`).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 /// Hands one decoded export request's spans and samples to the engine, in their order.
@@ -373,4 +573,31 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
 fn rfc3339(unix_nano: i64) -> String {
     jiff::Timestamp::from_nanosecond(i128::from(unix_nano))
         .map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_numbers_read_at_a_glance() {
+        let counts = [0.0, 999.0, 1_000.0, 76_901.0, 196_486.0, 1_964_855.0, 12_345_678.0, 2.5e9];
+        let shown: Vec<String> = counts.into_iter().map(human_count).collect();
+        assert_eq!(shown, ["0", "999", "1.00 k", "76.9 k", "196 k", "1.96 M", "12.3 M", "2.50 G"]);
+        let sizes = [0, 999, 139_500, 688_739_115, 1_100_000_000_000];
+        let shown: Vec<String> = sizes.into_iter().map(human_bytes).collect();
+        assert_eq!(shown, ["0 B", "999 B", "139.5 kB", "688.7 MB", "1.1 TB"]);
+    }
+
+    #[test]
+    fn progress_is_asked_for_or_follows_the_terminal() {
+        assert_eq!(Progress::choose(Some(2.5), false).expect("valid"), Progress::Lines(Duration::from_millis(2_500)));
+        assert_eq!(Progress::choose(Some(0.0), true).expect("valid"), Progress::Lines(Duration::ZERO));
+        assert_eq!(Progress::choose(None, true).expect("valid"), Progress::InPlace(Duration::from_secs(1)));
+        assert_eq!(Progress::choose(None, false).expect("valid"), Progress::Off);
+        for refused in [-1.0, f64::NAN, f64::INFINITY] {
+            let error = Progress::choose(Some(refused), false).expect_err("refused").to_string();
+            assert!(error.contains("--progress-every"), "{error}");
+        }
+    }
 }

@@ -111,6 +111,11 @@ enum Command {
         /// machine's cores, up to 8].
         #[arg(long, env = "LAGSCOPE_DECODE_THREADS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
         decode_threads: Option<u16>,
+        /// Print a progress line to stderr every this many seconds (where in which file,
+        /// spans, anomalies, rate) [default: once a second, redrawn in place, when stderr is a
+        /// terminal; none otherwise].
+        #[arg(long, value_name = "SECONDS")]
+        progress_every: Option<f64>,
         /// Capture files.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -419,8 +424,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.run_until(shutdown_signal()).await
             })
         }
-        Command::Analyze { format, config, kinds, decode_threads, paths } => {
+        Command::Analyze { format, config, kinds, decode_threads, progress_every, paths } => {
             let config = Config::load(config.as_deref())?;
+            let progress = lagscope::analyze::Progress::choose(
+                progress_every,
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            )?;
             // Lines of serde_json's text, written by the model's faster JSON writer one after
             // another into one buffer and handed to stdout a few hundred kilobytes at a time
             // (not copied once more through a line buffer: the 10 M capture writes 1.1 GB), on
@@ -446,7 +455,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let emit: Option<lagscope::analyze::Emit<'_>> =
                 if format == Format::Jsonl { Some(&mut write_line) } else { None };
             let threads = decode_threads.map_or_else(lagscope::analyze::default_decode_threads, usize::from);
-            let analyzed = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads);
+            let analyzed = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads, progress);
             // The anomalies written before any error are kept.
             output.write(lines)?;
             output.finish()?;

@@ -261,3 +261,61 @@ fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+#[test]
+fn progress_lines_say_how_far_through_which_file_and_only_when_asked_or_on_a_terminal() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let json = directory.path().join("race.jsonl");
+    let lscap = directory.path().join("race.lscap");
+    // Progress is checked per request in OTLP JSON and per block (~256 KB) in lscap.
+    for (capture, duration) in [(&json, "10s"), (&lscap, "120s")] {
+        let simulated = lagscope(&[
+            "sim",
+            "--scenario",
+            "hdfs-publish-race",
+            "--duration",
+            duration,
+            "--out",
+            capture.to_str().expect("path"),
+        ]);
+        assert!(simulated.status.success(), "{}", String::from_utf8_lossy(&simulated.stderr));
+    }
+    let (json, lscap) = (json.to_str().expect("path"), lscap.to_str().expect("path"));
+    let stderr = |args: &[&str]| {
+        let output = lagscope(args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    // Not a terminal, not asked: no progress (scripts read this stderr).
+    let quiet = stderr(&["analyze", "--format", "jsonl", json, lscap]);
+    assert!(!quiet.contains("analyze: "), "{quiet}");
+    // Every chunk read: lines naming each file in turn, percentages that never go back and
+    // counts that never go down, in both formats.
+    let log = stderr(&["analyze", "--format", "jsonl", "--progress-every", "0", json, lscap]);
+    let lines: Vec<&str> = log.lines().filter(|line| line.starts_with("analyze: ")).collect();
+    let parse = |line: &str| -> (String, u32, u64, u64) {
+        // analyze: PATH (file I of 2): P% of SIZE; S spans, A anomalies so far; ...
+        let (file, rest) = line["analyze: ".len()..].split_once(" (file ").expect(line);
+        let percent = rest.split_once("): ").and_then(|(_, rest)| rest.split_once('%')).expect(line).0;
+        let spans = rest.split_once("; ").and_then(|(_, rest)| rest.split_once(" spans")).expect(line).0;
+        let anomalies = rest.split_once(" spans, ").and_then(|(_, rest)| rest.split_once(" anomalies")).expect(line).0;
+        (file.to_string(), percent.parse().expect(line), spans.parse().expect(line), anomalies.parse().expect(line))
+    };
+    let parsed: Vec<_> = lines.iter().map(|line| parse(line)).collect();
+    for file in [json, lscap] {
+        let of_file: Vec<_> = parsed.iter().filter(|(name, ..)| name == file).collect();
+        assert!(of_file.len() > 2, "{file}: {lines:?}");
+        assert!(of_file.windows(2).all(|pair| pair[0].1 <= pair[1].1), "{file}: percentages go back: {of_file:?}");
+        assert!(of_file.iter().all(|(_, percent, ..)| *percent <= 100), "{of_file:?}");
+        assert_eq!(of_file.last().expect("lines").1, 100, "{file}: reached {:?}", of_file.last());
+    }
+    assert_eq!(parsed.first().expect("lines").0, json, "the files in the order given");
+    assert!(parsed.windows(2).all(|pair| pair[0].2 <= pair[1].2 && pair[0].3 <= pair[1].3), "{parsed:?}");
+    assert!(lines.iter().any(|line| line.contains("(file 2 of 2)")), "{lines:?}");
+    // The summary still follows.
+    assert!(log.contains("anomalies\n") && log.contains("took "), "{log}");
+    let refused = lagscope(&["analyze", "--progress-every=-1", json]);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("--progress-every -1"), "{message}");
+}
