@@ -16,6 +16,7 @@ pub mod lscap;
 pub mod migrate;
 pub mod native_server;
 pub mod output;
+pub mod progress;
 mod retention;
 pub mod server;
 pub mod sim_cmd;

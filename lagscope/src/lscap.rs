@@ -105,7 +105,11 @@ pub struct Converted {
 
 /// Converts OTLP JSON captures (JSON lines, optionally gzipped) into one lscap file, one
 /// export request at a time. Refuses to write over a capture it reads.
-pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Converted> {
+pub fn convert(
+    captures: &[impl AsRef<Path>],
+    out: &Path,
+    progress: crate::progress::Progress,
+) -> anyhow::Result<Converted> {
     if !is_lscap(out) {
         bail!("{}: the output must be an .lscap file", out.display());
     }
@@ -116,29 +120,40 @@ pub fn convert(captures: &[impl AsRef<Path>], out: &Path) -> anyhow::Result<Conv
     let mut writer =
         LscapWriter::new(std::io::BufWriter::new(file)).with_context(|| format!("cannot write {}", out.display()))?;
     let mut converted = Converted::default();
+    let mut reporter = crate::progress::Reporter::new("convert", progress, captures.len());
     for capture in captures {
         let path = capture.as_ref();
-        let reader = crate::analyze::open_capture(path)?;
+        reporter.file(path);
+        let (reader, bytes_read) = crate::analyze::open_capture_counted(path)?;
         let name = path.display().to_string();
         let threads = crate::analyze::default_decode_threads();
-        converted.requests +=
-            lagscope_collector::capture::stream_requests_decoding_on(threads, &name, reader, |decoded| {
-                let written: std::io::Result<()> = (|| {
-                    for span in &decoded.spans {
-                        writer.span(span)?;
-                    }
-                    for sample in &decoded.samples {
-                        writer.sample(sample)?;
-                    }
-                    for log in &decoded.logs {
-                        writer.log(log)?;
-                    }
-                    Ok(())
-                })();
-                converted.log_records += decoded.logs.len();
-                written.map_err(|error| format!("cannot write {}: {error}", out.display()))
-            })?;
+        let requests = lagscope_collector::capture::stream_requests_decoding_on(threads, &name, reader, |decoded| {
+            let now = std::time::Instant::now();
+            if reporter.due(now) {
+                let bytes = bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+                reporter.report(now, bytes, writer.spans, None);
+            }
+            let written: std::io::Result<()> = (|| {
+                for span in &decoded.spans {
+                    writer.span(span)?;
+                }
+                for sample in &decoded.samples {
+                    writer.sample(sample)?;
+                }
+                for log in &decoded.logs {
+                    writer.log(log)?;
+                }
+                Ok(())
+            })();
+            converted.log_records += decoded.logs.len();
+            written.map_err(|error| format!("cannot write {}: {error}", out.display()))
+        });
+        if requests.is_err() {
+            reporter.clear();
+        }
+        converted.requests += requests?;
     }
+    reporter.clear();
     converted.spans = writer.spans;
     converted.samples = writer.samples;
     converted.skipped_samples = writer.skipped_samples;

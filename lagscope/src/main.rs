@@ -1,3 +1,4 @@
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -232,6 +233,10 @@ enum Command {
         /// The lscap file to write.
         #[arg(long, value_name = "FILE.lscap")]
         out: PathBuf,
+        /// Print a progress line to stderr every this many seconds [default: once a second,
+        /// redrawn in place, when stderr is a terminal; none otherwise].
+        #[arg(long, value_name = "SECONDS")]
+        progress_every: Option<f64>,
         /// Capture files to read.
         #[arg(required = true)]
         captures: Vec<PathBuf>,
@@ -297,8 +302,9 @@ fn parse_kind(text: &str) -> Result<lagscope_model::AnomalyKind, String> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Convert { out, captures } => {
-            let written = lagscope::lscap::convert(&captures, &out)?;
+        Command::Convert { out, progress_every, captures } => {
+            let progress = lagscope::progress::Progress::choose(progress_every, std::io::stderr().is_terminal())?;
+            let written = lagscope::lscap::convert(&captures, &out, progress)?;
             eprintln!(
                 "wrote {}: {} spans, {} numeric samples and {} recognised log lines from {} export requests ({} \
                  histogram or summary points and {} other log records not carried: no detector reads them)",

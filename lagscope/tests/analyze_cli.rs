@@ -263,7 +263,7 @@ fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
 }
 
 #[test]
-fn progress_lines_say_how_far_through_which_file_and_only_when_asked_or_on_a_terminal() {
+fn progress_lines_of_analyze_and_convert_say_how_far_through_which_file_only_when_asked_or_on_a_terminal() {
     let directory = tempfile::tempdir().expect("temp dir");
     let json = directory.path().join("race.jsonl");
     let lscap = directory.path().join("race.lscap");
@@ -314,6 +314,13 @@ fn progress_lines_say_how_far_through_which_file_and_only_when_asked_or_on_a_ter
     assert!(lines.iter().any(|line| line.contains("(file 2 of 2)")), "{lines:?}");
     // The summary still follows.
     assert!(log.contains("anomalies\n") && log.contains("took "), "{log}");
+    // convert says how far it is too: spans written, nothing about anomalies.
+    let converted = directory.path().join("again.lscap");
+    let log = stderr(&["convert", "--progress-every", "0", "--out", converted.to_str().expect("path"), json]);
+    let lines: Vec<&str> = log.lines().filter(|line| line.starts_with("convert: ")).collect();
+    assert!(lines.len() > 2, "{log}");
+    assert!(lines.iter().all(|line| line.contains(" spans so far;") && !line.contains("anomalies")), "{lines:?}");
+    assert!(lines.last().is_some_and(|line| line.contains(": 100% of ")), "{lines:?}");
     let refused = lagscope(&["analyze", "--progress-every=-1", json]);
     assert!(!refused.status.success());
     let message = String::from_utf8_lossy(&refused.stderr);
