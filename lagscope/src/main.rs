@@ -153,6 +153,10 @@ enum Command {
         /// serving after the run until Ctrl-C.
         #[arg(long)]
         serve_native: Option<String>,
+        /// Print a progress line to stderr every this many seconds (simulated time, spans)
+        /// [default: once a second, redrawn in place, when stderr is a terminal; none otherwise].
+        #[arg(long, value_name = "SECONDS")]
+        progress_every: Option<f64>,
     },
     /// Export lag analytics (per-read staleness, apply lag, rejections, their per-step
     /// percentiles) and the spans they came from as Parquet, from the store or from captures;
@@ -514,7 +518,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
-        Command::Sim { list, scenario, run, out, otlp_http, otlp_grpc, truth, realtime, serve_native } => {
+        Command::Sim {
+            list,
+            scenario,
+            run,
+            out,
+            otlp_http,
+            otlp_grpc,
+            truth,
+            realtime,
+            serve_native,
+            progress_every,
+        } => {
             if list {
                 for info in lagscope_sim::scenarios() {
                     println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
@@ -542,7 +557,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => None,
             };
             let started = std::time::Instant::now();
-            let (run_truth, requests) = sim_cmd::run_with_native(&config, &target, realtime, native)?;
+            let progress = lagscope::progress::Progress::choose(progress_every, std::io::stderr().is_terminal())?;
+            let (run_truth, requests) = sim_cmd::run_with_native(&config, &target, realtime, native, progress)?;
             eprintln!(
                 "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
                 config.scenario,

@@ -1,5 +1,5 @@
-//! Progress of the commands that read captures (`analyze`, `convert`) on stderr: how far
-//! through which file, how much was read and found, and the rate. Redrawn in place on a
+//! Progress of the long commands (`analyze`, `convert`, `sim`) on stderr: how far through
+//! which file (or how much of the run simulated), how much was read and found, and the rate. Redrawn in place on a
 //! terminal, as lines when asked for (logs), nothing otherwise (scripts read that stderr).
 
 use std::io::Write;
@@ -33,7 +33,16 @@ impl Progress {
     }
 }
 
-/// Progress through the capture files: where in which file, spans pushed, anomalies found,
+/// How far a command is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// Bytes read of the current file.
+    Bytes(u64),
+    /// Simulated time since the run's start, of the run's length when known (nanoseconds).
+    Simulated { at: i64, of: Option<i64> },
+}
+
+/// Progress through the capture files (or a simulated run): where in which file, spans pushed, anomalies found,
 /// and the rate since the start.
 pub(crate) struct Reporter {
     /// The command, first on each line.
@@ -90,15 +99,24 @@ impl Reporter {
     /// Reports `bytes_done` of the current file read, `spans` handled, and `anomalies` found
     /// (for a command that looks for them).
     pub(crate) fn report(&mut self, now: Instant, bytes_done: u64, spans: u64, anomalies: Option<usize>) {
+        self.report_at(now, Position::Bytes(bytes_done), spans, anomalies);
+    }
+
+    /// [`Reporter::report`] at any [`Position`].
+    pub(crate) fn report_at(&mut self, now: Instant, position: Position, spans: u64, anomalies: Option<usize>) {
         let elapsed = now.duration_since(self.started).as_secs_f64();
         let rate = spans as f64 / elapsed.max(1e-9);
-        let through = match self.file_bytes {
-            Some(total) if total > 0 => format!(
-                "{:.0}% of {}",
-                (bytes_done.min(total) as f64 * 100.0 / total as f64).floor(),
-                human_bytes(total)
+        let through = match (position, self.file_bytes) {
+            (Position::Bytes(done), Some(total)) if total > 0 => {
+                format!("{:.0}% of {}", (done.min(total) as f64 * 100.0 / total as f64).floor(), human_bytes(total))
+            }
+            (Position::Bytes(done), _) => format!("{} read", human_bytes(done)),
+            (Position::Simulated { at, of: Some(of) }, _) if of > 0 => format!(
+                "{:.0}% of {} s simulated",
+                (at.clamp(0, of) as f64 * 100.0 / of as f64).floor(),
+                of / 1_000_000_000
             ),
-            _ => format!("{} read", human_bytes(bytes_done)),
+            (Position::Simulated { at, .. }, _) => format!("{} s simulated", at.max(0) / 1_000_000_000),
         };
         let files =
             if self.files > 1 { format!(" (file {} of {})", self.file_index, self.files) } else { String::new() };
@@ -110,10 +128,12 @@ impl Reporter {
             Progress::Lines(every) => {
                 self.next = Some(now + every);
                 let found = found(anomalies.unwrap_or_default().to_string());
+                let file =
+                    if self.file_name.is_empty() { String::new() } else { format!("{}{files}: ", self.file_name) };
                 writeln!(
                     stderr,
-                    "{}: {}{files}: {through}; {spans} spans{found} so far; {elapsed:.0} s, {rate:.0} spans/s",
-                    self.command, self.file_name
+                    "{}: {file}{through}; {spans} spans{found} so far; {elapsed:.0} s, {rate:.0} spans/s",
+                    self.command
                 )
             }
             Progress::InPlace(every) => {
@@ -122,13 +142,15 @@ impl Reporter {
                 // A line that wraps cannot be redrawn with a carriage return: at most 79
                 // characters, the numbers first and the file's name (without its directory)
                 // last, where it may be cut.
-                let line = format!(
-                    "{through}{files}: {} spans{}, {} spans/s; {}",
+                let mut line = format!(
+                    "{through}{files}: {} spans{}, {} spans/s",
                     human_count(spans as f64),
                     found(human_count(anomalies.unwrap_or_default() as f64)),
                     human_count(rate),
-                    self.short_name
                 );
+                if !self.short_name.is_empty() {
+                    line = format!("{line}; {}", self.short_name);
+                }
                 let line: String = line.chars().take(79).collect();
                 write!(stderr, "\r\x1b[K{line}").and_then(|()| stderr.flush())
             }

@@ -10,6 +10,8 @@ use lagscope_sim::native::NativeState;
 use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use prost::Message;
 
+use crate::progress::{Position, Progress, Reporter};
+
 /// Where the simulated telemetry goes.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -112,10 +114,29 @@ impl Sink for ChannelSink {
     }
 }
 
-/// Shares the latest metric values with the native endpoints while passing requests on.
+/// Shares the latest metric values with the native endpoints while passing requests on, and
+/// reports how far the run is.
 struct Tee<'a> {
     inner: &'a mut dyn Sink,
     native: Option<NativeHandle>,
+    progress: Reporter,
+    /// The run's length, when it was given; the latest simulated time exported; spans so far.
+    length: Option<Nanos>,
+    latest: Nanos,
+    spans: u64,
+}
+
+impl<'a> Tee<'a> {
+    fn new(inner: &'a mut dyn Sink, native: Option<NativeHandle>, config: &SimConfig, progress: Progress) -> Self {
+        Self {
+            inner,
+            native,
+            progress: Reporter::new("sim", progress, 1),
+            length: config.duration,
+            latest: 0,
+            spans: 0,
+        }
+    }
 }
 
 impl Sink for Tee<'_> {
@@ -123,7 +144,23 @@ impl Sink for Tee<'_> {
         if let Some(native) = &self.native {
             native.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).observe(&request);
         }
+        if let Request::Traces(traces) = &request {
+            let spans = traces.resource_spans.iter().flat_map(|resource| &resource.scope_spans);
+            self.spans += spans.map(|scope| scope.spans.len() as u64).sum::<u64>();
+        }
+        self.latest = self.latest.max(at);
+        let now = Instant::now();
+        if self.progress.due(now) {
+            let position = Position::Simulated { at: self.latest, of: self.length };
+            self.progress.report_at(now, position, self.spans, None);
+        }
         self.inner.export(at, request);
+    }
+}
+
+impl Drop for Tee<'_> {
+    fn drop(&mut self) {
+        self.progress.clear();
     }
 }
 
@@ -132,22 +169,24 @@ pub type NativeHandle = Arc<Mutex<NativeState>>;
 
 /// Runs the scenario into `target`; returns its truth and how many requests were sent.
 pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Result<(Truth, u64)> {
-    run_with_native(config, target, realtime, None)
+    run_with_native(config, target, realtime, None, Progress::Off)
 }
 
-/// [`run`], also keeping `native` up to date for the native endpoints.
+/// [`run`], also keeping `native` up to date for the native endpoints, and reporting how far
+/// it is as `progress` says.
 pub fn run_with_native(
     config: &SimConfig,
     target: &Target,
     realtime: bool,
     native: Option<NativeHandle>,
+    progress: Progress,
 ) -> anyhow::Result<(Truth, u64)> {
     match target {
         Target::JsonLines(path) => {
             let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
             let started = realtime.then(Instant::now);
             let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0, started };
-            let truth = lagscope_sim::run(config, &mut Tee { inner: &mut sink, native })?;
+            let truth = lagscope_sim::run(config, &mut Tee::new(&mut sink, native, config, progress))?;
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
@@ -159,7 +198,7 @@ pub fn run_with_native(
             let writer = crate::lscap::LscapWriter::new(std::io::BufWriter::new(file))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let mut sink = LscapSink { writer, error: None, requests: 0 };
-            let truth = lagscope_sim::run(config, &mut Tee { inner: &mut sink, native })?;
+            let truth = lagscope_sim::run(config, &mut Tee::new(&mut sink, native, config, progress))?;
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
@@ -177,7 +216,7 @@ pub fn run_with_native(
             let config = config.clone();
             let simulated = std::thread::spawn(move || {
                 let mut sink = ChannelSink { sender, closed: false };
-                lagscope_sim::run(&config, &mut Tee { inner: &mut sink, native })
+                lagscope_sim::run(&config, &mut Tee::new(&mut sink, native, &config, progress))
             });
             let truth = simulated.join().map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
             let sent = runtime.block_on(sending).context("the sender panicked")??;

@@ -263,7 +263,7 @@ fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
 }
 
 #[test]
-fn progress_lines_of_analyze_and_convert_say_how_far_through_which_file_only_when_asked_or_on_a_terminal() {
+fn progress_lines_of_analyze_convert_and_sim_say_how_far_they_are_only_when_asked_or_on_a_terminal() {
     let directory = tempfile::tempdir().expect("temp dir");
     let json = directory.path().join("race.jsonl");
     let lscap = directory.path().join("race.lscap");
@@ -321,6 +321,26 @@ fn progress_lines_of_analyze_and_convert_say_how_far_through_which_file_only_whe
     assert!(lines.len() > 2, "{log}");
     assert!(lines.iter().all(|line| line.contains(" spans so far;") && !line.contains("anomalies")), "{lines:?}");
     assert!(lines.last().is_some_and(|line| line.contains(": 100% of ")), "{lines:?}");
+    // sim says how much of the run it has simulated.
+    let simulated = directory.path().join("again.jsonl");
+    let log = stderr(&[
+        "sim",
+        "--scenario",
+        "hdfs-publish-race",
+        "--duration",
+        "10s",
+        "--progress-every",
+        "0",
+        "--out",
+        simulated.to_str().expect("path"),
+    ]);
+    let percents: Vec<u32> = log
+        .lines()
+        .filter_map(|line| line.strip_prefix("sim: "))
+        .map(|line| line.split_once("% of 10 s simulated; ").expect(line).0.parse().expect(line))
+        .collect();
+    assert!(percents.len() > 2, "{log}");
+    assert!(percents.windows(2).all(|pair| pair[0] <= pair[1]) && percents[percents.len() - 1] >= 90, "{percents:?}");
     let refused = lagscope(&["analyze", "--progress-every=-1", json]);
     assert!(!refused.status.success());
     let message = String::from_utf8_lossy(&refused.stderr);
