@@ -1,6 +1,7 @@
 //! Progress of the long commands (`analyze`, `convert`, `sim`) on stderr: how far through
-//! which file (or how much of the run simulated), how much was read and found, and the rate. Redrawn in place on a
-//! terminal, as lines when asked for (logs), nothing otherwise (scripts read that stderr).
+//! which file (or how much of the run simulated), how much was read and found, and the rate.
+//! Redrawn in place on a terminal, as lines when asked for (logs), nothing otherwise (scripts
+//! read that stderr).
 
 use std::io::Write;
 use std::path::Path;
