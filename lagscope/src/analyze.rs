@@ -114,13 +114,12 @@ pub fn analyze_paths_emitting(
     for path in paths {
         let path = path.as_ref();
         run.progress.file(path);
-        let result = if crate::lscap::is_lscap(path) { run.lscap(path) } else { run.otlp_json(path) };
-        if result.is_err() {
-            run.progress.clear();
+        if crate::lscap::is_lscap(path) {
+            run.lscap(path)?;
+        } else {
+            run.otlp_json(path)?;
         }
-        result?;
     }
-    run.progress.clear();
     let finishing = Instant::now();
     let Run {
         engine,
@@ -133,8 +132,10 @@ pub fn analyze_paths_emitting(
         read,
         mut detect,
         mut writing,
-        progress: _,
+        progress,
     } = run;
+    // Its line erased: the engine's last anomalies and the summary come next.
+    drop(progress);
     let (mut anomalies, stats) = engine.finish();
     detect += finishing.elapsed().as_secs_f64();
     anomaly_count += anomalies.len();

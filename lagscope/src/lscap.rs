@@ -147,13 +147,11 @@ pub fn convert(
             })();
             converted.log_records += decoded.logs.len();
             written.map_err(|error| format!("cannot write {}: {error}", out.display()))
-        });
-        if requests.is_err() {
-            reporter.clear();
-        }
-        converted.requests += requests?;
+        })?;
+        converted.requests += requests;
     }
-    reporter.clear();
+    // Its line erased before the summary.
+    drop(reporter);
     converted.spans = writer.spans;
     converted.samples = writer.samples;
     converted.skipped_samples = writer.skipped_samples;

@@ -157,13 +157,14 @@ impl Reporter {
             }
         };
     }
+}
 
-    /// Erases a line drawn in place (before the summary, or an error, is printed).
-    pub(crate) fn clear(&mut self) {
+impl Drop for Reporter {
+    /// Erases a line drawn in place: the command's summary, or its error, comes next.
+    fn drop(&mut self) {
         if self.drawn {
             let mut stderr = std::io::stderr().lock();
             let _ = write!(stderr, "\r\x1b[K").and_then(|()| stderr.flush());
-            self.drawn = false;
         }
     }
 }

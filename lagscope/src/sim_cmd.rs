@@ -158,12 +158,6 @@ impl Sink for Tee<'_> {
     }
 }
 
-impl Drop for Tee<'_> {
-    fn drop(&mut self) {
-        self.progress.clear();
-    }
-}
-
 /// The simulated nodes' native state, shared with `--serve-native`.
 pub type NativeHandle = Arc<Mutex<NativeState>>;
 
