@@ -43,6 +43,14 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
     let (source, spans, samples, truncated) = if request.captures.is_empty() {
         read_store(request, range)?
     } else {
+        if let Some(lscap) = request.captures.iter().find(|path| crate::lscap::is_lscap(path)) {
+            anyhow::bail!(
+                "{}: an lscap capture, which keeps only what the detectors read (not what the Parquet \
+                 files hold); export --parquet reads OTLP JSON captures (.json, .jsonl, optionally .gz) or the \
+                 store: pass the OTLP JSON capture it was made from",
+                lscap.display()
+            );
+        }
         let capture = crate::analyze::read_captures(&request.captures)?;
         // The store's semantics: a namespace filter takes spans of that namespace, and samples
         // of that namespace or of none.

@@ -194,7 +194,8 @@ enum Command {
         /// The most spans (and samples) read from the store.
         #[arg(long, default_value_t = 5_000_000)]
         max_spans: u32,
-        /// Capture files to read instead of the store.
+        /// OTLP JSON capture files (.json, .jsonl, optionally .gz) to read instead of the
+        /// store.
         captures: Vec<PathBuf>,
     },
     /// Import dumps written by `lagscope export --dump` into a store (SQLite in --data-dir,

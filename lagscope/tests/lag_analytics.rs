@@ -194,4 +194,16 @@ async fn aggregated_served_and_exported(config: lagscope::Config, directory: &st
         .expect("lagscope export runs");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("no store at"), "{:?}", output);
+    // An lscap capture keeps too little to export: refused by name, not read as broken JSON.
+    let lscap = directory.join("capture.lscap");
+    std::fs::write(&lscap, b"LSCAP\x00\x00\x01").expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["export", "--parquet"])
+        .arg(&out)
+        .arg(&lscap)
+        .output()
+        .expect("lagscope export runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("capture.lscap: an lscap capture") && stderr.contains("OTLP JSON"), "{stderr}");
 }
