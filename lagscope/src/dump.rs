@@ -116,7 +116,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn export_dump(out: &Path, data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Counts> {
     runtime()?.block_on(async {
         let (source, store) = open(database_url, data_dir, true).await?;
-        let file = std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+        // Replaces `out` only once the dump is whole: a dump cut short by an error is not
+        // left for `import` to take for a complete one.
+        let (file, replacement) =
+            crate::output::Replacement::create(out).with_context(|| format!("cannot create {}", out.display()))?;
         let mut writer = DumpWriter {
             out: GzEncoder::new(std::io::BufWriter::new(file), Compression::fast()),
             path: out.to_path_buf(),
@@ -173,6 +176,7 @@ pub fn export_dump(out: &Path, data_dir: &Path, database_url: Option<&str>) -> a
             .finish()
             .and_then(|mut inner| inner.flush())
             .with_context(|| format!("cannot write {}", out.display()))?;
+        replacement.commit().with_context(|| format!("cannot write {}", out.display()))?;
         Ok(counts)
     })
 }

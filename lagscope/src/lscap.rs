@@ -116,7 +116,9 @@ pub fn convert(
     if captures.iter().any(|capture| capture.as_ref() == out) {
         bail!("{}: is also an input", out.display());
     }
-    let file = std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
+    // Replaces `out` only once the conversion succeeded.
+    let (file, replacement) =
+        crate::output::Replacement::create(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut writer =
         LscapWriter::new(std::io::BufWriter::new(file)).with_context(|| format!("cannot write {}", out.display()))?;
     let mut converted = Converted::default();
@@ -157,6 +159,7 @@ pub fn convert(
     converted.skipped_samples = writer.skipped_samples;
     converted.log_events = writer.log_events;
     writer.finish().with_context(|| format!("cannot write {}", out.display()))?;
+    replacement.commit().with_context(|| format!("cannot write {}", out.display()))?;
     Ok(converted)
 }
 

@@ -179,3 +179,83 @@ mod tests {
         assert_eq!(*written, expected, "every chunk before the failing one, whole");
     }
 }
+
+/// A file written under a temporary name beside its destination and renamed over it only once
+/// it is complete ([`Replacement::commit`]): a command that fails (an unknown scenario, a
+/// broken input line, a full disk, Ctrl-C) leaves what was at the destination as it was, and
+/// never a truncated file under the destination's name. Dropped uncommitted, the temporary
+/// file is removed.
+#[derive(Debug)]
+pub struct Replacement {
+    temporary: std::path::PathBuf,
+    destination: std::path::PathBuf,
+    committed: bool,
+}
+
+impl Replacement {
+    /// Creates the temporary file (`.NAME.partial-PID` in the destination's directory, so
+    /// that the rename stays within one file system) and returns it with its guard.
+    pub fn create(destination: &std::path::Path) -> io::Result<(std::fs::File, Self)> {
+        let name = destination.file_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{}: not a file name", destination.display()))
+        })?;
+        let mut temporary_name = std::ffi::OsString::from(".");
+        temporary_name.push(name);
+        temporary_name.push(format!(".partial-{}", std::process::id()));
+        let temporary = destination.with_file_name(temporary_name);
+        let file = std::fs::File::create(&temporary)?;
+        Ok((file, Self { temporary, destination: destination.to_path_buf(), committed: false }))
+    }
+
+    /// Renames the finished file over the destination (write and flush it first).
+    pub fn commit(mut self) -> io::Result<()> {
+        std::fs::rename(&self.temporary, &self.destination)?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Replacement {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.temporary);
+        }
+    }
+}
+
+#[cfg(test)]
+mod replacement_tests {
+    use std::io::Write;
+
+    use super::Replacement;
+
+    fn names(directory: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(directory)
+            .expect("read dir")
+            .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_destination_changes_only_when_committed() {
+        let directory = tempfile::tempdir().expect("temp dir");
+        let destination = directory.path().join("capture.jsonl");
+        std::fs::write(&destination, "kept\n").expect("write");
+        // Abandoned half-way: the old content stays, nothing else is left.
+        {
+            let (mut file, _guard) = Replacement::create(&destination).expect("create");
+            file.write_all(b"half of a new one").expect("write");
+        }
+        assert_eq!(std::fs::read_to_string(&destination).expect("read"), "kept\n");
+        assert_eq!(names(directory.path()), ["capture.jsonl"]);
+        // Committed: replaced whole.
+        let (mut file, guard) = Replacement::create(&destination).expect("create");
+        file.write_all(b"new\n").expect("write");
+        drop(file);
+        guard.commit().expect("commit");
+        assert_eq!(std::fs::read_to_string(&destination).expect("read"), "new\n");
+        assert_eq!(names(directory.path()), ["capture.jsonl"]);
+    }
+}

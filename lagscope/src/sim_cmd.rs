@@ -10,6 +10,7 @@ use lagscope_sim::native::NativeState;
 use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use prost::Message;
 
+use crate::output::Replacement;
 use crate::progress::{Position, Progress, Reporter};
 
 /// Where the simulated telemetry goes.
@@ -177,7 +178,16 @@ pub fn run_with_native(
 ) -> anyhow::Result<(Truth, u64)> {
     match target {
         Target::JsonLines(path) => {
-            let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            // Paced, the file is written where it is read as it grows (tail -f); otherwise
+            // under a temporary name, replacing the destination only once the run succeeded.
+            let (file, replacement) = if realtime {
+                let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+                (file, None)
+            } else {
+                let (file, replacement) =
+                    Replacement::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+                (file, Some(replacement))
+            };
             let started = realtime.then(Instant::now);
             let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0, started };
             let truth = lagscope_sim::run(config, &mut Tee::new(&mut sink, native, config, progress))?;
@@ -185,10 +195,14 @@ pub fn run_with_native(
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
             sink.out.flush().with_context(|| format!("cannot write {}", path.display()))?;
+            if let Some(replacement) = replacement {
+                replacement.commit().with_context(|| format!("cannot write {}", path.display()))?;
+            }
             Ok((truth, sink.requests))
         }
         Target::Lscap(path) => {
-            let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let (file, replacement) =
+                Replacement::create(path).with_context(|| format!("cannot create {}", path.display()))?;
             let writer = crate::lscap::LscapWriter::new(std::io::BufWriter::new(file))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let mut sink = LscapSink { writer, error: None, requests: 0 };
@@ -197,6 +211,7 @@ pub fn run_with_native(
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
             sink.writer.finish().with_context(|| format!("cannot write {}", path.display()))?;
+            replacement.commit().with_context(|| format!("cannot write {}", path.display()))?;
             Ok((truth, sink.requests))
         }
         Target::OtlpHttp(url) | Target::OtlpGrpc(url) => {

@@ -346,3 +346,36 @@ fn progress_lines_of_analyze_convert_and_sim_say_how_far_they_are_only_when_aske
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(message.contains("--progress-every -1"), "{message}");
 }
+
+#[test]
+fn a_sim_or_convert_that_fails_leaves_its_destination_as_it_was() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| directory.path().join(name).to_str().expect("path").to_string();
+    for name in ["out.jsonl", "out.lscap"] {
+        std::fs::write(path(name), "precious\n").expect("write");
+    }
+    std::fs::write(path("broken.jsonl"), "{\"resourceSpans\": []}\n{not json\n").expect("write");
+    let failures: [&[&str]; 3] = [
+        &["sim", "--scenario", "no-such-scenario", "--out", &path("out.jsonl")],
+        &["sim", "--scenario", "hdfs-publish-race", "--clients", "0", "--out", &path("out.lscap")],
+        &["convert", "--out", &path("out.lscap"), &path("broken.jsonl")],
+    ];
+    for args in failures {
+        let output = lagscope(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        for name in ["out.jsonl", "out.lscap"] {
+            assert_eq!(std::fs::read_to_string(path(name)).expect("read"), "precious\n", "{args:?} changed {name}");
+        }
+    }
+    let mut names: Vec<String> = std::fs::read_dir(directory.path())
+        .expect("read dir")
+        .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["broken.jsonl", "out.jsonl", "out.lscap"], "nothing left behind");
+    // A run that succeeds replaces the file whole.
+    let output = lagscope(&["sim", "--scenario", "hdfs-publish-race", "--duration", "5s", "--out", &path("out.lscap")]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let analyzed = lagscope(&["analyze", "--format", "jsonl", &path("out.lscap")]);
+    assert!(analyzed.status.success(), "{}", String::from_utf8_lossy(&analyzed.stderr));
+}
