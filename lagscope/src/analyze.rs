@@ -14,8 +14,7 @@ use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind};
 
-pub use crate::progress::Progress;
-use crate::progress::Reporter;
+use crate::progress::{Progress, Reporter};
 
 /// How `analyze` prints what it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

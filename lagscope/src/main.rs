@@ -1,4 +1,3 @@
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -112,11 +111,8 @@ enum Command {
         /// machine's cores, up to 8].
         #[arg(long, env = "LAGSCOPE_DECODE_THREADS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
         decode_threads: Option<u16>,
-        /// Print a progress line to stderr every this many seconds (where in which file,
-        /// spans, anomalies, rate) [default: once a second, redrawn in place, when stderr is a
-        /// terminal; none otherwise].
-        #[arg(long, value_name = "SECONDS")]
-        progress_every: Option<f64>,
+        #[command(flatten)]
+        progress: lagscope::progress::ProgressArgs,
         /// Capture files.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
@@ -153,10 +149,8 @@ enum Command {
         /// serving after the run until Ctrl-C.
         #[arg(long)]
         serve_native: Option<String>,
-        /// Print a progress line to stderr every this many seconds (simulated time, spans)
-        /// [default: once a second, redrawn in place, when stderr is a terminal; none otherwise].
-        #[arg(long, value_name = "SECONDS")]
-        progress_every: Option<f64>,
+        #[command(flatten)]
+        progress: lagscope::progress::ProgressArgs,
     },
     /// Export lag analytics (per-read staleness, apply lag, rejections, their per-step
     /// percentiles) and the spans they came from as Parquet, from the store or from captures;
@@ -238,10 +232,8 @@ enum Command {
         /// The lscap file to write.
         #[arg(long, value_name = "FILE.lscap")]
         out: PathBuf,
-        /// Print a progress line to stderr every this many seconds [default: once a second,
-        /// redrawn in place, when stderr is a terminal; none otherwise].
-        #[arg(long, value_name = "SECONDS")]
-        progress_every: Option<f64>,
+        #[command(flatten)]
+        progress: lagscope::progress::ProgressArgs,
         /// Capture files to read.
         #[arg(required = true)]
         captures: Vec<PathBuf>,
@@ -307,9 +299,8 @@ fn parse_kind(text: &str) -> Result<lagscope_model::AnomalyKind, String> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Convert { out, progress_every, captures } => {
-            let progress = lagscope::progress::Progress::choose(progress_every, std::io::stderr().is_terminal())?;
-            let written = lagscope::lscap::convert(&captures, &out, progress)?;
+        Command::Convert { out, progress, captures } => {
+            let written = lagscope::lscap::convert(&captures, &out, progress.progress()?)?;
             eprintln!(
                 "wrote {}: {} spans, {} numeric samples and {} recognised log lines from {} export requests ({} \
                  histogram or summary points and {} other log records not carried: no detector reads them)",
@@ -435,12 +426,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.run_until(shutdown_signal()).await
             })
         }
-        Command::Analyze { format, config, kinds, decode_threads, progress_every, paths } => {
+        Command::Analyze { format, config, kinds, decode_threads, progress, paths } => {
             let config = Config::load(config.as_deref())?;
-            let progress = lagscope::analyze::Progress::choose(
-                progress_every,
-                std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            )?;
+            let progress = progress.progress()?;
             // Lines of serde_json's text, written by the model's faster JSON writer one after
             // another into one buffer and handed to stdout a few hundred kilobytes at a time
             // (not copied once more through a line buffer: the 10 M capture writes 1.1 GB), on
@@ -519,18 +507,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
-        Command::Sim {
-            list,
-            scenario,
-            run,
-            out,
-            otlp_http,
-            otlp_grpc,
-            truth,
-            realtime,
-            serve_native,
-            progress_every,
-        } => {
+        Command::Sim { list, scenario, run, out, otlp_http, otlp_grpc, truth, realtime, serve_native, progress } => {
             if list {
                 for info in lagscope_sim::scenarios() {
                     println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
@@ -558,8 +535,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => None,
             };
             let started = std::time::Instant::now();
-            let progress = lagscope::progress::Progress::choose(progress_every, std::io::stderr().is_terminal())?;
-            let (run_truth, requests) = sim_cmd::run_with_native(&config, &target, realtime, native, progress)?;
+            let (run_truth, requests) =
+                sim_cmd::run_with_native(&config, &target, realtime, native, progress.progress()?)?;
             eprintln!(
                 "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
                 config.scenario,

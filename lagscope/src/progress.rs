@@ -9,6 +9,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
+/// The `--progress-every` option of the long commands.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct ProgressArgs {
+    /// Print a progress line to stderr every this many seconds (how far, spans, anomalies
+    /// where looked for, rate) [default: once a second, redrawn in place, when stderr is a
+    /// terminal; none otherwise].
+    #[arg(long, value_name = "SECONDS")]
+    pub progress_every: Option<f64>,
+}
+
+impl ProgressArgs {
+    /// The progress these arguments ask for, on this process's stderr.
+    pub fn progress(self) -> anyhow::Result<Progress> {
+        Progress::choose(self.progress_every, std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    }
+}
+
 /// How a long command reports its progress on stderr while it reads.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Progress {
@@ -90,6 +107,11 @@ impl Reporter {
         self.short_name =
             path.file_name().map_or_else(|| self.file_name.clone(), |name| name.to_string_lossy().into_owned());
         self.file_bytes = std::fs::metadata(path).ok().map(|metadata| metadata.len());
+    }
+
+    /// Whether it reports at all (with [`Progress::Off`] it never does).
+    pub(crate) fn active(&self) -> bool {
+        self.next.is_some()
     }
 
     /// Whether a report is due at `now` (cheap: called for every chunk read).

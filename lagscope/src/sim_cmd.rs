@@ -145,15 +145,17 @@ impl Sink for Tee<'_> {
         if let Some(native) = &self.native {
             native.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).observe(&request);
         }
-        if let Request::Traces(traces) = &request {
-            let spans = traces.resource_spans.iter().flat_map(|resource| &resource.scope_spans);
-            self.spans += spans.map(|scope| scope.spans.len() as u64).sum::<u64>();
-        }
-        self.latest = self.latest.max(at);
-        let now = Instant::now();
-        if self.progress.due(now) {
-            let position = Position::Simulated { at: self.latest, of: self.length };
-            self.progress.report_at(now, position, self.spans, None);
+        if self.progress.active() {
+            if let Request::Traces(traces) = &request {
+                let spans = traces.resource_spans.iter().flat_map(|resource| &resource.scope_spans);
+                self.spans += spans.map(|scope| scope.spans.len() as u64).sum::<u64>();
+            }
+            self.latest = self.latest.max(at);
+            let now = Instant::now();
+            if self.progress.due(now) {
+                let position = Position::Simulated { at: self.latest, of: self.length };
+                self.progress.report_at(now, position, self.spans, None);
+            }
         }
         self.inner.export(at, request);
     }

@@ -13,6 +13,21 @@ fn lagscope(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lagscope")).args(args).output().expect("lagscope runs")
 }
 
+/// Simulates `hdfs-publish-race` for `duration` into `out` (OTLP JSON lines or lscap, by its
+/// extension).
+fn simulate_race(duration: &str, out: &Path) {
+    let simulated = lagscope(&[
+        "sim",
+        "--scenario",
+        "hdfs-publish-race",
+        "--duration",
+        duration,
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    assert!(simulated.status.success(), "{}", String::from_utf8_lossy(&simulated.stderr));
+}
+
 fn stdout_of(output: &Output) -> String {
     assert!(output.status.success(), "lagscope failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
@@ -228,16 +243,7 @@ fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
     // the threads): the same anomalies, in the same order, as decoded on one thread.
     let directory = tempfile::tempdir().expect("temp dir");
     let capture = directory.path().join("race.jsonl");
-    let simulated = lagscope(&[
-        "sim",
-        "--scenario",
-        "hdfs-publish-race",
-        "--duration",
-        "20s",
-        "--out",
-        capture.to_str().expect("path"),
-    ]);
-    assert!(simulated.status.success(), "{}", String::from_utf8_lossy(&simulated.stderr));
+    simulate_race("20s", &capture);
     let size = std::fs::metadata(&capture).expect("capture written").len();
     assert!(size > 2 << 20, "a capture of {size} bytes");
     let on = |threads: &str| {
@@ -268,18 +274,8 @@ fn progress_lines_of_analyze_convert_and_sim_say_how_far_they_are_only_when_aske
     let json = directory.path().join("race.jsonl");
     let lscap = directory.path().join("race.lscap");
     // Progress is checked per request in OTLP JSON and per block (~256 KB) in lscap.
-    for (capture, duration) in [(&json, "10s"), (&lscap, "120s")] {
-        let simulated = lagscope(&[
-            "sim",
-            "--scenario",
-            "hdfs-publish-race",
-            "--duration",
-            duration,
-            "--out",
-            capture.to_str().expect("path"),
-        ]);
-        assert!(simulated.status.success(), "{}", String::from_utf8_lossy(&simulated.stderr));
-    }
+    simulate_race("10s", &json);
+    simulate_race("120s", &lscap);
     let (json, lscap) = (json.to_str().expect("path"), lscap.to_str().expect("path"));
     let stderr = |args: &[&str]| {
         let output = lagscope(args);
@@ -374,8 +370,7 @@ fn a_sim_or_convert_that_fails_leaves_its_destination_as_it_was() {
     names.sort();
     assert_eq!(names, ["broken.jsonl", "out.jsonl", "out.lscap"], "nothing left behind");
     // A run that succeeds replaces the file whole.
-    let output = lagscope(&["sim", "--scenario", "hdfs-publish-race", "--duration", "5s", "--out", &path("out.lscap")]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    simulate_race("5s", Path::new(&path("out.lscap")));
     let analyzed = lagscope(&["analyze", "--format", "jsonl", &path("out.lscap")]);
     assert!(analyzed.status.success(), "{}", String::from_utf8_lossy(&analyzed.stderr));
 }
