@@ -145,6 +145,20 @@ pub struct Alert {
     pub evidence: serde_json::Value,
     /// Anomalies in the incident so far.
     pub members: u64,
+    /// A window incident whose window has closed but which is not resolved yet (the alerter's
+    /// state, in no message body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed: Option<WindowClosed>,
+}
+
+/// A window that closed: its end, and the wall-clock time the alerter first saw it closed.
+/// The incident resolves once the window has stayed closed for `alerts.window_resolve_after`;
+/// a window that opens again meanwhile (the analyzer closed it while one source's telemetry
+/// ran ahead of the rest, and reopened it as the rest arrived) stays one incident, firing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowClosed {
+    pub end_unix_nano: UnixNanos,
+    pub seen_unix_nano: UnixNanos,
 }
 
 impl Alert {
@@ -203,6 +217,7 @@ impl Alert {
             source,
             evidence: latest.evidence.value().clone(),
             members,
+            closed: None,
         }
     }
 }

@@ -151,6 +151,7 @@ mod tests {
             source: "obs1".to_string(),
             evidence: json!({"behind_states": 20_000}),
             members: 1,
+            closed: None,
         }
     }
 

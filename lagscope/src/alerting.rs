@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lagscope_alerts::{
-    Alert, IncidentKey, Receiver, ReceiverKind, Route, alertmanager_body, incident_of, inhibits, pagerduty_body,
-    webhook_body,
+    Alert, IncidentKey, Receiver, ReceiverKind, Route, WindowClosed, alertmanager_body, incident_of, inhibits,
+    pagerduty_body, webhook_body,
 };
 use lagscope_model::{Anomaly, AnomalyKind};
 use lagscope_selfmetrics::SelfMetrics;
@@ -35,6 +35,11 @@ pub struct AlertsConfig {
     /// A per-read incident (a node's stale reads, say) resolves after this long without a new
     /// anomaly. Windows resolve when their condition ends.
     pub resolve_after: String,
+    /// A window incident resolves once its window has stayed closed this long. The live
+    /// analyzer judges a window closed when its cluster's telemetry has moved past it, and
+    /// sources arrive apart (each exporter batches on its own clock): a window closed while
+    /// one source ran ahead opens again as the rest arrives, and pages once, not twice.
+    pub window_resolve_after: String,
     /// Firing incidents are sent to Alertmanager again this often (Alertmanager resolves an
     /// alert it has not heard of for its `resolve_timeout`, 5m by default).
     pub repeat_interval: String,
@@ -59,6 +64,7 @@ impl Default for AlertsConfig {
         Self {
             external_url: "http://127.0.0.1:8080".to_string(),
             resolve_after: "5m".to_string(),
+            window_resolve_after: "30s".to_string(),
             repeat_interval: "1m".to_string(),
             inhibit_stale_reads_by_apply_lag: true,
             poll_interval_ms: 200,
@@ -77,7 +83,11 @@ impl AlertsConfig {
 
     /// Checks what the types cannot: durations, unique receiver names, routes naming them.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, text) in [("resolve_after", &self.resolve_after), ("repeat_interval", &self.repeat_interval)] {
+        for (name, text) in [
+            ("resolve_after", &self.resolve_after),
+            ("window_resolve_after", &self.window_resolve_after),
+            ("repeat_interval", &self.repeat_interval),
+        ] {
             parse_duration(text).map_err(|problem| format!("alerts.{name} = {text:?}: {problem}"))?;
         }
         if self.poll_interval_ms == 0 || self.retry_first_ms == 0 || self.retry_longest_seconds == 0 {
@@ -118,6 +128,10 @@ impl AlertsConfig {
 
     fn resolve_after_nanos(&self) -> i64 {
         parse_duration(&self.resolve_after).unwrap_or(300_000_000_000)
+    }
+
+    fn window_resolve_after_nanos(&self) -> i64 {
+        parse_duration(&self.window_resolve_after).unwrap_or(30_000_000_000)
     }
 
     fn repeat_interval_nanos(&self) -> i64 {
@@ -331,7 +345,7 @@ impl Alerter {
     }
 
     /// One anomaly change for one receiver: opens its incident (a trigger), adds to it, or
-    /// resolves it (a window that ended).
+    /// marks its window closed (resolved by [`Self::sweep`] once it stays closed).
     fn take(
         &self,
         receiver: &Receiver,
@@ -353,10 +367,18 @@ impl Alerter {
             return;
         }
         let external_url = &self.config.external_url;
-        let mut incident = match known.filter(|incident| incident.firing) {
+        // A window that closed: when it was first seen closed (since it was last seen open).
+        let closed = |previous: Option<&Alert>| {
+            (anomaly.kind.is_window() && !anomaly.open).then(|| WindowClosed {
+                end_unix_nano: anomaly.end_unix_nano,
+                seen_unix_nano: previous.and_then(|alert| alert.closed).map_or(now, |closed| closed.seen_unix_nano),
+            })
+        };
+        let incident = match known.filter(|incident| incident.firing) {
             None => {
-                let alert = Alert::of(&key, anomaly, stored.id, anomaly.start_unix_nano, 1, external_url);
+                let mut alert = Alert::of(&key, anomaly, stored.id, anomaly.start_unix_nano, 1, external_url);
                 messages.push(message(receiver, &alert, "trigger", external_url, now));
+                alert.closed = closed(None);
                 AlertIncident {
                     receiver: receiver.name.clone(),
                     incident: key.0.clone(),
@@ -374,21 +396,21 @@ impl Alerter {
                     incident.members += 1;
                     incident.latest_anomaly_id = stored.id;
                 }
-                let starts_at = alert_of(&incident).map_or(anomaly.start_unix_nano, |alert| alert.starts_at);
-                let alert = Alert::of(&key, anomaly, stored.id, starts_at, incident.members as u64, external_url);
+                let previous = alert_of(&incident);
+                let starts_at = previous.as_ref().map_or(anomaly.start_unix_nano, |alert| alert.starts_at);
+                let mut alert = Alert::of(&key, anomaly, stored.id, starts_at, incident.members as u64, external_url);
+                alert.closed = closed(previous.as_ref());
                 incident.alert = serde_json::to_string(&alert).unwrap_or_default();
                 incident.last_member_unix_nano = now;
                 incident
             }
         };
-        if anomaly.kind.is_window() && !anomaly.open {
-            resolve(receiver, &mut incident, Some(anomaly.end_unix_nano), external_url, now, messages);
-        }
         changed.insert(slot, incident);
     }
 
-    /// Resolves per-read incidents idle for `resolve_after`; sends firing incidents to
-    /// Alertmanager again every `repeat_interval`.
+    /// Resolves per-read incidents idle for `resolve_after` and window incidents whose window
+    /// has stayed closed for `window_resolve_after`; sends firing incidents to Alertmanager
+    /// again every `repeat_interval`.
     fn sweep(
         &self,
         now: i64,
@@ -396,6 +418,7 @@ impl Alerter {
         messages: &mut Vec<NewAlertMessage>,
     ) {
         let (resolve_after, repeat) = (self.config.resolve_after_nanos(), self.config.repeat_interval_nanos());
+        let window_resolve_after = self.config.window_resolve_after_nanos();
         let slots: Vec<(String, String)> =
             self.known.keys().chain(changed.keys()).cloned().collect::<HashSet<_>>().into_iter().collect();
         for slot in slots {
@@ -404,10 +427,15 @@ impl Alerter {
             if !incident.firing {
                 continue;
             }
-            if !IncidentKey(incident.incident.clone()).is_window()
-                && now - incident.last_member_unix_nano >= resolve_after
-            {
+            let window = IncidentKey(incident.incident.clone()).is_window();
+            let window_closed = alert_of(&incident).and_then(|alert| alert.closed);
+            if !window && now - incident.last_member_unix_nano >= resolve_after {
                 resolve(&receiver, &mut incident, Some(now), &self.config.external_url, now, messages);
+                changed.insert(slot, incident);
+            } else if let Some(closed) =
+                window_closed.filter(|closed| now - closed.seen_unix_nano >= window_resolve_after)
+            {
+                resolve(&receiver, &mut incident, Some(closed.end_unix_nano), &self.config.external_url, now, messages);
                 changed.insert(slot, incident);
             } else if matches!(receiver.kind, ReceiverKind::Alertmanager { .. })
                 && now - incident.last_sent_unix_nano >= repeat
@@ -436,6 +464,7 @@ fn resolve(
 ) {
     let Some(mut alert) = alert_of(incident) else { return };
     alert.ends_at = ends_at.map(|end| end.max(alert.starts_at));
+    alert.closed = None;
     incident.alert = serde_json::to_string(&alert).unwrap_or_default();
     incident.firing = false;
     incident.last_sent_unix_nano = now;
@@ -717,6 +746,91 @@ mod tests {
         store.upsert_anomalies(&[stale_read("c", "nn-3", now)], now - 2 * FEED_SETTLE).await.expect("too late c");
         restarted.pass(&store, now + 4 * SECOND).await.expect("pass 5");
         assert_eq!(triggers(&store.pending_alert_messages(100).await.expect("outbox")), ["nn-1", "nn-2"]);
+    }
+
+    /// A router's NoNamenodesAvailable window, open or closed at `end`.
+    fn window(start: i64, end: i64, open: bool) -> Anomaly {
+        Anomaly {
+            kind: AnomalyKind::NoNamenodesWindow,
+            severity: lagscope_model::Severity::Critical,
+            cluster: Some("prod".to_string()),
+            namespace: Some("ns1".to_string()),
+            client_id: None,
+            node_id: Some("router-1".to_string()),
+            start_unix_nano: start,
+            end_unix_nano: end,
+            summary: "router-1 answered NoNamenodesAvailable".to_string(),
+            cause: "stale membership cache".to_string(),
+            evidence: serde_json::json!({"attempts": 3}).into(),
+            open,
+            fingerprint: format!("no_namenodes_window|prod|ns1|router-1|{start}"),
+        }
+    }
+
+    /// A window the analyzer closes and opens again (one source's telemetry ran ahead of the
+    /// rest) pages once: it resolves only after staying closed for `window_resolve_after`,
+    /// across a restart, with the end it was last seen with; one that opens again after it
+    /// resolved pages again.
+    #[tokio::test]
+    async fn a_window_closed_and_opened_again_pages_once_and_resolves_after_staying_closed() {
+        const SECOND: i64 = 1_000_000_000;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
+        let config: AlertsConfig = toml::from_str(
+            "window_resolve_after = \"30s\"\n[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\n\
+             url = \"http://127.0.0.1:9/\"\n[[route]]\nreceiver = \"hook\"\n",
+        )
+        .expect("config");
+        let now = 1_767_225_600 * SECOND;
+        let start = now - 60 * SECOND;
+        let events = async || -> Vec<(String, Option<String>)> {
+            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
+            messages.reverse();
+            messages
+                .iter()
+                .map(|message| {
+                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
+                    let ends = body["alerts"][0]["endsAt"].as_str().filter(|at| !at.starts_with("0001"));
+                    (message.event.clone(), ends.map(str::to_string))
+                })
+                .collect()
+        };
+        let trigger = ("trigger".to_string(), None);
+        let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");
+        let at = |offset: i64, anomaly: Anomaly| {
+            let store = &store;
+            async move { store.upsert_anomalies(&[anomaly], now + offset * SECOND).await.expect("upsert") }
+        };
+        at(0, window(start, now - 20 * SECOND, true)).await;
+        alerter.pass(&store, now).await.expect("pass");
+        assert_eq!(events().await, std::slice::from_ref(&trigger));
+        // Closed, then open again as the late spans arrive, then closed for good.
+        at(1, window(start, now - 19 * SECOND, false)).await;
+        alerter.pass(&store, now + SECOND).await.expect("pass");
+        at(2, window(start, now - 10 * SECOND, true)).await;
+        alerter.pass(&store, now + 2 * SECOND).await.expect("pass");
+        at(3, window(start, now - 5 * SECOND, false)).await;
+        alerter.pass(&store, now + 3 * SECOND).await.expect("pass");
+        // Stored again, unchanged, by later passes: the window has been closed since 3 s.
+        at(20, window(start, now - 5 * SECOND, false)).await;
+        alerter.pass(&store, now + 20 * SECOND).await.expect("pass");
+        alerter.pass(&store, now + 32 * SECOND).await.expect("pass");
+        assert_eq!(
+            events().await,
+            std::slice::from_ref(&trigger),
+            "nothing but the trigger while the window may open again"
+        );
+        // A restart keeps the closing state; 30 s after it closed, it resolves at its end.
+        let mut alerter = Alerter::load(&store, config.clone()).await.expect("reload");
+        alerter.pass(&store, now + 33 * SECOND).await.expect("pass");
+        let resolved = ("resolve".to_string(), Some(lagscope_alerts::rfc3339(now - 5 * SECOND)));
+        assert_eq!(events().await, [trigger.clone(), resolved.clone()]);
+        alerter.pass(&store, now + 40 * SECOND).await.expect("pass");
+        assert_eq!(events().await, [trigger.clone(), resolved.clone()], "resolved once");
+        // Open again after it resolved: the condition is back, and pages again.
+        at(50, window(start, now + 45 * SECOND, true)).await;
+        alerter.pass(&store, now + 50 * SECOND).await.expect("pass");
+        assert_eq!(events().await, [trigger.clone(), resolved, trigger]);
     }
 
     #[test]

@@ -342,11 +342,14 @@ async fn analysis_pass(
     // (The clusters of these scopes get the per-cluster pass below.)
     let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
     for (cluster, namespace) in scopes {
-        let spans = store
-            .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
-            .await?;
+        // The samples first: what is committed meanwhile adds to the spans, and metrics read
+        // after the spans would run ahead of them and close a window whose spans are still
+        // arriving (the window ends where its cluster's telemetry has moved past it).
         let samples = store
             .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
+            .await?;
+        let spans = store
+            .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
             .await?;
         let mut input = AnalysisInput::from_telemetry(&spans, samples);
         input.log_events = events_by_cluster

@@ -92,6 +92,7 @@ fn alerts_config(receivers: Vec<Receiver>) -> AlertsConfig {
     AlertsConfig {
         external_url: "http://lagscope.test:8080".to_string(),
         resolve_after: "2s".to_string(),
+        window_resolve_after: "3s".to_string(),
         poll_interval_ms: 50,
         retry_first_ms: 100,
         retry_longest_seconds: 2,
