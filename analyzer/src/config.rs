@@ -5,9 +5,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AnalyzerConfig {
-    /// A window anomaly whose window reaches within this many seconds of its cluster's
-    /// latest data is open (its condition still holds); otherwise resolved.
+    /// A window anomaly whose window reaches within this many seconds of the latest telemetry
+    /// it is found in (its node's metrics for lags, storms and pressure; its cluster's spans
+    /// and log lines for the others) is open (its condition still holds); otherwise resolved.
     pub open_grace_seconds: i64,
+    /// A window its cluster's telemetry has moved this far past is resolved, whatever its own
+    /// source says (its node stopped reporting, its clients went away).
+    pub open_silence_seconds: i64,
     pub stream: StreamConfig,
     pub stale_read: StaleReadConfig,
     pub carried_state_regression: StatesBehindConfig,
@@ -221,6 +225,7 @@ impl Default for AnalyzerConfig {
     fn default() -> Self {
         Self {
             open_grace_seconds: 5,
+            open_silence_seconds: 300,
             stream: StreamConfig::default(),
             stale_read: StaleReadConfig::default(),
             carried_state_regression: StatesBehindConfig::default(),

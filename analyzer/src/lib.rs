@@ -12,6 +12,7 @@ mod enrich;
 mod floor;
 mod lag;
 pub mod log_events;
+mod open;
 mod series;
 pub mod stream;
 mod timeline;
@@ -72,7 +73,7 @@ pub fn analyze_kinds(
         .filter(|detector| wanted(detector.kind))
         .flat_map(|detector| (detector.detect)(input, config))
         .collect();
-    mark_open(input, &mut anomalies, config.open_grace_seconds * 1_000_000_000);
+    mark_open(input, &mut anomalies, config);
     let evidence: Vec<log_events::LogEvent> =
         input.log_events.iter().filter(|event| event.kind.is_evidence()).cloned().collect();
     log_events::attach_evidence(&mut anomalies, &evidence);
@@ -91,25 +92,29 @@ pub fn sort_anomalies(anomalies: &mut [Anomaly]) {
     });
 }
 
-/// A window anomaly is open while its window reaches the end of what its cluster has sent
-/// (within `grace`): the condition held at the last data seen. Otherwise it is resolved.
-fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], grace: i64) {
-    let mut latest: std::collections::BTreeMap<Option<&str>, i64> = std::collections::BTreeMap::new();
+/// A window anomaly is open while its window reaches the end of the telemetry it is found in
+/// (within `grace`): the condition held at the last data that could show it ending
+/// ([`open::DataEnds`]). Otherwise it is resolved.
+fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], config: &AnalyzerConfig) {
+    use lagscope_model::conventions::{CLUSTER, NODE_ID};
+    let mut ends: open::DataEnds<Option<&str>> = open::DataEnds::default();
     for timeline in &input.timelines {
-        let end = timeline.calls.iter().map(|call| call.end_unix_nano).max().unwrap_or(i64::MIN);
-        let entry = latest.entry(timeline.cluster.as_deref()).or_insert(i64::MIN);
-        *entry = (*entry).max(end);
+        if let Some(end) = timeline.calls.iter().map(|call| call.end_unix_nano).max() {
+            ends.call_or_line(timeline.cluster.as_deref(), end);
+        }
     }
     for sample in &input.samples {
-        let entry = latest.entry(sample.series.label(lagscope_model::conventions::CLUSTER)).or_insert(i64::MIN);
-        *entry = (*entry).max(sample.time_unix_nano);
+        ends.sample(sample.series.label(CLUSTER), sample.series.label(NODE_ID).map(Some), sample.time_unix_nano);
     }
     for event in &input.log_events {
-        let entry = latest.entry(event.cluster.as_deref()).or_insert(i64::MIN);
-        *entry = (*entry).max(event.time_unix_nano);
+        ends.call_or_line(event.cluster.as_deref(), event.time_unix_nano);
     }
-    for anomaly in anomalies.iter_mut() {
-        let data_end = latest.get(&anomaly.cluster.as_deref()).copied().unwrap_or(i64::MIN);
-        anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;
+    let (grace, silence) = (config.open_grace_seconds * 1_000_000_000, config.open_silence_seconds * 1_000_000_000);
+    // (`ends` is keyed by names borrowed from the input: the anomalies' own are copied out.)
+    let keys: Vec<(Option<String>, Option<String>)> =
+        anomalies.iter().map(|anomaly| (anomaly.cluster.clone(), anomaly.node_id.clone())).collect();
+    for (anomaly, (cluster, node)) in anomalies.iter_mut().zip(&keys) {
+        let node = node.as_deref().map(Some);
+        anomaly.open = ends.is_open(anomaly.kind, cluster.as_deref(), node, anomaly.end_unix_nano, grace, silence);
     }
 }

@@ -253,9 +253,17 @@ fn render(spans: &[Span], samples: Vec<Sample>) -> String {
         }
         let _ = writeln!(
             out,
-            "{} {} client={} ns={} node={} t={}..{}ms\n  summary: {}\n  cause: {}\n  evidence: {} spans={}",
+            "{} {}{} client={} ns={} node={} t={}..{}ms\n  summary: {}\n  cause: {}\n  evidence: {} spans={}",
             anomaly.kind,
             anomaly.severity.as_str(),
+            // A window is open or resolved at the end of the case; a per-read anomaly neither.
+            if !anomaly.kind.is_window() {
+                ""
+            } else if anomaly.open {
+                " open"
+            } else {
+                " resolved"
+            },
             anomaly.client_id.as_deref().unwrap_or("-"),
             anomaly.namespace.as_deref().unwrap_or("-"),
             anomaly.node_id.as_deref().unwrap_or("-"),

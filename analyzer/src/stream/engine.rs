@@ -338,7 +338,7 @@ pub struct Engine<'c> {
     series: Vec<SeriesInfo>,
     series_ids: FxHashMap<SeriesDef, u32>,
     metrics: Option<Metrics>,
-    data_end: FxHashMap<Sym, UnixNanos>,
+    data_ends: crate::open::DataEnds<Sym>,
     no_namenodes_errors: FxHashMap<Sym, bool>,
     /// Clients' logged switch lines (kept whole: they are rare) and the clients that log
     /// them, who are judged by them rather than by their calls' addresses.
@@ -422,7 +422,7 @@ impl<'c> Engine<'c> {
             probes: BTreeMap::new(),
             series: Vec::new(),
             series_ids: FxHashMap::default(),
-            data_end: FxHashMap::default(),
+            data_ends: crate::open::DataEnds::default(),
             no_namenodes_errors: FxHashMap::default(),
             log_switches: Vec::new(),
             logging_clients: FxHashSet::default(),
@@ -512,8 +512,7 @@ impl<'c> Engine<'c> {
         }
         self.recent_lines.push_back(identity);
         let cluster = self.interner.intern_opt(event.cluster.as_deref());
-        let end = self.data_end.entry(cluster).or_insert(i64::MIN);
-        *end = (*end).max(time);
+        self.data_ends.call_or_line(cluster, time);
         if event.kind.is_evidence() {
             let at = self.evidence_lines.partition_point(|earlier| earlier.time_unix_nano <= time);
             self.evidence_lines.insert(at, event.clone());
@@ -606,8 +605,7 @@ impl<'c> Engine<'c> {
     pub fn push_sample(&mut self, sample: SampleRec) {
         self.stats.samples += 1;
         let Some(series) = self.series.get(sample.series as usize) else { return };
-        let end = self.data_end.entry(series.cluster).or_insert(i64::MIN);
-        *end = (*end).max(sample.time);
+        self.data_ends.sample(series.cluster, series.node.is_some().then_some(series.node), sample.time);
         let key = (series.cluster, series.namespace);
         if let Some(metrics) = &mut self.metrics {
             metrics.push(sample.series, sample.time, sample.value, &self.interner, self.config);
@@ -707,11 +705,12 @@ impl<'c> Engine<'c> {
         let mut anomalies = std::mem::take(&mut self.windows_found);
         anomalies.append(&mut self.anomalies);
         anomalies.extend(metric_anomalies);
-        let grace = self.config.open_grace_seconds * 1_000_000_000;
+        let (grace, silence) =
+            (self.config.open_grace_seconds * 1_000_000_000, self.config.open_silence_seconds * 1_000_000_000);
         for anomaly in &mut anomalies {
             let cluster = self.interner.intern_opt(anomaly.cluster.as_deref());
-            let data_end = self.data_end.get(&cluster).copied().unwrap_or(i64::MIN);
-            anomaly.open = anomaly.kind.is_window() && anomaly.end_unix_nano.saturating_add(grace) >= data_end;
+            let node = anomaly.node_id.as_deref().map(|node| self.interner.intern(node));
+            anomaly.open = self.data_ends.is_open(anomaly.kind, cluster, node, anomaly.end_unix_nano, grace, silence);
         }
         let evidence: Vec<crate::log_events::LogEvent> = std::mem::take(&mut self.evidence_lines).into();
         crate::log_events::attach_evidence(&mut anomalies, &evidence);
@@ -1189,7 +1188,7 @@ impl<'c> Engine<'c> {
             clients,
             namespaces,
             anomalies,
-            data_end,
+            data_ends,
             answers,
             no_namenodes_errors,
             sequence,
@@ -1200,8 +1199,7 @@ impl<'c> Engine<'c> {
             ..
         } = self;
         let Some(state) = clients.get_mut(&(client, namespace)) else { return };
-        let end = data_end.entry(state.cluster).or_insert(i64::MIN);
-        *end = (*end).max(call.end);
+        data_ends.call_or_line(state.cluster, call.end);
         state.fold(call.start);
         let scope = namespaces.entry((state.cluster, state.namespace)).or_default();
         let bound =
