@@ -33,12 +33,12 @@ pub struct AlertsConfig {
     /// The address people open lagscope's pages at: the links in alerts.
     pub external_url: String,
     /// A per-read incident (a node's stale reads, say) resolves after this long without a new
-    /// anomaly. Windows resolve when their condition ends.
+    /// anomaly. Windows resolve when their condition ends (`window_resolve_after`).
     pub resolve_after: String,
     /// A window incident resolves once its window has stayed closed this long. The live
-    /// analyzer judges a window closed when its cluster's telemetry has moved past it, and
-    /// sources arrive apart (each exporter batches on its own clock): a window closed while
-    /// one source ran ahead opens again as the rest arrives, and pages once, not twice.
+    /// analyzer judges a window closed when the telemetry it is found in has moved past it,
+    /// and that telemetry comes from many exporters, each batching on its own clock: a window
+    /// closed while one of them ran ahead opens again as the rest arrives, and pages once.
     pub window_resolve_after: String,
     /// Firing incidents are sent to Alertmanager again this often (Alertmanager resolves an
     /// alert it has not heard of for its `resolve_timeout`, 5m by default).
