@@ -110,11 +110,8 @@ fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], config: &Analyzer
         ends.call_or_line(event.cluster.as_deref(), event.time_unix_nano);
     }
     let (grace, silence) = (config.open_grace_seconds * 1_000_000_000, config.open_silence_seconds * 1_000_000_000);
-    // (`ends` is keyed by names borrowed from the input: the anomalies' own are copied out.)
-    let keys: Vec<(Option<String>, Option<String>)> =
-        anomalies.iter().map(|anomaly| (anomaly.cluster.clone(), anomaly.node_id.clone())).collect();
-    for (anomaly, (cluster, node)) in anomalies.iter_mut().zip(&keys) {
-        let node = node.as_deref().map(Some);
-        anomaly.open = ends.is_open(anomaly.kind, cluster.as_deref(), node, anomaly.end_unix_nano, grace, silence);
+    for anomaly in anomalies.iter_mut() {
+        let (cluster, node) = (anomaly.cluster.as_deref(), anomaly.node_id.as_deref().map(Some));
+        anomaly.open = ends.is_open(anomaly.kind, cluster, node, anomaly.end_unix_nano, grace, silence);
     }
 }

@@ -428,7 +428,8 @@ impl Alerter {
                 continue;
             }
             let window = IncidentKey(incident.incident.clone()).is_window();
-            let window_closed = alert_of(&incident).and_then(|alert| alert.closed);
+            // (Only a window's alert is read: per-read incidents never close this way.)
+            let window_closed = if window { alert_of(&incident).and_then(|alert| alert.closed) } else { None };
             if !window && now - incident.last_member_unix_nano >= resolve_after {
                 resolve(&receiver, &mut incident, Some(now), &self.config.external_url, now, messages);
                 changed.insert(slot, incident);
