@@ -1,7 +1,8 @@
-//! `lagscope analyze`: the detectors over captured OTLP JSON, offline.
+//! `lagscope analyze`: the detectors over captures (OTLP JSON, lscap) or a store's contents, offline.
 
+use std::collections::{BinaryHeap, VecDeque};
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -12,9 +13,11 @@ use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
-use lagscope_model::{Anomaly, AnomalyKind};
+use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
+use lagscope_store::{Store, TimeRange};
 
-use crate::progress::{Progress, Reporter};
+use crate::progress::{Position, Progress, Reporter};
+use crate::stored::Pager;
 
 /// How `analyze` prints what it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,8 +42,11 @@ pub struct Report {
     pub anomaly_count: usize,
     /// Wall time of each stage: reading and decoding, the engine, writing the anomalies.
     pub timings: Timings,
-    /// What the streaming engine did (lscap captures).
+    /// What the streaming engine did.
     pub stream: Option<EngineStats>,
+    /// The store read, when the analysis read one (`--data-dir`, `--database-url`) instead of
+    /// captures.
+    pub store: Option<String>,
 }
 
 /// How long each stage of an offline analysis took, in seconds.
@@ -97,19 +103,7 @@ pub fn analyze_paths_emitting(
     if paths.is_empty() {
         bail!("no capture given: pass OTLP JSON files (.json, .jsonl, optionally .gz) or lscap files");
     }
-    let mut run = Run {
-        engine: Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind)),
-        emit,
-        decode_threads: decode_threads.max(1),
-        json_read: false,
-        anomaly_count: 0,
-        requests: 0,
-        log_records: 0,
-        read: 0.0,
-        detect: 0.0,
-        writing: 0.0,
-        progress: Reporter::new("analyze", progress, paths.len()),
-    };
+    let mut run = Run::new(config, kinds, emit, decode_threads, Reporter::new("analyze", progress, paths.len()));
     for path in paths {
         let path = path.as_ref();
         run.progress.file(path);
@@ -119,42 +113,44 @@ pub fn analyze_paths_emitting(
             run.otlp_json(path)?;
         }
     }
-    let finishing = Instant::now();
-    let Run {
-        engine,
-        mut emit,
-        decode_threads,
-        json_read,
-        mut anomaly_count,
-        requests,
-        log_records,
-        read,
-        mut detect,
-        mut writing,
-        progress,
-    } = run;
-    // Its line erased: the engine's last anomalies and the summary come next.
-    drop(progress);
-    let (mut anomalies, stats) = engine.finish();
-    detect += finishing.elapsed().as_secs_f64();
-    anomaly_count += anomalies.len();
-    if let Some(emit) = emit.as_mut() {
-        let emitting = Instant::now();
-        for anomaly in anomalies.drain(..) {
-            emit(&anomaly)?;
-        }
-        writing += emitting.elapsed().as_secs_f64();
-    }
-    Ok(Report {
-        requests,
-        spans: stats.spans as usize,
-        samples: stats.samples as usize,
-        log_records,
-        anomalies,
-        anomaly_count,
-        timings: Timings { read, detectors: detect, writing, json_decode_threads: json_read.then_some(decode_threads) },
-        stream: Some(stats),
-    })
+    run.finish(None)
+}
+
+/// The store `analyze --data-dir` or `--database-url` reads, and what of it.
+#[derive(Debug, Clone)]
+pub struct StoreSource {
+    /// PostgreSQL; otherwise the SQLite store in `data_dir`.
+    pub database_url: Option<String>,
+    pub data_dir: PathBuf,
+    /// The spans that start, and the samples and log records timed, in this range.
+    pub range: TimeRange,
+}
+
+/// [`analyze_paths_emitting`] over what a store holds: its spans, metric samples and log
+/// records in `source.range`, read a page at a time and handed to the same engine in the order
+/// they ended (as exporters deliver them), so memory stays bounded by what is in flight
+/// whatever the store holds. What a store holds is what a capture of the same telemetry
+/// holds, and the two analyses find the same anomalies.
+pub fn analyze_store_emitting(
+    source: &StoreSource,
+    config: &AnalyzerConfig,
+    kinds: &[AnomalyKind],
+    emit: Option<Emit<'_>>,
+    progress: Progress,
+) -> anyhow::Result<Report> {
+    anyhow::ensure!(source.range.from < source.range.to, "--from must be before --to");
+    let mut run = Run::new(config, kinds, emit, 1, Reporter::new("analyze", progress, 0));
+    let name = crate::stored::runtime()?.block_on(async {
+        let (name, store) = crate::stored::open(
+            source.database_url.as_deref(),
+            &source.data_dir,
+            Some("--data-dir takes the directory `lagscope serve --data-dir` keeps its store in"),
+        )
+        .await?;
+        run.store(store.as_ref(), source.range).await.with_context(|| format!("cannot analyze {name}"))?;
+        anyhow::Ok(name)
+    })?;
+    run.finish(Some(name))
 }
 
 /// One offline analysis in progress.
@@ -174,7 +170,76 @@ struct Run<'c, 'e> {
     progress: Reporter,
 }
 
-impl Run<'_, '_> {
+impl<'c, 'e> Run<'c, 'e> {
+    fn new(
+        config: &'c AnalyzerConfig,
+        kinds: &[AnomalyKind],
+        emit: Option<Emit<'e>>,
+        decode_threads: usize,
+        progress: Reporter,
+    ) -> Self {
+        Run {
+            engine: Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind)),
+            emit,
+            decode_threads: decode_threads.max(1),
+            json_read: false,
+            anomaly_count: 0,
+            requests: 0,
+            log_records: 0,
+            read: 0.0,
+            detect: 0.0,
+            writing: 0.0,
+            progress,
+        }
+    }
+
+    /// Ends the analysis: the engine's last anomalies, and the report (`store`: the store
+    /// read, when it was one).
+    fn finish(self, store: Option<String>) -> anyhow::Result<Report> {
+        let finishing = Instant::now();
+        let Run {
+            engine,
+            mut emit,
+            decode_threads,
+            json_read,
+            mut anomaly_count,
+            requests,
+            log_records,
+            read,
+            mut detect,
+            mut writing,
+            progress,
+        } = self;
+        // Its line erased: the engine's last anomalies and the summary come next.
+        drop(progress);
+        let (mut anomalies, stats) = engine.finish();
+        detect += finishing.elapsed().as_secs_f64();
+        anomaly_count += anomalies.len();
+        if let Some(emit) = emit.as_mut() {
+            let emitting = Instant::now();
+            for anomaly in anomalies.drain(..) {
+                emit(&anomaly)?;
+            }
+            writing += emitting.elapsed().as_secs_f64();
+        }
+        Ok(Report {
+            requests,
+            spans: stats.spans as usize,
+            samples: stats.samples as usize,
+            log_records,
+            anomalies,
+            anomaly_count,
+            timings: Timings {
+                read,
+                detectors: detect,
+                writing,
+                json_decode_threads: json_read.then_some(decode_threads),
+            },
+            stream: Some(stats),
+            store,
+        })
+    }
+
     /// Writes what the engine has settled, when anomalies are written as found.
     fn emit_found(&mut self) -> anyhow::Result<()> {
         if let Some(emit) = self.emit.as_mut()
@@ -243,6 +308,95 @@ impl Run<'_, '_> {
         })
     }
 
+    /// What a store holds in `range`: its spans (a store reads them in start order, held
+    /// back until no span still to come can have ended before them), metric samples and log
+    /// records, merged into one stream in the order they ended, a page of each at a time.
+    async fn store(&mut self, store: &dyn Store, range: TimeRange) -> anyhow::Result<()> {
+        let (mut span_pager, mut sample_pager, mut log_pager) =
+            (Pager::new(range), Pager::new(range), Pager::new(range));
+        let (mut spans, mut samples, mut logs) = (VecDeque::new(), VecDeque::new(), VecDeque::new());
+        let (mut spans_left, mut samples_left, mut logs_left) = (true, true, true);
+        let mut ending: BinaryHeap<Ending> = BinaryHeap::new();
+        let mut read_spans = 0u64;
+        // For progress: how far through the data the reading is.
+        let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+        let mut first = None;
+        let started = Instant::now();
+        let (read_before, writing_before) = (self.read, self.writing);
+        loop {
+            let reading = Instant::now();
+            if spans.is_empty() && spans_left {
+                let page = span_pager
+                    .next(
+                        async |range, limit| store.spans_in_range(None, None, range, limit).await,
+                        |span: &Span| span.start_unix_nano,
+                    )
+                    .await?;
+                spans_left = !page.is_empty();
+                spans.extend(page);
+            }
+            if samples.is_empty() && samples_left {
+                let page = sample_pager
+                    .next(
+                        async |range, limit| store.samples_in_range(None, None, range, limit).await,
+                        |sample: &Sample| sample.time_unix_nano,
+                    )
+                    .await?;
+                samples_left = !page.is_empty();
+                samples.extend(page);
+            }
+            if logs.is_empty() && logs_left {
+                let page = log_pager
+                    .next(async |range, limit| store.logs(range, limit).await, |log: &LogRecord| log.time_unix_nano)
+                    .await?;
+                logs_left = !page.is_empty();
+                logs.extend(page);
+            }
+            self.read += reading.elapsed().as_secs_f64();
+            // Every span still to come starts at or after the next one in start order: a span
+            // waiting that ended before that is the next to end.
+            if let Some(next) = spans.front()
+                && ending.peek().is_none_or(|waiting| waiting.end > next.start_unix_nano)
+            {
+                let span = spans.pop_front().expect("a span is next");
+                first.get_or_insert(span.start_unix_nano);
+                ending.push(Ending { end: span.end_unix_nano.max(span.start_unix_nano), read: read_spans, span });
+                read_spans += 1;
+                continue;
+            }
+            let span_at = ending.peek().map(|waiting| waiting.end);
+            let sample_at = samples.front().map(|sample: &Sample| sample.time_unix_nano);
+            let log_at = logs.front().map(|log: &LogRecord| log.time_unix_nano);
+            let at = [span_at, sample_at, log_at].into_iter().flatten().min();
+            let Some(at) = at else { break };
+            if span_at == Some(at) {
+                let span = ending.pop().expect("a span is waiting").span;
+                let record = SpanRec::from_span(&span, &mut self.engine.interner);
+                self.engine.push_span(&record);
+            } else if sample_at == Some(at) {
+                let sample = samples.pop_front().expect("a sample is next");
+                first.get_or_insert(sample.time_unix_nano);
+                self.engine.push_model_sample(&sample);
+            } else {
+                let log = logs.pop_front().expect("a log record is next");
+                first.get_or_insert(log.time_unix_nano);
+                self.log_records += 1;
+                if let Some(event) = lagscope_analyzer::log_events::classify(&log) {
+                    self.engine.push_log_event(&event);
+                }
+            }
+            self.emit_found()?;
+            let now = Instant::now();
+            if self.progress.due(now) {
+                let position = Position::Stored { at, first: first.unwrap_or(at).max(range.from), last: last.max(at) };
+                self.progress.report_at(now, position, self.engine.stats().spans, Some(self.anomaly_count));
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        self.detect += elapsed - (self.read - read_before) - (self.writing - writing_before);
+        Ok(())
+    }
+
     /// An OTLP JSON capture (optionally gzipped), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
         let (reader, bytes_read) = open_capture_counted(path)?;
@@ -273,6 +427,35 @@ impl Run<'_, '_> {
         }
         self.requests += requests?;
         Ok(())
+    }
+}
+
+/// A span read from a store, waiting for its turn in end order.
+struct Ending {
+    end: UnixNanos,
+    /// Its place in the store's order, which breaks ties.
+    read: u64,
+    span: Span,
+}
+
+impl PartialEq for Ending {
+    fn eq(&self, other: &Self) -> bool {
+        (self.end, self.read) == (other.end, other.read)
+    }
+}
+
+impl Eq for Ending {}
+
+impl PartialOrd for Ending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ending {
+    /// Reversed: the heap's greatest is the span that ended first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.end, other.read).cmp(&(self.end, self.read))
     }
 }
 

@@ -20,13 +20,13 @@ use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
-use lagscope_store::{AnomalyFilter, IngestBatch, PgStore, SqliteStore, Store, TimeRange};
+use lagscope_store::{AnomalyFilter, IngestBatch, Store, TimeRange};
 use serde::{Deserialize, Serialize};
+
+use crate::stored::{PAGE, Pager, open, runtime};
 
 const FORMAT: &str = "lagscope-dump";
 const VERSION: u32 = 1;
-/// Rows read from the store per query.
-const PAGE: u32 = 10_000;
 /// Records committed per import transaction.
 const IMPORT_BATCH: usize = 5_000;
 /// Progress is printed every this many records.
@@ -82,40 +82,10 @@ impl std::fmt::Display for Counts {
     }
 }
 
-/// The store at `database_url` (PostgreSQL) or in `data_dir` (SQLite; `must_exist`: refuse to
-/// create an empty one), and how to name it in messages.
-async fn open(
-    database_url: Option<&str>,
-    data_dir: &Path,
-    must_exist: bool,
-) -> anyhow::Result<(String, Box<dyn Store>)> {
-    match database_url {
-        Some(url) => {
-            let name = format!("PostgreSQL {}", lagscope_store::redact_url(url));
-            let store = PgStore::connect(url).await.with_context(|| format!("cannot open {name}"))?;
-            Ok((name, Box::new(store)))
-        }
-        None => {
-            let file = data_dir.join(lagscope_store::sqlite_database_file());
-            if must_exist && !file.exists() {
-                bail!("no store at {} (pass --data-dir or --database-url)", file.display());
-            }
-            let store = SqliteStore::open_dir(data_dir)
-                .await
-                .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
-            Ok((file.display().to_string(), Box::new(store)))
-        }
-    }
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
-}
-
 /// Writes everything the store holds to `out`.
 pub fn export_dump(out: &Path, data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Counts> {
     runtime()?.block_on(async {
-        let (source, store) = open(database_url, data_dir, true).await?;
+        let (source, store) = open(database_url, data_dir, Some("pass --data-dir or --database-url")).await?;
         // Replaces `out` only once the dump is whole: a dump cut short by an error is not
         // left for `import` to take for a complete one.
         let (file, replacement) =
@@ -214,34 +184,20 @@ fn progress(counts: &Counts, started: Instant, verb: &str) {
     }
 }
 
-/// Reads every row a time-ordered range read returns, a page at a time: the next page starts
-/// at the last row's time and skips the rows of that time already seen (range reads order
-/// rows totally, so the same rows come first again). A page all of one instant is read again
-/// twice as large.
+/// Hands every row of a time-ordered table of the store to `each`, a page at a time.
 async fn page_through<T>(
     mut fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
     time_of: impl Fn(&T) -> i64,
     mut each: impl FnMut(T) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let (mut from, mut skip, mut limit) = (i64::MIN, 0usize, PAGE);
+    let mut pager = Pager::new(TimeRange::ALL);
     loop {
-        let page = fetch(TimeRange { from, to: i64::MAX }, limit).await?;
-        let full = page.len() >= limit as usize;
-        let last = page.last().map(&time_of);
-        let at_last = page.iter().rev().take_while(|row| Some(time_of(row)) == last).count();
-        if full && at_last == page.len() {
-            limit = limit.checked_mul(2).context("more rows share one instant than one read can hold")?;
-            continue;
+        let page = pager.next(&mut fetch, &time_of).await?;
+        if page.is_empty() {
+            return Ok(());
         }
-        for row in page.into_iter().skip(skip) {
+        for row in page {
             each(row)?;
-        }
-        match last {
-            Some(last) if full => {
-                from = last;
-                skip = at_last;
-            }
-            _ => return Ok(()),
         }
     }
 }
@@ -250,7 +206,7 @@ async fn page_through<T>(
 /// (SQLite, created if missing).
 pub fn import(files: &[PathBuf], data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Counts> {
     runtime()?.block_on(async {
-        let (target, store) = open(database_url, data_dir, false).await?;
+        let (target, store) = open(database_url, data_dir, None).await?;
         let mut counts = Counts::default();
         let started = Instant::now();
         for path in files {

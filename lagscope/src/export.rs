@@ -3,11 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
 use lagscope_model::{LagQuery, Span};
-use lagscope_store::{PgStore, SqliteStore, Store, TimeRange};
+use lagscope_store::TimeRange;
 
 /// What to export and where from.
 #[derive(Debug, Clone)]
@@ -90,28 +89,13 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
 type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
 
 fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telemetry> {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        let (source, store): (String, Box<dyn Store>) = match &request.database_url {
-            Some(url) => {
-                let source = format!("PostgreSQL {}", lagscope_store::redact_url(url));
-                let store = PgStore::connect(url).await.with_context(|| format!("cannot open {source}"))?;
-                (source, Box::new(store))
-            }
-            None => {
-                let file = request.data_dir.join(lagscope_store::sqlite_database_file());
-                anyhow::ensure!(
-                    file.exists(),
-                    "no store at {} (pass --data-dir or --database-url, or capture files)",
-                    file.display()
-                );
-                let store = SqliteStore::open_dir(&request.data_dir)
-                    .await
-                    .with_context(|| format!("cannot open the store in {}", request.data_dir.display()))?;
-                (file.display().to_string(), Box::new(store))
-            }
-        };
+    crate::stored::runtime()?.block_on(async {
+        let (source, store) = crate::stored::open(
+            request.database_url.as_deref(),
+            &request.data_dir,
+            Some("pass --data-dir or --database-url, or capture files"),
+        )
+        .await?;
         let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
         let lagscope_web::RangeTelemetry { spans, samples, truncated } =
             lagscope_web::read_range(store.as_ref(), cluster, namespace, range, request.max_spans, request.max_spans)

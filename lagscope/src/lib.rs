@@ -20,6 +20,7 @@ pub mod progress;
 mod retention;
 pub mod server;
 pub mod sim_cmd;
+mod stored;
 pub mod tenants;
 
 pub use config::Config;

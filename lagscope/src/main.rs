@@ -96,7 +96,9 @@ enum Command {
         demo: bool,
     },
     /// Run every detector over captured OTLP JSON (one export request per file, or JSON lines
-    /// of them as the OpenTelemetry Collector's file exporter writes; .gz too).
+    /// of them as the OpenTelemetry Collector's file exporter writes; .gz too), lscap
+    /// captures, or what a store holds (--data-dir, --database-url).
+    #[command(group = clap::ArgGroup::new("store").args(["data_dir", "database_url"]))]
     Analyze {
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
@@ -113,8 +115,23 @@ enum Command {
         decode_threads: Option<u16>,
         #[command(flatten)]
         progress: lagscope::progress::ProgressArgs,
+        /// Analyze what the embedded store in this directory holds instead of capture files
+        /// (read only; a running `serve` may keep writing to it), e.g. with other thresholds.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["paths", "database_url"])]
+        data_dir: Option<PathBuf>,
+        /// Analyze what this PostgreSQL store holds instead of capture files:
+        /// postgres://user[:password]@host[:port]/database
+        #[arg(long, value_name = "URL", conflicts_with = "paths")]
+        database_url: Option<String>,
+        /// With a store: only the spans that start, and the samples and log records timed,
+        /// from this time on (RFC 3339 or Unix seconds) [default: the data's first].
+        #[arg(long, requires = "store")]
+        from: Option<String>,
+        /// With a store: only what is before this time, exclusive [default: the data's last].
+        #[arg(long, requires = "store")]
+        to: Option<String>,
         /// Capture files.
-        #[arg(required = true)]
+        #[arg(required_unless_present_any = ["data_dir", "database_url"])]
         paths: Vec<PathBuf>,
     },
     /// Simulate a scenario (see --list) and send its telemetry to a file or an OTLP endpoint.
@@ -297,6 +314,11 @@ fn parse_kind(text: &str) -> Result<lagscope_model::AnomalyKind, String> {
     })
 }
 
+/// A `--from`/`--to` option's time (RFC 3339 or Unix seconds) in nanoseconds, when given.
+fn time(name: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
+    text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert { out, progress, captures } => {
@@ -361,9 +383,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             // clap requires one of --parquet and --dump.
             let parquet = parquet.context("--parquet DIR or --dump FILE is required")?;
-            let time = |name: &str, text: Option<String>| {
-                text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
-            };
             let request = lagscope::export::ExportRequest {
                 dir: parquet.clone(),
                 captures,
@@ -426,7 +445,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.run_until(shutdown_signal()).await
             })
         }
-        Command::Analyze { format, config, kinds, decode_threads, progress, paths } => {
+        Command::Analyze {
+            format,
+            config,
+            kinds,
+            decode_threads,
+            progress,
+            data_dir,
+            database_url,
+            from,
+            to,
+            paths,
+        } => {
             let config = Config::load(config.as_deref())?;
             let progress = progress.progress()?;
             // Lines of serde_json's text, written by the model's faster JSON writer one after
@@ -454,19 +484,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let emit: Option<lagscope::analyze::Emit<'_>> =
                 if format == Format::Jsonl { Some(&mut write_line) } else { None };
             let threads = decode_threads.map_or_else(lagscope::analyze::default_decode_threads, usize::from);
-            let analyzed = analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads, progress);
+            let analyzed = if data_dir.is_some() || database_url.is_some() {
+                let source = lagscope::analyze::StoreSource {
+                    database_url,
+                    data_dir: data_dir.unwrap_or_default(),
+                    range: lagscope_store::TimeRange {
+                        from: time("--from", from)?.unwrap_or(i64::MIN),
+                        to: time("--to", to)?.unwrap_or(i64::MAX),
+                    },
+                };
+                lagscope::analyze::analyze_store_emitting(&source, &config.analyzer, &kinds, emit, progress)
+            } else {
+                analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads, progress)
+            };
             // The anomalies written before any error are kept.
             output.write(lines)?;
             output.finish()?;
             let report = analyzed?;
+            let source = match &report.store {
+                Some(store) => format!("read {store}"),
+                None => format!("read {} export requests from {} file(s)", report.requests, paths.len()),
+            };
             eprintln!(
-                "read {} export requests from {} file(s): {} spans, {} metric samples, {} log records; {} anomalies",
-                report.requests,
-                paths.len(),
-                report.spans,
-                report.samples,
-                report.log_records,
-                report.anomaly_count
+                "{source}: {} spans, {} metric samples, {} log records; {} anomalies",
+                report.spans, report.samples, report.log_records, report.anomaly_count
             );
             let timings = report.timings;
             let total = timings.read + timings.detectors + timings.writing;

@@ -58,6 +58,9 @@ pub(crate) enum Position {
     Bytes(u64),
     /// Simulated time since the run's start, of the run's length when known (nanoseconds).
     Simulated { at: i64, of: Option<i64> },
+    /// Read from a store up to `at`, of the data from `first` to `last` (nanoseconds since the
+    /// Unix epoch).
+    Stored { at: i64, first: i64, last: i64 },
 }
 
 /// Progress through the capture files (or a simulated run): where in which file, spans pushed, anomalies found,
@@ -140,6 +143,14 @@ impl Reporter {
                 of / 1_000_000_000
             ),
             (Position::Simulated { at, .. }, _) => format!("{} s simulated", at.max(0) / 1_000_000_000),
+            (Position::Stored { at, first, last }, _) => {
+                let of = last.saturating_sub(first).max(1);
+                format!(
+                    "{:.0}% of {} s stored",
+                    (at.saturating_sub(first).clamp(0, of) as f64 * 100.0 / of as f64).floor(),
+                    of / 1_000_000_000
+                )
+            }
         };
         let files =
             if self.files > 1 { format!(" (file {} of {})", self.file_index, self.files) } else { String::new() };
