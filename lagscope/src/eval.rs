@@ -5,14 +5,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use lagscope_analyzer::stream::Engine;
 use lagscope_analyzer::{AnalyzerConfig, detectors};
 use lagscope_collector::capture::stream_requests;
 use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
 use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
+use lagscope_store::TimeRange;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::{
     ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint, SummaryDataPoint,
@@ -20,7 +22,8 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde::Serialize;
 
-use crate::analyze::push_decoded;
+use crate::analyze::{StoreSource, analyze_paths_emitting, analyze_store_emitting, push_decoded};
+use crate::progress::Progress;
 use crate::sim_cmd::json_line;
 
 /// One scenario's evaluation.
@@ -129,28 +132,35 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
         bail!("{error}");
     }
     let (anomalies, stats) = sink.engine.finish();
-    let found: Vec<Found> = anomalies
-        .iter()
-        .map(|anomaly| Found {
-            kind: anomaly.kind.as_str().to_string(),
-            cluster: anomaly.cluster.clone(),
-            namespace: anomaly.namespace.clone(),
-            client_id: anomaly.client_id.clone(),
-            node_id: anomaly.node_id.clone(),
-            start_unix_nano: anomaly.start_unix_nano,
-            end_unix_nano: anomaly.end_unix_nano,
-        })
-        .collect();
-    Ok(ScenarioScore {
-        scenario: config.scenario.clone(),
-        start_unix_nano: truth.start_unix_nano,
-        spans: stats.spans as usize,
-        anomalies_expected: truth.anomalies.len(),
-        anomalies_found: found.len(),
-        kinds: score(&truth, &found),
-        figures: truth.figures.into_iter().collect(),
-        anomalies,
-    })
+    Ok(ScenarioScore::of(truth, anomalies, stats.spans as usize))
+}
+
+impl ScenarioScore {
+    /// What was found (`anomalies`, from `spans` spans) scored against the run's `truth`.
+    fn of(truth: Truth, anomalies: Vec<Anomaly>, spans: usize) -> Self {
+        let found: Vec<Found> = anomalies
+            .iter()
+            .map(|anomaly| Found {
+                kind: anomaly.kind.as_str().to_string(),
+                cluster: anomaly.cluster.clone(),
+                namespace: anomaly.namespace.clone(),
+                client_id: anomaly.client_id.clone(),
+                node_id: anomaly.node_id.clone(),
+                start_unix_nano: anomaly.start_unix_nano,
+                end_unix_nano: anomaly.end_unix_nano,
+            })
+            .collect();
+        ScenarioScore {
+            scenario: truth.scenario.clone(),
+            start_unix_nano: truth.start_unix_nano,
+            spans,
+            anomalies_expected: truth.anomalies.len(),
+            anomalies_found: found.len(),
+            kinds: score(&truth, &found),
+            figures: truth.figures.into_iter().collect(),
+            anomalies,
+        }
+    }
 }
 
 /// Takes the simulator's export requests through the path `lagscope analyze` reads captures
@@ -387,21 +397,78 @@ pub fn run(runs: &[SimConfig], delivery: Delivery, json: bool, analyzer: &Analyz
         eprintln!("eval: running {}", config.scenario);
         scores.push(evaluate(config, analyzer, delivery)?);
     }
+    report(&scores, delivery.lose, json)
+}
+
+/// Where a recorded run's telemetry is: what `sim --out` wrote, or the store that `sim
+/// --otlp-http`/`--otlp-grpc` sent it to through `serve`.
+#[derive(Debug, Clone)]
+pub enum Recorded {
+    Captures(Vec<PathBuf>),
+    /// A store (PostgreSQL at `database_url`, else SQLite in `data_dir`), read from `from` to
+    /// `to`, each the run's own when not given.
+    Store {
+        database_url: Option<String>,
+        data_dir: PathBuf,
+        from: Option<i64>,
+        to: Option<i64>,
+    },
+}
+
+/// Scores a recorded run against the ground truth `sim --truth` wrote of it, through the same
+/// analysis as `lagscope analyze`; prints and fails as [`run`] does. A store is read over the
+/// run's time range unless told otherwise: anything else it holds from that time (other
+/// traffic) is scored as found without being expected.
+pub fn run_recorded(
+    truth_path: &Path,
+    recorded: Recorded,
+    json: bool,
+    analyzer: &AnalyzerConfig,
+    progress: Progress,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(truth_path).with_context(|| format!("cannot read {}", truth_path.display()))?;
+    let truth: Truth = serde_json::from_str(&text).map_err(|error| {
+        anyhow::anyhow!(
+            "{}:{}: not a truth file as `lagscope sim --truth` writes: {error}",
+            truth_path.display(),
+            error.line()
+        )
+    })?;
+    eprintln!("eval: {} against {}", truth.scenario, truth_path.display());
+    let analyzed = match recorded {
+        Recorded::Captures(paths) => {
+            analyze_paths_emitting(&paths, analyzer, &[], None, crate::analyze::default_decode_threads(), progress)?
+        }
+        Recorded::Store { database_url, data_dir, from, to } => {
+            // What started within the run, up to its end.
+            let range = TimeRange {
+                from: from.unwrap_or(truth.start_unix_nano),
+                to: to.unwrap_or(truth.end_unix_nano.saturating_add(1)),
+            };
+            analyze_store_emitting(&StoreSource { database_url, data_dir, range }, analyzer, &[], None, progress)?
+        }
+    };
+    report(&[ScenarioScore::of(truth, analyzed.anomalies, analyzed.spans)], 0.0, json)
+}
+
+/// Prints the scores as a table or JSON; fails if anything was missed or falsely reported
+/// (with a fraction `lose` of the requests lost, only if anything was falsely reported).
+fn report(scores: &[ScenarioScore], lose: f64, json: bool) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut stdout, &scores)?;
+        serde_json::to_writer_pretty(&mut stdout, scores)?;
         writeln!(stdout)?;
     } else {
-        write_table(&mut stdout, &scores)?;
+        write_table(&mut stdout, scores)?;
     }
     // With requests lost, what they were the evidence of may be missed; nothing may be false.
-    let (passes, failure): (fn(&ScenarioScore) -> bool, &str) = if delivery.lose > 0.0 {
+    let (passes, failure): (fn(&ScenarioScore) -> bool, &str) = if lose > 0.0 {
         let missed: usize = scores.iter().flat_map(|score| &score.kinds).map(|row| row.missed).sum();
         let expected: usize = scores.iter().flat_map(|score| &score.kinds).map(|row| row.expected).sum();
         eprintln!(
             "eval: {:.0}% of the export requests lost: {missed} of {expected} expected anomalies missed \
              (their evidence may be lost); anomalies reported that the runs did not have fail the run",
-            delivery.lose * 100.0
+            lose * 100.0
         );
         (ScenarioScore::nothing_false, "false")
     } else {

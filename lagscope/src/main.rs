@@ -255,7 +255,8 @@ enum Command {
         #[arg(required = true)]
         captures: Vec<PathBuf>,
     },
-    /// Run scenarios through the analyzer and score what it finds against their ground truth.
+    /// Run scenarios through the analyzer and score what it finds against their ground truth;
+    /// or, with --truth, score a recorded run (its captures, or the store it was sent to).
     Eval {
         /// A scenario name, or `all`.
         #[arg(long, default_value = "all")]
@@ -290,6 +291,32 @@ enum Command {
         /// TOML configuration file; its [analyzer] section sets the detectors' thresholds.
         #[arg(long, env = "LAGSCOPE_CONFIG")]
         config: Option<PathBuf>,
+        /// Score a recorded run instead of running scenarios: the ground truth `sim --truth`
+        /// wrote of it, against its telemetry, the captures `sim --out` wrote (CAPTURES) or the
+        /// store its export requests went to (--data-dir, --database-url).
+        #[arg(
+            long,
+            value_name = "FILE",
+            conflicts_with_all = ["scenario", "seed", "clients", "duration", "rate", "export_delay", "clock_skew", "redeliver", "lose"]
+        )]
+        truth: Option<PathBuf>,
+        /// With --truth: the embedded store in this directory holds the run's telemetry.
+        #[arg(long, value_name = "DIR", requires = "truth", conflicts_with_all = ["captures", "database_url"])]
+        data_dir: Option<PathBuf>,
+        /// With --truth: this PostgreSQL store holds the run's telemetry.
+        #[arg(long, value_name = "URL", requires = "truth", conflicts_with = "captures")]
+        database_url: Option<String>,
+        /// With a store: read from this time (RFC 3339 or Unix seconds) [default: the run's start].
+        #[arg(long, requires = "truth")]
+        from: Option<String>,
+        /// With a store: read up to this time, exclusive [default: just past the run's end].
+        #[arg(long, requires = "truth")]
+        to: Option<String>,
+        #[command(flatten)]
+        progress: lagscope::progress::ProgressArgs,
+        /// With --truth: the run's capture files.
+        #[arg(value_name = "CAPTURES", requires = "truth")]
+        captures: Vec<PathBuf>,
     },
 }
 
@@ -596,8 +623,51 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Eval { scenario, run, export_delay, clock_skew, redeliver, lose, format, config } => {
+        Command::Eval {
+            scenario,
+            run,
+            export_delay,
+            clock_skew,
+            redeliver,
+            lose,
+            format,
+            config,
+            truth,
+            data_dir,
+            database_url,
+            from,
+            to,
+            progress,
+            captures,
+        } => {
             let config = Config::load(config.as_deref())?;
+            if let Some(truth) = truth {
+                let recorded = if data_dir.is_some() || database_url.is_some() {
+                    eval::Recorded::Store {
+                        database_url,
+                        data_dir: data_dir.unwrap_or_default(),
+                        from: time("--from", from)?,
+                        to: time("--to", to)?,
+                    }
+                } else if from.is_some() || to.is_some() {
+                    anyhow::bail!("--from and --to choose what of a store is read; capture files are read whole");
+                } else if captures.is_empty() {
+                    anyhow::bail!(
+                        "--truth {}: give the run's capture files, or --data-dir or --database-url for the store it \
+                         was sent to",
+                        truth.display()
+                    );
+                } else {
+                    eval::Recorded::Captures(captures)
+                };
+                return eval::run_recorded(
+                    &truth,
+                    recorded,
+                    format == Format::Json,
+                    &config.analyzer,
+                    progress.progress()?,
+                );
+            }
             let names: Vec<String> = if scenario == "all" {
                 lagscope_sim::scenarios().iter().map(|info| info.name.to_string()).collect()
             } else {

@@ -24,14 +24,15 @@ fn lagscope(args: &[&str]) -> (bool, String, String) {
     (output.status.success(), text(&output.stdout), text(&output.stderr))
 }
 
-/// The scenario's export requests, as `lagscope sim` with the same arguments sends them.
-fn requests() -> Vec<Request> {
+/// The scenario's export requests, as `lagscope sim` with the same arguments sends them, and
+/// its ground truth.
+fn requests() -> (Vec<Request>, lagscope_sim::Truth) {
     let mut sim = SimConfig::new(SCENARIO);
     sim.clients = Some(CLIENTS);
     sim.duration = Some(SECONDS * SECOND);
     let mut requests: Vec<Request> = Vec::new();
-    lagscope_sim::run(&sim, &mut requests).expect("sim");
-    requests
+    let truth = lagscope_sim::run(&sim, &mut requests).expect("sim");
+    (requests, truth)
 }
 
 /// The requests as ingest batches of a few requests each, in a shuffled order: a store
@@ -138,7 +139,8 @@ async fn a_store_analyzes_as_the_capture_of_the_same_telemetry() {
     let found_kinds = kinds(&from_capture);
     assert!(found_kinds.len() >= 8, "the scenario finds most kinds: {found_kinds:?}");
 
-    let mut batches = shuffled_batches(&requests());
+    let (requests, truth) = requests();
+    let mut batches = shuffled_batches(&requests);
     let mut slow = lagscope_collector::capture::Capture::default();
     slow.read_str("slow read", &slow_read).expect("an OTLP JSON request");
     assert_eq!(slow.spans.len(), 1);
@@ -193,6 +195,19 @@ async fn a_store_analyzes_as_the_capture_of_the_same_telemetry() {
     let (ok, stdout, stderr) = lagscope(&["analyze", "--database-url", &url, "--from", from, "--to", to]);
     assert!(ok, "{stderr}");
     assert_eq!(stdout.lines().count(), within.len() + 1, "a header and a row per anomaly:\n{stdout}");
+
+    // Scored against the run's truth, as `sim --otlp-http ... --truth` into `serve` leaves it:
+    // everything expected, nothing else (the slow read breaks no guarantee).
+    let truth_path = directory.path().join("truth.json");
+    std::fs::write(&truth_path, serde_json::to_string(&truth).expect("truth")).expect("written");
+    for store in [["--data-dir", path(&sqlite_dir)], ["--database-url", url.as_str()]] {
+        let (ok, stdout, stderr) =
+            lagscope(&["eval", "--format", "json", "--truth", path(&truth_path), store[0], store[1]]);
+        assert!(ok, "{stderr}\n{stdout}");
+        let scores: Value = serde_json::from_str(&stdout).expect("scores");
+        assert_eq!(scores[0]["anomalies_expected"], truth.anomalies.len(), "{}", store[0]);
+        assert_eq!(scores[0]["anomalies_found"], truth.anomalies.len(), "{}", store[0]);
+    }
 }
 
 #[test]

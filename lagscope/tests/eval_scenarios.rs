@@ -271,3 +271,56 @@ fn a_failing_eval_says_which_anomalies_it_missed() {
     assert!(missed[0].contains("client=") && missed[0].contains(" s: "), "{}", missed[0]);
     assert!(!stdout.contains("false:"), "nothing is found, so nothing is false: {stdout}");
 }
+
+#[test]
+fn a_recorded_run_is_scored_against_the_truth_written_with_it() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let (capture, truth) = (directory.path().join("race.jsonl"), directory.path().join("race.truth.json"));
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["sim", "--scenario", "hdfs-publish-race", "--duration", "20s", "--seed", "5", "--out"])
+        .arg(&capture)
+        .arg("--truth")
+        .arg(&truth)
+        .output()
+        .expect("lagscope runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (capture, truth_path) = (capture.to_str().expect("utf-8"), truth.to_str().expect("utf-8"));
+    let (ok, scores, stderr) = eval_cli(&["--truth", truth_path, capture]);
+    assert!(ok, "{stderr}");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&truth).expect("truth")).expect("json");
+    let expected_count = expected["anomalies"].as_array().expect("anomalies").len();
+    assert!(expected_count > 10, "the run has anomalies to find: {expected_count}");
+    assert_eq!(scores[0]["scenario"], "hdfs-publish-race");
+    assert_eq!(scores[0]["anomalies_expected"], expected_count);
+    assert_eq!(scores[0]["anomalies_found"], expected_count);
+
+    // A truth that expects one anomaly fewer and one that never happened: one false, one
+    // missed, and the run fails.
+    let mut tampered = expected.clone();
+    let anomalies = tampered["anomalies"].as_array_mut().expect("anomalies");
+    let mut invented = anomalies.remove(0);
+    invented["client_id"] = "nobody".into();
+    anomalies.push(invented);
+    let tampered_path = directory.path().join("tampered.truth.json");
+    std::fs::write(&tampered_path, tampered.to_string()).expect("written");
+    let (ok, scores, stderr) = eval_cli(&["--truth", tampered_path.to_str().expect("utf-8"), capture]);
+    assert!(!ok);
+    assert!(stderr.contains("1 of 1 scenarios have missed or false anomalies: hdfs-publish-race"), "{stderr}");
+    let kinds = scores[0]["kinds"].as_array().expect("kinds");
+    let sum = |field: &str| kinds.iter().map(|row| row[field].as_u64().expect("count")).sum::<u64>();
+    assert_eq!((sum("missed"), sum("false_positives")), (1, 1), "{kinds:#?}");
+
+    // What is wrong with the arguments or the truth is said by name.
+    let not_truth = directory.path().join("not.truth.json");
+    std::fs::write(&not_truth, "{\"scenario\": 3}").expect("written");
+    let (ok, _, stderr) = eval_cli(&["--truth", not_truth.to_str().expect("utf-8"), capture]);
+    assert!(!ok);
+    assert!(stderr.contains("not.truth.json:1: not a truth file as `lagscope sim --truth` writes"), "{stderr}");
+    let (ok, _, stderr) = eval_cli(&["--truth", truth_path]);
+    assert!(!ok);
+    assert!(stderr.contains("give the run's capture files, or --data-dir or --database-url"), "{stderr}");
+    let (ok, _, stderr) = eval_cli(&["--truth", truth_path, "--scenario", "mixed", capture]);
+    assert!(!ok);
+    assert!(stderr.contains("'--truth <FILE>' cannot be used with '--scenario <SCENARIO>'"), "{stderr}");
+}
