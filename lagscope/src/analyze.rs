@@ -315,7 +315,6 @@ impl<'c, 'e> Run<'c, 'e> {
         let (mut span_pager, mut sample_pager, mut log_pager) =
             (Pager::new(range), Pager::new(range), Pager::new(range));
         let (mut spans, mut samples, mut logs) = (VecDeque::new(), VecDeque::new(), VecDeque::new());
-        let (mut spans_left, mut samples_left, mut logs_left) = (true, true, true);
         let mut ending: BinaryHeap<Ending> = BinaryHeap::new();
         let mut read_spans = 0u64;
         // For progress: how far through the data the reading is.
@@ -324,32 +323,30 @@ impl<'c, 'e> Run<'c, 'e> {
         let started = Instant::now();
         let (read_before, writing_before) = (self.read, self.writing);
         loop {
+            // A pager that has handed out every row returns none without asking the store.
             let reading = Instant::now();
-            if spans.is_empty() && spans_left {
+            if spans.is_empty() {
                 let page = span_pager
                     .next(
                         async |range, limit| store.spans_in_range(None, None, range, limit).await,
                         |span: &Span| span.start_unix_nano,
                     )
                     .await?;
-                spans_left = !page.is_empty();
                 spans.extend(page);
             }
-            if samples.is_empty() && samples_left {
+            if samples.is_empty() {
                 let page = sample_pager
                     .next(
                         async |range, limit| store.samples_in_range(None, None, range, limit).await,
                         |sample: &Sample| sample.time_unix_nano,
                     )
                     .await?;
-                samples_left = !page.is_empty();
                 samples.extend(page);
             }
-            if logs.is_empty() && logs_left {
+            if logs.is_empty() {
                 let page = log_pager
                     .next(async |range, limit| store.logs(range, limit).await, |log: &LogRecord| log.time_unix_nano)
                     .await?;
-                logs_left = !page.is_empty();
                 logs.extend(page);
             }
             self.read += reading.elapsed().as_secs_f64();
