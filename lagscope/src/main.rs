@@ -115,8 +115,9 @@ enum Command {
         decode_threads: Option<u16>,
         #[command(flatten)]
         progress: lagscope::progress::ProgressArgs,
-        /// Analyze what the embedded store in this directory holds instead of capture files
-        /// (read only; a running `serve` may keep writing to it), e.g. with other thresholds.
+        /// Analyze what the embedded store in this directory holds instead of capture files,
+        /// e.g. with other thresholds. Nothing is written there but the schema migrations
+        /// `serve` would apply; a running `serve` may keep writing to it.
         #[arg(long, value_name = "DIR", conflicts_with_all = ["paths", "database_url"])]
         data_dir: Option<PathBuf>,
         /// Analyze what this PostgreSQL store holds instead of capture files:
