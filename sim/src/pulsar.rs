@@ -2,14 +2,25 @@
 //! probe proposed for half-dead clusters).
 //!
 //! A producer on `pulsar://pulsar-east:6650` (primary) with `pulsar://pulsar-west:6650` as
-//! secondary. Every `checkInterval` the client probes its current service URL; once it has
-//! been down longer than `failoverDelay` it switches to the first secondary that probes up,
-//! and switches back once the primary has been up for `switchBackDelay`. From [`HALF_DEAD`]
-//! the east brokers still accept TCP connections but fail every produce.
-//! - With the TCP-connect probe (`probeAvailable`) east always looks up: no failover, and
-//!   produce fails for the whole half-dead period.
-//! - With a health probe (`CommandHealthCheck`) east is down, the client fails over after
-//!   `failoverDelay` and switches back after `switchBackDelay` once east is healthy again.
+//! secondary. Every `checkInterval` the client's failover task (a port of
+//! `AutoClusterFailover`, [`Failover`]) probes its current service URL; once it has been down
+//! longer than `failoverDelay` it switches to the other URL if that probes up, and, on the
+//! secondary, switches back once the primary has been up for `switchBackDelay`.
+//! - `pulsar-tcp-probe-half-dead`: from [`HALF_DEAD`] the east brokers still accept TCP
+//!   connections but fail every produce. The TCP-connect probe (`probeAvailable`) sees east
+//!   up: no failover, and produce fails for the whole half-dead period.
+//! - `pulsar-health-probe`: the same, with a health probe (`CommandHealthCheck`) that sees east
+//!   down: the client fails over after `failoverDelay` and switches back after
+//!   `switchBackDelay` once east is healthy again.
+//! - `pulsar-switch-back-delay-lost` (apache/pulsar#14442): east has an outage, west one that
+//!   ends the client's stay there, and then east's broker crash-loops ([`CRASH_LOOP`]: 35 s down,
+//!   10 s up). Before the fix, the task that fails the client over from west to east runs the
+//!   switch-back check in the same round, now on the primary: it starts `recoverTimestamp`,
+//!   which nothing resets while the client stays on east. After the next failover to west the
+//!   first probe that finds east up sees a recovery older than `switchBackDelay` and switches
+//!   straight back to the crash-looping east: the client flaps between the clusters faster
+//!   than `switchBackDelay` allows. `-fixed`: the check runs only while still on the secondary;
+//!   the client stays on west until east has been up for `switchBackDelay`.
 
 use crate::emit::{Emitter, Kind, ProcessSpec, Sink, SpanSpec, int, string};
 use crate::rng::Rng;
@@ -27,10 +38,25 @@ pub const SCENARIOS: &[ScenarioInfo] = &[
         system: "pulsar",
         summary: "a health probe sees the half-dead cluster; failover after failoverDelay, switch back after switchBackDelay",
     },
+    ScenarioInfo {
+        name: "pulsar-switch-back-delay-lost",
+        system: "pulsar",
+        summary: "apache/pulsar#14442: a stale recoverTimestamp; the client switches straight back to a crash-looping primary, flapping",
+    },
+    ScenarioInfo {
+        name: "pulsar-switch-back-delay-lost-fixed",
+        system: "pulsar",
+        summary: "#14442 fixed: the client waits switchBackDelay on the secondary while the primary crash-loops",
+    },
 ];
 
 const TOPIC: &str = "persistent://public/default/orders";
 const HALF_DEAD: (Nanos, Nanos) = (20 * SECOND, 110 * SECOND);
+/// `pulsar-switch-back-delay-lost`: east's outage, west's, and east's crash loop (from, to,
+/// down, up): east's broker down 35 s, up 10 s, over and over.
+const EAST_OUTAGE: (Nanos, Nanos) = (20 * SECOND, 112 * SECOND);
+const WEST_OUTAGE: (Nanos, Nanos) = (80 * SECOND, 140 * SECOND);
+const CRASH_LOOP: (Nanos, Nanos, Nanos, Nanos) = (150 * SECOND, 330 * SECOND, 35 * SECOND, 10 * SECOND);
 const CHECK_INTERVAL: Nanos = 5 * SECOND;
 const FAILOVER_DELAY: Nanos = 30 * SECOND;
 const SWITCH_BACK_DELAY: Nanos = 60 * SECOND;
@@ -46,19 +72,160 @@ struct Cluster {
 const EAST: Cluster = Cluster { name: "pulsar-east", host: "pulsar-east", broker: "broker-east-1" };
 const WEST: Cluster = Cluster { name: "pulsar-west", host: "pulsar-west", broker: "broker-west-1" };
 
-fn serves(cluster: Cluster, at: Nanos) -> bool {
-    cluster != EAST || !(HALF_DEAD.0..HALF_DEAD.1).contains(&at)
+/// What happens to the clusters, and what the client's probe sees of it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Model {
+    /// East half-dead during [`HALF_DEAD`]; the probe is a health check, or a TCP connect.
+    HalfDead { health_probe: bool },
+    /// Outages and east's crash loop; a TCP probe; the switch-back check as before
+    /// apache/pulsar#14442 (`fixed: false`) or after.
+    CrashLoop { fixed: bool },
+}
+
+impl Model {
+    /// Whether `cluster` takes produce requests at `at`.
+    fn serves(self, cluster: Cluster, at: Nanos) -> bool {
+        match self {
+            Model::HalfDead { .. } => cluster != EAST || !(HALF_DEAD.0..HALF_DEAD.1).contains(&at),
+            Model::CrashLoop { .. } => {
+                let outage = if cluster == EAST { EAST_OUTAGE } else { WEST_OUTAGE };
+                let (from, to, down, up) = CRASH_LOOP;
+                let crashed = cluster == EAST && (from..to).contains(&at) && (at - from) % (down + up) < down;
+                !(outage.0..outage.1).contains(&at) && !crashed
+            }
+        }
+    }
+
+    /// What the client's probe of `cluster` says at `at`: a TCP connect succeeds while the
+    /// broker process is up, half-dead or not; a health check sees whether it serves.
+    fn probe(self, cluster: Cluster, at: Nanos) -> bool {
+        match self {
+            Model::HalfDead { health_probe: false } => true,
+            Model::HalfDead { health_probe: true } | Model::CrashLoop { .. } => self.serves(cluster, at),
+        }
+    }
+
+    fn probe_kind(self) -> &'static str {
+        match self {
+            Model::HalfDead { health_probe: true } => "health",
+            _ => "tcp",
+        }
+    }
+}
+
+/// A switch of the client's service URL, and the line its failover task logs for it.
+struct Switch {
+    from: Cluster,
+    to: Cluster,
+    reason: String,
+    line: String,
+}
+
+/// The client's failover task, `AutoClusterFailover`: its state between rounds.
+struct Failover {
+    current: Cluster,
+    /// `failedTimestamp`: since when the current service has probed down.
+    failed_since: Option<Nanos>,
+    /// `recoverTimestamp`: since when the primary has probed up, as seen by the switch-back
+    /// check; only that check resets it.
+    recovered_since: Option<Nanos>,
+    /// apache/pulsar#14442 fixed: the switch-back check runs only while still on the secondary.
+    fixed: bool,
+    probe_kind: &'static str,
+}
+
+impl Failover {
+    /// One round at `at`: the switch it made, if any, and the line logged for a failover the
+    /// other URL could not take (its probe down too).
+    fn round(&mut self, at: Nanos, probe: impl Fn(Cluster) -> bool) -> (Option<Switch>, Option<String>) {
+        if self.current == EAST {
+            return self.probe_and_update(at, WEST, &probe);
+        }
+        let (switch, refused) = self.probe_and_update(at, EAST, &probe);
+        if switch.is_some() && self.fixed {
+            return (switch, refused);
+        }
+        // Before the fix this runs on the primary too, right after a failover to it.
+        let back = self.probe_and_check_switch_back(at, &probe);
+        (switch.or(back), refused)
+    }
+
+    /// `probeAndUpdateServiceUrl(target)`.
+    fn probe_and_update(
+        &mut self,
+        at: Nanos,
+        target: Cluster,
+        probe: &impl Fn(Cluster) -> bool,
+    ) -> (Option<Switch>, Option<String>) {
+        if probe(self.current) {
+            self.failed_since = None;
+            return (None, None);
+        }
+        let since = *self.failed_since.get_or_insert(at);
+        if at - since < FAILOVER_DELAY {
+            return (None, None);
+        }
+        let from = self.current;
+        if !probe(target) {
+            let line = format!(
+                "Current Pulsar service is pulsar://{}:6650, it has been down for {} ms. Failed to switch to service \
+                 pulsar://{}:6650, because it is not available",
+                from.host,
+                (at - since) / MILLISECOND,
+                target.host
+            );
+            return (None, Some(line));
+        }
+        self.current = target;
+        self.failed_since = None;
+        let line = format!(
+            "Current Pulsar service is pulsar://{}:6650, it has been down for {} ms, switch to the service \
+             pulsar://{}:6650. The current service down at {}",
+            from.host,
+            (at - since) / MILLISECOND,
+            target.host,
+            since / MILLISECOND
+        );
+        let reason = format!("{} probe down for {} ms", self.probe_kind, (at - since) / MILLISECOND);
+        (Some(Switch { from, to: target, reason, line }), None)
+    }
+
+    /// `probeAndCheckSwitchBack(primary)`.
+    fn probe_and_check_switch_back(&mut self, at: Nanos, probe: &impl Fn(Cluster) -> bool) -> Option<Switch> {
+        if !probe(EAST) {
+            self.recovered_since = None;
+            return None;
+        }
+        let since = *self.recovered_since.get_or_insert(at);
+        if at - since < SWITCH_BACK_DELAY {
+            return None;
+        }
+        let from = self.current;
+        self.current = EAST;
+        self.recovered_since = None;
+        let line = format!(
+            "Current Pulsar service is secondary: pulsar://{}:6650, the primary service: pulsar://{}:6650 has been \
+             recover for {} ms, switch back to the primary service",
+            from.host,
+            EAST.host,
+            (at - since) / MILLISECOND
+        );
+        Some(Switch { from, to: EAST, reason: "primary recovered".to_string(), line })
+    }
 }
 
 pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
-    let health_probe = match config.scenario.as_str() {
-        "pulsar-tcp-probe-half-dead" => false,
-        "pulsar-health-probe" => true,
+    let model = match config.scenario.as_str() {
+        "pulsar-tcp-probe-half-dead" => Model::HalfDead { health_probe: false },
+        "pulsar-health-probe" => Model::HalfDead { health_probe: true },
+        "pulsar-switch-back-delay-lost" => Model::CrashLoop { fixed: false },
+        "pulsar-switch-back-delay-lost-fixed" => Model::CrashLoop { fixed: true },
         _ => return None,
     };
     let mut rng = Rng::new(config.seed);
     let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
-    let duration = config.duration.unwrap_or(200 * SECOND);
+    let default_duration = if matches!(model, Model::CrashLoop { .. }) { 420 * SECOND } else { 200 * SECOND };
+    let duration = config.duration.unwrap_or(default_duration);
     let rate = config.rate.unwrap_or(20.0);
     let client_id = "orders-producer-1";
     let spec = |cluster: &str, component: &'static str, service: &str, node: &str| ProcessSpec {
@@ -73,10 +240,15 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
         (EAST, emitter.process(spec(EAST.name, "server", "pulsar-broker", EAST.broker))),
         (WEST, emitter.process(spec(WEST.name, "server", "pulsar-broker", WEST.broker))),
     ];
-    let probe_kind = if health_probe { "health" } else { "tcp" };
-    let mut current = EAST;
-    let mut failed_since: Option<Nanos> = None;
-    let mut recovered_since: Option<Nanos> = None;
+    let probe_kind = model.probe_kind();
+    let mut failover = Failover {
+        current: EAST,
+        failed_since: None,
+        recovered_since: None,
+        // The half-dead scenarios never fail over from west: the check's order is moot there.
+        fixed: !matches!(model, Model::CrashLoop { fixed: false }),
+        probe_kind,
+    };
     let mut next_check = CHECK_INTERVAL;
     let mut at = 10 * MILLISECOND;
     let mut sequence = 0u64;
@@ -84,9 +256,9 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
     let mut switches = Vec::new();
     let mut pending_event: Option<(Nanos, Vec<opentelemetry_proto::tonic::common::v1::KeyValue>)> = None;
     while at < duration {
-        // The failover loop's probes (AutoClusterFailover.probeAndUpdateServiceUrl).
+        // The failover task's rounds (AutoClusterFailover's scheduled probe).
         while next_check <= at {
-            let probe = |cluster: Cluster| if health_probe { serves(cluster, next_check) } else { true };
+            let probe = |cluster: Cluster| model.probe(cluster, next_check);
             for cluster in [EAST, WEST] {
                 let labels = vec![
                     string("server.address", cluster.host),
@@ -96,77 +268,29 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
                 ];
                 emitter.gauge(client, "lagscope.probe.up", next_check, f64::from(u8::from(probe(cluster))), labels);
             }
-            if current == EAST {
-                if probe(EAST) {
-                    failed_since = None;
-                } else {
-                    let since = *failed_since.get_or_insert(next_check);
-                    if next_check - since >= FAILOVER_DELAY && probe(WEST) {
-                        emitter.log(
-                            client,
-                            next_check,
-                            (9, "INFO"),
-                            format!(
-                                "Current Pulsar service is pulsar://{}:6650, it has been down for {} ms, switch to the service pulsar://{}:6650. The current service down at {}",
-                                EAST.host,
-                                (next_check - since) / MILLISECOND,
-                                WEST.host,
-                                since / MILLISECOND
-                            ),
-                            vec![],
-                        );
-                        pending_event = Some((
-                            next_check,
-                            vec![
-                                string("lagscope.failover.from", format!("pulsar://{}:6650", EAST.host)),
-                                string("lagscope.failover.to", format!("pulsar://{}:6650", WEST.host)),
-                                string(
-                                    "lagscope.failover.reason",
-                                    format!("{probe_kind} probe down for {} ms", (next_check - since) / MILLISECOND),
-                                ),
-                            ],
-                        ));
-                        switches.push(next_check);
-                        current = WEST;
-                        failed_since = None;
-                    }
-                }
-            } else if probe(EAST) {
-                let since = *recovered_since.get_or_insert(next_check);
-                if next_check - since >= SWITCH_BACK_DELAY {
-                    emitter.log(
-                        client,
-                        next_check,
-                        (9, "INFO"),
-                        format!(
-                            "Current Pulsar service is secondary: pulsar://{}:6650, the primary service: pulsar://{}:6650 has been recover for {} ms, switch back to the primary service",
-                            WEST.host,
-                            EAST.host,
-                            (next_check - since) / MILLISECOND
-                        ),
-                        vec![],
-                    );
-                    pending_event = Some((
-                        next_check,
-                        vec![
-                            string("lagscope.failover.from", format!("pulsar://{}:6650", WEST.host)),
-                            string("lagscope.failover.to", format!("pulsar://{}:6650", EAST.host)),
-                            string("lagscope.failover.reason", "primary recovered"),
-                        ],
-                    ));
-                    switches.push(next_check);
-                    current = EAST;
-                    recovered_since = None;
-                }
-            } else {
-                recovered_since = None;
+            let (switch, refused) = failover.round(next_check, probe);
+            if let Some(line) = refused {
+                emitter.log(client, next_check, (17, "ERROR"), line, vec![]);
+            }
+            if let Some(Switch { from, to, reason, line }) = switch {
+                emitter.log(client, next_check, (9, "INFO"), line, vec![]);
+                pending_event = Some((
+                    next_check,
+                    vec![
+                        string("lagscope.failover.from", format!("pulsar://{}:6650", from.host)),
+                        string("lagscope.failover.to", format!("pulsar://{}:6650", to.host)),
+                        string("lagscope.failover.reason", reason),
+                    ],
+                ));
+                switches.push(next_check);
             }
             next_check += CHECK_INTERVAL;
         }
         emitter.advance(at, sink);
         // One send.
         sequence += 1;
-        let ok = serves(current, at);
+        let current = failover.current;
+        let ok = model.serves(current, at);
         let end = if ok { at + 3 * MILLISECOND } else { at + 3 * SECOND };
         let mut span = SpanSpec::new(format!("send {TOPIC}"), Kind::Client, at, end);
         span.attributes = vec![
@@ -189,7 +313,8 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
             span.error = Some(format!(
                 "The producer orders-producer-1 can not send message to the topic {TOPIC} within given timeout"
             ));
-            if !health_probe {
+            // Failing while the probe says the cluster is up: nothing will fail the client over.
+            if model.probe(current, at) {
                 let window = blind.get_or_insert((at, end));
                 window.1 = end;
             }
@@ -237,6 +362,33 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
             ),
         });
         truth.figure("blind_seconds", (end - start) as f64 / SECOND as f64);
+    }
+    // Runs of switches each sooner than switchBackDelay after the one before: the settling
+    // the delays exist for did not happen. The client logs its switches (its cluster: east's).
+    let mut run: Vec<Nanos> = Vec::new();
+    for switch in switches.iter().copied().chain(std::iter::once(Nanos::MAX)) {
+        if run.last().is_some_and(|previous| switch.saturating_sub(*previous) >= SWITCH_BACK_DELAY) {
+            if let [first, .., last] = run[..] {
+                truth.anomalies.push(ExpectedAnomaly {
+                    optional: false,
+                    kind: "failover_flapping".to_string(),
+                    cluster: EAST.name.to_string(),
+                    namespace: None,
+                    client_id: Some(client_id.to_string()),
+                    node_id: None,
+                    start_unix_nano: config.start_unix_nano + first,
+                    end_unix_nano: config.start_unix_nano + last,
+                    detail: format!(
+                        "{} switches in {:.0} s, each sooner than switchBackDelay ({} s) after the last",
+                        run.len(),
+                        (last - first) as f64 / SECOND as f64,
+                        SWITCH_BACK_DELAY / SECOND
+                    ),
+                });
+            }
+            run.clear();
+        }
+        run.push(switch);
     }
     Some(truth)
 }

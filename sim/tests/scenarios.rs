@@ -138,6 +138,27 @@ fn pulsar_fails_over_only_with_a_health_probe() {
 }
 
 #[test]
+fn a_lost_switch_back_delay_flaps_to_a_crash_looping_primary() {
+    // apache/pulsar#14442. East down 20-112 s, west 80-140 s, then east's broker down 35 s and
+    // up 10 s from 150 s to 330 s; probes every 5 s, failoverDelay 30 s, switchBackDelay 60 s.
+    // Failover to west at 50 s; west down, east back: to east at 115 s (the round in which the
+    // unfixed client starts its recovery clock on the primary); east crashes at 150 s: to west
+    // at 180 s. East is up for its 10 s at 185 s: the unfixed client's 70 s old recovery sends
+    // it straight back, and east's next crash sends it to west again at 225 s. The fixed client
+    // waits on west until east has been up 60 s (its last crash ends at 320 s: back at 380 s).
+    let (_, lost) = simulate("pulsar-switch-back-delay-lost", 1);
+    assert_eq!(lost.figures["switch_seconds"], serde_json::json!([50.0, 115.0, 180.0, 185.0, 225.0, 380.0]));
+    assert_eq!(lost.count("failover_flapping"), 1);
+    let flapping = &lost.anomalies[0];
+    let second = |nanos: i64| (nanos - lost.start_unix_nano) / lagscope_sim::SECOND;
+    assert_eq!((second(flapping.start_unix_nano), second(flapping.end_unix_nano)), (180, 225));
+    assert_eq!(lost.count("blind_failover_probe"), 0, "the TCP probe sees a crashed broker");
+    let (_, fixed) = simulate("pulsar-switch-back-delay-lost-fixed", 1);
+    assert_eq!(fixed.figures["switch_seconds"], serde_json::json!([50.0, 115.0, 180.0, 380.0]));
+    assert!(fixed.anomalies.is_empty(), "{:?}", fixed.anomalies);
+}
+
+#[test]
 fn mixed_runs_every_scenario_in_clusters_of_their_own() {
     let mut config = SimConfig::new("mixed");
     config.duration = Some(30 * lagscope_sim::SECOND);
