@@ -10,12 +10,17 @@ use std::collections::BTreeMap;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt};
 
+use lagscope_model::conventions::METRIC_PROBE_UP;
+
+use super::blind_failover_probe::{CLIENT_ID, PROBE_KIND, SERVER_ADDRESS};
 use super::evidence::{Spans, evidence};
 use crate::log_events::{LogEvent, LogEventKind};
+use crate::series::series_of;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+    let probes = series_of(&input.samples, METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
     let logged = logged_switches(&input.log_events);
     for timeline in &input.timelines {
@@ -43,9 +48,26 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             .collect();
         // Runs of switches each closer than the delay to the previous one.
         let mut run: Vec<&(i64, &str, &str, &TimelineAttempt)> = Vec::new();
+        let verdicts = |address: &str| {
+            probe_verdicts(
+                probes
+                    .iter()
+                    .map(|((_, labels), points)| (labels[0].as_str(), labels[2].as_str(), points.iter().copied())),
+                address,
+                &timeline.client_id,
+            )
+        };
         let mut flush = |run: &mut Vec<&(i64, &str, &str, &TimelineAttempt)>| {
             if run.len() >= 2 {
-                anomalies.push(flapping(timeline, run, min_gap));
+                let early = run.iter().find_map(|(at, from, to, _)| {
+                    early_switch_back(*at, from, to, min_gap, verdicts).map(|up_for| EarlySwitch {
+                        at: *at,
+                        from: from.to_string(),
+                        to: to.to_string(),
+                        up_for,
+                    })
+                });
+                anomalies.push(flapping(timeline, run, min_gap, early));
             }
             run.clear();
         };
@@ -96,6 +118,74 @@ pub(crate) fn runs<T: Copy>(switches: &[T], min_gap: i64, time: impl Fn(T) -> i6
     found
 }
 
+/// The host of a cluster address, so that a URL a client logs (`pulsar://pulsar-east:6650`)
+/// and the `server.address` of its calls and probes (`pulsar-east`) name the same cluster.
+pub(crate) fn host(address: &str) -> &str {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let rest = rest.split(['/', ',']).next().unwrap_or(rest);
+    match rest.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty() && !port.is_empty() && port.bytes().all(|byte| byte.is_ascii_digit()) =>
+        {
+            host
+        }
+        _ => rest,
+    }
+}
+
+/// A client's probe verdicts (time, 1 up / 0 down) on the cluster at `address`, from its
+/// probe series (`(address, client id or empty for every client, points)`), in time order.
+pub(crate) fn probe_verdicts<'a, P: Iterator<Item = (i64, f64)>>(
+    series: impl Iterator<Item = (&'a str, &'a str, P)>,
+    address: &str,
+    client: &str,
+) -> Vec<(i64, f64)> {
+    let mut verdicts: Vec<(i64, f64)> = series
+        .filter(|(probed, probe_client, _)| {
+            host(probed) == host(address) && (probe_client.is_empty() || *probe_client == client)
+        })
+        .flat_map(|(_, _, points)| points)
+        .collect();
+    verdicts.sort_by(|left, right| left.0.cmp(&right.0).then(left.1.total_cmp(&right.1)));
+    verdicts
+}
+
+/// A switch that did not wait as a switch-back delay says: the client moved to `to` while its
+/// probe of `from`, the cluster it left, still said "up", `up_for` nanoseconds after its probe
+/// first saw `to` up again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EarlySwitch {
+    pub(crate) at: i64,
+    pub(crate) from: String,
+    pub(crate) to: String,
+    pub(crate) up_for: i64,
+}
+
+/// How long before the switch at `at` from `from` to `to` the client's probe of `to` had come
+/// back up, when that is less than `min_gap` and its probe of `from` still said "up" (a
+/// switch back, not a failover): the switch-back clock did not measure this recovery.
+/// `verdicts(address)`: [`probe_verdicts`]. `None` also when the probes do not show a
+/// recovery of `to` (no "down" verdict on it before the switch).
+pub(crate) fn early_switch_back(
+    at: i64,
+    from: &str,
+    to: &str,
+    min_gap: i64,
+    verdicts: impl Fn(&str) -> Vec<(i64, f64)>,
+) -> Option<i64> {
+    let up = |value: f64| value >= 0.5;
+    let left = verdicts(from);
+    if !left.iter().rev().find(|(time, _)| *time <= at).is_some_and(|(_, value)| up(*value)) {
+        return None;
+    }
+    let entered = verdicts(to);
+    let before = &entered[..entered.partition_point(|(time, _)| *time <= at)];
+    let last_down = before.iter().rposition(|(_, value)| !up(*value))?;
+    let up_since = before.get(last_down + 1)?.0;
+    let up_for = at - up_since;
+    (up_for < min_gap).then_some(up_for)
+}
+
 const CAUSE: &str = "failover flapping: the client's failover and switch-back decisions do not wait long enough (or \
                      its probe's verdicts flip), so it moves between clusters while neither is settled";
 
@@ -104,6 +194,30 @@ fn summary(client: &str, switches: usize, nanos: i64, path: &[String], min_gap: 
         "client {client} switched clusters {switches} times in {:.0} s ({}), faster than a switch-back delay of {} s allows",
         nanos as f64 / 1e9,
         path.join(" → "),
+        min_gap / 1_000_000_000
+    )
+}
+
+/// The switch back that did not wait, as evidence.
+#[derive(serde::Serialize)]
+struct EarlyEvidence<'a> {
+    at_unix_nano: i64,
+    from: &'a str,
+    to: &'a str,
+    probe_up_seconds: f64,
+}
+
+/// The cause when a switch of the run went back to a cluster sooner after it recovered than
+/// the delay allows, with the cluster left still up.
+fn early_cause(early: &EarlySwitch, min_gap: i64) -> String {
+    format!(
+        "failover flapping: the client switched back to {} {:.0} s after its probe saw it up again, though {} was \
+         still up and the switch-back delay is {} s: its switch-back clock was already running before this \
+         recovery, so it returned to a cluster that had not stayed up (AutoClusterFailover's recoverTimestamp, \
+         started when an earlier failover landed on the primary and never reset: apache/pulsar#14442)",
+        early.to,
+        early.up_for as f64 / 1e9,
+        early.from,
         min_gap / 1_000_000_000
     )
 }
@@ -142,10 +256,38 @@ pub(crate) type Switch<'a> = (i64, &'a str, &'a str, &'a TimelineAttempt);
 
 /// The anomaly for a run of at least two switches each closer than `min_gap` to the last.
 /// Shared with the streaming engine.
-pub(crate) fn flapping(timeline: &ClientTimeline, run: &[&Switch<'_>], min_gap: i64) -> Anomaly {
+pub(crate) fn flapping(
+    timeline: &ClientTimeline,
+    run: &[&Switch<'_>],
+    min_gap: i64,
+    early: Option<EarlySwitch>,
+) -> Anomaly {
     let (start, end) = (run[0].0, run[run.len() - 1].0);
     let path: Vec<String> =
         std::iter::once(run[0].1.to_string()).chain(run.iter().map(|switch| switch.2.to_string())).collect();
+    let times: Vec<i64> = run.iter().map(|switch| switch.0).collect();
+    let spans = Spans::of(run.iter().map(|switch| switch.3));
+    let (cause, evidence) = match &early {
+        Some(early) => (
+            early_cause(early, min_gap),
+            evidence!({
+                "switches": run.len(),
+                "path": path,
+                "switch_times_unix_nano": times,
+                "spans": spans,
+                "early_switch_back": EarlyEvidence {
+                    at_unix_nano: early.at,
+                    from: &early.from,
+                    to: &early.to,
+                    probe_up_seconds: early.up_for as f64 / 1e9,
+                },
+            }),
+        ),
+        None => (
+            CAUSE.to_string(),
+            evidence!({ "switches": run.len(), "path": path, "switch_times_unix_nano": times, "spans": spans }),
+        ),
+    };
     Anomaly {
         kind: AnomalyKind::FailoverFlapping,
         severity: Severity::Warning,
@@ -156,18 +298,51 @@ pub(crate) fn flapping(timeline: &ClientTimeline, run: &[&Switch<'_>], min_gap: 
         start_unix_nano: start,
         end_unix_nano: end,
         summary: summary(&timeline.client_id, run.len(), end - start, &path, min_gap),
-        cause: CAUSE.to_string(),
-        evidence: evidence!({
-            "switches": run.len(),
-            "path": path,
-            "switch_times_unix_nano": run.iter().map(|switch| switch.0).collect::<Vec<_>>(),
-            "spans": Spans::of(run.iter().map(|switch| switch.3)),
-        }),
+        cause,
+        evidence,
         open: false,
         fingerprint: format!(
             "failover_flapping|{}|{}|{start}",
             timeline.cluster.as_deref().unwrap_or(""),
             timeline.client_id
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logged_url_and_a_span_address_name_one_host() {
+        assert_eq!(host("pulsar://pulsar-east:6650"), "pulsar-east");
+        assert_eq!(host("pulsar+ssl://broker.west.example:6651/"), "broker.west.example");
+        assert_eq!(host("pulsar-east"), "pulsar-east");
+        assert_eq!(host("[2001:db8::1]:6650"), "[2001:db8::1]");
+    }
+
+    #[test]
+    fn only_a_switch_back_to_a_fresh_recovery_from_a_cluster_still_up_did_not_wait() {
+        const S: i64 = 1_000_000_000;
+        let verdicts = |east: Vec<(i64, f64)>, west: Vec<(i64, f64)>| {
+            move |address: &str| if address == "east" { east.clone() } else { west.clone() }
+        };
+        let recovered_at_20 = vec![(0, 1.0), (10 * S, 0.0), (20 * S, 1.0)];
+        let west_up = vec![(0, 1.0), (20 * S, 1.0)];
+        let early =
+            early_switch_back(25 * S, "west", "east", 60 * S, verdicts(recovered_at_20.clone(), west_up.clone()));
+        assert_eq!(early, Some(5 * S));
+        // Up long enough: it waited.
+        assert_eq!(early_switch_back(80 * S, "west", "east", 60 * S, verdicts(recovered_at_20.clone(), west_up)), None);
+        // The cluster left was down: a failover.
+        let west_down = vec![(0, 1.0), (20 * S, 0.0)];
+        assert_eq!(
+            early_switch_back(25 * S, "west", "east", 60 * S, verdicts(recovered_at_20, west_down.clone())),
+            None
+        );
+        // No recovery seen (never down), or down at the switch: nothing to say.
+        assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(vec![(0, 1.0)], west_down)), None);
+        let still_down = vec![(0, 1.0), (10 * S, 0.0)];
+        assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(still_down, vec![(0, 1.0)])), None);
     }
 }

@@ -1292,7 +1292,21 @@ impl<'c> Engine<'c> {
                 }
                 if kinds.failover_flapping {
                     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-                    if let Some(run) = switches(state, attempt, at, min_gap)
+                    let client_id = interner.get(client).unwrap_or_default();
+                    let early = |time, from: Sym, to: Sym| {
+                        let verdicts = |address: &str| {
+                            failover_flapping::probe_verdicts(
+                                probes.iter().map(|((_, _, _, probed, _, probe_client), points)| {
+                                    (probed.as_str(), probe_client.as_str(), points.iter().copied())
+                                }),
+                                address,
+                                client_id,
+                            )
+                        };
+                        let (from, to) = (interner.get(from).unwrap_or_default(), interner.get(to).unwrap_or_default());
+                        failover_flapping::early_switch_back(time, from, to, min_gap, verdicts)
+                    };
+                    if let Some(run) = switches(state, attempt, at, min_gap, early)
                         && !logging_clients.contains(&client)
                     {
                         raised.push(Raise::Flapping(run));
@@ -1747,11 +1761,13 @@ fn switches(
     attempt: &Attempt,
     at: impl Fn() -> AttemptAt,
     min_gap: i64,
+    early: impl Fn(UnixNanos, Sym, Sym) -> Option<i64>,
 ) -> Option<Vec<super::client::Switch>> {
     if !state.last_address.is_some() || state.last_address == attempt.server_address {
         return None;
     }
-    let switch = (attempt.start, state.last_address, attempt.server_address, at());
+    let (from, to) = (state.last_address, attempt.server_address);
+    let switch = (attempt.start, from, to, at(), early(attempt.start, from, to));
     let ended = match state.switches.last() {
         Some(previous) if switch.0.saturating_sub(previous.0) >= min_gap => Some(std::mem::take(&mut state.switches)),
         _ => None,
@@ -1931,17 +1947,24 @@ impl Raise {
             }
             Raise::Flapping(run) => {
                 let materialized: Vec<lagscope_model::TimelineAttempt> =
-                    run.iter().map(|(_, _, _, at)| at.attempt().materialize(interner)).collect();
+                    run.iter().map(|(_, _, _, at, _)| at.attempt().materialize(interner)).collect();
+                let name = |symbol: Sym| interner.get(symbol).unwrap_or_default();
                 let switches: Vec<failover_flapping::Switch<'_>> = run
                     .iter()
                     .zip(&materialized)
-                    .map(|((time, from, to, _), attempt)| {
-                        (*time, interner.get(*from).unwrap_or_default(), interner.get(*to).unwrap_or_default(), attempt)
-                    })
+                    .map(|((time, from, to, _, _), attempt)| (*time, name(*from), name(*to), attempt))
                     .collect();
                 let references: Vec<&failover_flapping::Switch<'_>> = switches.iter().collect();
                 let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-                failover_flapping::flapping(timeline, &references, min_gap)
+                let early = run.iter().find_map(|(at, from, to, _, up_for)| {
+                    up_for.map(|up_for| failover_flapping::EarlySwitch {
+                        at: *at,
+                        from: name(*from).to_string(),
+                        to: name(*to).to_string(),
+                        up_for,
+                    })
+                });
+                failover_flapping::flapping(timeline, &references, min_gap, early)
             }
         })
     }
