@@ -336,12 +336,9 @@ mod tests {
         assert_eq!(early_switch_back(80 * S, "west", "east", 60 * S, verdicts(recovered_at_20.clone(), west_up)), None);
         // The cluster left was down: a failover.
         let west_down = vec![(0, 1.0), (20 * S, 0.0)];
-        assert_eq!(
-            early_switch_back(25 * S, "west", "east", 60 * S, verdicts(recovered_at_20, west_down.clone())),
-            None
-        );
+        assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(recovered_at_20, west_down)), None);
         // No recovery seen (never down), or down at the switch: nothing to say.
-        assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(vec![(0, 1.0)], west_down)), None);
+        assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(vec![(0, 1.0)], vec![(0, 1.0)])), None);
         let still_down = vec![(0, 1.0), (10 * S, 0.0)];
         assert_eq!(early_switch_back(25 * S, "west", "east", 60 * S, verdicts(still_down, vec![(0, 1.0)])), None);
     }
