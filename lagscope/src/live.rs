@@ -326,7 +326,8 @@ async fn analysis_pass(
     clients.extend(store.clients_of_traces(&traces).await?);
     for client_id in clients {
         let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
-        let mut input = AnalysisInput::from_telemetry(&spans, Vec::new());
+        let probes = client_probes(store, &spans, &client_id).await?;
+        let mut input = AnalysisInput::from_telemetry(&spans, probes);
         // The client's own lines (a client that logs its switches is judged by them).
         input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
         // Spans of shared traces bring in fragments of other clients' timelines: each
@@ -364,7 +365,14 @@ async fn analysis_pass(
                     .collect()
             })
             .unwrap_or_default();
-        let anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
+        let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
+        let anomalies: Vec<_> = analyze_kinds(&input, &config.analyzer, is_scope_kind)
+            .into_iter()
+            .filter(|anomaly| {
+                !is_client_kind(anomaly.kind)
+                    || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
+            })
+            .collect();
         record(store, metrics, &anomalies).await?;
         // The staleness of the scope's reads per node and minute, for the pages. When the read
         // limit cut the scope's oldest spans, their first minute is partial: left as written.
@@ -398,6 +406,42 @@ async fn analysis_pass(
 /// in other clients' spans). The other per-attempt kinds come from the client passes.
 fn is_scope_kind(kind: AnomalyKind) -> bool {
     (kind.is_window() && !is_cluster_kind(kind)) || kind == AnomalyKind::PinnedRetry
+}
+
+/// Window kinds found from one client's own history alone (the cluster URLs its calls went
+/// to, its probes' verdicts, the switches it logged). A client with calls is judged by its
+/// client pass, which reads all of that, so that no pass with less of it writes another
+/// verdict over its; a scope pass keeps only those of clients it has no calls of (known from
+/// their log lines alone).
+fn is_client_kind(kind: AnomalyKind) -> bool {
+    matches!(kind, AnomalyKind::BlindFailoverProbe | AnomalyKind::FailoverFlapping)
+}
+
+/// The client's probe verdicts (`lagscope.probe.up` of its clusters, naming it or no client)
+/// over the time its calls cover, when they name the cluster URL they went to (the only calls
+/// whose detectors read them): none otherwise, at no cost. Over all of that time, since the
+/// pass judges all of those calls again: a verdict it lacked would change what it says of them.
+async fn client_probes(
+    store: &dyn Store,
+    spans: &[lagscope_model::Span],
+    client_id: &str,
+) -> Result<Vec<lagscope_model::Sample>, lagscope_store::StoreError> {
+    let addressed = || spans.iter().filter(|span| span.attributes.contains_key("server.address"));
+    let clusters: BTreeSet<Option<&str>> = addressed().map(|span| span.resource.cluster.as_deref()).collect();
+    let Some(first) = addressed().map(|span| span.start_unix_nano).min() else { return Ok(Vec::new()) };
+    let last = addressed().map(|span| span.end_unix_nano).max().unwrap_or(first);
+    // Back from the latest verdict to before the first call: the verdicts may have gone on
+    // since the calls (to now, unless the senders' clocks are ahead of this one's).
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(i64::MAX, |now| now.as_nanos() as i64);
+    let window = now.max(last).saturating_sub(first).saturating_add(15 * 60 * 1_000_000_000);
+    let mut probes = Vec::new();
+    for cluster in clusters {
+        let samples = store.cluster_samples(cluster, &[lagscope_model::conventions::METRIC_PROBE_UP], window).await?;
+        probes.extend(samples.into_iter().filter(|sample| {
+            sample.series.label(lagscope_model::conventions::CLIENT_ID).is_none_or(|probing| probing == client_id)
+        }));
+    }
+    Ok(probes)
 }
 
 /// The metrics the per-cluster kinds read (a cluster without them costs one index lookup).
