@@ -1,6 +1,6 @@
 //! `lagscope analyze`: the detectors over captures (OTLP JSON, lscap) or a store's contents, offline.
 
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -315,7 +315,8 @@ impl<'c, 'e> Run<'c, 'e> {
         let (mut span_pager, mut sample_pager, mut log_pager) =
             (Pager::new(range), Pager::new(range), Pager::new(range));
         let (mut spans, mut samples, mut logs) = (VecDeque::new(), VecDeque::new(), VecDeque::new());
-        let mut ending: BinaryHeap<Ending> = BinaryHeap::new();
+        // Spans read, waiting for their turn by (end, order read).
+        let mut ending: BTreeMap<(UnixNanos, u64), Span> = BTreeMap::new();
         let mut read_spans = 0u64;
         // For progress: how far through the data the reading is.
         let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
@@ -323,51 +324,47 @@ impl<'c, 'e> Run<'c, 'e> {
         let started = Instant::now();
         let (read_before, writing_before) = (self.read, self.writing);
         loop {
-            // A pager that has handed out every row returns none without asking the store.
             let reading = Instant::now();
-            if spans.is_empty() {
-                let page = span_pager
-                    .next(
-                        async |range, limit| store.spans_in_range(None, None, range, limit).await,
-                        |span: &Span| span.start_unix_nano,
-                    )
-                    .await?;
-                spans.extend(page);
-            }
-            if samples.is_empty() {
-                let page = sample_pager
-                    .next(
-                        async |range, limit| store.samples_in_range(None, None, range, limit).await,
-                        |sample: &Sample| sample.time_unix_nano,
-                    )
-                    .await?;
-                samples.extend(page);
-            }
-            if logs.is_empty() {
-                let page = log_pager
-                    .next(async |range, limit| store.logs(range, limit).await, |log: &LogRecord| log.time_unix_nano)
-                    .await?;
-                logs.extend(page);
-            }
+            span_pager
+                .refill(
+                    &mut spans,
+                    async |range, limit| store.spans_in_range(None, None, range, limit).await,
+                    |span: &Span| span.start_unix_nano,
+                )
+                .await?;
+            sample_pager
+                .refill(
+                    &mut samples,
+                    async |range, limit| store.samples_in_range(None, None, range, limit).await,
+                    |sample: &Sample| sample.time_unix_nano,
+                )
+                .await?;
+            log_pager
+                .refill(
+                    &mut logs,
+                    async |range, limit| store.logs(range, limit).await,
+                    |log: &LogRecord| log.time_unix_nano,
+                )
+                .await?;
             self.read += reading.elapsed().as_secs_f64();
             // Every span still to come starts at or after the next one in start order: a span
             // waiting that ended before that is the next to end.
             if let Some(next) = spans.front()
-                && ending.peek().is_none_or(|waiting| waiting.end > next.start_unix_nano)
+                && ending.first_key_value().is_none_or(|((end, _), _)| *end > next.start_unix_nano)
             {
                 let span = spans.pop_front().expect("a span is next");
                 first.get_or_insert(span.start_unix_nano);
-                ending.push(Ending { end: span.end_unix_nano.max(span.start_unix_nano), read: read_spans, span });
+                ending.insert((span.end_unix_nano.max(span.start_unix_nano), read_spans), span);
                 read_spans += 1;
                 continue;
             }
-            let span_at = ending.peek().map(|waiting| waiting.end);
+            let span_at = ending.first_key_value().map(|((end, _), _)| *end);
             let sample_at = samples.front().map(|sample: &Sample| sample.time_unix_nano);
             let log_at = logs.front().map(|log: &LogRecord| log.time_unix_nano);
             let at = [span_at, sample_at, log_at].into_iter().flatten().min();
             let Some(at) = at else { break };
             if span_at == Some(at) {
-                let span = ending.pop().expect("a span is waiting").span;
+                let (_, span) = ending.pop_first().expect("a span is waiting");
                 let record = SpanRec::from_span(&span, &mut self.engine.interner);
                 self.engine.push_span(&record);
             } else if sample_at == Some(at) {
@@ -424,35 +421,6 @@ impl<'c, 'e> Run<'c, 'e> {
         }
         self.requests += requests?;
         Ok(())
-    }
-}
-
-/// A span read from a store, waiting for its turn in end order.
-struct Ending {
-    end: UnixNanos,
-    /// Its place in the store's order, which breaks ties.
-    read: u64,
-    span: Span,
-}
-
-impl PartialEq for Ending {
-    fn eq(&self, other: &Self) -> bool {
-        (self.end, self.read) == (other.end, other.read)
-    }
-}
-
-impl Eq for Ending {}
-
-impl PartialOrd for Ending {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Ending {
-    /// Reversed: the heap's greatest is the span that ended first.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.end, other.read).cmp(&(self.end, self.read))
     }
 }
 

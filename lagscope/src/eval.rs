@@ -405,14 +405,8 @@ pub fn run(runs: &[SimConfig], delivery: Delivery, json: bool, analyzer: &Analyz
 #[derive(Debug, Clone)]
 pub enum Recorded {
     Captures(Vec<PathBuf>),
-    /// A store (PostgreSQL at `database_url`, else SQLite in `data_dir`), read from `from` to
-    /// `to`, each the run's own when not given.
-    Store {
-        database_url: Option<String>,
-        data_dir: PathBuf,
-        from: Option<i64>,
-        to: Option<i64>,
-    },
+    /// A store; a bound of its range left open (not given) is the run's.
+    Store(StoreSource),
 }
 
 /// Scores a recorded run against the ground truth `sim --truth` wrote of it, through the same
@@ -439,13 +433,15 @@ pub fn run_recorded(
         Recorded::Captures(paths) => {
             analyze_paths_emitting(&paths, analyzer, &[], None, crate::analyze::default_decode_threads(), progress)?
         }
-        Recorded::Store { database_url, data_dir, from, to } => {
+        Recorded::Store(mut source) => {
             // What started within the run, up to its end.
-            let range = TimeRange {
-                from: from.unwrap_or(truth.start_unix_nano),
-                to: to.unwrap_or(truth.end_unix_nano.saturating_add(1)),
-            };
-            analyze_store_emitting(&StoreSource { database_url, data_dir, range }, analyzer, &[], None, progress)?
+            if source.range.from == TimeRange::ALL.from {
+                source.range.from = truth.start_unix_nano;
+            }
+            if source.range.to == TimeRange::ALL.to {
+                source.range.to = truth.end_unix_nano.saturating_add(1);
+            }
+            analyze_store_emitting(&source, analyzer, &[], None, progress)?
         }
     };
     report(&[ScenarioScore::of(truth, analyzed.anomalies, analyzed.spans)], 0.0, json)

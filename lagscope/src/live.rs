@@ -426,10 +426,14 @@ async fn client_probes(
     spans: &[lagscope_model::Span],
     client_id: &str,
 ) -> Result<Vec<lagscope_model::Sample>, lagscope_store::StoreError> {
-    let addressed = || spans.iter().filter(|span| span.attributes.contains_key("server.address"));
-    let clusters: BTreeSet<Option<&str>> = addressed().map(|span| span.resource.cluster.as_deref()).collect();
-    let Some(first) = addressed().map(|span| span.start_unix_nano).min() else { return Ok(Vec::new()) };
-    let last = addressed().map(|span| span.end_unix_nano).max().unwrap_or(first);
+    let (mut clusters, mut first, mut last) = (BTreeSet::new(), i64::MAX, i64::MIN);
+    for span in spans.iter().filter(|span| span.attributes.contains_key("server.address")) {
+        clusters.insert(span.resource.cluster.as_deref());
+        (first, last) = (first.min(span.start_unix_nano), last.max(span.end_unix_nano));
+    }
+    if clusters.is_empty() {
+        return Ok(Vec::new());
+    }
     // Back from the latest verdict to before the first call: the verdicts may have gone on
     // since the calls (to now, unless the senders' clocks are ahead of this one's).
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(i64::MAX, |now| now.as_nanos() as i64);

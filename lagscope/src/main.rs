@@ -347,6 +347,24 @@ fn time(name: &str, text: Option<String>) -> anyhow::Result<Option<i64>> {
     text.map(|text| lagscope_web::parse_time(name, &text).map_err(anyhow::Error::msg)).transpose()
 }
 
+/// The store `--data-dir` or `--database-url` names, if either does, read over `--from` to
+/// `--to` (a bound not given: unbounded).
+fn store_source(
+    data_dir: Option<PathBuf>,
+    database_url: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+) -> anyhow::Result<Option<lagscope::analyze::StoreSource>> {
+    if data_dir.is_none() && database_url.is_none() {
+        return Ok(None);
+    }
+    let range = lagscope_store::TimeRange {
+        from: time("--from", from)?.unwrap_or(i64::MIN),
+        to: time("--to", to)?.unwrap_or(i64::MAX),
+    };
+    Ok(Some(lagscope::analyze::StoreSource { database_url, data_dir: data_dir.unwrap_or_default(), range }))
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert { out, progress, captures } => {
@@ -512,15 +530,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let emit: Option<lagscope::analyze::Emit<'_>> =
                 if format == Format::Jsonl { Some(&mut write_line) } else { None };
             let threads = decode_threads.map_or_else(lagscope::analyze::default_decode_threads, usize::from);
-            let analyzed = if data_dir.is_some() || database_url.is_some() {
-                let source = lagscope::analyze::StoreSource {
-                    database_url,
-                    data_dir: data_dir.unwrap_or_default(),
-                    range: lagscope_store::TimeRange {
-                        from: time("--from", from)?.unwrap_or(i64::MIN),
-                        to: time("--to", to)?.unwrap_or(i64::MAX),
-                    },
-                };
+            let analyzed = if let Some(source) = store_source(data_dir, database_url, from, to)? {
                 lagscope::analyze::analyze_store_emitting(&source, &config.analyzer, &kinds, emit, progress)
             } else {
                 analyze_paths_emitting(&paths, &config.analyzer, &kinds, emit, threads, progress)
@@ -643,14 +653,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = Config::load(config.as_deref())?;
             if let Some(truth) = truth {
-                let recorded = if data_dir.is_some() || database_url.is_some() {
-                    eval::Recorded::Store {
-                        database_url,
-                        data_dir: data_dir.unwrap_or_default(),
-                        from: time("--from", from)?,
-                        to: time("--to", to)?,
-                    }
-                } else if from.is_some() || to.is_some() {
+                let given_range = from.is_some() || to.is_some();
+                let recorded = if let Some(source) = store_source(data_dir, database_url, from, to)? {
+                    eval::Recorded::Store(source)
+                } else if given_range {
                     anyhow::bail!("--from and --to choose what of a store is read; capture files are read whole");
                 } else if captures.is_empty() {
                     anyhow::bail!(

@@ -2,6 +2,7 @@
 //! opening it by `--data-dir` or `--database-url`, and reading a time-ordered table of it a
 //! page at a time.
 
+use std::collections::VecDeque;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -91,6 +92,20 @@ impl Pager {
             }
         }
         Ok(Vec::new())
+    }
+
+    /// Puts the next rows in `rows` once it is empty (none once every row was handed out,
+    /// without asking the store again).
+    pub(crate) async fn refill<T>(
+        &mut self,
+        rows: &mut VecDeque<T>,
+        fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
+        time_of: impl Fn(&T) -> i64,
+    ) -> anyhow::Result<()> {
+        if rows.is_empty() {
+            rows.extend(self.next(fetch, time_of).await?);
+        }
+        Ok(())
     }
 }
 

@@ -365,30 +365,25 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
     }
     // Runs of switches each sooner than switchBackDelay after the one before: the settling
     // the delays exist for did not happen. The client logs its switches (its cluster: east's).
-    let mut run: Vec<Nanos> = Vec::new();
-    for switch in switches.iter().copied().chain(std::iter::once(Nanos::MAX)) {
-        if run.last().is_some_and(|previous| switch.saturating_sub(*previous) >= SWITCH_BACK_DELAY) {
-            if let [first, .., last] = run[..] {
-                truth.anomalies.push(ExpectedAnomaly {
-                    optional: false,
-                    kind: "failover_flapping".to_string(),
-                    cluster: EAST.name.to_string(),
-                    namespace: None,
-                    client_id: Some(client_id.to_string()),
-                    node_id: None,
-                    start_unix_nano: config.start_unix_nano + first,
-                    end_unix_nano: config.start_unix_nano + last,
-                    detail: format!(
-                        "{} switches in {:.0} s, each sooner than switchBackDelay ({} s) after the last",
-                        run.len(),
-                        (last - first) as f64 / SECOND as f64,
-                        SWITCH_BACK_DELAY / SECOND
-                    ),
-                });
-            }
-            run.clear();
+    for run in switches.chunk_by(|previous, next| next - previous < SWITCH_BACK_DELAY) {
+        if let [first, .., last] = *run {
+            truth.anomalies.push(ExpectedAnomaly {
+                optional: false,
+                kind: "failover_flapping".to_string(),
+                cluster: EAST.name.to_string(),
+                namespace: None,
+                client_id: Some(client_id.to_string()),
+                node_id: None,
+                start_unix_nano: config.start_unix_nano + first,
+                end_unix_nano: config.start_unix_nano + last,
+                detail: format!(
+                    "{} switches in {:.0} s, each sooner than switchBackDelay ({} s) after the last",
+                    run.len(),
+                    (last - first) as f64 / SECOND as f64,
+                    SWITCH_BACK_DELAY / SECOND
+                ),
+            });
         }
-        run.push(switch);
     }
     Some(truth)
 }

@@ -59,14 +59,8 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         };
         let mut flush = |run: &mut Vec<&(i64, &str, &str, &TimelineAttempt)>| {
             if run.len() >= 2 {
-                let early = run.iter().find_map(|(at, from, to, _)| {
-                    early_switch_back(*at, from, to, min_gap, verdicts).map(|up_for| EarlySwitch {
-                        at: *at,
-                        from: from.to_string(),
-                        to: to.to_string(),
-                        up_for,
-                    })
-                });
+                let early =
+                    run.iter().find_map(|(at, from, to, _)| early_switch_back(*at, from, to, min_gap, verdicts));
                 anomalies.push(flapping(timeline, run, min_gap, early));
             }
             run.clear();
@@ -161,9 +155,9 @@ pub(crate) struct EarlySwitch {
     pub(crate) up_for: i64,
 }
 
-/// How long before the switch at `at` from `from` to `to` the client's probe of `to` had come
-/// back up, when that is less than `min_gap` and its probe of `from` still said "up" (a
-/// switch back, not a failover): the switch-back clock did not measure this recovery.
+/// The switch at `at` from `from` to `to`, with how long before it the client's probe of `to`
+/// had come back up, when that is less than `min_gap` and its probe of `from` still said "up"
+/// (a switch back, not a failover): the switch-back clock did not measure this recovery.
 /// `verdicts(address)`: [`probe_verdicts`]. `None` also when the probes do not show a
 /// recovery of `to` (no "down" verdict on it before the switch).
 pub(crate) fn early_switch_back(
@@ -172,7 +166,7 @@ pub(crate) fn early_switch_back(
     to: &str,
     min_gap: i64,
     verdicts: impl Fn(&str) -> Vec<(i64, f64)>,
-) -> Option<i64> {
+) -> Option<EarlySwitch> {
     let up = |value: f64| value >= 0.5;
     let left = verdicts(from);
     if !left.iter().rev().find(|(time, _)| *time <= at).is_some_and(|(_, value)| up(*value)) {
@@ -183,7 +177,7 @@ pub(crate) fn early_switch_back(
     let last_down = before.iter().rposition(|(_, value)| !up(*value))?;
     let up_since = before.get(last_down + 1)?.0;
     let up_for = at - up_since;
-    (up_for < min_gap).then_some(up_for)
+    (up_for < min_gap).then(|| EarlySwitch { at, from: from.to_string(), to: to.to_string(), up_for })
 }
 
 const CAUSE: &str = "failover flapping: the client's failover and switch-back decisions do not wait long enough (or \
@@ -331,7 +325,7 @@ mod tests {
         let west_up = vec![(0, 1.0), (20 * S, 1.0)];
         let early =
             early_switch_back(25 * S, "west", "east", 60 * S, verdicts(recovered_at_20.clone(), west_up.clone()));
-        assert_eq!(early, Some(5 * S));
+        assert_eq!(early.map(|early| early.up_for), Some(5 * S));
         // Up long enough: it waited.
         assert_eq!(early_switch_back(80 * S, "west", "east", 60 * S, verdicts(recovered_at_20.clone(), west_up)), None);
         // The cluster left was down: a failover.

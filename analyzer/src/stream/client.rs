@@ -124,10 +124,9 @@ pub(crate) struct FailingRun {
 }
 
 /// A switch between cluster URLs: (time, from, to, the attempt to the new one, and, for a
-/// switch back that did not wait, how long the client's probe had seen the new one up:
-/// `failover_flapping::early_switch_back`, judged when the switch is taken, while the probe's
-/// verdicts up to it are all in and none has been pruned).
-pub(crate) type Switch = (UnixNanos, Sym, Sym, AttemptAt, Option<i64>);
+/// switch back that did not wait, `failover_flapping::early_switch_back`, judged when the
+/// switch is taken, while the probe's verdicts up to it are all in and none has been pruned).
+pub(crate) type Switch = (UnixNanos, Sym, Sym, AttemptAt, Option<crate::detectors::failover_flapping::EarlySwitch>);
 
 /// Everything the engine keeps about one (client, namespace).
 #[derive(Debug)]

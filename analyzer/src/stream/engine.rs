@@ -1292,8 +1292,8 @@ impl<'c> Engine<'c> {
                 }
                 if kinds.failover_flapping {
                     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-                    let client_id = interner.get(client).unwrap_or_default();
                     let early = |time, from: Sym, to: Sym| {
+                        let client_id = interner.get(client).unwrap_or_default();
                         let verdicts = |address: &str| {
                             failover_flapping::probe_verdicts(
                                 probes.iter().map(|((_, _, _, probed, _, probe_client), points)| {
@@ -1761,7 +1761,7 @@ fn switches(
     attempt: &Attempt,
     at: impl Fn() -> AttemptAt,
     min_gap: i64,
-    early: impl Fn(UnixNanos, Sym, Sym) -> Option<i64>,
+    early: impl Fn(UnixNanos, Sym, Sym) -> Option<failover_flapping::EarlySwitch>,
 ) -> Option<Vec<super::client::Switch>> {
     if !state.last_address.is_some() || state.last_address == attempt.server_address {
         return None;
@@ -1956,14 +1956,7 @@ impl Raise {
                     .collect();
                 let references: Vec<&failover_flapping::Switch<'_>> = switches.iter().collect();
                 let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-                let early = run.iter().find_map(|(at, from, to, _, up_for)| {
-                    up_for.map(|up_for| failover_flapping::EarlySwitch {
-                        at: *at,
-                        from: name(*from).to_string(),
-                        to: name(*to).to_string(),
-                        up_for,
-                    })
-                });
+                let early = run.iter().find_map(|switch| switch.4.clone());
                 failover_flapping::flapping(timeline, &references, min_gap, early)
             }
         })
