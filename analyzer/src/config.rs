@@ -38,7 +38,10 @@ pub struct StreamConfig {
     pub lateness_seconds: i64,
     /// A call is processed once the data is this far past its start: it must cover the
     /// longest attempt (timeouts, e.g. 60 s bulk requests) plus the lateness. Attempts that
-    /// come later are counted and analyzed as a call of their own.
+    /// come later are counted and analyzed as a call of their own. It is also how long a call
+    /// id names one call: an attempt that starts more than this after the first attempt of
+    /// the call with its id begins another call (a client restarted under the same client id
+    /// numbers its calls from the start again).
     pub horizon_seconds: i64,
     /// How long per-namespace history is kept (committed states, answers, active reports,
     /// probe verdicts) for windows that look back.
@@ -46,6 +49,11 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
+    /// [`StreamConfig::horizon_seconds`] in nanoseconds.
+    pub fn horizon(&self) -> i64 {
+        self.horizon_seconds.saturating_mul(1_000_000_000)
+    }
+
     /// Refuses windows that cannot work: every one positive, the horizon longer than the
     /// lateness (an attempt must be joined before its call is processed), the retention at
     /// least the horizon.

@@ -17,7 +17,7 @@ mod series;
 pub mod stream;
 mod timeline;
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span, UnixNanos};
 
 pub use config::{
     AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FailoverFlappingConfig, FollowerReadDisabledConfig,
@@ -39,9 +39,10 @@ pub struct AnalysisInput {
 }
 
 impl AnalysisInput {
-    /// Builds the timelines of every client in `spans`.
-    pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>) -> Self {
-        let mut timelines = build_timelines(spans);
+    /// Builds the timelines of every client in `spans`, a call id naming one call for
+    /// `horizon` ([`StreamConfig::horizon`], see [`build_timelines`]).
+    pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
+        let mut timelines = build_timelines(spans, horizon);
         enrich(&mut timelines, &samples);
         Self { timelines, samples, log_events: Vec::new() }
     }

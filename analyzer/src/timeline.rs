@@ -24,7 +24,7 @@ const MAX_PARENT_HOPS: usize = 32;
 /// once) is the same span, taken once: the first. (Ids alone are not enough: a generator that
 /// repeats ids across runs makes different spans with the same ids, and PostgreSQL keeps
 /// them apart by start.)
-pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
+pub fn build_timelines(spans: &[Span], horizon: UnixNanos) -> Vec<ClientTimeline> {
     let mut by_id: ById<'_> = HashMap::default();
     by_id.reserve(spans.len());
     let mut seen: HashSet<(&str, &str, UnixNanos)> = HashSet::default();
@@ -62,6 +62,7 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
         .map(|((client_id, namespace), (first_index, calls))| {
             let mut timeline_calls: Vec<TimelineCall> = calls
                 .into_values()
+                .flat_map(|attempt_indexes| calls_within(spans, attempt_indexes, horizon))
                 .map(|mut attempt_indexes| {
                     attempt_indexes.sort_by_key(|index| (spans[*index].call.attempt, spans[*index].start_unix_nano));
                     build_call(spans, &attempt_indexes, &hops)
@@ -87,6 +88,21 @@ pub fn build_timelines(spans: &[Span]) -> Vec<ClientTimeline> {
 
 /// Call key -> the span indexes of its attempts.
 type CallAttempts = BTreeMap<CallKey, Vec<usize>>;
+
+/// The attempts of one call id as the calls they are: in start order, a call per run of
+/// attempts that start within `horizon` of the run's first.
+fn calls_within(spans: &[Span], mut attempt_indexes: Vec<usize>, horizon: UnixNanos) -> Vec<Vec<usize>> {
+    attempt_indexes.sort_by_key(|index| spans[*index].start_unix_nano);
+    let mut calls: Vec<Vec<usize>> = Vec::new();
+    for index in attempt_indexes {
+        let start = spans[index].start_unix_nano;
+        match calls.last_mut() {
+            Some(call) if start <= spans[call[0]].start_unix_nano.saturating_add(horizon) => call.push(index),
+            _ => calls.push(vec![index]),
+        }
+    }
+    calls
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum CallKey {

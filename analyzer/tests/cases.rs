@@ -37,7 +37,10 @@ fn every_case_matches_its_expected_output() {
         let text = std::fs::read_to_string(&case).expect("case readable");
         let (spans, samples) = parse_case(&case.display().to_string(), &text);
         let streamed = streamed(&spans, &samples);
-        let batch = analyze(&AnalysisInput::from_telemetry(&spans, samples.clone()), &AnalyzerConfig::default());
+        let batch = analyze(
+            &AnalysisInput::from_telemetry(&spans, samples.clone(), AnalyzerConfig::default().stream.horizon()),
+            &AnalyzerConfig::default(),
+        );
         assert_eq!(streamed, batch, "{}: the streaming engine differs from the batch analysis", case.display());
         let actual = render(&spans, samples);
         expect_test::expect_file![case.with_extension("expected")].assert_eq(&actual);
@@ -190,7 +193,7 @@ fn parse_span(line: &str) -> Result<Span, String> {
 }
 
 fn render(spans: &[Span], samples: Vec<Sample>) -> String {
-    let input = AnalysisInput::from_telemetry(spans, samples);
+    let input = AnalysisInput::from_telemetry(spans, samples, AnalyzerConfig::default().stream.horizon());
     let mut out = String::new();
     for timeline in &input.timelines {
         let _ = writeln!(

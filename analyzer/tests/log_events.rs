@@ -55,7 +55,8 @@ fn router_lines(from: i64, to: i64, every: i64, node: &str, component: &str, tra
 }
 
 fn batch(logs: &[LogRecord]) -> Vec<Anomaly> {
-    analyze(&AnalysisInput::from_telemetry(&[], Vec::new()).with_logs(logs), &AnalyzerConfig::default())
+    let config = AnalyzerConfig::default();
+    analyze(&AnalysisInput::from_telemetry(&[], Vec::new(), config.stream.horizon()).with_logs(logs), &config)
 }
 
 fn streamed(logs: &[LogRecord]) -> Vec<Anomaly> {
@@ -270,7 +271,8 @@ fn disable_line(at_second: i64) -> LogRecord {
 
 fn analyzed_both_ways(spans: &[Span], logs: &[LogRecord]) -> Vec<Anomaly> {
     let config = AnalyzerConfig::default();
-    let batch = analyze(&AnalysisInput::from_telemetry(spans, Vec::new()).with_logs(logs), &config);
+    let batch =
+        analyze(&AnalysisInput::from_telemetry(spans, Vec::new(), config.stream.horizon()).with_logs(logs), &config);
     let mut engine = Engine::new(&config, |_| true);
     for span in spans {
         let record = SpanRec::from_span(span, &mut engine.interner);

@@ -78,7 +78,8 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
         (names.join(", "), spans, samples, false)
     };
     let (n_spans, n_samples) = (spans.len(), samples.len());
-    let input = AnalysisInput::from_telemetry(&spans, samples);
+    // (Export takes no configuration: the calls are those the default analyzer sees.)
+    let input = AnalysisInput::from_telemetry(&spans, samples, lagscope_analyzer::StreamConfig::default().horizon());
     let rows = lag_rows(&input);
     let query = query_for(request, &rows, &spans);
     let mut files = export_parquet(&request.dir, &rows, &query)?;

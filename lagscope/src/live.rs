@@ -327,7 +327,7 @@ async fn analysis_pass(
     for client_id in clients {
         let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
         let probes = client_probes(store, &spans, &client_id).await?;
-        let mut input = AnalysisInput::from_telemetry(&spans, probes);
+        let mut input = AnalysisInput::from_telemetry(&spans, probes, config.analyzer.stream.horizon());
         // The client's own lines (a client that logs its switches is judged by them).
         input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
         // Spans of shared traces bring in fragments of other clients' timelines: each
@@ -352,7 +352,7 @@ async fn analysis_pass(
         let spans = store
             .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
             .await?;
-        let mut input = AnalysisInput::from_telemetry(&spans, samples);
+        let mut input = AnalysisInput::from_telemetry(&spans, samples, config.analyzer.stream.horizon());
         input.log_events = events_by_cluster
             .get(&cluster)
             .map(|events| {
@@ -394,7 +394,7 @@ async fn analysis_pass(
         if samples.is_empty() {
             continue;
         }
-        let input = AnalysisInput::from_telemetry(&[], samples);
+        let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
         let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
         record(store, metrics, &anomalies).await?;
     }

@@ -116,11 +116,13 @@ impl Stack {
             metrics: metrics.clone(),
             lag: Some(lag_aggregator()),
             instance: config.cluster.instance_id.clone(),
+            call_horizon: config.analyzer.stream.horizon(),
         })
         .merge(lagscope_web::ui::router(lagscope_web::ui::UiState::new(
             shared_store.clone(),
             metrics.clone(),
             config.server.dashboards()?,
+            config.analyzer.stream.horizon(),
         )));
         if config.retention.is_enabled() {
             tasks.spawn(crate::retention::run_retention(

@@ -47,7 +47,8 @@ async fn seeded_sqlite(directory: &Path) -> lagscope_store::StoreStats {
     hostile.status_message = Some("<script>alert('x')</script> \"quoted\" \u{1F600} tab\there".into());
     hostile.attributes.insert("weird.key\n".into(), serde_json::json!({"nested": [1, 2.5, null, "x"]}));
     store.ingest(&IngestBatch { spans: vec![hostile], ..IngestBatch::default() }).await.expect("ingest");
-    let anomalies = analyze(&AnalysisInput::from_telemetry(&spans, samples), &AnalyzerConfig::default());
+    let config = AnalyzerConfig::default();
+    let anomalies = analyze(&AnalysisInput::from_telemetry(&spans, samples, config.stream.horizon()), &config);
     assert!(!anomalies.is_empty(), "the scenario has anomalies to carry over");
     store.upsert_anomalies(&anomalies, 1_700_000_000 * SECOND).await.expect("anomalies");
     let stats = store.stats().await.expect("stats");

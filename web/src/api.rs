@@ -33,6 +33,9 @@ pub struct ApiState {
     pub lag: Option<crate::LagAggregator>,
     /// This instance's id among the instances sharing the database (`/api/v1/cluster`).
     pub instance: Option<String>,
+    /// How long a call id names one call (the analyzer's horizon, in nanoseconds), for the
+    /// timelines built here to group attempts into calls as the analyzer did.
+    pub call_horizon: i64,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -267,8 +270,10 @@ async fn client_timeline(
     }
     let spans = state.store.client_spans(&client_id, range, MAX_TIMELINE_SPANS).await?;
     let own_spans = spans.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id.as_str())).count();
-    let mut timelines: Vec<_> =
-        build_timelines(&spans).into_iter().filter(|timeline| timeline.client_id == client_id).collect();
+    let mut timelines: Vec<_> = build_timelines(&spans, state.call_horizon)
+        .into_iter()
+        .filter(|timeline| timeline.client_id == client_id)
+        .collect();
     // What the metrics said about the nodes and namespaces at each attempt.
     for timeline in &mut timelines {
         crate::enrich_timeline(state.store.as_ref(), timeline).await?;

@@ -67,14 +67,16 @@ pub async fn load_lag_rows(
     query: &LagQuery,
     max_spans: u32,
     max_samples: u32,
+    call_horizon: i64,
 ) -> Result<LoadedRows, StoreError> {
     let range = TimeRange { from: query.from_unix_nano, to: query.to_unix_nano };
     let RangeTelemetry { spans, samples, truncated } =
         read_range(store, query.cluster.as_deref(), query.namespace.as_deref(), range, max_spans, max_samples).await?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
-    let rows = tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples)))
-        .await
-        .map_err(|error| StoreError::Corrupt { what: "lag rows", detail: error.to_string() })?;
+    let rows =
+        tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples, call_horizon)))
+            .await
+            .map_err(|error| StoreError::Corrupt { what: "lag rows", detail: error.to_string() })?;
     Ok(LoadedRows { rows, spans: n_spans, samples: n_samples, truncated })
 }
 
@@ -221,7 +223,8 @@ pub(crate) async fn lag(
     let Some(aggregate) = state.lag.clone() else {
         return Err(ApiError::Unavailable("lag analytics are not enabled in this build".to_string()));
     };
-    let loaded = load_lag_rows(state.store.as_ref(), &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES).await?;
+    let loaded =
+        load_lag_rows(state.store.as_ref(), &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES, state.call_horizon).await?;
     let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded)))
         .await
         .map_err(|error| ApiError::Analysis(error.to_string()))?

@@ -124,7 +124,8 @@ pub async fn analysis_gauges(state: &ApiState) -> Result<String, ApiError> {
             to_unix_nano: latest + 1,
             step_seconds: None,
         };
-        let loaded = load_lag_rows(state.store.as_ref(), &query, MAX_GAUGE_ROWS, MAX_GAUGE_ROWS).await?;
+        let loaded =
+            load_lag_rows(state.store.as_ref(), &query, MAX_GAUGE_ROWS, MAX_GAUGE_ROWS, state.call_horizon).await?;
         let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query))
             .await
             .map_err(|error| ApiError::Analysis(error.to_string()))?

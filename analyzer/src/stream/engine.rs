@@ -162,6 +162,10 @@ struct OpenCall {
     collided: bool,
     op: Sym,
     rpc_method: Sym,
+    /// Its first attempt's start: attempts of its call id that start more than a horizon
+    /// later, and hops of its id that do, are another call's (a restarted client counts its
+    /// calls again), as `build_timelines` has it.
+    start: UnixNanos,
     /// Its attempts' places in [`Engine::held`], in arrival order.
     held: SmallVec<[u64; 2]>,
 }
@@ -728,7 +732,10 @@ impl<'c> Engine<'c> {
         if span.start.saturating_add(self.horizon) < self.watermark {
             self.stats.late_attempts += 1;
         }
-        let existing = span.call_id.as_deref().and_then(|call_id| self.find_open(span.client, span.namespace, call_id));
+        let existing = span
+            .call_id
+            .as_deref()
+            .and_then(|call_id| self.find_open(span.client, span.namespace, call_id, span.start));
         if let Some(call) = existing
             && span.id.is_some()
             && self.holds(call, (span.id, span.start))
@@ -766,12 +773,14 @@ impl<'c> Engine<'c> {
         self.calls[call.slot()].as_ref()
     }
 
-    /// The open call of (client, namespace, call id), if any.
-    fn find_open(&self, client: Sym, namespace: Sym, call_id: &str) -> Option<CallRef> {
+    /// The open call of (client, namespace, call id) that an attempt starting at `start`
+    /// belongs to, if any (one that started no more than a horizon before it).
+    fn find_open(&self, client: Sym, namespace: Sym, call_id: &str, start: UnixNanos) -> Option<CallRef> {
         let is_it = |call: &CallRef| {
             self.current(*call).is_some_and(|open| {
                 open.client == client
                     && open.namespace == namespace
+                    && start <= open.start.saturating_add(self.horizon)
                     && self.call_ids[call.slot()].as_deref() == Some(call_id)
             })
         };
@@ -804,6 +813,7 @@ impl<'c> Engine<'c> {
             collided: false,
             op: span.op,
             rpc_method: span.rpc_method,
+            start: span.start,
             held: SmallVec::new(),
         });
         self.open_calls += 1;
@@ -951,10 +961,16 @@ impl<'c> Engine<'c> {
             && *end < final_before
         {
             let Some((_, client, call_id)) = self.waiting.pop_front() else { break };
+            // (Those of its id that ended since wait for a later call of that id.)
             if let Some(calls) = self.by_call.get_mut(&client)
-                && let Some(spans) = calls.remove(&call_id)
+                && let Some(spans) = calls.get_mut(&call_id)
             {
-                self.stats.unjoined_hops += spans.len() as u64;
+                let before = spans.len();
+                spans.retain(|(_, hop)| hop.end >= final_before);
+                self.stats.unjoined_hops += (before - spans.len()) as u64;
+                if spans.is_empty() {
+                    calls.remove(&call_id);
+                }
             }
         }
         // Once a minute of data time: forget what the retention no longer covers (never in the
@@ -1058,8 +1074,19 @@ impl<'c> Engine<'c> {
     fn finalize(&mut self, open: OpenCall, call_id: Option<CallId>) {
         self.stats.calls += 1;
         let (client, namespace) = (open.client, open.namespace);
+        // Its id's hops that started within the horizon of its start; later ones wait for the
+        // later call of that id.
+        let last = open.start.saturating_add(self.horizon);
         let untraced = match (&call_id, self.by_call.get_mut(&client)) {
-            (Some(call_id), Some(calls)) => calls.remove(call_id).unwrap_or_default(),
+            (Some(call_id), Some(calls)) => match calls.get_mut(call_id) {
+                Some(waiting) if waiting.iter().any(|(_, hop)| hop.start > last) => {
+                    let (mine, later) = std::mem::take(waiting).into_iter().partition(|(_, hop)| hop.start <= last);
+                    *waiting = later;
+                    mine
+                }
+                Some(_) => calls.remove(call_id).unwrap_or_default(),
+                None => Vec::new(),
+            },
             _ => Vec::new(),
         };
         // Most calls: one attempt, joined through its trace, moved straight into the call's list.
@@ -1988,19 +2015,56 @@ mod tests {
             ..SpanRec::default()
         };
         engine.push_span(&attempt("a", 1, 0));
-        let a = engine.find_open(client, namespace, "a").expect("call a is open");
+        let a = engine.find_open(client, namespace, "a", 0).expect("call a is open");
         engine.open_index.insert(call_key(client, namespace, "b"), a);
         engine.push_span(&attempt("b", 1, 2_000_000));
         assert_eq!(engine.open_collisions.len(), 1);
         engine.push_span(&attempt("b", 2, 4_000_000));
         engine.push_span(&attempt("a", 2, 6_000_000));
-        let b = engine.find_open(client, namespace, "b").expect("call b is open");
+        let b = engine.find_open(client, namespace, "b", 4_000_000).expect("call b is open");
         assert_ne!(a, b);
         for (call, id) in [(a, "a"), (b, "b")] {
             let open = engine.current(call).expect("open");
             assert_eq!(engine.call_ids[call.slot()].as_deref(), Some(id));
             assert_eq!(open.held.len(), 2, "call {id}");
         }
+        let (_, stats) = engine.finish();
+        assert_eq!(stats.calls, 2);
+    }
+
+    /// An attempt of a call id that starts more than a horizon after the open call of that id
+    /// began is another call (a client restarted under its client id counts its calls again),
+    /// even when it arrives before the engine has processed the first; the open index then
+    /// finds the later call for the later call's attempts.
+    #[test]
+    fn a_call_id_again_after_a_horizon_is_another_call() {
+        let config = AnalyzerConfig::default();
+        let horizon = config.stream.horizon();
+        let mut engine = Engine::new(&config, |_| true);
+        let client = engine.interner.intern("c1");
+        let namespace = engine.interner.intern("ns1");
+        let attempt = |attempt: i64, start: i64| SpanRec {
+            id: SpanKey::new(u128::from(start as u64) + 1, 1),
+            start,
+            end: start + 1_000_000,
+            component: known::CLIENT,
+            client,
+            namespace,
+            call_id: Some("1".into()),
+            attempt: Some(attempt),
+            ..SpanRec::default()
+        };
+        engine.push_span(&attempt(0, 0));
+        let first = engine.find_open(client, namespace, "1", 0).expect("the first call is open");
+        let later = horizon + 1;
+        assert_eq!(engine.find_open(client, namespace, "1", later), None);
+        // Checked before the push processes the first call: its attempt opens a call of its own.
+        engine.push_attempt(&attempt(0, later));
+        let second = engine.find_open(client, namespace, "1", later).expect("the later call is open");
+        assert_ne!(first, second);
+        engine.push_attempt(&attempt(1, later + 1_000_000));
+        assert_eq!(engine.current(second).expect("open").held.len(), 2);
+        assert_eq!(engine.current(first).expect("open").held.len(), 1);
         let (_, stats) = engine.finish();
         assert_eq!(stats.calls, 2);
     }

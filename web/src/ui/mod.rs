@@ -34,12 +34,14 @@ pub struct UiState {
     pub store: Arc<dyn Store>,
     pub metrics: Arc<SelfMetrics>,
     pub dashboards: Arc<Dashboards>,
+    /// How long a call id names one call (the analyzer's horizon, in nanoseconds).
+    pub call_horizon: i64,
     templates: Arc<Environment<'static>>,
 }
 
 impl UiState {
-    pub fn new(store: Arc<dyn Store>, metrics: Arc<SelfMetrics>, dashboards: Dashboards) -> Self {
-        Self { store, metrics, dashboards: Arc::new(dashboards), templates: Arc::new(templates()) }
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<SelfMetrics>, dashboards: Dashboards, call_horizon: i64) -> Self {
+        Self { store, metrics, dashboards: Arc::new(dashboards), call_horizon, templates: Arc::new(templates()) }
     }
 
     /// Renders a page template with the navigation every page shares.

@@ -481,7 +481,7 @@ async fn timeline_view(
 ) -> Result<TimelineView, ApiError> {
     let spans = state.store.client_spans(client_id, range.range(), MAX_PAGE_SPANS).await?;
     let own = spans.iter().filter(|span| span.call.client_id.as_deref() == Some(client_id)).count();
-    let mut timelines: Vec<ClientTimeline> = build_timelines(&spans)
+    let mut timelines: Vec<ClientTimeline> = build_timelines(&spans, state.call_horizon)
         .into_iter()
         .filter(|timeline| timeline.client_id == client_id)
         .filter(|timeline| namespace.is_none() || timeline.namespace.as_deref() == namespace)
