@@ -713,12 +713,17 @@ fn start_native_server(
 }
 
 /// `serve --demo`: the simulator's `mixed` scenario, in real time and timestamped now, round
-/// after round (a new seed each time), into the service's own OTLP/HTTP receiver.
+/// after round (a new seed each time), into the service's own OTLP/HTTP receiver. Each round's
+/// clusters and clients are named after it (`round-2.hdfs-publish-race.hdfs-prod`): a round
+/// starts its clusters' state ids over and its clients are new sessions, which, under the
+/// names of the round before, would be state going back and sessions that forgot what they
+/// saw (anomalies the demo did not stage).
 fn feed_demo(target: &lagscope::sim_cmd::Target) {
     for round in 1u64.. {
         let mut config = lagscope_sim::SimConfig::new("mixed");
         config.seed = round;
         config.start_unix_nano = jiff::Timestamp::now().as_nanosecond() as i64;
+        config.name_prefix = Some(format!("round-{round}"));
         match lagscope::sim_cmd::run(&config, target, true) {
             Ok((truth, _)) => eprintln!(
                 "lagscope demo: round {round} sent {} spans ({} anomalies expected); starting round {}",

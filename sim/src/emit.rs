@@ -383,3 +383,72 @@ fn metric(name: String, shape: MetricShape, data_points: Vec<NumberDataPoint>) -
     };
     Metric { name, data: Some(data), ..Metric::default() }
 }
+
+/// Prefixes the cluster (resource) and the client ids (span and metric point attributes) with
+/// `prefix` and a dot.
+pub(crate) fn prefix_names(request: &mut Request, prefix: &str) {
+    let resources: Vec<&mut Vec<KeyValue>> = match request {
+        Request::Traces(request) => request
+            .resource_spans
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+        Request::Metrics(request) => request
+            .resource_metrics
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+        Request::Logs(request) => request
+            .resource_logs
+            .iter_mut()
+            .filter_map(|item| item.resource.as_mut())
+            .map(|resource| &mut resource.attributes)
+            .collect(),
+    };
+    for attributes in resources {
+        prefix_value(attributes, "lagscope.cluster", prefix);
+    }
+    match request {
+        Request::Traces(request) => {
+            for span in request
+                .resource_spans
+                .iter_mut()
+                .flat_map(|item| &mut item.scope_spans)
+                .flat_map(|scope| &mut scope.spans)
+            {
+                prefix_value(&mut span.attributes, "lagscope.client.id", prefix);
+            }
+        }
+        Request::Metrics(request) => {
+            use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+            for metric in request
+                .resource_metrics
+                .iter_mut()
+                .flat_map(|item| &mut item.scope_metrics)
+                .flat_map(|scope| &mut scope.metrics)
+            {
+                let points: Vec<&mut Vec<KeyValue>> = match &mut metric.data {
+                    Some(Data::Gauge(gauge)) => {
+                        gauge.data_points.iter_mut().map(|point| &mut point.attributes).collect()
+                    }
+                    Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(|point| &mut point.attributes).collect(),
+                    _ => Vec::new(),
+                };
+                for attributes in points {
+                    prefix_value(attributes, "lagscope.client.id", prefix);
+                }
+            }
+        }
+        Request::Logs(_) => {}
+    }
+}
+
+fn prefix_value(attributes: &mut [KeyValue], key: &str, prefix: &str) {
+    for attribute in attributes.iter_mut().filter(|attribute| attribute.key == key) {
+        if let Some(AnyValue { value: Some(any_value::Value::StringValue(text)) }) = &mut attribute.value {
+            *text = format!("{prefix}.{text}");
+        }
+    }
+}

@@ -47,6 +47,10 @@ pub struct SimConfig {
     /// Client operations per second across all clients; `None` takes the scenario's default.
     pub rate: Option<f64>,
     pub start_unix_nano: i64,
+    /// Put with a dot before every cluster name and client id (in the telemetry and the
+    /// truth): runs that must not be taken for the same clusters and client sessions, as the
+    /// demo's rounds (each starts its clusters' state ids over, with new sessions).
+    pub name_prefix: Option<String>,
 }
 
 impl SimConfig {
@@ -58,7 +62,21 @@ impl SimConfig {
             duration: None,
             rate: None,
             start_unix_nano: DEFAULT_START_UNIX_NANO,
+            name_prefix: None,
         }
+    }
+}
+
+/// A sink that prefixes the names of what passes through it ([`SimConfig::name_prefix`]).
+struct Prefixed<'a> {
+    inner: &'a mut dyn Sink,
+    prefix: &'a str,
+}
+
+impl Sink for Prefixed<'_> {
+    fn export(&mut self, at: Nanos, mut request: Request) {
+        emit::prefix_names(&mut request, self.prefix);
+        self.inner.export(at, request);
     }
 }
 
@@ -110,6 +128,15 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Result<Truth, SimError> {
     }
     if config.duration.is_some_and(|duration| duration <= 0) {
         return Err(SimError::InvalidConfig("--duration must be positive".to_string()));
+    }
+    if let Some(prefix) = &config.name_prefix {
+        let unprefixed = SimConfig { name_prefix: None, ..config.clone() };
+        let mut truth = run(&unprefixed, &mut Prefixed { inner: sink, prefix })?;
+        for anomaly in &mut truth.anomalies {
+            anomaly.cluster = format!("{prefix}.{}", anomaly.cluster);
+            anomaly.client_id = anomaly.client_id.take().map(|client| format!("{prefix}.{client}"));
+        }
+        return Ok(truth);
     }
     let mut truth = if config.scenario == mixed::SCENARIO.name {
         let members: Vec<ScenarioInfo> =

@@ -144,9 +144,10 @@ pub(crate) fn episode_anomaly(scope: &Scope, episode: &Episode, rate: f64, min_s
         start_unix_nano: episode.start,
         end_unix_nano: episode.end,
         summary: format!(
-            "{node} fell {:.0} states (~{:.1} s) behind the committed state of {namespace} for {duration:.0} s{}",
+            "{node} fell {:.0} states{} behind the committed state of {namespace} for {duration:.0} s{}",
             episode.max_lag,
-            lag_seconds,
+            // (Without commits over the episode, states do not turn into seconds.)
+            if lag_seconds.is_finite() { format!(" (~{lag_seconds:.1} s)") } else { String::new() },
             if episode.stalled {
                 format!(", its applied state stuck at {:.0}", episode.applied_at_stall)
             } else {
@@ -178,5 +179,31 @@ pub(crate) fn episode_anomaly(scope: &Scope, episode: &Episode, rate: f64, min_s
             node,
             episode.start
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn episode() -> Episode {
+        Episode { start: 0, end: 20_000_000_000, max_lag: 12_000.0, stalled: true, applied_at_stall: 500.0 }
+    }
+
+    fn scope() -> Scope {
+        Scope { cluster: Some("prod".into()), namespace: Some("ns1".into()), node: Some("nn-obs1".into()) }
+    }
+
+    #[test]
+    fn the_lag_in_seconds_is_said_only_when_something_was_committed_meanwhile() {
+        let anomaly = episode_anomaly(&scope(), &episode(), 2_000.0, 10);
+        assert!(anomaly.summary.starts_with("nn-obs1 fell 12000 states (~6.0 s) behind"), "{}", anomaly.summary);
+        assert_eq!(anomaly.evidence["max_lag_seconds"], 6.0);
+        // Nothing committed over the episode (the committed state reported did not move):
+        // states cannot be turned into seconds, and the summary does not pretend to.
+        let anomaly = episode_anomaly(&scope(), &episode(), 0.0, 10);
+        assert!(anomaly.summary.starts_with("nn-obs1 fell 12000 states behind the committed"), "{}", anomaly.summary);
+        assert!(!anomaly.summary.contains("NaN"), "{}", anomaly.summary);
+        assert!(anomaly.evidence["max_lag_seconds"].is_null());
     }
 }
