@@ -86,7 +86,7 @@ struct Model {
 impl Model {
     fn new(config: &SimConfig, shard_level: bool) -> Self {
         let mut rng = Rng::new(config.seed);
-        let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
+        let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1).named(&config.scenario));
         let spec = |service: &str, component: &'static str, node: &str| ProcessSpec {
             service: service.to_string(),
             system: "elasticsearch".to_string(),

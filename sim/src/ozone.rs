@@ -119,7 +119,7 @@ struct Attempt<'a> {
 impl Ring {
     fn new(config: &SimConfig) -> Self {
         let mut rng = Rng::new(config.seed);
-        let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
+        let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1).named(&config.scenario));
         let oms = OMS.iter().map(|node| emitter.process(spec("ozone-om", "server", node))).collect();
         let duration = config.duration.unwrap_or(90 * SECOND);
         Self {

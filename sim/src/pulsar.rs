@@ -223,7 +223,7 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
         _ => return None,
     };
     let mut rng = Rng::new(config.seed);
-    let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
+    let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1).named(&config.scenario));
     let default_duration = if matches!(model, Model::CrashLoop { .. }) { 420 * SECOND } else { 200 * SECOND };
     let duration = config.duration.unwrap_or(default_duration);
     let rate = config.rate.unwrap_or(20.0);

@@ -176,3 +176,33 @@ fn mixed_runs_every_scenario_in_clusters_of_their_own() {
     run(&config, &mut again).expect("mixed runs");
     assert_eq!(encoded(&requests), encoded(&again), "mixed is deterministic");
 }
+
+#[test]
+fn scenarios_run_with_the_same_seed_share_no_trace_id() {
+    // Sent one after another to one service (`sim --scenario A`, then `--scenario B`, both
+    // with the default seed), their spans must not join each other's: the same ids made an
+    // Elasticsearch router and node the hops of a Pulsar client's sends.
+    let trace_ids = |scenario: &str| -> std::collections::HashSet<Vec<u8>> {
+        let (requests, _) = simulate(scenario, 1);
+        requests
+            .iter()
+            .filter_map(|request| match request {
+                Request::Traces(request) => Some(request),
+                _ => None,
+            })
+            .flat_map(|request| &request.resource_spans)
+            .flat_map(|resource| &resource.scope_spans)
+            .flat_map(|scope| &scope.spans)
+            .map(|span| span.trace_id.clone())
+            .collect()
+    };
+    let names = ["pulsar-switch-back-delay-lost", "es-node-level-pressure", "ozone-pinned-retry", "hdfs-no-namenodes"];
+    let ids: Vec<_> = names.iter().map(|name| trace_ids(name)).collect();
+    for (index, first) in ids.iter().enumerate() {
+        assert!(!first.is_empty(), "{} has traces", names[index]);
+        for (other, second) in ids.iter().enumerate().skip(index + 1) {
+            let shared = first.intersection(second).count();
+            assert_eq!(shared, 0, "{} and {} share {shared} trace ids", names[index], names[other]);
+        }
+    }
+}

@@ -87,7 +87,7 @@ impl Router {
 
 pub fn run(config: &SimConfig, sink: &mut dyn Sink, fixed: bool) -> Truth {
     let mut rng = Rng::new(config.seed);
-    let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
+    let mut emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1).named(&config.scenario));
     let duration = config.duration.unwrap_or(120 * SECOND);
     let n_clients = config.clients.unwrap_or(6);
     let mean_think = n_clients as f64 / config.rate.unwrap_or(12.0);

@@ -179,7 +179,7 @@ fn observer(node: &'static str, lag_ms: i64, tail_period_ms: i64, stall: Option<
 impl Model {
     fn new(config: &SimConfig, bugs: Bugs, read_after_write: bool) -> Self {
         let mut rng = Rng::new(config.seed);
-        let emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1));
+        let emitter = Emitter::new(config.start_unix_nano, SECOND, rng.fork(1).named(&config.scenario));
         let n_clients = config.clients.unwrap_or(6);
         let rate = config.rate.unwrap_or(40.0);
         let duration = config.duration.unwrap_or(if bugs.tail_stall { 120 * SECOND } else { 60 * SECOND });
