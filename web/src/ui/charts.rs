@@ -32,15 +32,17 @@ pub const GREY: RGBColor = RGBColor(150, 160, 170);
 pub const GREEN: RGBColor = RGBColor(60, 160, 80);
 
 /// A label as a chart prints it: at most [`MAX_LABEL_CHARS`] characters, control
-/// characters replaced.
+/// characters replaced. A longer one keeps its start and its end with `…` between: names
+/// are built as `cluster / namespace / node / role`, and the end tells rows of one cluster
+/// apart.
 pub fn label(text: &str) -> String {
-    let mut out: String =
-        text.chars().take(MAX_LABEL_CHARS).map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
-    if text.chars().count() > MAX_LABEL_CHARS {
-        out.pop();
-        out.push('…');
+    let chars: Vec<char> = text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
+    if chars.len() <= MAX_LABEL_CHARS {
+        return chars.into_iter().collect();
     }
-    out
+    let head = (MAX_LABEL_CHARS - 1) / 3;
+    let tail = MAX_LABEL_CHARS - 1 - head;
+    chars[..head].iter().chain(std::iter::once(&'…')).chain(&chars[chars.len() - tail..]).collect()
 }
 
 /// The colour of the `index`th series.
@@ -360,6 +362,10 @@ mod tests {
         assert_eq!(heat(0.9), AMBER);
         assert_eq!(heat(0.0), RGBColor(200, 235, 200));
         assert_eq!(label(&"é".repeat(50)).chars().count(), MAX_LABEL_CHARS);
+        // The end of a long name is what tells its rows apart: it stays.
+        let long = label("es-node-level-pressure.es-prod / es-node-1 / logs/0 / primary");
+        assert_eq!(long, "es-node-level…-node-1 / logs/0 / primary");
+        assert_eq!(long.chars().count(), MAX_LABEL_CHARS);
         assert_eq!(format_value(12_345.0), "12.3k");
         assert_eq!(clock(0, 3600.0), "00:00:00");
     }

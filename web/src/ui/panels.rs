@@ -249,14 +249,23 @@ fn latest_by_scope(series: &[SeriesSamples]) -> BTreeMap<Scope, f64> {
     series.iter().filter_map(|series| numbers(series).last().map(|(_, value)| (scope_of(series), value))).collect()
 }
 
-/// Series grouped into named point lists (values, rates, or ratios), by name.
+/// A group of series: its name, and its cluster unless the name has it.
+type GroupKey<'s> = (String, Option<&'s str>);
+
+/// Series grouped into named point lists (values, rates, or ratios), by name. Clusters are
+/// never mixed in a group: node names repeat from cluster to cluster (every HDFS federation has
+/// its `router-1`), and a group of two clusters' series would zigzag between them. Where a
+/// name occurs in several clusters and `group_by` does not name the cluster, the cluster is
+/// put before it.
 fn group_series(
     series: &[SeriesSamples],
     group_by: &[String],
     rate: bool,
     limits: Option<&BTreeMap<Scope, f64>>,
 ) -> Vec<(String, Vec<(i64, f64)>)> {
-    let mut groups: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
+    let by_cluster = !group_by.iter().any(|label| label == CLUSTER);
+    // (name, cluster unless group_by has it) -> points
+    let mut groups: BTreeMap<GroupKey<'_>, Vec<(i64, f64)>> = BTreeMap::new();
     for series in series {
         let mut points: Vec<(i64, f64)> = numbers(series).collect();
         if rate {
@@ -268,15 +277,26 @@ fn group_series(
                 point.1 /= limit;
             }
         }
-        groups.entry(group_name(series, group_by)).or_default().extend(points);
+        let cluster = if by_cluster { series.key.label(CLUSTER) } else { None };
+        groups.entry((group_name(series, group_by), cluster)).or_default().extend(points);
     }
-    groups
-        .into_iter()
-        .map(|(name, mut points)| {
+    let mut clusters_of: BTreeMap<&str, usize> = BTreeMap::new();
+    for (name, _) in groups.keys() {
+        *clusters_of.entry(name.as_str()).or_default() += 1;
+    }
+    let mut named: Vec<(String, Vec<(i64, f64)>)> = groups
+        .iter()
+        .map(|((name, cluster), points)| {
+            let mut points = points.clone();
             points.sort_by_key(|(at, _)| *at);
-            (name, points)
+            match cluster {
+                Some(cluster) if clusters_of[name.as_str()] > 1 => (format!("{cluster} / {name}"), points),
+                _ => (name.clone(), points),
+            }
         })
-        .collect()
+        .collect();
+    named.sort_by(|left, right| left.0.cmp(&right.0));
+    named
 }
 
 /// Per-second rates of a counter (a drop is a reset: the new value is the increase).
@@ -620,6 +640,39 @@ mod tests {
     fn counter_rates_survive_resets() {
         let points = [(0, 10.0), (1_000_000_000, 30.0), (2_000_000_000, 5.0)];
         assert_eq!(rates(&points), vec![(1_000_000_000, 20.0), (2_000_000_000, 5.0)]);
+    }
+
+    fn series(cluster: &str, node: &str, points: &[(i64, f64)]) -> SeriesSamples {
+        let labels = [(CLUSTER, cluster), (NODE_ID, node)].map(|(key, value)| (key.to_string(), value.to_string()));
+        SeriesSamples {
+            key: lagscope_model::SeriesKey { name: "lagscope.router.no_namenodes".into(), labels: labels.into() },
+            meta: lagscope_model::SeriesMeta { kind: lagscope_model::MetricKind::Gauge, unit: None, description: None },
+            points: points.iter().map(|(at, value)| (*at, Some(*value), None)).collect(),
+        }
+    }
+
+    #[test]
+    fn groups_never_mix_clusters() {
+        // router-1 of two federations, grouped by node only: two lines, named by cluster;
+        // router-2 exists in one, and keeps its plain name.
+        let all = [
+            series("east", "router-1", &[(1, 1.0), (3, 1.0)]),
+            series("west", "router-1", &[(2, 7.0), (4, 7.0)]),
+            series("west", "router-2", &[(2, 5.0)]),
+        ];
+        let groups = group_series(&all, &[NODE_ID.to_string()], false, None);
+        assert_eq!(
+            groups,
+            vec![
+                ("east / router-1".to_string(), vec![(1, 1.0), (3, 1.0)]),
+                ("router-2".to_string(), vec![(2, 5.0)]),
+                ("west / router-1".to_string(), vec![(2, 7.0), (4, 7.0)]),
+            ]
+        );
+        // Grouped by cluster as well: the names say it already.
+        let groups = group_series(&all, &[CLUSTER.to_string(), NODE_ID.to_string()], false, None);
+        let names: Vec<&str> = groups.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["east / router-1", "west / router-1", "west / router-2"]);
     }
 
     #[test]
