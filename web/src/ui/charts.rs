@@ -220,6 +220,9 @@ pub fn lanes(lane_names: &[String], bars: &[Bar], span: Span) -> String {
             .map_err(|error| error.to_string())?;
         chart
             .configure_mesh()
+            // A fixed size: plotters' default scales with the chart's height, which here
+            // grows with the lanes (one lane's labels came out under 5 px).
+            .label_style(("sans-serif", 11))
             .x_labels(8)
             .y_labels(rows.min(60) * 2 + 1)
             .x_label_formatter(&|seconds| span.clock(*seconds))
@@ -347,6 +350,20 @@ mod tests {
         // plotters writes each label's text on a line of its own.
         assert!(svg.contains("\n0.50\n") && svg.contains("\n1\n"), "{svg}");
         assert!(!svg.contains("-0.00"), "{svg}");
+    }
+
+    #[test]
+    fn one_lane_is_as_readable_as_many() {
+        let bar = |lane| Bar { lane, start: SPAN.from, end: SPAN.to, color: RED, highlight: false, text: None };
+        let one = lanes(&["router-1".to_string()], &[bar(0)], SPAN);
+        let names: Vec<String> = (0..8).map(|index| format!("router-{index}")).collect();
+        let many = lanes(&names, &(0..8).map(bar).collect::<Vec<_>>(), SPAN);
+        let sizes = |svg: &str| -> Vec<f64> {
+            svg.split("font-size=\"").skip(1).filter_map(|rest| rest.split('"').next()?.parse().ok()).collect()
+        };
+        let (one, many) = (sizes(&one), sizes(&many));
+        assert!(!one.is_empty() && one.iter().all(|size| *size >= 8.0), "{one:?}");
+        assert_eq!(one[0], many[0], "the same labels' size with one lane as with eight");
     }
 
     #[test]
