@@ -36,12 +36,20 @@ pub const GREEN: RGBColor = RGBColor(60, 160, 80);
 /// are built as `cluster / namespace / node / role`, and the end tells rows of one cluster
 /// apart.
 pub fn label(text: &str) -> String {
+    label_within(text, MAX_LABEL_CHARS)
+}
+
+/// The longest name a line chart's legend prints (a legend entry has 330 px).
+const MAX_LEGEND_CHARS: usize = 52;
+
+/// [`label`] with room for `max` characters.
+fn label_within(text: &str, max: usize) -> String {
     let chars: Vec<char> = text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
-    if chars.len() <= MAX_LABEL_CHARS {
+    if chars.len() <= max {
         return chars.into_iter().collect();
     }
-    let head = (MAX_LABEL_CHARS - 1) / 3;
-    let tail = MAX_LABEL_CHARS - 1 - head;
+    let head = (max - 1) / 3;
+    let tail = max - 1 - head;
     chars[..head].iter().chain(std::iter::once(&'…')).chain(&chars[chars.len() - tail..]).collect()
 }
 
@@ -168,7 +176,11 @@ pub fn line_chart(lines: &[Line], span: Span, unit: &str) -> String {
                 .draw(&Rectangle::new([(x, y + 3), (x + 14, y + 13)], color(index).filled()))
                 .map_err(|error| error.to_string())?;
             legend
-                .draw(&Text::new(label(&line.name), (x + 20, y + 2), ("sans-serif", 13).into_font()))
+                .draw(&Text::new(
+                    label_within(&line.name, MAX_LEGEND_CHARS),
+                    (x + 20, y + 2),
+                    ("sans-serif", 13).into_font(),
+                ))
                 .map_err(|error| error.to_string())?;
         }
         Ok(())
@@ -350,6 +362,23 @@ mod tests {
         // plotters writes each label's text on a line of its own.
         assert!(svg.contains("\n0.50\n") && svg.contains("\n1\n"), "{svg}");
         assert!(!svg.contains("-0.00"), "{svg}");
+    }
+
+    #[test]
+    fn a_legend_names_clusters_whole() {
+        // Two federations' router-1: the names differ in the middle, which a cut would lose.
+        let names =
+            ["hdfs-no-namenodes-fixed.hdfs-prod / router-1 / ns60", "hdfs-no-namenodes.hdfs-prod / router-1 / ns60"];
+        let lines: Vec<Line> = names
+            .iter()
+            .map(|name| Line { name: name.to_string(), points: vec![(SPAN.from, 1.0), (SPAN.to, 2.0)] })
+            .collect();
+        let svg = line_chart(&lines, SPAN, "answers/s");
+        for name in names {
+            assert!(svg.contains(name), "{name} whole in the legend");
+        }
+        let long = Line { name: "x".repeat(100), points: vec![(SPAN.from, 1.0)] };
+        assert!(!line_chart(&[long], SPAN, "").contains(&"x".repeat(60)), "a legend entry is still cut");
     }
 
     #[test]
