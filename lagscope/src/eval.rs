@@ -137,7 +137,7 @@ pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Deliver
 
 impl ScenarioScore {
     /// What was found (`anomalies`, from `spans` spans) scored against the run's `truth`.
-    fn of(truth: Truth, anomalies: Vec<Anomaly>, spans: usize) -> Self {
+    pub fn of(truth: Truth, anomalies: Vec<Anomaly>, spans: usize) -> Self {
         let found: Vec<Found> = anomalies
             .iter()
             .map(|anomaly| Found {

@@ -365,19 +365,8 @@ fn two_rounds(
     let config = AnalyzerConfig::default();
     let input =
         lagscope_analyzer::AnalysisInput::from_telemetry(&spans, samples, config.stream.horizon()).with_logs(&logs);
-    let found: Vec<lagscope_sim::score::Found> = lagscope_analyzer::analyze(&input, &config)
-        .into_iter()
-        .map(|anomaly| lagscope_sim::score::Found {
-            kind: anomaly.kind.as_str().to_string(),
-            cluster: anomaly.cluster,
-            namespace: anomaly.namespace,
-            client_id: anomaly.client_id,
-            node_id: anomaly.node_id,
-            start_unix_nano: anomaly.start_unix_nano,
-            end_unix_nano: anomaly.end_unix_nano,
-        })
-        .collect();
-    lagscope_sim::score::score(&truth.expect("two rounds ran"), &found)
+    let found = lagscope_analyzer::analyze(&input, &config);
+    lagscope::eval::ScenarioScore::of(truth.expect("two rounds ran"), found, spans.len()).kinds
 }
 
 #[test]

@@ -132,10 +132,7 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Result<Truth, SimError> {
     if let Some(prefix) = &config.name_prefix {
         let unprefixed = SimConfig { name_prefix: None, ..config.clone() };
         let mut truth = run(&unprefixed, &mut Prefixed { inner: sink, prefix })?;
-        for anomaly in &mut truth.anomalies {
-            anomaly.cluster = format!("{prefix}.{}", anomaly.cluster);
-            anomaly.client_id = anomaly.client_id.take().map(|client| format!("{prefix}.{client}"));
-        }
+        truth.prefix_names(prefix);
         return Ok(truth);
     }
     let mut truth = if config.scenario == mixed::SCENARIO.name {

@@ -8,7 +8,7 @@
 
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
-use crate::emit::{Request, Sink, prefix_names};
+use crate::emit::{Request, Sink};
 use crate::{Nanos, SECOND, ScenarioInfo, SimConfig, Truth};
 
 pub const SCENARIO: ScenarioInfo = ScenarioInfo {
@@ -42,20 +42,15 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink, members: &[ScenarioInfo]) ->
         member.seed = config.seed.wrapping_add(index as u64 * 7919);
         member.start_unix_nano = config.start_unix_nano;
         member.duration = Some(duration);
+        member.name_prefix = Some(name.to_string());
         if *name == BACKGROUND {
             member.clients = config.clients;
             member.rate = config.rate;
         }
         let (sender, receiver) = sync_channel(64);
-        let prefix = name.to_string();
         let handle = std::thread::spawn(move || {
             let mut sink = ChannelSink(sender);
-            let mut truth = crate::run(&member, &mut sink).unwrap_or_default();
-            for anomaly in &mut truth.anomalies {
-                anomaly.cluster = format!("{prefix}.{}", anomaly.cluster);
-                anomaly.client_id = anomaly.client_id.take().map(|client| format!("{prefix}.{client}"));
-            }
-            truth
+            crate::run(&member, &mut sink).unwrap_or_default()
         });
         streams.push((name.to_string(), receiver, handle));
     }
@@ -65,8 +60,7 @@ pub fn run(config: &SimConfig, sink: &mut dyn Sink, members: &[ScenarioInfo]) ->
     loop {
         let next = heads.iter().enumerate().filter_map(|(index, head)| head.as_ref().map(|(at, _)| (*at, index))).min();
         let Some((_, index)) = next else { break };
-        if let Some((at, mut request)) = heads[index].take() {
-            prefix_names(&mut request, &streams[index].0);
+        if let Some((at, request)) = heads[index].take() {
             sink.export(at, request);
         }
         heads[index] = streams[index].1.recv().ok();

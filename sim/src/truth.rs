@@ -37,6 +37,15 @@ pub struct ExpectedAnomaly {
 }
 
 impl Truth {
+    /// Puts `prefix` and a dot before the cluster and client id of every expected anomaly, as
+    /// [`crate::SimConfig::name_prefix`] does to the telemetry.
+    pub fn prefix_names(&mut self, prefix: &str) {
+        for anomaly in &mut self.anomalies {
+            anomaly.cluster = format!("{prefix}.{}", anomaly.cluster);
+            anomaly.client_id = anomaly.client_id.take().map(|client| format!("{prefix}.{client}"));
+        }
+    }
+
     pub fn count(&self, kind: &str) -> usize {
         self.anomalies.iter().filter(|anomaly| anomaly.kind == kind).count()
     }

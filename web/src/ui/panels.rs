@@ -280,18 +280,17 @@ fn group_series(
         let cluster = if by_cluster { series.key.label(CLUSTER) } else { None };
         groups.entry((group_name(series, group_by), cluster)).or_default().extend(points);
     }
-    let mut clusters_of: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut clusters_of: BTreeMap<String, usize> = BTreeMap::new();
     for (name, _) in groups.keys() {
-        *clusters_of.entry(name.as_str()).or_default() += 1;
+        *clusters_of.entry(name.clone()).or_default() += 1;
     }
     let mut named: Vec<(String, Vec<(i64, f64)>)> = groups
-        .iter()
-        .map(|((name, cluster), points)| {
-            let mut points = points.clone();
+        .into_iter()
+        .map(|((name, cluster), mut points)| {
             points.sort_by_key(|(at, _)| *at);
             match cluster {
-                Some(cluster) if clusters_of[name.as_str()] > 1 => (format!("{cluster} / {name}"), points),
-                _ => (name.clone(), points),
+                Some(cluster) if clusters_of[&name] > 1 => (format!("{cluster} / {name}"), points),
+                _ => (name, points),
             }
         })
         .collect();
