@@ -40,14 +40,23 @@ pub async fn run_live_analyzer(
     let mut shutdown = shutdown;
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
+    let mut found = NewAnomalies::default();
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
+            // What the last passes found is logged even when nothing more arrives.
+            () = tokio::time::sleep(NEW_ANOMALIES_LOG_INTERVAL), if found.count > 0 => {
+                found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+                continue;
+            }
             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         };
         let started = Instant::now();
         let through_batch = pending.through_batch;
-        match analysis_pass(store.as_ref(), &metrics, &config, (&mut rollups, &mut lines), pending).await {
+        let outcome =
+            analysis_pass(store.as_ref(), &metrics, &config, (&mut rollups, &mut lines, &mut found), pending).await;
+        found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+        match outcome {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
                 // The data is committed; the next pass for these clients will find it again.
@@ -146,6 +155,7 @@ async fn analyze_marks(
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
+    let mut found = NewAnomalies::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -157,7 +167,8 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, (&mut rollups, &mut lines), pass).await?;
+            analysis_pass(store, metrics, config, (&mut rollups, &mut lines, &mut found), pass).await?;
+            found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
         }
@@ -170,6 +181,7 @@ async fn analyze_marks(
                 if !shards.is_empty() {
                     metrics.batches_analyzed.raise_to(marked);
                 }
+                found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
                 tokio::select! {
                     _ = dirty.take() => {}
                     _ = leases.changed() => {}
@@ -298,7 +310,7 @@ async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    (rollups, lines): (&mut WrittenRollups, &mut RecognisedLines),
+    (rollups, lines, found): (&mut WrittenRollups, &mut RecognisedLines, &mut NewAnomalies),
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
@@ -336,7 +348,7 @@ async fn analysis_pass(
             .into_iter()
             .filter(|anomaly| anomaly.client_id.as_deref() == Some(client_id.as_str()))
             .collect();
-        record(store, metrics, &anomalies).await?;
+        record(store, metrics, found, &anomalies).await?;
     }
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
@@ -373,7 +385,7 @@ async fn analysis_pass(
                     || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
             })
             .collect();
-        record(store, metrics, &anomalies).await?;
+        record(store, metrics, found, &anomalies).await?;
         // The staleness of the scope's reads per node and minute, for the pages. When the read
         // limit cut the scope's oldest spans, their first minute is partial: left as written.
         let complete_from = if spans.len() >= config.live.max_spans_per_scope as usize {
@@ -396,7 +408,7 @@ async fn analysis_pass(
         }
         let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
         let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
-        record(store, metrics, &anomalies).await?;
+        record(store, metrics, found, &anomalies).await?;
     }
     Ok(())
 }
@@ -463,6 +475,7 @@ fn is_cluster_kind(kind: AnomalyKind) -> bool {
 async fn record(
     store: &dyn Store,
     metrics: &SelfMetrics,
+    found: &mut NewAnomalies,
     anomalies: &[lagscope_model::Anomaly],
 ) -> Result<(), lagscope_store::StoreError> {
     if anomalies.is_empty() {
@@ -470,13 +483,79 @@ async fn record(
     }
     let outcome = store.upsert_anomalies(anomalies, now_unix_nano()).await?;
     metrics.anomalies_new.add(outcome.inserted.len() as u64);
-    for id in &outcome.inserted {
-        tracing::info!(anomaly_id = id, "new anomaly");
+    for &id in &outcome.inserted {
+        tracing::debug!(anomaly_id = id, "new anomaly");
+        found.add(id);
     }
     Ok(())
+}
+
+/// How often the live analyzer logs the anomalies it found since it last did.
+const NEW_ANOMALIES_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// New anomalies not logged yet: a stale-read storm finds thousands a minute, and a log line
+/// each (kept at debug level) would bury everything else the service logs. At info level the
+/// live analyzer says how many it found, and their ids, at most once per interval (the first
+/// right away).
+#[derive(Debug)]
+struct NewAnomalies {
+    count: u64,
+    first_id: i64,
+    last_id: i64,
+    /// When the last line was logged; `None` before the first.
+    logged_at: Option<Instant>,
+}
+
+impl Default for NewAnomalies {
+    fn default() -> Self {
+        NewAnomalies { count: 0, first_id: i64::MAX, last_id: i64::MIN, logged_at: None }
+    }
+}
+
+impl NewAnomalies {
+    fn add(&mut self, id: i64) {
+        self.count += 1;
+        self.first_id = self.first_id.min(id);
+        self.last_id = self.last_id.max(id);
+    }
+
+    /// Logs what was found and starts counting again, unless nothing was, or the last line
+    /// is younger than `interval`.
+    fn log_every(&mut self, interval: Duration) {
+        if self.count == 0 || self.logged_at.is_some_and(|at| at.elapsed() < interval) {
+            return;
+        }
+        tracing::info!(new = self.count, first_id = self.first_id, last_id = self.last_id, "new anomalies");
+        *self = NewAnomalies { logged_at: Some(Instant::now()), ..NewAnomalies::default() };
+    }
 }
 
 /// The wall clock in Unix nanoseconds.
 pub fn now_unix_nano() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_anomalies_are_logged_at_once_then_at_most_once_per_interval() {
+        let mut found = NewAnomalies::default();
+        found.log_every(Duration::from_secs(3600));
+        assert!(found.logged_at.is_none(), "nothing found, nothing logged");
+        found.add(7);
+        found.add(5);
+        assert_eq!((found.count, found.first_id, found.last_id), (2, 5, 7));
+        // The first line right away.
+        found.log_every(Duration::from_secs(3600));
+        assert_eq!(found.count, 0, "logged and counting again");
+        assert!(found.logged_at.is_some());
+        // The next waits for the interval.
+        found.add(8);
+        found.log_every(Duration::from_secs(3600));
+        assert_eq!((found.count, found.first_id, found.last_id), (1, 8, 8), "held until the interval passes");
+        found.log_every(Duration::ZERO);
+        assert_eq!(found.count, 0);
+    }
 }

@@ -8,6 +8,7 @@
 //! reaches SQL is bound, never spliced into the statement text.
 
 mod anomaly_query;
+mod cluster_latest;
 mod coordination;
 mod error;
 mod postgres;
@@ -472,6 +473,11 @@ pub trait Store: Send + Sync + 'static {
     /// dashboards put the end of their default range, so that data from the past (an imported
     /// capture, a paused simulator) is shown rather than an empty "now". Two index look-ups.
     async fn latest_time(&self) -> Result<Option<UnixNanos>>;
+
+    /// The latest time `cluster` (`None`: telemetry naming no cluster) sent anything: the
+    /// latest start of its spans, time of its samples or time of its log lines; `None` when
+    /// it sent none. Index seeks only: one per namespace of its spans and one per series.
+    async fn cluster_latest_time(&self, cluster: Option<&str>) -> Result<Option<UnixNanos>>;
 
     /// Every (cluster, namespace, node) some metric series names, sorted: what discovery lists
     /// as clusters, namespaces and nodes. Read from the series table (one row per series).

@@ -932,6 +932,12 @@ impl Store for PgStore {
         Ok(spans.max(samples))
     }
 
+    async fn cluster_latest_time(&self, cluster: Option<&str>) -> Result<Option<UnixNanos>> {
+        let (latest,): (Option<i64>,) =
+            crate::cluster_latest::query(cluster).build_query_as().fetch_one(&self.pool).await?;
+        Ok(latest)
+    }
+
     async fn stats(&self) -> Result<StoreStats> {
         let (spans, series, samples, logs, anomalies): (i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM series), \

@@ -43,6 +43,7 @@ macro_rules! store_suite {
             case!(retention_removes_what_is_older_than_the_cutoff);
             case!(concurrent_ingests_sharing_series_and_clients_all_commit);
             case!(latest_time_is_the_newest_span_start_or_sample);
+            case!(a_clusters_latest_time_is_its_newest_span_sample_or_log_line);
             case!(discovery_lists_scopes_and_pages_through_clients);
             case!(anomaly_counts_group_what_the_filter_matches);
             case!(series_buckets_reduce_each_slice_of_the_range);
@@ -697,6 +698,61 @@ async fn latest_time_is_the_newest_span_start_or_sample(store: &dyn Store) {
     let late = vec![span(Some("c2"), Component::Client, 3, 3, None, T0 + 20)];
     store.ingest(&IngestBatch { spans: late, ..IngestBatch::default() }).await.expect("span");
     assert_eq!(store.latest_time().await.expect("a later span"), Some(T0 + 20));
+}
+
+async fn a_clusters_latest_time_is_its_newest_span_sample_or_log_line(store: &dyn Store) {
+    assert_eq!(store.cluster_latest_time(Some("prod")).await.expect("empty"), None);
+    assert_eq!(store.cluster_latest_time(None).await.expect("empty"), None);
+    let in_scope = |cluster: Option<&str>, namespace: Option<&str>, id: u8, start: i64| {
+        let mut span = span(Some("c1"), Component::Client, id, id, None, start);
+        span.resource.cluster = cluster.map(str::to_string);
+        span.call.namespace = namespace.map(str::to_string);
+        span
+    };
+    // The newest span of `prod` is in the middle one of its namespaces (each is looked at).
+    let spans = vec![
+        in_scope(Some("prod"), Some("ns1"), 1, T0 + 5),
+        in_scope(Some("prod"), Some("ns2"), 2, T0 + 30),
+        in_scope(Some("prod"), Some("ns3"), 3, T0 + 7),
+        in_scope(Some("prod"), None, 4, T0 + 12),
+        in_scope(Some("test"), Some("ns1"), 5, T0 + 100),
+        in_scope(None, Some("ns1"), 6, T0 + 3),
+    ];
+    store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("spans");
+    assert_eq!(store.cluster_latest_time(Some("prod")).await.expect("spans"), Some(T0 + 30));
+    assert_eq!(store.cluster_latest_time(Some("test")).await.expect("spans"), Some(T0 + 100));
+    assert_eq!(store.cluster_latest_time(None).await.expect("spans"), Some(T0 + 3));
+    assert_eq!(store.cluster_latest_time(Some("nope")).await.expect("spans"), None);
+    // A namespace-less span alone counts too.
+    let late = vec![in_scope(Some("prod"), None, 7, T0 + 40)];
+    store.ingest(&IngestBatch { spans: late, ..IngestBatch::default() }).await.expect("span");
+    assert_eq!(store.cluster_latest_time(Some("prod")).await.expect("spans"), Some(T0 + 40));
+    // Then a sample of one of its series, and of a series naming no cluster.
+    let samples = vec![
+        sample(
+            "m",
+            &[("lagscope.cluster", "prod"), ("lagscope.node.id", "n1")],
+            T0 + 50,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample(
+            "m",
+            &[("lagscope.cluster", "prod"), ("lagscope.node.id", "n2")],
+            T0 + 45,
+            PointValue::Number(1.0),
+            MetricKind::Gauge,
+        ),
+        sample("m", &[], T0 + 60, PointValue::Number(1.0), MetricKind::Gauge),
+    ];
+    store.ingest(&IngestBatch { samples, ..IngestBatch::default() }).await.expect("samples");
+    assert_eq!(store.cluster_latest_time(Some("prod")).await.expect("samples"), Some(T0 + 50));
+    assert_eq!(store.cluster_latest_time(None).await.expect("samples"), Some(T0 + 60));
+    assert_eq!(store.cluster_latest_time(Some("test")).await.expect("samples"), Some(T0 + 100));
+    // Then a log line of it (`log` names cluster `prod`).
+    store.ingest(&IngestBatch { logs: vec![log(T0 + 70, "a line")], ..IngestBatch::default() }).await.expect("log");
+    assert_eq!(store.cluster_latest_time(Some("prod")).await.expect("logs"), Some(T0 + 70));
+    assert_eq!(store.cluster_latest_time(Some("test")).await.expect("logs"), Some(T0 + 100));
 }
 
 async fn discovery_lists_scopes_and_pages_through_clients(store: &dyn Store) {

@@ -41,10 +41,12 @@ impl Params {
             .map(|(key, value)| (key.into_owned(), value.into_owned()))
             .collect();
         if let Some((key, _)) = pairs.iter().find(|(key, _)| !known.contains(&key.as_str())) {
-            return Err(ApiError::BadRequest(format!(
-                "unknown parameter {key:?} (this endpoint takes: {})",
-                known.join(", ")
-            )));
+            let takes = if known.is_empty() {
+                "this endpoint takes no parameters".to_owned()
+            } else {
+                format!("this endpoint takes: {}", known.join(", "))
+            };
+            return Err(ApiError::BadRequest(format!("unknown parameter {key:?} ({takes})")));
         }
         Ok(Self(pairs))
     }
@@ -355,6 +357,9 @@ mod tests {
         assert_eq!(params.all("match[]").collect::<Vec<_>>(), vec!["a=b", "c=d"]);
         let error = Params::parse(Some("nmae=m".to_string()), &["name"]).err().expect("unknown");
         assert!(error.to_string().contains("nmae"), "{error}");
+        assert!(error.to_string().contains("takes: name"), "{error}");
+        let none = Params::parse(Some("limit=5".to_string()), &[]).err().expect("takes none");
+        assert!(none.to_string().contains("takes no parameters"), "{none}");
         let twice = Params::parse(Some("name=a&name=b".to_string()), &["name"]).expect("parses");
         assert!(twice.one("name").is_err());
         let link = Params::parse(Some("limit=2&after=x".to_string()), &["limit", "after"])

@@ -16,8 +16,13 @@ use super::panels::{self, PanelView};
 use super::{Cell, PageRange, RangeParams, Table, UiState, client_link, duration_text, encode_path, time_text};
 use crate::ApiError;
 
-/// Anomalies the overview reads at most (open ones, and those of the range).
-const OVERVIEW_ANOMALIES: u32 = 1000;
+/// Anomalies of each kind the overview reads at most from its range (the newest): a storm of
+/// one kind (thousands of stale reads a minute) cannot push the other kinds, and the clusters
+/// they name, off the page.
+const OVERVIEW_PER_KIND: u32 = 1000;
+/// A cluster with open anomalies whose telemetry stops this long before the store's newest
+/// is called silent on the overview.
+const SILENT_AFTER: i64 = 5 * 60 * 1_000_000_000;
 /// Alert messages the overview reads (newest first), and lists.
 const OVERVIEW_ALERT_MESSAGES: u32 = 200;
 const OVERVIEW_ALERTS_LISTED: usize = 10;
@@ -40,8 +45,29 @@ fn query_params<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiErro
 struct KindRow {
     kind: String,
     open: usize,
+    /// Counted from the newest `OVERVIEW_PER_KIND` of the kind in range.
     in_range: usize,
     critical: usize,
+    /// The kind had more in range than the page read: its counts are lower bounds.
+    cut: bool,
+}
+
+/// A cluster's anomalies as the overview counts them.
+#[derive(Debug)]
+struct ClusterCount {
+    /// As stored (`None`: anomalies naming no cluster, shown as `-`); set when it has open ones.
+    cluster: Option<String>,
+    open: usize,
+    in_range: usize,
+    worst: Severity,
+    /// Some of its in-range anomalies are of a kind the page cut.
+    cut: bool,
+}
+
+impl Default for ClusterCount {
+    fn default() -> Self {
+        ClusterCount { cluster: None, open: 0, in_range: 0, worst: Severity::Info, cut: false }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -50,6 +76,10 @@ struct ClusterRow {
     status: &'static str,
     open: usize,
     in_range: usize,
+    cut: bool,
+    /// How long before the newest data of the store this cluster, which has open anomalies,
+    /// last sent anything (when at least `SILENT_AFTER`).
+    silent: Option<String>,
 }
 
 pub async fn overview(State(state): State<UiState>, query: Result<Query<RangeParams>, QueryRejection>) -> Response {
@@ -63,8 +93,8 @@ async fn overview_page(
     let params = query_params(query)?;
     let range = PageRange::resolve(state.store.as_ref(), &params).await?;
     // The open ones counted in the store (through the index of open anomalies, no evidence
-    // read). The range's counted from the newest OVERVIEW_ANOMALIES of it (counting every
-    // anomaly of a long range would scan them all); the page says when it cut.
+    // read). The range's counted from the newest OVERVIEW_PER_KIND of each kind (counting every
+    // anomaly of a long range would scan them all); the page names the kinds it cut.
     let in_range_filter = AnomalyFilter {
         since: Some(range.from),
         until: Some(range.to),
@@ -73,44 +103,79 @@ async fn overview_page(
     };
     let open_counts =
         state.store.anomaly_counts(&AnomalyFilter { open: Some(true), ..AnomalyFilter::default() }).await?;
-    let recent = state.store.anomalies(&AnomalyFilter { limit: OVERVIEW_ANOMALIES, ..in_range_filter }).await?;
+    // Each kind's read on its own connection where the pool has one free.
+    let of_each_kind = futures::future::try_join_all(AnomalyKind::ALL.iter().map(|&kind| {
+        let filter = AnomalyFilter { kind: Some(kind), limit: OVERVIEW_PER_KIND, ..in_range_filter.clone() };
+        async move { state.store.anomalies(&filter).await }
+    }))
+    .await?;
+    let mut recent = Vec::new();
+    let mut cut_kinds = Vec::new();
+    for (&kind, of_kind) in AnomalyKind::ALL.iter().zip(of_each_kind) {
+        if of_kind.len() >= OVERVIEW_PER_KIND as usize {
+            cut_kinds.push(kind);
+        }
+        recent.extend(of_kind);
+    }
+    // Newest first, as one list would have them.
+    recent.sort_unstable_by_key(|stored| std::cmp::Reverse(stored.id));
     let mut kinds: BTreeMap<String, KindRow> = BTreeMap::new();
-    let mut clusters: BTreeMap<String, (usize, usize, Severity)> = BTreeMap::new();
+    let mut clusters: BTreeMap<String, ClusterCount> = BTreeMap::new();
     let cluster_name = |cluster: &Option<String>| cluster.clone().unwrap_or_else(|| "-".to_string());
     let mut open_total = 0;
     for count in &open_counts {
         let n = count.count as usize;
         open_total += n;
         kinds.entry(count.kind.clone()).or_default().open += n;
-        let entry = clusters.entry(cluster_name(&count.cluster)).or_insert((0, 0, Severity::Info));
-        entry.0 += n;
-        entry.2 = entry.2.max(Severity::parse(&count.severity).unwrap_or(Severity::Info));
+        let entry = clusters.entry(cluster_name(&count.cluster)).or_default();
+        entry.cluster = count.cluster.clone();
+        entry.open += n;
+        entry.worst = entry.worst.max(Severity::parse(&count.severity).unwrap_or(Severity::Info));
     }
     let range_total = recent.len();
     for stored in &recent {
-        let row = kinds.entry(stored.anomaly.kind.as_str().to_string()).or_default();
+        let anomaly = &stored.anomaly;
+        let cut = cut_kinds.contains(&anomaly.kind);
+        let row = kinds.entry(anomaly.kind.as_str().to_string()).or_default();
         row.in_range += 1;
-        if stored.anomaly.severity == Severity::Critical {
+        row.cut |= cut;
+        if anomaly.severity == Severity::Critical {
             row.critical += 1;
         }
-        clusters.entry(cluster_name(&stored.anomaly.cluster)).or_insert((0, 0, Severity::Info)).1 += 1;
+        let entry = clusters.entry(cluster_name(&anomaly.cluster)).or_default();
+        entry.in_range += 1;
+        entry.cut |= cut;
     }
     for (kind, row) in &mut kinds {
         row.kind = kind.clone();
     }
-    let clusters: Vec<ClusterRow> = clusters
-        .into_iter()
-        .map(|(cluster, (open, in_range, worst))| ClusterRow {
+    // A cluster with open windows that has sent nothing for a while: they are judged by its
+    // own telemetry, so they stay open until it sends again (or its pipeline is fixed).
+    let latest = state.store.latest_time().await?;
+    let mut rows = Vec::with_capacity(clusters.len());
+    for (cluster, count) in clusters {
+        let mut silent = None;
+        if count.open > 0
+            && let Some(latest) = latest
+            && let Some(own) = state.store.cluster_latest_time(count.cluster.as_deref()).await?
+            && latest - own >= SILENT_AFTER
+        {
+            silent = Some(duration_text(latest - own));
+        }
+        rows.push(ClusterRow {
             cluster,
-            status: match (open, worst) {
+            status: match (count.open, count.worst) {
                 (0, _) => "ok",
                 (_, Severity::Critical) => "critical",
                 _ => "warning",
             },
-            open,
-            in_range,
-        })
-        .collect();
+            open: count.open,
+            in_range: count.in_range,
+            cut: count.cut,
+            silent,
+        });
+    }
+    let clusters = rows;
     let open = state
         .store
         .anomalies(&AnomalyFilter {
@@ -122,7 +187,6 @@ async fn overview_page(
         .await?;
     let by_start = panels::by_start(&recent[..recent.len().min(OVERVIEW_LISTED)]);
     let open_table = panels::anomaly_table(&panels::by_start(&open));
-    let latest = state.store.latest_time().await?;
     let metrics = &state.metrics;
     let queue_bytes = metrics.ingest_queue_bytes.get();
     let queue_capacity = metrics.ingest_queue_capacity_bytes.get().max(1);
@@ -195,7 +259,8 @@ async fn overview_page(
         recent_table => panels::anomaly_table(&by_start),
         recent_count => range_total,
         recent_cut => range_total > by_start.len(),
-        range_cut => range_total >= OVERVIEW_ANOMALIES as usize,
+        cut_kinds => cut_kinds.iter().map(|kind| kind.as_str()).collect::<Vec<_>>(),
+        per_kind => OVERVIEW_PER_KIND,
         ingest => ingest,
         scrapes => scrapes,
         alerts => alerts,
