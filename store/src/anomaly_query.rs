@@ -105,3 +105,49 @@ where
     query.push(" GROUP BY kind, cluster, severity, open ORDER BY kind, cluster, severity, open");
     query
 }
+
+/// Which anomalies of a kind in a range `Store::newest_of_kind` reads (one part at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangePart {
+    /// Those that end inside the range, latest end first: the `(kind, end, start)` index read
+    /// backwards from the range's end, the scan stopping at the limit.
+    EndingWithin,
+    /// Those that end at or after the range's end and start before it (windows across it).
+    Across,
+}
+
+/// Up to `limit` anomalies of `kind` of one part of `range`, without evidence, newest id first.
+pub(crate) fn newest_of_kind<DB>(
+    kind: lagscope_model::AnomalyKind,
+    range: crate::TimeRange,
+    part: RangePart,
+    limit: u32,
+) -> QueryBuilder<DB>
+where
+    DB: Database,
+    <DB as Database>::Arguments: Default,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+{
+    let filter = AnomalyFilter { skip_evidence: true, ..AnomalyFilter::default() };
+    let mut query = QueryBuilder::new(format!(
+        "SELECT {} FROM anomalies WHERE id IN (SELECT id FROM anomalies WHERE kind = ",
+        columns(&filter)
+    ));
+    query.push_bind(kind.as_str().to_string());
+    match part {
+        RangePart::EndingWithin => {
+            query.push(" AND end_unix_nano >= ").push_bind(range.from);
+            query.push(" AND end_unix_nano < ").push_bind(range.to);
+            query.push(" AND start_unix_nano < ").push_bind(range.to);
+            query.push(" ORDER BY end_unix_nano DESC");
+        }
+        RangePart::Across => {
+            query.push(" AND end_unix_nano >= ").push_bind(range.to.max(range.from));
+            query.push(" AND start_unix_nano < ").push_bind(range.to);
+        }
+    }
+    query.push(" LIMIT ").push_bind(i64::from(limit));
+    query.push(") ORDER BY id DESC");
+    query
+}

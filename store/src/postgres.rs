@@ -521,6 +521,20 @@ impl Store for PgStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
+    async fn newest_of_kind_part(
+        &self,
+        kind: lagscope_model::AnomalyKind,
+        range: TimeRange,
+        part: crate::RangePart,
+        limit: u32,
+    ) -> Result<Vec<StoredAnomaly>> {
+        let rows: Vec<AnomalyRow> = crate::anomaly_query::newest_of_kind(kind, range, part, limit)
+            .build_query_as()
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(AnomalyRow::into_stored).collect()
+    }
+
     async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>> {
         let row: Option<AnomalyRow> =
             sqlx::query_as("SELECT * FROM anomalies WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;

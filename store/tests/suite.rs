@@ -37,6 +37,7 @@ macro_rules! store_suite {
             case!(series_range_matches_labels_and_time);
             case!(scope_and_cluster_samples_take_their_series_and_window);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
+            case!(the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end);
             case!(logs_round_trip_in_time_order);
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
             case!(range_reads_filter_scope_time_and_limit);
@@ -629,6 +630,47 @@ fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {
         open: false,
         fingerprint: fingerprint.to_string(),
     }
+}
+
+async fn the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end(store: &dyn Store) {
+    let range = TimeRange { from: T0 + 100 * SECOND, to: T0 + 200 * SECOND };
+    let at = |fingerprint: &str, kind: AnomalyKind, start: i64, end: i64| Anomaly {
+        kind,
+        start_unix_nano: T0 + start * SECOND,
+        end_unix_nano: T0 + end * SECOND,
+        ..anomaly(fingerprint, "c1", 0)
+    };
+    // Inserted in an order unlike their ends: ids do not decide which are newest.
+    let anomalies = vec![
+        at("late-read", AnomalyKind::StaleRead, 190, 191),
+        at("before", AnomalyKind::StaleRead, 50, 60),
+        at("early-read", AnomalyKind::StaleRead, 110, 111),
+        at("after", AnomalyKind::StaleRead, 250, 251),
+        at("across-start", AnomalyKind::StaleRead, 90, 120),
+        at("mid-read", AnomalyKind::StaleRead, 150, 151),
+        at("across-end", AnomalyKind::StaleRead, 195, 300),
+        at("other-kind", AnomalyKind::ApplyLag, 150, 160),
+    ];
+    store.upsert_anomalies(&anomalies, T0).await.expect("stored");
+    let fingerprints = |listed: Vec<lagscope_store::StoredAnomaly>| {
+        assert!(listed.windows(2).all(|pair| pair[0].id > pair[1].id), "newest id first");
+        assert!(listed.iter().all(|stored| stored.anomaly.evidence.value().is_null()), "no evidence read");
+        let mut names: Vec<String> = listed.into_iter().map(|stored| stored.anomaly.fingerprint).collect();
+        names.sort();
+        names
+    };
+    // Room for all: every one in the range, the window across its end too.
+    let all = store.newest_of_kind(AnomalyKind::StaleRead, range, 10).await.expect("all");
+    assert_eq!(fingerprints(all), ["across-end", "across-start", "early-read", "late-read", "mid-read"]);
+    // Cut: those ending last inside the range (a window across the end is left for room).
+    let cut = store.newest_of_kind(AnomalyKind::StaleRead, range, 2).await.expect("cut");
+    assert_eq!(fingerprints(cut), ["late-read", "mid-read"]);
+    let four = store.newest_of_kind(AnomalyKind::StaleRead, range, 4).await.expect("four");
+    assert_eq!(fingerprints(four), ["across-start", "early-read", "late-read", "mid-read"]);
+    let other = store.newest_of_kind(AnomalyKind::ApplyLag, range, 10).await.expect("other kind");
+    assert_eq!(fingerprints(other), ["other-kind"]);
+    let none = store.newest_of_kind(AnomalyKind::PinnedRetry, range, 10).await.expect("none");
+    assert!(none.is_empty());
 }
 
 async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {

@@ -132,6 +132,7 @@ async fn a_cluster_with_open_windows_that_stopped_sending_is_called_silent() {
     // Both clusters have an open window; `ozone-prod` last sent 9 min 50 s before `hdfs-prod`.
     let mut lag = anomaly(AnomalyKind::ApplyLag, "ozone-prod", BASE, "lag".to_string());
     lag.open = true;
+    lag.severity = Severity::Critical;
     let mut window = anomaly(AnomalyKind::NoNamenodesWindow, "hdfs-prod", BASE + 500 * SECOND, "window".to_string());
     window.open = true;
     // A third cluster went quiet too, with nothing open: nothing to say about it.
@@ -156,6 +157,9 @@ async fn a_cluster_with_open_windows_that_stopped_sending_is_called_silent() {
     assert!(card("ozone-prod").contains("no telemetry for the last 9 min 50 s"), "{}", card("ozone-prod"));
     assert!(!card("hdfs-prod").contains("no telemetry"), "{}", card("hdfs-prod"));
     assert!(!card("es-prod").contains("no telemetry"), "{}", card("es-prod"));
+    // Clusters in trouble first: the critical one, then the warning, then the rest.
+    let at = |cluster: &str| page.find(&format!("<div class=\"card-title\">{cluster}</div>")).expect("a card");
+    assert!(at("ozone-prod") < at("hdfs-prod") && at("hdfs-prod") < at("es-prod"), "cards in order of status");
     // Once it sends again, it is not.
     store
         .ingest(&IngestBatch { samples: vec![sample("ozone-prod", BASE + 590 * SECOND)], ..IngestBatch::default() })

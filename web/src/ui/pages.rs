@@ -95,19 +95,14 @@ async fn overview_page(
     // The open ones counted in the store (through the index of open anomalies, no evidence
     // read). The range's counted from the newest OVERVIEW_PER_KIND of each kind (counting every
     // anomaly of a long range would scan them all); the page names the kinds it cut.
-    let in_range_filter = AnomalyFilter {
-        since: Some(range.from),
-        until: Some(range.to),
-        skip_evidence: true,
-        ..AnomalyFilter::default()
-    };
     let open_counts =
         state.store.anomaly_counts(&AnomalyFilter { open: Some(true), ..AnomalyFilter::default() }).await?;
-    // Each kind's read on its own connection where the pool has one free.
-    let of_each_kind = futures::future::try_join_all(AnomalyKind::ALL.iter().map(|&kind| {
-        let filter = AnomalyFilter { kind: Some(kind), limit: OVERVIEW_PER_KIND, ..in_range_filter.clone() };
-        async move { state.store.anomalies(&filter).await }
-    }))
+    // Each kind's read on its own connection where the pool has one free; each reads at most
+    // OVERVIEW_PER_KIND index entries, however many the range holds.
+    let span = TimeRange { from: range.from, to: range.to };
+    let of_each_kind = futures::future::try_join_all(
+        AnomalyKind::ALL.iter().map(|&kind| state.store.newest_of_kind(kind, span, OVERVIEW_PER_KIND)),
+    )
     .await?;
     let mut recent = Vec::new();
     let mut cut_kinds = Vec::new();
@@ -175,6 +170,12 @@ async fn overview_page(
             silent,
         });
     }
+    // The clusters in trouble first (critical, then warning), each group by name.
+    rows.sort_by_key(|row| match row.status {
+        "critical" => 0,
+        "warning" => 1,
+        _ => 2,
+    });
     let clusters = rows;
     let open = state
         .store
