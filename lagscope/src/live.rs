@@ -483,6 +483,8 @@ async fn record(
     }
     let outcome = store.upsert_anomalies(anomalies, now_unix_nano()).await?;
     metrics.anomalies_new.add(outcome.inserted.len() as u64);
+    metrics.anomalies_changed.add(outcome.updated);
+    metrics.anomalies_unchanged.add(outcome.unchanged);
     for &id in &outcome.inserted {
         tracing::debug!(anomaly_id = id, "new anomaly");
         found.add(id);

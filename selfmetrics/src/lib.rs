@@ -200,6 +200,10 @@ pub struct SelfMetrics {
     pub alert_errors: Counter,
     pub analysis_latency: LatencyHistogram,
     pub anomalies_new: Counter,
+    /// Anomalies stored before, found again changed and written.
+    pub anomalies_changed: Counter,
+    /// Anomalies found again exactly as stored, not written.
+    pub anomalies_unchanged: Counter,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -230,7 +234,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 26] = [
+        let counters: [(&str, &str, &Counter); 28] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -258,6 +262,16 @@ impl SelfMetrics {
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),
             ("lagscope_anomalies_new_total", "Anomalies reported for the first time.", &self.anomalies_new),
+            (
+                "lagscope_anomalies_changed_total",
+                "Anomalies found again changed (a window grew or closed, new evidence) and written.",
+                &self.anomalies_changed,
+            ),
+            (
+                "lagscope_anomalies_unchanged_total",
+                "Anomalies found again exactly as stored, not written.",
+                &self.anomalies_unchanged,
+            ),
             ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
             ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),
             ("lagscope_alert_retries_total", "Alert deliveries not taken, to be retried.", &self.alert_retries),

@@ -136,7 +136,11 @@ impl StoredAnomaly {
 pub struct UpsertOutcome {
     /// Ids of anomalies that were not stored before (new incidents).
     pub inserted: Vec<i64>,
+    /// Anomalies stored before that changed (their window grew, their evidence or summary
+    /// changed): written, with a new `last_seen`.
     pub updated: u64,
+    /// Anomalies found again exactly as stored: not written, `last_seen` kept.
+    pub unchanged: u64,
 }
 
 /// One series with its samples in a time range.
@@ -379,7 +383,11 @@ pub trait Store: Send + Sync + 'static {
     /// The client ids appearing in the given traces (for spans that name no client).
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>>;
 
-    /// Stores anomalies, updating those whose fingerprint is already stored.
+    /// Stores anomalies, updating those whose fingerprint is already stored when they changed
+    /// (a window that grew, another summary, evidence, severity, node or status): the live
+    /// analyzer finds a client's anomalies of the last minutes again on every pass, and a row
+    /// written again unchanged would cost a write and a change in the alerter's feed.
+    /// `last_seen` is therefore when the anomaly last changed.
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome>;
 
     /// Anomalies matching the filter, newest first.

@@ -472,7 +472,8 @@ impl Store for PgStore {
         let mut outcome = UpsertOutcome::default();
         for anomaly in ordered {
             // `first_seen = last_seen` only on the row's first insert: that tells new from known.
-            let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
+            // Found again exactly as stored, the row is not written and returns nothing.
+            let returned: Option<(i64, i64, i64)> = sqlx::query_as(
                 "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
                      node_id, start_unix_nano, end_unix_nano, summary, cause, evidence,
                      first_seen_unix_nano, last_seen_unix_nano, open)
@@ -487,6 +488,14 @@ impl Store for PgStore {
                      evidence = excluded.evidence,
                      open = excluded.open,
                      last_seen_unix_nano = greatest(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
+                 WHERE anomalies.severity IS DISTINCT FROM excluded.severity
+                    OR anomalies.node_id IS DISTINCT FROM excluded.node_id
+                    OR excluded.start_unix_nano < anomalies.start_unix_nano
+                    OR excluded.end_unix_nano > anomalies.end_unix_nano
+                    OR anomalies.summary IS DISTINCT FROM excluded.summary
+                    OR anomalies.cause IS DISTINCT FROM excluded.cause
+                    OR anomalies.open IS DISTINCT FROM excluded.open
+                    OR anomalies.evidence IS DISTINCT FROM excluded.evidence
                  RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
             )
             .bind(&anomaly.fingerprint)
@@ -503,12 +512,12 @@ impl Store for PgStore {
             .bind(copy::text(anomaly.evidence.as_json()))
             .bind(seen_at)
             .bind(anomaly.open)
-            .fetch_one(&mut *transaction)
+            .fetch_optional(&mut *transaction)
             .await?;
-            if first_seen == last_seen {
-                outcome.inserted.push(id);
-            } else {
-                outcome.updated += 1;
+            match returned {
+                Some((id, first_seen, last_seen)) if first_seen == last_seen => outcome.inserted.push(id),
+                Some(_) => outcome.updated += 1,
+                None => outcome.unchanged += 1,
             }
         }
         transaction.commit().await?;

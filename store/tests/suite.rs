@@ -492,9 +492,12 @@ async fn alert_changes_incidents_and_outbox_survive_and_record_delivery(store: &
     assert_eq!(changes.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     let after_a = changes[0].change_key();
     assert_eq!(store.anomaly_changes(after_a, 10).await.expect("after a").len(), 1);
-    // Seen again later: a change again, after b.
-    store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + 2 * SECOND).await.expect("a again");
+    // Found again unchanged: no change. Changed later (its window grew): a change again, after b.
+    store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + 2 * SECOND).await.expect("a unchanged");
     let after_b = changes[1].change_key();
+    assert!(store.anomaly_changes(after_b, 10).await.expect("none").is_empty());
+    let grown = Anomaly { end_unix_nano: T0 + 3 * SECOND, ..anomaly("a", "c1", T0) };
+    store.upsert_anomalies(&[grown], T0 + 2 * SECOND).await.expect("a again");
     let again = store.anomaly_changes(after_b, 10).await.expect("again");
     assert_eq!(again.iter().map(|c| c.anomaly.fingerprint.as_str()).collect::<Vec<_>>(), ["a"]);
     // The keys of a stretch of the feed: after one key, through another, in order, bounded.
@@ -679,9 +682,16 @@ async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {
         .await
         .expect("insert");
     assert_eq!(first.inserted.len(), 2);
+    let stored_at = |fingerprint: &'static str| async move {
+        let all = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("all");
+        let stored = all.into_iter().find(|stored| stored.anomaly.fingerprint == fingerprint).expect("stored");
+        (stored.last_seen_unix_nano, stored.anomaly)
+    };
+    // Found again as it is: not written, last seen kept.
     let again = store.upsert_anomalies(&[anomaly("a", "c1", T0)], T0 + SECOND).await.expect("again");
     assert!(again.inserted.is_empty());
-    assert_eq!(again.updated, 1);
+    assert_eq!((again.updated, again.unchanged), (0, 1));
+    assert_eq!(stored_at("a").await.0, T0);
 
     let all = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("all");
     assert_eq!(all.len(), 2);
@@ -701,6 +711,31 @@ async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {
     let fetched = store.anomaly(all[1].id).await.expect("get").expect("present");
     assert_eq!(fetched.anomaly, anomaly("a", "c1", T0));
     assert!(store.anomaly(9_999).await.expect("get").is_none());
+
+    store.upsert_anomalies(&[anomaly("z", "c3", T0)], T0).await.expect("z");
+    // Each change is written, with a later last seen: a longer window, another summary,
+    // other evidence, a status.
+    let longer = Anomaly { end_unix_nano: T0 + 5 * SECOND, ..anomaly("z", "c3", T0) };
+    let summary = Anomaly { summary: "staler".to_string(), ..longer.clone() };
+    let evidence = Anomaly { evidence: json!({"floor": 121}).into(), ..summary.clone() };
+    let open = Anomaly { open: true, ..evidence.clone() };
+    for (step, changed) in [longer, summary, evidence, open].into_iter().enumerate() {
+        let seen = T0 + (2 + step as i64) * SECOND;
+        let outcome = store.upsert_anomalies(std::slice::from_ref(&changed), seen).await.expect("changed");
+        assert_eq!((outcome.updated, outcome.unchanged), (1, 0), "change {step}");
+        assert_eq!(stored_at("z").await, (seen, changed.clone()), "change {step}");
+    }
+    // A shorter window found later (less of it read) changes nothing: the stored one is kept.
+    let shorter = Anomaly {
+        end_unix_nano: T0 + 2 * SECOND,
+        open: true,
+        summary: "staler".to_string(),
+        evidence: json!({"floor": 121}).into(),
+        ..anomaly("z", "c3", T0)
+    };
+    let outcome = store.upsert_anomalies(&[shorter], T0 + 9 * SECOND).await.expect("shorter");
+    assert_eq!((outcome.updated, outcome.unchanged), (0, 1));
+    assert_eq!(stored_at("z").await.1.end_unix_nano, T0 + 5 * SECOND);
 }
 
 fn log(time: i64, body: &str) -> LogRecord {

@@ -15,7 +15,9 @@ pub(super) async fn upsert(
     let mut outcome = UpsertOutcome::default();
     for anomaly in anomalies {
         // `first_seen = last_seen` only on the row's first insert: that tells new from known.
-        let (id, first_seen, last_seen): (i64, i64, i64) = sqlx::query_as(
+        // Found again exactly as stored (every pass over a client's recent spans finds its
+        // anomalies of the last minutes again), the row is not written and returns nothing.
+        let returned: Option<(i64, i64, i64)> = sqlx::query_as(
             "INSERT INTO anomalies (fingerprint, kind, severity, cluster, namespace, client_id,
                  node_id, start_unix_nano, end_unix_nano, summary, cause, evidence,
                  first_seen_unix_nano, last_seen_unix_nano, open)
@@ -30,6 +32,14 @@ pub(super) async fn upsert(
                  evidence = excluded.evidence,
                  open = excluded.open,
                  last_seen_unix_nano = max(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
+             WHERE anomalies.severity IS NOT excluded.severity
+                OR anomalies.node_id IS NOT excluded.node_id
+                OR excluded.start_unix_nano < anomalies.start_unix_nano
+                OR excluded.end_unix_nano > anomalies.end_unix_nano
+                OR anomalies.summary IS NOT excluded.summary
+                OR anomalies.cause IS NOT excluded.cause
+                OR anomalies.open IS NOT excluded.open
+                OR anomalies.evidence IS NOT excluded.evidence
              RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
         )
         .bind(&anomaly.fingerprint)
@@ -47,12 +57,12 @@ pub(super) async fn upsert(
         .bind(seen_at)
         .bind(seen_at)
         .bind(anomaly.open)
-        .fetch_one(&mut **transaction)
+        .fetch_optional(&mut **transaction)
         .await?;
-        if first_seen == last_seen {
-            outcome.inserted.push(id);
-        } else {
-            outcome.updated += 1;
+        match returned {
+            Some((id, first_seen, last_seen)) if first_seen == last_seen => outcome.inserted.push(id),
+            Some(_) => outcome.updated += 1,
+            None => outcome.unchanged += 1,
         }
     }
     Ok(outcome)

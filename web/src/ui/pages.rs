@@ -323,7 +323,7 @@ async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
         ("ended", if anomaly.open { "(still open)".to_string() } else { time_text(anomaly.end_unix_nano) }),
         ("duration", duration_text(anomaly.end_unix_nano - anomaly.start_unix_nano)),
         ("first reported", time_text(stored.first_seen_unix_nano)),
-        ("last reported", time_text(stored.last_seen_unix_nano)),
+        ("last changed", time_text(stored.last_seen_unix_nano)),
         ("fingerprint", anomaly.fingerprint.clone()),
     ];
     let evidence_text =
