@@ -108,7 +108,7 @@ where
 
 /// Which anomalies of a kind in a range `Store::newest_of_kind` reads (one part at a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangePart {
+pub(crate) enum RangePart {
     /// Those that end inside the range, latest end first: the `(kind, end, start)` index read
     /// backwards from the range's end, the scan stopping at the limit.
     EndingWithin,
@@ -150,4 +150,20 @@ where
     query.push(" LIMIT ").push_bind(i64::from(limit));
     query.push(") ORDER BY id DESC");
     query
+}
+
+/// `Store::newest_of_kind` over a backend's `read` of one part of the range (the query of
+/// [`newest_of_kind`]): those ending within it, then, when there is room, those across its end.
+pub(crate) async fn newest_of_kind_in<F, Fut>(limit: u32, mut read: F) -> crate::Result<Vec<crate::StoredAnomaly>>
+where
+    F: FnMut(RangePart, u32) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Vec<crate::StoredAnomaly>>>,
+{
+    let mut newest = read(RangePart::EndingWithin, limit).await?;
+    let room = limit.saturating_sub(newest.len() as u32);
+    if room > 0 {
+        newest.extend(read(RangePart::Across, room).await?);
+        newest.sort_unstable_by_key(|stored| std::cmp::Reverse(stored.id));
+    }
+    Ok(newest)
 }

@@ -8,7 +8,6 @@
 //! reaches SQL is bound, never spliced into the statement text.
 
 mod anomaly_query;
-pub use anomaly_query::RangePart;
 mod cluster_latest;
 mod coordination;
 mod error;
@@ -398,25 +397,7 @@ pub trait Store: Send + Sync + 'static {
     /// latest ending first (an index read backwards that stops at `limit`, however many the
     /// range holds); then, when there is room, those ending after it (windows across its end).
     /// What a page reads to show a range's newest anomalies of each kind.
-    async fn newest_of_kind(&self, kind: AnomalyKind, range: TimeRange, limit: u32) -> Result<Vec<StoredAnomaly>> {
-        let mut newest = self.newest_of_kind_part(kind, range, RangePart::EndingWithin, limit).await?;
-        let room = limit.saturating_sub(newest.len() as u32);
-        if room > 0 {
-            newest.extend(self.newest_of_kind_part(kind, range, RangePart::Across, room).await?);
-            newest.sort_unstable_by_key(|stored| std::cmp::Reverse(stored.id));
-        }
-        Ok(newest)
-    }
-
-    /// One part of [`Store::newest_of_kind`].
-    #[doc(hidden)]
-    async fn newest_of_kind_part(
-        &self,
-        kind: AnomalyKind,
-        range: TimeRange,
-        part: RangePart,
-        limit: u32,
-    ) -> Result<Vec<StoredAnomaly>>;
+    async fn newest_of_kind(&self, kind: AnomalyKind, range: TimeRange, limit: u32) -> Result<Vec<StoredAnomaly>>;
 
     /// One anomaly by id.
     async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>>;

@@ -530,18 +530,20 @@ impl Store for PgStore {
         rows.into_iter().map(AnomalyRow::into_stored).collect()
     }
 
-    async fn newest_of_kind_part(
+    async fn newest_of_kind(
         &self,
         kind: lagscope_model::AnomalyKind,
         range: TimeRange,
-        part: crate::RangePart,
         limit: u32,
     ) -> Result<Vec<StoredAnomaly>> {
-        let rows: Vec<AnomalyRow> = crate::anomaly_query::newest_of_kind(kind, range, part, limit)
-            .build_query_as()
-            .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter().map(AnomalyRow::into_stored).collect()
+        crate::anomaly_query::newest_of_kind_in(limit, |part, limit| async move {
+            let rows: Vec<AnomalyRow> = crate::anomaly_query::newest_of_kind(kind, range, part, limit)
+                .build_query_as()
+                .fetch_all(&self.pool)
+                .await?;
+            rows.into_iter().map(AnomalyRow::into_stored).collect()
+        })
+        .await
     }
 
     async fn anomaly(&self, id: i64) -> Result<Option<StoredAnomaly>> {

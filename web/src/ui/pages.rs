@@ -55,8 +55,6 @@ struct KindRow {
 /// A cluster's anomalies as the overview counts them.
 #[derive(Debug)]
 struct ClusterCount {
-    /// As stored (`None`: anomalies naming no cluster, shown as `-`); set when it has open ones.
-    cluster: Option<String>,
     open: usize,
     in_range: usize,
     worst: Severity,
@@ -66,7 +64,7 @@ struct ClusterCount {
 
 impl Default for ClusterCount {
     fn default() -> Self {
-        ClusterCount { cluster: None, open: 0, in_range: 0, worst: Severity::Info, cut: false }
+        ClusterCount { open: 0, in_range: 0, worst: Severity::Info, cut: false }
     }
 }
 
@@ -115,15 +113,14 @@ async fn overview_page(
     // Newest first, as one list would have them.
     recent.sort_unstable_by_key(|stored| std::cmp::Reverse(stored.id));
     let mut kinds: BTreeMap<String, KindRow> = BTreeMap::new();
-    let mut clusters: BTreeMap<String, ClusterCount> = BTreeMap::new();
-    let cluster_name = |cluster: &Option<String>| cluster.clone().unwrap_or_else(|| "-".to_string());
+    // By cluster as stored (`None`: anomalies naming no cluster, shown as `-`).
+    let mut clusters: BTreeMap<Option<String>, ClusterCount> = BTreeMap::new();
     let mut open_total = 0;
     for count in &open_counts {
         let n = count.count as usize;
         open_total += n;
         kinds.entry(count.kind.clone()).or_default().open += n;
-        let entry = clusters.entry(cluster_name(&count.cluster)).or_default();
-        entry.cluster = count.cluster.clone();
+        let entry = clusters.entry(count.cluster.clone()).or_default();
         entry.open += n;
         entry.worst = entry.worst.max(Severity::parse(&count.severity).unwrap_or(Severity::Info));
     }
@@ -137,7 +134,7 @@ async fn overview_page(
         if anomaly.severity == Severity::Critical {
             row.critical += 1;
         }
-        let entry = clusters.entry(cluster_name(&anomaly.cluster)).or_default();
+        let entry = clusters.entry(anomaly.cluster.clone()).or_default();
         entry.in_range += 1;
         entry.cut |= cut;
     }
@@ -147,18 +144,19 @@ async fn overview_page(
     // A cluster with open windows that has sent nothing for a while: they are judged by its
     // own telemetry, so they stay open until it sends again (or its pipeline is fixed).
     let latest = state.store.latest_time().await?;
-    let mut rows = Vec::with_capacity(clusters.len());
-    for (cluster, count) in clusters {
-        let mut silent = None;
-        if count.open > 0
-            && let Some(latest) = latest
-            && let Some(own) = state.store.cluster_latest_time(count.cluster.as_deref()).await?
-            && latest - own >= SILENT_AFTER
-        {
-            silent = Some(duration_text(latest - own));
+    let own_latest = futures::future::try_join_all(clusters.iter().map(|(cluster, count)| async move {
+        match (count.open, latest) {
+            (0, _) | (_, None) => Ok(None),
+            _ => state.store.cluster_latest_time(cluster.as_deref()).await,
         }
+    }))
+    .await?;
+    let mut rows = Vec::with_capacity(clusters.len());
+    for ((cluster, count), own) in clusters.into_iter().zip(own_latest) {
+        let silent =
+            latest.zip(own).map(|(latest, own)| latest - own).filter(|quiet| *quiet >= SILENT_AFTER).map(duration_text);
         rows.push(ClusterRow {
-            cluster,
+            cluster: cluster.unwrap_or_else(|| "-".to_string()),
             status: match (count.open, count.worst) {
                 (0, _) => "ok",
                 (_, Severity::Critical) => "critical",
