@@ -236,6 +236,11 @@ pub struct LiveConfig {
     pub scope_window_seconds: i64,
     /// The most recent recognised log lines of one cluster a pass reads.
     pub max_logs_per_cluster: u32,
+    /// The most spans the scope passes keep in memory between passes, over all scopes (about
+    /// 2.5 KB each): a held scope's pass reads only what was committed since the last one.
+    /// Scopes beyond it are read in full each pass; 0 holds none. SQLite only (PostgreSQL's
+    /// span ids do not follow commit order).
+    pub scope_cache_spans: usize,
 }
 
 impl Default for LiveConfig {
@@ -245,6 +250,7 @@ impl Default for LiveConfig {
             max_spans_per_scope: 50_000,
             scope_window_seconds: 900,
             max_logs_per_cluster: 50_000,
+            scope_cache_spans: 250_000,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod native_server;
 pub mod output;
 pub mod progress;
 mod retention;
+mod scope_cache;
 pub mod server;
 pub mod sim_cmd;
 mod stored;

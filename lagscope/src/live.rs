@@ -6,6 +6,7 @@
 //! split into shards held under leases ([`lagscope_store::Coordinator`]), and each instance
 //! analyses the marks of its shards, whoever ingested them.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -19,6 +20,7 @@ use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
+use crate::scope_cache::{ScopeCache, Source};
 
 /// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
 /// and lease changes are looked at again soon.
@@ -41,6 +43,7 @@ pub async fn run_live_analyzer(
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
+    let mut cache = ScopeCache::new(config.live.scope_cache_spans);
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -53,8 +56,14 @@ pub async fn run_live_analyzer(
         };
         let started = Instant::now();
         let through_batch = pending.through_batch;
-        let outcome =
-            analysis_pass(store.as_ref(), &metrics, &config, (&mut rollups, &mut lines, &mut found), pending).await;
+        let outcome = analysis_pass(
+            store.as_ref(),
+            &metrics,
+            &config,
+            (&mut rollups, &mut lines, &mut found, &mut cache),
+            pending,
+        )
+        .await;
         found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
         match outcome {
             Ok(()) => metrics.analysis_passes.add(1),
@@ -156,6 +165,7 @@ async fn analyze_marks(
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
+    let mut cache = ScopeCache::new(config.live.scope_cache_spans);
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -167,7 +177,7 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, (&mut rollups, &mut lines, &mut found), pass).await?;
+            analysis_pass(store, metrics, config, (&mut rollups, &mut lines, &mut found, &mut cache), pass).await?;
             found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
@@ -310,10 +320,12 @@ async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    (rollups, lines, found): (&mut WrittenRollups, &mut RecognisedLines, &mut NewAnomalies),
+    (rollups, lines, found, cache): (&mut WrittenRollups, &mut RecognisedLines, &mut NewAnomalies, &mut ScopeCache),
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
+    let mut times = PassTimes::default();
+    let mut lap = Instant::now();
     // The recognised lines of each cluster with new log records: they name the scopes to look
     // at again, and replace what the passes remember of the cluster's lines. (Passes of
     // clusters without new logs read none from the store: reading a busy cluster's logs on
@@ -336,9 +348,14 @@ async fn analysis_pass(
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
+    times.logs_and_traces += lap.elapsed();
+    let client_count = clients.len();
     for client_id in clients {
+        lap = Instant::now();
         let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
         let probes = client_probes(store, &spans, &client_id).await?;
+        times.client_reads += lap.elapsed();
+        lap = Instant::now();
         let mut input = AnalysisInput::from_telemetry(&spans, probes, config.analyzer.stream.horizon());
         // The client's own lines (a client that logs its switches is judged by them).
         input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
@@ -348,31 +365,57 @@ async fn analysis_pass(
             .into_iter()
             .filter(|anomaly| anomaly.client_id.as_deref() == Some(client_id.as_str()))
             .collect();
+        times.client_analysis += lap.elapsed();
+        lap = Instant::now();
         record(store, metrics, found, &anomalies).await?;
+        times.writes += lap.elapsed();
     }
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
     // (The clusters of these scopes get the per-cluster pass below.)
     let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
+    let limit = config.live.max_spans_per_scope;
+    // What the span retention has cut (or is about to): held spans go with it.
+    let kept_from = config.retention.durations().ok().and_then(|[spans, ..]| spans).map(|keep| now_unix_nano() - keep);
+    let scope_count = scopes.len();
     for (cluster, namespace) in scopes {
+        lap = Instant::now();
         // The samples first: what is committed meanwhile adds to the spans, and metrics read
         // after the spans would run ahead of them and close a window whose spans are still
         // arriving (the window ends where its cluster's telemetry has moved past it).
         let samples = store
             .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
             .await?;
-        let spans = store
-            .scope_spans(cluster.as_deref(), namespace.as_deref(), TimeRange::ALL, config.live.max_spans_per_scope)
-            .await?;
+        // From the scope cache where the store can say what was committed since it last
+        // looked (SQLite), brought up to date now, after the samples.
+        let scope = (cluster, namespace);
+        let (spans, source) = match store.span_feed() {
+            Some(feed) => {
+                let now = Instant::now();
+                cache.catch_up(feed, limit, kept_from, now).await?;
+                cache.spans(feed, &scope, limit, kept_from, now).await?
+            }
+            None => {
+                let spans = store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
+                (Cow::Owned(spans), Source::Store)
+            }
+        };
+        match source {
+            Source::Cached => metrics.scope_reads_cached.add(1),
+            Source::Store => metrics.scope_reads_full.add(1),
+        }
+        let (cluster, namespace) = &scope;
+        times.scope_reads += lap.elapsed();
+        lap = Instant::now();
         let mut input = AnalysisInput::from_telemetry(&spans, samples, config.analyzer.stream.horizon());
         input.log_events = events_by_cluster
-            .get(&cluster)
+            .get(cluster)
             .map(|events| {
                 // The namespace's lines, and every evidence line of the cluster (matched to
                 // anomalies by node and shard when attached).
                 events
                     .iter()
-                    .filter(|event| event.namespace == namespace || event.kind.is_evidence())
+                    .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
                     .cloned()
                     .collect()
             })
@@ -385,10 +428,12 @@ async fn analysis_pass(
                     || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
             })
             .collect();
+        times.scope_analysis += lap.elapsed();
+        lap = Instant::now();
         record(store, metrics, found, &anomalies).await?;
         // The staleness of the scope's reads per node and minute, for the pages. When the read
         // limit cut the scope's oldest spans, their first minute is partial: left as written.
-        let complete_from = if spans.len() >= config.live.max_spans_per_scope as usize {
+        let complete_from = if spans.len() >= limit as usize {
             spans
                 .iter()
                 .map(|span| span.start_unix_nano)
@@ -397,9 +442,13 @@ async fn analysis_pass(
         } else {
             i64::MIN
         };
-        rollups.write(store, (cluster, namespace), &input, complete_from).await?;
+        drop(spans);
+        rollups.write(store, scope, &input, complete_from).await?;
+        times.writes += lap.elapsed();
     }
+    metrics.scope_spans_cached.set(cache.held() as u64);
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
+    lap = Instant::now();
     for cluster in clusters {
         let window = config.live.scope_window_seconds * 1_000_000_000;
         let samples = store.cluster_samples(cluster.as_deref(), CLUSTER_METRICS, window).await?;
@@ -410,7 +459,38 @@ async fn analysis_pass(
         let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
         record(store, metrics, found, &anomalies).await?;
     }
+    times.clusters += lap.elapsed();
+    tracing::debug!(
+        clients = client_count,
+        scopes = scope_count,
+        scope_spans_held = cache.held(),
+        logs_and_traces_ms = times.logs_and_traces.as_millis(),
+        client_reads_ms = times.client_reads.as_millis(),
+        client_analysis_ms = times.client_analysis.as_millis(),
+        scope_reads_ms = times.scope_reads.as_millis(),
+        scope_analysis_ms = times.scope_analysis.as_millis(),
+        writes_ms = times.writes.as_millis(),
+        clusters_ms = times.clusters.as_millis(),
+        "analysis pass"
+    );
     Ok(())
+}
+
+/// Where a pass's time went, for its debug line (`LAGSCOPE_LOG=lagscope::live=debug`).
+#[derive(Default)]
+struct PassTimes {
+    /// Reading new log lines, and the clients of hop-only traces.
+    logs_and_traces: Duration,
+    /// Reading each client's spans (with their traces) and probe verdicts.
+    client_reads: Duration,
+    client_analysis: Duration,
+    /// Reading each scope's samples and spans (held or not).
+    scope_reads: Duration,
+    scope_analysis: Duration,
+    /// Storing anomalies and read rollups.
+    writes: Duration,
+    /// The per-cluster pass.
+    clusters: Duration,
 }
 
 /// Kinds found once per (cluster, namespace) from every client's spans and the scope's

@@ -204,6 +204,12 @@ pub struct SelfMetrics {
     pub anomalies_changed: Counter,
     /// Anomalies found again exactly as stored, not written.
     pub anomalies_unchanged: Counter,
+    /// Scope passes that took their scope's spans from the live analyzer's scope cache, and
+    /// those that read them from the store in full.
+    pub scope_reads_cached: Counter,
+    pub scope_reads_full: Counter,
+    /// Spans the live analyzer's scope cache holds.
+    pub scope_spans_cached: Gauge,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -234,7 +240,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 28] = [
+        let counters: [(&str, &str, &Counter); 30] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -271,6 +277,16 @@ impl SelfMetrics {
                 "lagscope_anomalies_unchanged_total",
                 "Anomalies found again exactly as stored, not written.",
                 &self.anomalies_unchanged,
+            ),
+            (
+                "lagscope_analysis_scope_reads_cached_total",
+                "Scope passes that took their scope's spans from the live analyzer's scope cache.",
+                &self.scope_reads_cached,
+            ),
+            (
+                "lagscope_analysis_scope_reads_full_total",
+                "Scope passes that read their scope's spans from the store in full.",
+                &self.scope_reads_full,
             ),
             ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
             ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),
@@ -341,6 +357,11 @@ impl SelfMetrics {
                 "lagscope_ingest_queue_capacity_bytes",
                 "The ingest queue's size in bytes.",
                 &self.ingest_queue_capacity_bytes,
+            ),
+            (
+                "lagscope_analysis_scope_spans_cached",
+                "Spans the live analyzer's scope cache holds (live.scope_cache_spans at most).",
+                &self.scope_spans_cached,
             ),
             (
                 "lagscope_cluster_shards_held",

@@ -512,6 +512,12 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Spans in the order they were committed, where the backend can tell that order
+    /// (SQLite); `None` otherwise (PostgreSQL).
+    fn span_feed(&self) -> Option<&dyn SpanFeed> {
+        None
+    }
+
     /// How many ingest transactions the committer may have in flight at once. One for a
     /// single-writer store (SQLite); more where one transaction's COPY can run while another
     /// waits for its WAL flush (PostgreSQL). Concurrent ingests must not deadlock each other:
@@ -519,4 +525,40 @@ pub trait Store: Send + Sync + 'static {
     fn concurrent_ingests(&self) -> usize {
         1
     }
+}
+
+/// Spans in the order they were committed, for a reader that keeps a scope's spans between
+/// reads and adds only what was committed since (the live analyzer's scope passes).
+///
+/// Offered by a store whose span ids grow in commit order and are never handed out again:
+/// SQLite, where one writer commits at a time and retention never deletes the newest span
+/// (SQLite gives a new row the largest id plus one). Not PostgreSQL, where concurrent
+/// transactions take ids from a sequence and may commit in another order, so a reader that
+/// has seen id 10 may later find 9.
+#[async_trait]
+pub trait SpanFeed: Send + Sync {
+    /// The newest span's id (0 for a store without spans). Every span with this id or a lower
+    /// one is committed, and a span committed later has a higher one.
+    async fn latest_span_id(&self) -> Result<i64>;
+
+    /// [`Store::scope_spans`] over all time as of `through` (a [`SpanFeed::latest_span_id`]):
+    /// the newest `limit` spans of (cluster, namespace) among those with ids up to it.
+    async fn scope_spans_through(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>>;
+
+    /// The spans of the given (cluster, namespace) scopes whose ids lie in `after..=through`:
+    /// what those scopes gained between two [`SpanFeed::latest_span_id`]s, ordered by start
+    /// time, at most `limit` (a reader that gets `limit` of them should read the scopes anew).
+    async fn scope_spans_between(
+        &self,
+        scopes: &[(Option<String>, Option<String>)],
+        after: i64,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>>;
 }

@@ -22,8 +22,8 @@ use crate::anomaly_query::Dialect;
 use crate::rows::{AnomalyRow, RollupRow};
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
-    NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store, StoreError,
-    StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
+    NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, SpanFeed, Store,
+    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -438,6 +438,11 @@ impl Store for SqliteStore {
         retention::enforce(&self.writer, cutoffs).await
     }
 
+    /// One writer commits at a time, so ids grow in commit order; retention keeps the newest.
+    fn span_feed(&self) -> Option<&dyn SpanFeed> {
+        Some(self)
+    }
+
     async fn anomaly_counts(&self, filter: &AnomalyFilter) -> Result<Vec<AnomalyCount>> {
         Ok(crate::anomaly_query::counts(Dialect::Sqlite, filter).build_query_as().fetch_all(&self.reader).await?)
     }
@@ -496,6 +501,33 @@ impl Store for SqliteStore {
             logs: logs as u64,
             anomalies: anomalies as u64,
         })
+    }
+}
+
+#[async_trait]
+impl SpanFeed for SqliteStore {
+    async fn latest_span_id(&self) -> Result<i64> {
+        spans::latest_id(&self.reader).await
+    }
+
+    async fn scope_spans_through(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        spans::for_scope_through(&self.reader, cluster, namespace, through, limit).await
+    }
+
+    async fn scope_spans_between(
+        &self,
+        scopes: &[(Option<String>, Option<String>)],
+        after: i64,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        spans::of_scopes_between(&self.reader, scopes, after, through, limit).await
     }
 }
 

@@ -8,7 +8,12 @@ use sqlx::SqlitePool;
 use crate::{RETENTION_BATCH_ROWS, Result, RetentionCutoffs, RetentionReport};
 
 /// (table, the batch's DELETE) per signal; `?1` is the cut-off, `?2` the batch size.
-const SPANS: &str = "DELETE FROM spans WHERE id IN (SELECT id FROM spans WHERE start_unix_nano < ?1 LIMIT ?2)";
+///
+/// The newest span stays, whatever its start: SQLite gives a new row the largest id plus one,
+/// so deleting the largest would hand its id out again, and the span feed
+/// ([`crate::SpanFeed`]) relies on span ids never coming back. It goes once a span follows it.
+const SPANS: &str = "DELETE FROM spans WHERE id IN (
+    SELECT id FROM spans WHERE start_unix_nano < ?1 AND id < (SELECT max(id) FROM spans) LIMIT ?2)";
 const SAMPLES: &str = "DELETE FROM samples WHERE (series_id, time_unix_nano) IN (
     SELECT series_id, time_unix_nano FROM samples WHERE time_unix_nano < ?1 LIMIT ?2)";
 const LOGS: &str = "DELETE FROM logs WHERE id IN (SELECT id FROM logs WHERE time_unix_nano < ?1 LIMIT ?2)";

@@ -210,6 +210,70 @@ const SCOPE_PICK: &str = "picked AS (
         ORDER BY start_unix_nano DESC LIMIT ?5
     )";
 
+/// The newest span's id, 0 for none (the rowid's maximum: one seek).
+pub(super) async fn latest_id(pool: &SqlitePool) -> Result<i64> {
+    let (latest,): (i64,) = sqlx::query_as("SELECT ifnull(max(id), 0) FROM spans").fetch_one(pool).await?;
+    Ok(latest)
+}
+
+/// [`for_scope`] over all time among the spans with ids up to `through`.
+pub(super) async fn for_scope_through(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    through: i64,
+    limit: u32,
+) -> Result<Vec<Span>> {
+    let binds = [
+        Bind::Text(cluster),
+        Bind::Text(namespace),
+        Bind::Int(TimeRange::ALL.from),
+        Bind::Int(TimeRange::ALL.to),
+        Bind::Int(i64::from(limit)),
+        Bind::Int(through),
+    ];
+    spans_picked(pool, SCOPE_PICK_THROUGH, &binds).await
+}
+
+/// [`SCOPE_PICK`] among the spans with ids up to ?6 (the scope index holds the id).
+const SCOPE_PICK_THROUGH: &str = "picked AS (
+        SELECT id FROM spans
+        WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
+          AND id <= ?6
+        ORDER BY start_unix_nano DESC LIMIT ?5
+    )";
+
+/// The spans of `scopes` with ids in `after..=through`, at most `limit` (the oldest ids).
+pub(super) async fn of_scopes_between(
+    pool: &SqlitePool,
+    scopes: &[(Option<String>, Option<String>)],
+    after: i64,
+    through: i64,
+    limit: u32,
+) -> Result<Vec<Span>> {
+    if scopes.is_empty() || after >= through {
+        return Ok(Vec::new());
+    }
+    let scopes = to_json_text(&scopes);
+    let binds = [Bind::Int(after), Bind::Int(through), Bind::Text(Some(&scopes)), Bind::Int(i64::from(limit))];
+    spans_picked(pool, BETWEEN_PICK, &binds).await
+}
+
+/// Picks the spans with ids in ?1 exclusive to ?2 inclusive (a rowid range) of the scopes in ?3,
+/// a JSON array of [cluster, namespace] pairs (either may be null), the lowest ?4 ids.
+const BETWEEN_PICK: &str = "scopes AS (
+        SELECT json_extract(value, '$[0]') AS cluster, json_extract(value, '$[1]') AS namespace
+        FROM json_each(?3)
+    ),
+    picked AS (
+        SELECT id FROM spans
+        WHERE id > ?1 AND id <= ?2
+          AND EXISTS (
+              SELECT 1 FROM scopes WHERE scopes.cluster IS spans.cluster AND scopes.namespace IS spans.namespace
+          )
+        ORDER BY id LIMIT ?4
+    )";
+
 /// Spans in `cluster`/`namespace` (`None` = any) whose start lies in `range`, oldest first,
 /// at most `limit`.
 pub(super) async fn in_range(

@@ -1,0 +1,326 @@
+//! The spans the live analyzer's scope passes read, kept between passes.
+//!
+//! A scope pass needs a (cluster, namespace)'s newest `live.max_spans_per_scope` spans. Read
+//! from the store on every pass, a busy scope's 50 000 spans cost about half a second (SQLite
+//! writing them as JSON, then decoding it), and under sustained load those reads left the
+//! analyzer seconds behind (BENCHMARKS.md, "Under serve --demo"). Here each scope passed
+//! recently is held in memory, and a pass adds what was committed since the last one: one
+//! read of the new spans of every held scope, found by id ([`SpanFeed`]).
+//!
+//! Invariant: every held scope holds exactly what `Store::scope_spans(.., TimeRange::ALL,
+//! limit)` would return as of span id `through` (less what retention has cut since), in the
+//! same order. A span committed after `through` has a higher id ([`SpanFeed`]'s promise), so
+//! the spans with ids in `through..=latest` are exactly what each scope gained.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lagscope_model::Span;
+use lagscope_store::{SpanFeed, StoreError};
+
+/// (cluster, namespace).
+pub type ScopeKey = (Option<String>, Option<String>);
+
+/// A held scope not passed for this long is let go (a scope is passed whenever it gets spans
+/// or samples, so it has gone quiet).
+pub const IDLE_AFTER: Duration = Duration::from_secs(120);
+
+/// What a scope read came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Held, brought up to date by the last catch-up.
+    Cached,
+    /// Read from the store in full (not held before; held from now on when the budget allows).
+    Store,
+}
+
+#[derive(Debug)]
+pub struct ScopeCache {
+    /// The most spans held over all scopes; 0 holds none.
+    budget: usize,
+    scopes: HashMap<ScopeKey, Held>,
+    /// Every held scope is up to date as of this span id.
+    through: i64,
+    /// Spans held over all scopes.
+    held: usize,
+}
+
+#[derive(Debug)]
+struct Held {
+    /// Ordered by start time (spans of one start in id order), at most the pass's limit.
+    spans: Vec<Span>,
+    last_passed: Instant,
+}
+
+impl ScopeCache {
+    pub fn new(budget: usize) -> Self {
+        Self { budget, scopes: HashMap::new(), through: 0, held: 0 }
+    }
+
+    /// Spans held over all scopes.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Brings every held scope up to the store's newest span: reads what they gained since the
+    /// last catch-up (one read for all of them; none when nothing was committed), and keeps
+    /// the newest `limit` of each scope that gained (what is older than `kept_from`, the span
+    /// retention's cut-off, goes too; the store drops it as well). When more was committed
+    /// than the budget (a long stall), every scope is let go and read anew when next passed.
+    /// Scopes not passed for [`IDLE_AFTER`] are let go first.
+    pub async fn catch_up(
+        &mut self,
+        feed: &dyn SpanFeed,
+        limit: u32,
+        kept_from: Option<i64>,
+        now: Instant,
+    ) -> Result<(), StoreError> {
+        self.scopes.retain(|_, held| now.duration_since(held.last_passed) < IDLE_AFTER);
+        let latest = feed.latest_span_id().await?;
+        if latest < self.through {
+            // Ids do not come back (SpanFeed); a store replaced underneath would break that.
+            tracing::warn!(latest, through = self.through, "span ids went back; the scope cache starts again");
+            self.scopes.clear();
+        }
+        if !self.scopes.is_empty() && latest > self.through {
+            let keys: Vec<ScopeKey> = self.scopes.keys().cloned().collect();
+            let budget = u32::try_from(self.budget).unwrap_or(u32::MAX);
+            let gained = feed.scope_spans_between(&keys, self.through, latest, budget).await?;
+            if gained.len() >= self.budget {
+                tracing::info!(
+                    spans = gained.len(),
+                    scopes = keys.len(),
+                    "more spans arrived since the last pass than the scope cache holds; its scopes are read anew"
+                );
+                self.scopes.clear();
+            } else {
+                let mut grown = std::collections::HashSet::new();
+                for span in gained {
+                    let key = (span.resource.cluster.clone(), span.call.namespace.clone());
+                    if let Some(held) = self.scopes.get_mut(&key) {
+                        held.spans.push(span);
+                        grown.insert(key);
+                    }
+                }
+                for key in grown {
+                    if let Some(held) = self.scopes.get_mut(&key) {
+                        held.normalise(limit as usize, kept_from);
+                    }
+                }
+            }
+        }
+        self.through = latest;
+        self.held = self.scopes.values().map(|held| held.spans.len()).sum();
+        self.shed();
+        Ok(())
+    }
+
+    /// The scope's spans as `Store::scope_spans(cluster, namespace, TimeRange::ALL, limit)`
+    /// returns them as of the last catch-up: held, or read and held from now on when the
+    /// budget has room for them.
+    pub async fn spans<'a>(
+        &'a mut self,
+        feed: &dyn SpanFeed,
+        scope: &ScopeKey,
+        limit: u32,
+        kept_from: Option<i64>,
+        now: Instant,
+    ) -> Result<(Cow<'a, [Span]>, Source), StoreError> {
+        if self.scopes.contains_key(scope) {
+            let held = self.scopes.get_mut(scope).expect("held");
+            held.last_passed = now;
+            let before = held.spans.len();
+            held.normalise(limit as usize, kept_from);
+            self.held -= before - held.spans.len();
+            return Ok((Cow::Borrowed(&held.spans), Source::Cached));
+        }
+        let mut spans = feed.scope_spans_through(scope.0.as_deref(), scope.1.as_deref(), self.through, limit).await?;
+        if let Some(kept_from) = kept_from {
+            spans.retain(|span| span.start_unix_nano >= kept_from);
+        }
+        if self.held + spans.len() > self.budget {
+            return Ok((Cow::Owned(spans), Source::Store));
+        }
+        self.held += spans.len();
+        let held = self.scopes.entry(scope.clone()).or_insert(Held { spans, last_passed: now });
+        Ok((Cow::Borrowed(&held.spans), Source::Store))
+    }
+
+    /// Lets scopes go, least recently passed first, until the budget holds the rest.
+    fn shed(&mut self) {
+        while self.held > self.budget {
+            let oldest = self.scopes.iter().min_by_key(|(_, held)| held.last_passed).map(|(key, _)| key.clone());
+            let Some(held) = oldest.and_then(|oldest| self.scopes.remove(&oldest)) else { return };
+            self.held -= held.spans.len();
+        }
+    }
+}
+
+impl Held {
+    /// Orders the spans by start (a stable sort: spans of one start stay in id order, as the
+    /// store orders them, since what was held has lower ids than what was added; a sorted run
+    /// and the few added after it sort in about linear time), then keeps the newest `limit`
+    /// of them that retention has not cut.
+    fn normalise(&mut self, limit: usize, kept_from: Option<i64>) {
+        if !self.spans.is_sorted_by_key(|span| span.start_unix_nano) {
+            self.spans.sort_by_key(|span| span.start_unix_nano);
+        }
+        let cut = self.spans.len().saturating_sub(limit);
+        let retained = kept_from.map_or(0, |from| self.spans.partition_point(|span| span.start_unix_nano < from));
+        self.spans.drain(..cut.max(retained));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_model::{CallFields, ResourceFields, SpanKind};
+    use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
+
+    use super::*;
+
+    fn span(scope: &ScopeKey, id: u64, start: i64) -> Span {
+        Span {
+            trace_id: Some(format!("{id:032x}")),
+            span_id: Some(format!("{id:016x}")),
+            parent_span_id: None,
+            name: "getFileInfo".to_string(),
+            kind: SpanKind::Server,
+            start_unix_nano: start,
+            end_unix_nano: start + 10,
+            status_code: 0,
+            status_message: None,
+            resource: ResourceFields { cluster: scope.0.clone(), ..ResourceFields::default() },
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields { namespace: scope.1.clone(), ..CallFields::default() },
+            attributes: Default::default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    fn scopes() -> [ScopeKey; 3] {
+        [
+            (Some("prod".to_string()), Some("ns1".to_string())),
+            (Some("prod".to_string()), None),
+            (None, Some("ns1".to_string())),
+        ]
+    }
+
+    async fn open() -> (SqliteStore, tempfile::TempDir) {
+        let directory = tempfile::tempdir().expect("temp dir");
+        (SqliteStore::open_dir(directory.path()).await.expect("store"), directory)
+    }
+
+    /// A deterministic stream of numbers (no dependency for one test's randomness).
+    struct Numbers(u64);
+
+    impl Numbers {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % bound
+        }
+    }
+
+    /// Rounds of spans of three scopes, arriving in any order of their starts (late ones of
+    /// the past, ties, spans sent again), between passes: every pass reads what the store
+    /// reads, with budgets that hold every scope, some of them, or none.
+    #[tokio::test]
+    async fn a_held_scope_reads_exactly_what_the_store_reads() {
+        for budget in [1_000, 12, 0] {
+            let (store, _directory) = open().await;
+            let feed = store.span_feed().expect("feed");
+            let mut cache = ScopeCache::new(budget);
+            let mut numbers = Numbers(budget as u64 + 7);
+            let (limit, mut next_id, mut sent) = (10, 1, Vec::new());
+            let mut sources = Vec::new();
+            let now = Instant::now();
+            for round in 0..12 {
+                let mut batch = Vec::new();
+                for _ in 0..numbers.below(9) {
+                    let scope = &scopes()[numbers.below(3) as usize];
+                    // Starts from the past to ahead of the rounds so far; ties are common.
+                    let start = (round * 10 + numbers.below(14) as i64 - 4) * 100;
+                    batch.push(span(scope, next_id, start));
+                    next_id += 1;
+                }
+                if !sent.is_empty() && numbers.below(2) == 0 {
+                    let again: &Span = &sent[numbers.below(sent.len() as u64) as usize];
+                    batch.push(again.clone());
+                }
+                sent.extend(batch.iter().cloned());
+                store.ingest(&IngestBatch { spans: batch, ..IngestBatch::default() }).await.expect("ingest");
+                for scope in scopes().iter().filter(|_| numbers.below(4) != 0) {
+                    cache.catch_up(feed, limit, None, now).await.expect("catch up");
+                    let (spans, source) = cache.spans(feed, scope, limit, None, now).await.expect("spans");
+                    let spans = spans.into_owned();
+                    sources.push(source);
+                    let stored = store
+                        .scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit)
+                        .await
+                        .expect("store");
+                    // The store picks among spans of one start at the cut as it finds them:
+                    // compared by start there, span by span above it.
+                    let cut = stored.first().map_or(i64::MIN, |first| first.start_unix_nano);
+                    let starts = |spans: &[Span]| spans.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>();
+                    assert_eq!(starts(&spans), starts(&stored), "budget {budget}, round {round}, {scope:?}");
+                    let above = |spans: &[Span]| {
+                        spans.iter().filter(|span| span.start_unix_nano > cut).cloned().collect::<Vec<_>>()
+                    };
+                    assert_eq!(above(&spans), above(&stored), "budget {budget}, round {round}, {scope:?}");
+                    assert!(cache.held() <= budget, "held {} of {budget}", cache.held());
+                }
+            }
+            let cached = sources.iter().filter(|source| **source == Source::Cached).count();
+            match budget {
+                0 => assert_eq!(cached, 0),
+                12 => assert!(cached > 0 && cached < sources.len(), "{cached} of {}", sources.len()),
+                _ => assert_eq!(cached, sources.len() - 3, "each scope read from the store once"),
+            }
+        }
+    }
+
+    /// A stall longer than the budget lets every scope go; a scope not passed for a while is
+    /// let go; the retention's cut-off drops what it cuts.
+    #[tokio::test]
+    async fn scopes_are_let_go_after_a_stall_or_when_idle_and_retention_cuts_them() {
+        let (store, _directory) = open().await;
+        let feed = store.span_feed().expect("feed");
+        let [one, two, _] = scopes();
+        let ingest = |spans: Vec<Span>| {
+            let store = &store;
+            async move { store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest") }
+        };
+        ingest((1..=4).map(|id| span(&one, id, id as i64 * 100)).chain([span(&two, 5, 50)]).collect()).await;
+        let mut cache = ScopeCache::new(6);
+        let start = Instant::now();
+        cache.catch_up(feed, 100, None, start).await.expect("catch up");
+        assert_eq!(cache.spans(feed, &one, 100, None, start).await.expect("one").1, Source::Store);
+        assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("two").1, Source::Store);
+        assert_eq!(cache.held(), 5);
+
+        // Seven spans since: more than the budget holds.
+        ingest((6..=12).map(|id| span(&one, id, id as i64 * 100)).collect()).await;
+        cache.catch_up(feed, 100, None, start).await.expect("stall");
+        assert_eq!(cache.held(), 0);
+        let (spans, source) = cache.spans(feed, &one, 100, None, start).await.expect("anew");
+        assert_eq!((spans.len(), source), (11, Source::Store), "over the budget: read, not held");
+        let (spans, source) = cache.spans(feed, &two, 100, None, start).await.expect("two anew");
+        assert_eq!((spans.len(), source), (1, Source::Store));
+        assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("held").1, Source::Cached);
+
+        // Passed again within the idle time: held; not passed for it: let go.
+        let later = start + IDLE_AFTER;
+        cache.catch_up(feed, 100, None, later).await.expect("idle");
+        assert_eq!(cache.spans(feed, &two, 100, None, later).await.expect("let go").1, Source::Store);
+
+        // Retention's cut-off: what starts before it goes, held or read.
+        let (spans, _) = cache.spans(feed, &two, 100, Some(60), later).await.expect("cut");
+        assert!(spans.is_empty());
+        assert_eq!(cache.held(), 0);
+        let (spans, _) = cache.spans(feed, &one, 100, Some(1_050), later).await.expect("cut on read");
+        assert_eq!(spans.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [1_100, 1_200]);
+    }
+}
