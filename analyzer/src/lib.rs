@@ -47,6 +47,13 @@ impl AnalysisInput {
         Self { timelines, samples, log_events: Vec::new() }
     }
 
+    /// [`AnalysisInput::from_telemetry`] of spans held elsewhere (the live analyzer's caches).
+    pub fn from_span_refs(spans: &[&Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
+        let mut timelines = timeline::build_timelines_of(spans, horizon);
+        enrich(&mut timelines, &samples);
+        Self { timelines, samples, log_events: Vec::new() }
+    }
+
     /// Adds the events of the log records that carry one; a line sent again
     /// ([`log_events::LogEvent::identity`]) is taken once.
     pub fn with_logs(mut self, logs: &[lagscope_model::LogRecord]) -> Self {

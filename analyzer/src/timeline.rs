@@ -25,6 +25,12 @@ const MAX_PARENT_HOPS: usize = 32;
 /// repeats ids across runs makes different spans with the same ids, and PostgreSQL keeps
 /// them apart by start.)
 pub fn build_timelines(spans: &[Span], horizon: UnixNanos) -> Vec<ClientTimeline> {
+    let spans: Vec<&Span> = spans.iter().collect();
+    build_timelines_of(&spans, horizon)
+}
+
+/// [`build_timelines`] of spans held elsewhere (the live analyzer's caches keep them boxed).
+pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTimeline> {
     let mut by_id: ById<'_> = HashMap::default();
     by_id.reserve(spans.len());
     let mut seen: HashSet<(&str, &str, UnixNanos)> = HashSet::default();
@@ -40,7 +46,7 @@ pub fn build_timelines(spans: &[Span], horizon: UnixNanos) -> Vec<ClientTimeline
         }
     }
     let client_attempts: Vec<usize> =
-        (0..spans.len()).filter(|index| !repeated[*index] && is_client_attempt(&spans[*index])).collect();
+        (0..spans.len()).filter(|index| !repeated[*index] && is_client_attempt(spans[*index])).collect();
     let hops = attach_hops(spans, &by_id, &repeated, &client_attempts);
 
     // (client, namespace) -> its first attempt span and its calls
@@ -91,7 +97,7 @@ type CallAttempts = BTreeMap<CallKey, Vec<usize>>;
 
 /// The attempts of one call id as the calls they are: in start order, a call per run of
 /// attempts that start within `horizon` of the run's first.
-fn calls_within(spans: &[Span], mut attempt_indexes: Vec<usize>, horizon: UnixNanos) -> Vec<Vec<usize>> {
+fn calls_within(spans: &[&Span], mut attempt_indexes: Vec<usize>, horizon: UnixNanos) -> Vec<Vec<usize>> {
     attempt_indexes.sort_by_key(|index| spans[*index].start_unix_nano);
     let mut calls: Vec<Vec<usize>> = Vec::new();
     for index in attempt_indexes {
@@ -124,7 +130,7 @@ fn is_client_attempt(span: &Span) -> bool {
 /// Spans by (trace id, span id), each taken once (different spans sharing ids: the last).
 type ById<'s> = HashMap<(&'s str, &'s str), usize>;
 
-fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attempts: &[usize]) -> Hops {
+fn attach_hops(spans: &[&Span], by_id: &ById<'_>, repeated: &[bool], client_attempts: &[usize]) -> Hops {
     let mut by_call: HashMap<(&str, &str), Vec<usize>> = HashMap::default();
     for &index in client_attempts {
         let call = &spans[index].call;
@@ -156,7 +162,7 @@ fn attach_hops(spans: &[Span], by_id: &ById<'_>, repeated: &[bool], client_attem
         let joined = if span.trace_id.is_some() && span.span_id.is_some() && span.parent_span_id.is_some() {
             match ancestor(spans, by_id, &is_client, index) {
                 Some(Ancestor::Attempt(attempt)) => Some((attempt, TimelineJoin::TraceContext)),
-                Some(Ancestor::RootHop(root)) => nearest_attempt_of_call(spans, &by_call, &spans[root])
+                Some(Ancestor::RootHop(root)) => nearest_attempt_of_call(spans, &by_call, spans[root])
                     .map(|attempt| (attempt, TimelineJoin::CallId)),
                 None => None,
             }
@@ -178,7 +184,7 @@ enum Ancestor {
     RootHop(usize),
 }
 
-fn ancestor(spans: &[Span], by_id: &ById<'_>, is_client: &[bool], index: usize) -> Option<Ancestor> {
+fn ancestor(spans: &[&Span], by_id: &ById<'_>, is_client: &[bool], index: usize) -> Option<Ancestor> {
     let mut current = &spans[index];
     for _ in 0..MAX_PARENT_HOPS {
         let trace_id = current.trace_id.as_deref()?;
@@ -197,7 +203,7 @@ fn ancestor(spans: &[Span], by_id: &ById<'_>, is_client: &[bool], index: usize) 
     None
 }
 
-fn nearest_attempt_of_call(spans: &[Span], by_call: &HashMap<(&str, &str), Vec<usize>>, span: &Span) -> Option<usize> {
+fn nearest_attempt_of_call(spans: &[&Span], by_call: &HashMap<(&str, &str), Vec<usize>>, span: &Span) -> Option<usize> {
     let client_id = span.call.client_id.as_deref()?;
     let call_id = span.call.call_id.as_deref()?;
     let candidates = by_call.get(&(client_id, call_id))?;
@@ -231,7 +237,7 @@ pub(crate) fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i6
     }
 }
 
-fn build_call(spans: &[Span], attempt_indexes: &[usize], hops: &Hops) -> TimelineCall {
+fn build_call(spans: &[&Span], attempt_indexes: &[usize], hops: &Hops) -> TimelineCall {
     let attempts: Vec<TimelineAttempt> =
         attempt_indexes.iter().map(|index| build_attempt(spans, *index, hops)).collect();
     let first = &spans[attempt_indexes[0]];
@@ -246,15 +252,15 @@ fn build_call(spans: &[Span], attempt_indexes: &[usize], hops: &Hops) -> Timelin
     }
 }
 
-fn build_attempt(spans: &[Span], index: usize, hops: &Hops) -> TimelineAttempt {
+fn build_attempt(spans: &[&Span], index: usize, hops: &Hops) -> TimelineAttempt {
     let client = &spans[index];
     let joined: &[usize] = hops.by_attempt.get(&index).map_or(&[], Vec::as_slice);
     let mut routers: Vec<&Span> = Vec::new();
     let mut servers: Vec<&Span> = Vec::new();
     for &hop in joined {
         match spans[hop].component() {
-            Some(Component::Router) => routers.push(&spans[hop]),
-            Some(Component::Server) => servers.push(&spans[hop]),
+            Some(Component::Router) => routers.push(spans[hop]),
+            Some(Component::Server) => servers.push(spans[hop]),
             _ => {}
         }
     }

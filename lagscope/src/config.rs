@@ -241,6 +241,11 @@ pub struct LiveConfig {
     /// Scopes beyond it are read in full each pass; 0 holds none. SQLite only (PostgreSQL's
     /// span ids do not follow commit order).
     pub scope_cache_spans: usize,
+    /// The most spans the client passes keep in memory between passes, over all clients
+    /// (their own spans and their traces' hops, about 2.5 KB each): a held client's pass reads
+    /// only what was committed since the last one. Clients beyond it are read in full each
+    /// pass; 0 holds none. SQLite only.
+    pub client_cache_spans: usize,
 }
 
 impl Default for LiveConfig {
@@ -251,6 +256,7 @@ impl Default for LiveConfig {
             scope_window_seconds: 900,
             max_logs_per_cluster: 50_000,
             scope_cache_spans: 250_000,
+            client_cache_spans: 250_000,
         }
     }
 }

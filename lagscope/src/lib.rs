@@ -7,6 +7,7 @@
 pub mod alerting;
 pub mod analyze;
 pub mod auth;
+mod client_cache;
 pub mod config;
 pub mod dump;
 pub mod eval;

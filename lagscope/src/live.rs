@@ -20,6 +20,7 @@ use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
+use crate::client_cache::ClientCache;
 use crate::scope_cache::{ScopeCache, Source};
 
 /// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
@@ -44,6 +45,7 @@ pub async fn run_live_analyzer(
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
     let mut cache = ScopeCache::new(config.live.scope_cache_spans);
+    let mut clients = ClientCache::new(config.live.client_cache_spans);
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -60,7 +62,7 @@ pub async fn run_live_analyzer(
             store.as_ref(),
             &metrics,
             &config,
-            (&mut rollups, &mut lines, &mut found, &mut cache),
+            (&mut rollups, &mut lines, &mut found, &mut cache, &mut clients),
             pending,
         )
         .await;
@@ -166,6 +168,7 @@ async fn analyze_marks(
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
     let mut cache = ScopeCache::new(config.live.scope_cache_spans);
+    let mut clients = ClientCache::new(config.live.client_cache_spans);
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -177,7 +180,14 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, (&mut rollups, &mut lines, &mut found, &mut cache), pass).await?;
+            analysis_pass(
+                store,
+                metrics,
+                config,
+                (&mut rollups, &mut lines, &mut found, &mut cache, &mut clients),
+                pass,
+            )
+            .await?;
             found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
@@ -320,7 +330,13 @@ async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    (rollups, lines, found, cache): (&mut WrittenRollups, &mut RecognisedLines, &mut NewAnomalies, &mut ScopeCache),
+    (rollups, lines, found, cache, client_cache): (
+        &mut WrittenRollups,
+        &mut RecognisedLines,
+        &mut NewAnomalies,
+        &mut ScopeCache,
+        &mut ClientCache,
+    ),
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
@@ -348,15 +364,42 @@ async fn analysis_pass(
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
+    // What the span retention has cut (or is about to): held spans go with it.
+    let kept_from = config.retention.durations().ok().and_then(|[spans, ..]| spans).map(|keep| now_unix_nano() - keep);
+    let client_limit = config.live.max_spans_per_client;
+    if let Some(feed) = store.span_feed()
+        && !clients.is_empty()
+    {
+        client_cache.catch_up(feed, client_limit, Instant::now()).await?;
+    }
     times.logs_and_traces += lap.elapsed();
     let client_count = clients.len();
     for client_id in clients {
         lap = Instant::now();
-        let spans = store.client_spans(&client_id, TimeRange::ALL, config.live.max_spans_per_client).await?;
+        // From the client cache where the store can say what was committed since it last
+        // looked (SQLite), brought up to date above.
+        let read;
+        let cached;
+        let spans: Vec<&lagscope_model::Span> = match store.span_feed() {
+            Some(feed) => {
+                cached = client_cache.spans(feed, &client_id, client_limit, kept_from, Instant::now()).await?;
+                if cached.was_held() {
+                    metrics.client_reads_cached.add(1);
+                } else {
+                    metrics.client_reads_full.add(1);
+                }
+                cached.refs()
+            }
+            None => {
+                metrics.client_reads_full.add(1);
+                read = store.client_spans(&client_id, TimeRange::ALL, client_limit).await?;
+                read.iter().collect()
+            }
+        };
         let probes = client_probes(store, &spans, &client_id).await?;
         times.client_reads += lap.elapsed();
         lap = Instant::now();
-        let mut input = AnalysisInput::from_telemetry(&spans, probes, config.analyzer.stream.horizon());
+        let mut input = AnalysisInput::from_span_refs(&spans, probes, config.analyzer.stream.horizon());
         // The client's own lines (a client that logs its switches is judged by them).
         input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
         // Spans of shared traces bring in fragments of other clients' timelines: each
@@ -375,8 +418,6 @@ async fn analysis_pass(
     // (The clusters of these scopes get the per-cluster pass below.)
     let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
     let limit = config.live.max_spans_per_scope;
-    // What the span retention has cut (or is about to): held spans go with it.
-    let kept_from = config.retention.durations().ok().and_then(|[spans, ..]| spans).map(|keep| now_unix_nano() - keep);
     let scope_count = scopes.len();
     for (cluster, namespace) in scopes {
         lap = Instant::now();
@@ -447,6 +488,7 @@ async fn analysis_pass(
         times.writes += lap.elapsed();
     }
     metrics.scope_spans_cached.set(cache.held() as u64);
+    metrics.client_spans_cached.set(client_cache.held() as u64);
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
     lap = Instant::now();
     for cluster in clusters {
@@ -464,6 +506,7 @@ async fn analysis_pass(
         clients = client_count,
         scopes = scope_count,
         scope_spans_held = cache.held(),
+        client_spans_held = client_cache.held(),
         logs_and_traces_ms = times.logs_and_traces.as_millis(),
         client_reads_ms = times.client_reads.as_millis(),
         client_analysis_ms = times.client_analysis.as_millis(),
@@ -515,7 +558,7 @@ fn is_client_kind(kind: AnomalyKind) -> bool {
 /// pass judges all of those calls again: a verdict it lacked would change what it says of them.
 async fn client_probes(
     store: &dyn Store,
-    spans: &[lagscope_model::Span],
+    spans: &[&lagscope_model::Span],
     client_id: &str,
 ) -> Result<Vec<lagscope_model::Sample>, lagscope_store::StoreError> {
     let (mut clusters, mut first, mut last) = (BTreeSet::new(), i64::MAX, i64::MIN);

@@ -210,6 +210,11 @@ pub struct SelfMetrics {
     pub scope_reads_full: Counter,
     /// Spans the live analyzer's scope cache holds.
     pub scope_spans_cached: Gauge,
+    /// Client passes that took their client's spans from the live analyzer's client cache,
+    /// and those that read them from the store in full; spans that cache holds.
+    pub client_reads_cached: Counter,
+    pub client_reads_full: Counter,
+    pub client_spans_cached: Gauge,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -240,7 +245,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 30] = [
+        let counters: [(&str, &str, &Counter); 32] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -287,6 +292,16 @@ impl SelfMetrics {
                 "lagscope_analysis_scope_reads_full_total",
                 "Scope passes that read their scope's spans from the store in full.",
                 &self.scope_reads_full,
+            ),
+            (
+                "lagscope_analysis_client_reads_cached_total",
+                "Client passes that took their client's spans from the live analyzer's client cache.",
+                &self.client_reads_cached,
+            ),
+            (
+                "lagscope_analysis_client_reads_full_total",
+                "Client passes that read their client's spans from the store in full.",
+                &self.client_reads_full,
             ),
             ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
             ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),
@@ -362,6 +377,11 @@ impl SelfMetrics {
                 "lagscope_analysis_scope_spans_cached",
                 "Spans the live analyzer's scope cache holds (live.scope_cache_spans at most).",
                 &self.scope_spans_cached,
+            ),
+            (
+                "lagscope_analysis_client_spans_cached",
+                "Spans the live analyzer's client cache holds (live.client_cache_spans at most).",
+                &self.client_spans_cached,
             ),
             (
                 "lagscope_cluster_shards_held",

@@ -551,6 +551,20 @@ pub trait SpanFeed: Send + Sync {
         limit: u32,
     ) -> Result<Vec<Span>>;
 
+    /// Every span whose id lies in `after..=through`, with its id, ordered by start time (then
+    /// id), the lowest `limit` ids: everything committed between two
+    /// [`SpanFeed::latest_span_id`]s (a reader that gets `limit` of them should start again).
+    async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>>;
+
+    /// [`Store::client_spans`] over all time as of `through`, each span with its id: the
+    /// client's newest `limit` spans with ids up to it, and the spans of their traces (with
+    /// ids up to it) within [`TRACE_WINDOW_NANOS`] of the client's spans in each trace.
+    async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>>;
+
+    /// Every span of the given traces with an id up to `through`, with its id, ordered by
+    /// start time (then id).
+    async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>>;
+
     /// The spans of the given (cluster, namespace) scopes whose ids lie in `after..=through`:
     /// what those scopes gained between two [`SpanFeed::latest_span_id`]s, ordered by start
     /// time, at most `limit` (a reader that gets `limit` of them should read the scopes anew).

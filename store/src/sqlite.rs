@@ -520,6 +520,18 @@ impl SpanFeed for SqliteStore {
         spans::for_scope_through(&self.reader, cluster, namespace, through, limit).await
     }
 
+    async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        spans::between(&self.reader, after, through, limit).await
+    }
+
+    async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        spans::for_client_through(&self.reader, client_id, through, limit).await
+    }
+
+    async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
+        spans::of_traces_through(&self.reader, trace_ids, through).await
+    }
+
     async fn scope_spans_between(
         &self,
         scopes: &[(Option<String>, Option<String>)],

@@ -75,7 +75,16 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
 /// copies every column of every row it returns, which for a page's two thousand spans of 42
 /// columns took most of the page's time; SQLite writes the same rows as JSON in a fraction.
 /// Spans hold no floating-point column, so nothing is rounded on the way.
-const SPAN_JSON_ARRAY: &str = "json_group_array(json_array(
+const SPAN_JSON_ARRAY: &str = concat!("json_group_array(", span_json_row!(), " ORDER BY start_unix_nano, id)");
+
+/// [`SPAN_JSON_ARRAY`] with each span's id: `[[id, span], ...]`.
+const SPAN_JSON_ARRAY_WITH_IDS: &str =
+    concat!("json_group_array(json_array(id, ", span_json_row!(), ") ORDER BY start_unix_nano, id)");
+
+/// One span row as a JSON array, in [`SpanRow`]'s field order.
+macro_rules! span_json_row {
+    () => {
+        "json_array(
     trace_id, span_id, parent_span_id, name, kind, start_unix_nano, end_unix_nano,
     status_code, status_message,
     json_array(service_name, system, cluster, component, node_id, resource_attributes),
@@ -84,7 +93,10 @@ const SPAN_JSON_ARRAY: &str = "json_group_array(json_array(
     json(CASE WHEN follower_read IS NULL THEN 'null' WHEN follower_read THEN 'true' ELSE 'false' END),
     state_carried, state_returned, state_served, state_committed, state_router,
     outcome, error_type, requeues, retry_delay_ms, bytes, attributes, events, links
-) ORDER BY start_unix_nano, id)";
+)"
+    };
+}
+use span_json_row;
 
 /// SQLite's result code for a string or blob longer than its length limit (1 GB).
 const SQLITE_TOOBIG: &str = "18";
@@ -128,6 +140,40 @@ async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Resu
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// [`spans_picked`] with each span's id (what the span feed's readers keep spans by).
+async fn spans_picked_with_ids(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<(i64, Span)>> {
+    let sql = format!(
+        "WITH {ctes} SELECT {SPAN_JSON_ARRAY_WITH_IDS} AS spans FROM spans WHERE id IN (SELECT id FROM picked)"
+    );
+    // `ctes` and the column list are this module's text: nothing of the caller reaches it.
+    match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
+        Ok((text,)) => {
+            let rows: Vec<(i64, SpanRow)> = serde_json::from_str(&text).map_err(|error| {
+                crate::StoreError::Corrupt { what: "spans", detail: format!("reading spans as JSON: {error}") }
+            })?;
+            rows.into_iter().map(|(id, row)| Ok((id, row.into_span()?))).collect()
+        }
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
+            let sql = format!(
+                "WITH {ctes} SELECT id AS row_id, * FROM spans WHERE id IN (SELECT id FROM picked)
+                 ORDER BY start_unix_nano, id"
+            );
+            let rows: Vec<IdSpanRow> =
+                bind_all(sqlx::query_as(sqlx::AssertSqlSafe(sql)), binds).fetch_all(pool).await?;
+            rows.into_iter().map(|row| Ok((row.row_id, row.span.into_span()?))).collect()
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A span row with its id.
+#[derive(sqlx::FromRow)]
+struct IdSpanRow {
+    row_id: i64,
+    #[sqlx(flatten)]
+    span: SpanRow,
 }
 
 /// [`spans_picked`] one sqlx row per span.
@@ -273,6 +319,71 @@ const BETWEEN_PICK: &str = "scopes AS (
           )
         ORDER BY id LIMIT ?4
     )";
+
+/// Every span with an id in `after..=through`, the lowest `limit` ids, with their ids.
+pub(super) async fn between(pool: &SqlitePool, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+    if after >= through {
+        return Ok(Vec::new());
+    }
+    let binds = [Bind::Int(after), Bind::Int(through), Bind::Int(i64::from(limit))];
+    spans_picked_with_ids(
+        pool,
+        "picked AS (SELECT id FROM spans WHERE id > ?1 AND id <= ?2 ORDER BY id LIMIT ?3)",
+        &binds,
+    )
+    .await
+}
+
+/// [`for_client`] over all time among the spans with ids up to `through`, with their ids.
+pub(super) async fn for_client_through(
+    pool: &SqlitePool,
+    client_id: &str,
+    through: i64,
+    limit: u32,
+) -> Result<Vec<(i64, Span)>> {
+    let binds = [
+        Bind::Text(Some(client_id)),
+        Bind::Int(TimeRange::ALL.from),
+        Bind::Int(TimeRange::ALL.to),
+        Bind::Int(i64::from(limit)),
+        Bind::Int(crate::TRACE_WINDOW_NANOS),
+        Bind::Int(through),
+    ];
+    spans_picked_with_ids(pool, CLIENT_PICK_THROUGH, &binds).await
+}
+
+/// [`CLIENT_PICK`] among the spans with ids up to ?6.
+const CLIENT_PICK_THROUGH: &str = "own AS (
+        SELECT id, trace_id, start_unix_nano, end_unix_nano FROM spans
+        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3 AND id <= ?6
+        ORDER BY start_unix_nano DESC LIMIT ?4
+    ),
+    traces AS (
+        SELECT trace_id, min(start_unix_nano) - ?5 AS earliest, max(end_unix_nano) + ?5 AS latest
+        FROM own WHERE trace_id IS NOT NULL GROUP BY trace_id
+    ),
+    picked AS (
+        SELECT id FROM own
+        UNION
+        SELECT spans.id FROM traces JOIN spans ON spans.trace_id = traces.trace_id
+        WHERE spans.span_id IS NOT NULL AND spans.id <= ?6
+          AND spans.start_unix_nano >= traces.earliest AND spans.start_unix_nano <= traces.latest
+    )";
+
+/// Every span of the given traces with an id up to `through`, with their ids.
+pub(super) async fn of_traces_through(pool: &SqlitePool, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
+    if trace_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let traces = to_json_text(&trace_ids);
+    let binds = [Bind::Text(Some(&traces)), Bind::Int(through)];
+    spans_picked_with_ids(
+        pool,
+        "picked AS (SELECT id FROM spans WHERE trace_id IN (SELECT value FROM json_each(?1)) AND id <= ?2)",
+        &binds,
+    )
+    .await
+}
 
 /// Spans in `cluster`/`namespace` (`None` = any) whose start lies in `range`, oldest first,
 /// at most `limit`.

@@ -1,0 +1,451 @@
+//! The spans the live analyzer's client passes read, kept between passes.
+//!
+//! A client pass needs what `Store::client_spans(client, TimeRange::ALL, limit)` returns: the
+//! client's newest `limit` spans, and the spans of their traces (router and server hops, other
+//! clients' spans) within [`TRACE_WINDOW_NANOS`] of the client's spans in each trace. Read
+//! anew on every pass, that cost about 8 µs a span, and under sustained load the client reads
+//! were the larger part of every pass. Here each client passed recently is held, and a pass
+//! adds what was committed since the last one ([`SpanFeed::spans_between`], one read for all
+//! clients), reading from the store only the spans of traces the client's new spans joined
+//! or moved the bounds of.
+//!
+//! Invariant: every held client holds exactly what that read would return as of span id
+//! `through`, in its order (start time, then id); spans are kept with their ids, so that one
+//! span reached two ways is held once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use lagscope_model::Span;
+use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
+
+/// A held client not passed for this long is let go (a client is passed whenever it, or a
+/// trace of its, gets spans, so it has gone quiet).
+pub const IDLE_AFTER: Duration = Duration::from_secs(120);
+
+#[derive(Debug)]
+pub struct ClientCache {
+    /// The most spans held over all clients; 0 holds none.
+    budget: usize,
+    clients: HashMap<String, Held>,
+    /// Every held client is up to date as of this span id.
+    through: i64,
+    /// Spans held over all clients.
+    held: usize,
+}
+
+#[derive(Debug)]
+struct Held {
+    /// What the store's read returns, with ids, ordered by (start, id). Boxed: updates move
+    /// pointers, not spans.
+    spans: Vec<(i64, Box<Span>)>,
+    /// The client's own newest `limit` spans, by (start, id): the trace each is in, and
+    /// whether it has a span id (without one, a span is taken only as the client's own).
+    own: BTreeMap<(i64, i64), (Option<String>, bool)>,
+    /// The traces of those spans: each own span's (start, id, end), for the trace's window.
+    traces: HashMap<String, Vec<(i64, i64, i64)>>,
+    last_passed: Instant,
+}
+
+/// A client's spans for one pass: held since an earlier pass, read now (and held from now
+/// on), or read and not held (over the budget).
+pub enum ClientSpans<'a> {
+    Held(&'a [(i64, Box<Span>)]),
+    ReadAndHeld(&'a [(i64, Box<Span>)]),
+    Read(Vec<(i64, Span)>),
+}
+
+impl ClientSpans<'_> {
+    pub fn refs(&self) -> Vec<&Span> {
+        match self {
+            Self::Held(spans) | Self::ReadAndHeld(spans) => spans.iter().map(|(_, span)| &**span).collect(),
+            Self::Read(spans) => spans.iter().map(|(_, span)| span).collect(),
+        }
+    }
+
+    /// Whether the spans were held since an earlier pass (not read now).
+    pub fn was_held(&self) -> bool {
+        matches!(self, Self::Held(_))
+    }
+}
+
+impl ClientCache {
+    pub fn new(budget: usize) -> Self {
+        Self { budget, clients: HashMap::new(), through: 0, held: 0 }
+    }
+
+    /// Spans held over all clients.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Brings every held client up to the store's newest span: reads what was committed since
+    /// the last catch-up (one read; none when nothing was), gives each client its new spans
+    /// and those of its traces, and reads from the store the traces its new spans joined or
+    /// moved the bounds of. When more was committed than the budget (a long stall), every
+    /// client is let go and read anew when next passed. Clients not passed for [`IDLE_AFTER`]
+    /// are let go first.
+    pub async fn catch_up(&mut self, feed: &dyn SpanFeed, limit: u32, now: Instant) -> Result<(), StoreError> {
+        self.clients.retain(|_, held| now.duration_since(held.last_passed) < IDLE_AFTER);
+        let latest = feed.latest_span_id().await?;
+        if latest < self.through {
+            tracing::warn!(latest, through = self.through, "span ids went back; the client cache starts again");
+            self.clients.clear();
+        }
+        if !self.clients.is_empty() && latest > self.through {
+            let budget = u32::try_from(self.budget).unwrap_or(u32::MAX);
+            let gained = feed.spans_between(self.through, latest, budget).await?;
+            if gained.len() >= self.budget {
+                tracing::info!(
+                    spans = gained.len(),
+                    clients = self.clients.len(),
+                    "more spans arrived since the last pass than the client cache holds; its clients are read anew"
+                );
+                self.clients.clear();
+            } else {
+                let gained = Gained::index(&gained);
+                for (client_id, held) in &mut self.clients {
+                    held.add(feed, client_id, &gained, limit as usize, latest).await?;
+                }
+            }
+        }
+        self.through = latest;
+        self.held = self.clients.values().map(|held| held.spans.len()).sum();
+        self.shed();
+        Ok(())
+    }
+
+    /// The client's spans as `Store::client_spans(client_id, TimeRange::ALL, limit)` returns
+    /// them as of the last catch-up: held, or read and held from now on when the budget has
+    /// room for them and none of them is older than `kept_from` (the span retention's
+    /// cut-off: a client holding spans retention removes is read anew each pass instead).
+    pub async fn spans<'a>(
+        &'a mut self,
+        feed: &dyn SpanFeed,
+        client_id: &str,
+        limit: u32,
+        kept_from: Option<i64>,
+        now: Instant,
+    ) -> Result<ClientSpans<'a>, StoreError> {
+        let too_old = |spans: &[(i64, Box<Span>)]| {
+            kept_from.is_some_and(|from| spans.iter().any(|(_, span)| span.start_unix_nano < from))
+        };
+        if let Some(held) = self.clients.get(client_id)
+            && too_old(&held.spans)
+        {
+            self.held -= held.spans.len();
+            self.clients.remove(client_id);
+        }
+        if self.clients.contains_key(client_id) {
+            let held = self.clients.get_mut(client_id).expect("held");
+            held.last_passed = now;
+            return Ok(ClientSpans::Held(&held.spans));
+        }
+        let spans = feed.client_spans_through(client_id, self.through, limit).await?;
+        let old = kept_from.is_some_and(|from| spans.iter().any(|(_, span)| span.start_unix_nano < from));
+        if self.budget == 0 || old || self.held + spans.len() > self.budget {
+            return Ok(ClientSpans::Read(spans));
+        }
+        let mut held = Held { spans: Vec::new(), own: BTreeMap::new(), traces: HashMap::new(), last_passed: now };
+        for (id, span) in spans.iter().filter(|(_, span)| span.call.client_id.as_deref() == Some(client_id)) {
+            held.own_span(*id, span);
+        }
+        // The client's older spans may be there too, as spans of its newest spans' traces.
+        while held.own.len() > limit as usize {
+            held.drop_oldest_own();
+        }
+        self.held += spans.len();
+        held.spans = spans.into_iter().map(|(id, span)| (id, Box::new(span))).collect();
+        let held = self.clients.entry(client_id.to_string()).or_insert(held);
+        Ok(ClientSpans::ReadAndHeld(&held.spans))
+    }
+
+    /// Lets clients go, least recently passed first, until the budget holds the rest.
+    fn shed(&mut self) {
+        while self.held > self.budget {
+            let oldest = self.clients.iter().min_by_key(|(_, held)| held.last_passed).map(|(key, _)| key.clone());
+            let Some(held) = oldest.and_then(|oldest| self.clients.remove(&oldest)) else { return };
+            self.held -= held.spans.len();
+        }
+    }
+}
+
+/// What one catch-up read, indexed by client and by trace.
+struct Gained<'a> {
+    spans: &'a [(i64, Span)],
+    by_client: HashMap<&'a str, Vec<usize>>,
+    by_trace: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> Gained<'a> {
+    fn index(spans: &'a [(i64, Span)]) -> Self {
+        let (mut by_client, mut by_trace) = (HashMap::<&str, Vec<usize>>::new(), HashMap::<&str, Vec<usize>>::new());
+        for (index, (_, span)) in spans.iter().enumerate() {
+            if let Some(client) = span.call.client_id.as_deref() {
+                by_client.entry(client).or_default().push(index);
+            }
+            if let Some(trace) = span.trace_id.as_deref() {
+                by_trace.entry(trace).or_default().push(index);
+            }
+        }
+        Self { spans, by_client, by_trace }
+    }
+}
+
+/// The window a trace's other spans are taken from, around the client's own spans in it.
+fn window(own: &[(i64, i64, i64)]) -> (i64, i64) {
+    let earliest = own.iter().map(|&(start, _, _)| start).min().unwrap_or(i64::MAX);
+    let latest = own.iter().map(|&(_, _, end)| end).max().unwrap_or(i64::MIN);
+    (earliest.saturating_sub(TRACE_WINDOW_NANOS), latest.saturating_add(TRACE_WINDOW_NANOS))
+}
+
+impl Held {
+    fn window_of(&self, trace: &str) -> Option<(i64, i64)> {
+        self.traces.get(trace).map(|own| window(own))
+    }
+
+    /// Whether the store's read takes this span: one of the client's own newest, or a span
+    /// (with a span id) of one of their traces within its window.
+    fn takes(&self, id: i64, span: &Span) -> bool {
+        self.own.contains_key(&(span.start_unix_nano, id))
+            || (span.span_id.is_some()
+                && span.trace_id.as_deref().and_then(|trace| self.window_of(trace)).is_some_and(
+                    |(earliest, latest)| span.start_unix_nano >= earliest && span.start_unix_nano <= latest,
+                ))
+    }
+
+    /// Counts a span as one of the client's own; returns its trace.
+    fn own_span(&mut self, id: i64, span: &Span) -> Option<String> {
+        let key = (span.start_unix_nano, id);
+        self.own.insert(key, (span.trace_id.clone(), span.span_id.is_some()));
+        let trace = span.trace_id.clone()?;
+        self.traces.entry(trace.clone()).or_default().push((key.0, id, span.end_unix_nano));
+        Some(trace)
+    }
+
+    /// Drops the oldest of the client's own spans (beyond the read's limit); returns its id,
+    /// trace, and whether it has a span id.
+    fn drop_oldest_own(&mut self) -> Option<(i64, Option<String>, bool)> {
+        let ((start, id), (trace, has_span_id)) = self.own.pop_first()?;
+        if let Some(trace) = &trace
+            && let Some(own) = self.traces.get_mut(trace)
+        {
+            own.retain(|&(own_start, own_id, _)| (own_start, own_id) != (start, id));
+            if own.is_empty() {
+                self.traces.remove(trace);
+            }
+        }
+        Some((id, trace, has_span_id))
+    }
+
+    async fn add(
+        &mut self,
+        feed: &dyn SpanFeed,
+        client_id: &str,
+        gained: &Gained<'_>,
+        limit: usize,
+        latest: i64,
+    ) -> Result<(), StoreError> {
+        // The windows of the traces the client's own spans join or leave, before.
+        let mut touched: HashMap<String, Option<(i64, i64)>> = HashMap::new();
+        for &index in gained.by_client.get(client_id).into_iter().flatten() {
+            let (id, span) = &gained.spans[index];
+            if let Some(trace) = &span.trace_id {
+                let before = self.window_of(trace);
+                touched.entry(trace.clone()).or_insert(before);
+            }
+            self.own_span(*id, span);
+        }
+        // Own spans beyond the limit leave: kept only as spans of a trace whose window still
+        // takes them.
+        let mut left: HashSet<i64> = HashSet::new();
+        while self.own.len() > limit {
+            let before: Option<Option<(i64, i64)>> = self
+                .own
+                .first_key_value()
+                .and_then(|(_, (trace, _))| trace.as_deref())
+                .map(|trace| self.window_of(trace));
+            let Some((id, trace, has_span_id)) = self.drop_oldest_own() else { break };
+            // Without a trace or a span id it is no other span's trace-mate: it goes. With both,
+            // it stays while its trace's window, which it moved or not, still takes it.
+            if trace.is_none() || !has_span_id {
+                left.insert(id);
+            }
+            if let Some(trace) = trace {
+                touched.entry(trace).or_insert(before.flatten());
+            }
+        }
+        // Traces whose window moved (joined, widened, narrowed or left): what the store holds of
+        // them is read again. Those the client had no window in before hold nothing here yet.
+        let changed: HashSet<&str> = touched
+            .iter()
+            .filter(|(trace, before)| self.window_of(trace) != **before)
+            .map(|(trace, _)| trace.as_str())
+            .collect();
+        let held_before: HashSet<&str> =
+            changed.iter().copied().filter(|trace| touched.get(*trace).is_some_and(Option::is_some)).collect();
+        if !left.is_empty() || !held_before.is_empty() {
+            self.spans.retain(|(id, span)| {
+                !left.contains(id) && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace))
+            });
+        }
+        // What arrived of the client and of its other traces.
+        let mut candidates: Vec<usize> = gained.by_client.get(client_id).cloned().unwrap_or_default();
+        for (trace, indexes) in &gained.by_trace {
+            if !changed.contains(trace) && self.traces.contains_key(*trace) {
+                candidates.extend(indexes);
+            }
+        }
+        let mut added = Vec::new();
+        for index in candidates {
+            let (id, span) = &gained.spans[index];
+            if span.trace_id.as_deref().is_none_or(|trace| !changed.contains(trace)) && self.takes(*id, span) {
+                added.push((*id, Box::new(span.clone())));
+            }
+        }
+        let reread: Vec<&str> = changed.iter().copied().filter(|trace| self.traces.contains_key(*trace)).collect();
+        for (id, span) in feed.trace_spans_through(&reread, latest).await? {
+            if self.takes(id, &span) {
+                added.push((id, Box::new(span)));
+            }
+        }
+        if !added.is_empty() {
+            self.spans.extend(added);
+            self.spans.sort_by_key(|(id, span)| (span.start_unix_nano, *id));
+            self.spans.dedup_by_key(|(id, _)| *id);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_model::{CallFields, Component, ResourceFields, SpanKind};
+    use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
+
+    use super::*;
+
+    const SECOND: i64 = 1_000_000_000;
+
+    /// A deterministic stream of numbers (no dependency for one test's randomness).
+    struct Numbers(u64);
+
+    impl Numbers {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % bound
+        }
+    }
+
+    fn span(trace: Option<u64>, id: u64, client: Option<&str>, start: i64) -> Span {
+        Span {
+            trace_id: trace.map(|trace| format!("{trace:032x}")),
+            span_id: Some(format!("{id:016x}")),
+            parent_span_id: None,
+            name: "getFileInfo".to_string(),
+            kind: if client.is_some() { SpanKind::Client } else { SpanKind::Server },
+            start_unix_nano: start,
+            end_unix_nano: start + SECOND / 100,
+            status_code: 0,
+            status_message: None,
+            resource: ResourceFields {
+                component: Some(if client.is_some() { Component::Client } else { Component::Server }),
+                ..ResourceFields::default()
+            },
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields { client_id: client.map(str::to_string), ..CallFields::default() },
+            attributes: Default::default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// Rounds of calls of three clients between passes: hops sent before or after their
+    /// client's span, retries joining a trace of an earlier round, a span of the past, two
+    /// clients in one trace, spans without trace context or span id, hops outside the trace
+    /// window, spans sent again; a small read limit, so that the oldest own spans leave. Every
+    /// pass reads what the store reads, with budgets that hold every client, some, or none.
+    #[tokio::test]
+    async fn a_held_client_reads_exactly_what_the_store_reads() {
+        let clients = ["c1", "c2", "c3"];
+        for budget in [100_000, 40, 0] {
+            let directory = tempfile::tempdir().expect("temp dir");
+            let store = SqliteStore::open_dir(directory.path()).await.expect("store");
+            let feed = store.span_feed().expect("feed");
+            let mut cache = ClientCache::new(budget);
+            let mut numbers = Numbers(budget as u64 + 11);
+            let (limit, mut next, mut traces, mut sent) = (9, 1_u64, Vec::new(), Vec::<Span>::new());
+            let (mut held_passes, mut passes) = (0, 0);
+            // Distinct starts (the store's own limit picks among equal starts as it finds them).
+            let start = |numbers: &mut Numbers, round: i64, n: u64| {
+                (round * 100 + numbers.below(100) as i64) * SECOND + n as i64
+            };
+            let mut later_hops: Vec<Span> = Vec::new();
+            for round in 0..14_i64 {
+                let mut batch = std::mem::take(&mut later_hops);
+                for _ in 0..numbers.below(6) {
+                    next += 1;
+                    let client = clients[numbers.below(3) as usize];
+                    let (trace, at) = match numbers.below(6) {
+                        // A retry in a trace of before, or a call of the past.
+                        0 if !traces.is_empty() => {
+                            (traces[numbers.below(traces.len() as u64) as usize], start(&mut numbers, round, next))
+                        }
+                        1 => (next + 1_000, start(&mut numbers, round - 2, next)),
+                        _ => (next + 1_000, start(&mut numbers, round, next)),
+                    };
+                    traces.push(trace);
+                    let id = next * 10;
+                    let mut own = span(Some(trace), id, Some(client), at);
+                    match numbers.below(8) {
+                        0 => own.trace_id = None,
+                        1 => own.span_id = None,
+                        _ => {}
+                    }
+                    batch.push(own);
+                    // Its hops: now, or in the next round (a server's span may arrive first).
+                    for hop in 1..=numbers.below(3) {
+                        let offset = match numbers.below(10) {
+                            0 => 2 * TRACE_WINDOW_NANOS,
+                            _ => hop as i64,
+                        };
+                        let mut hop_span = span(Some(trace), id + hop, None, at + offset);
+                        if numbers.below(10) == 0 {
+                            hop_span.call.client_id = Some(clients[numbers.below(3) as usize].to_string());
+                        }
+                        if numbers.below(2) == 0 { batch.push(hop_span) } else { later_hops.push(hop_span) }
+                    }
+                }
+                if !sent.is_empty() && numbers.below(3) == 0 {
+                    batch.push(sent[numbers.below(sent.len() as u64) as usize].clone());
+                }
+                sent.extend(batch.iter().cloned());
+                store.ingest(&IngestBatch { spans: batch, ..IngestBatch::default() }).await.expect("ingest");
+                cache.catch_up(feed, limit, Instant::now()).await.expect("catch up");
+                for client in clients.iter().filter(|_| numbers.below(5) != 0) {
+                    let spans = cache.spans(feed, client, limit, None, Instant::now()).await.expect("spans");
+                    passes += 1;
+                    held_passes += usize::from(spans.was_held());
+                    let cached: Vec<Span> = spans.refs().into_iter().cloned().collect();
+                    let stored = store.client_spans(client, TimeRange::ALL, limit).await.expect("store");
+                    let keys = |spans: &[Span]| {
+                        spans
+                            .iter()
+                            .map(|span| (span.trace_id.clone(), span.span_id.clone(), span.start_unix_nano))
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(keys(&cached), keys(&stored), "budget {budget}, round {round}, client {client}");
+                    assert_eq!(cached, stored, "budget {budget}, round {round}, client {client}");
+                    assert!(cache.held() <= budget);
+                }
+            }
+            match budget {
+                0 => assert_eq!(held_passes, 0),
+                40 => assert!(held_passes > 0 && held_passes < passes, "{held_passes} of {passes}"),
+                _ => assert!(held_passes + 3 >= passes && held_passes > 0, "{held_passes} of {passes}"),
+            }
+        }
+    }
+}
