@@ -162,8 +162,9 @@ fn attach_hops(spans: &[&Span], by_id: &ById<'_>, repeated: &[bool], client_atte
         let joined = if span.trace_id.is_some() && span.span_id.is_some() && span.parent_span_id.is_some() {
             match ancestor(spans, by_id, &is_client, index) {
                 Some(Ancestor::Attempt(attempt)) => Some((attempt, TimelineJoin::TraceContext)),
-                Some(Ancestor::RootHop(root)) => nearest_attempt_of_call(spans, &by_call, spans[root])
-                    .map(|attempt| (attempt, TimelineJoin::CallId)),
+                Some(Ancestor::RootHop(root)) => {
+                    nearest_attempt_of_call(spans, &by_call, spans[root]).map(|attempt| (attempt, TimelineJoin::CallId))
+                }
                 None => None,
             }
         } else {

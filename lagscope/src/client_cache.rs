@@ -276,7 +276,8 @@ impl Held {
             }
         }
         // Traces whose window moved (joined, widened, narrowed or left): what the store holds of
-        // them is read again. Those the client had no window in before hold nothing here yet.
+        // them (other than the client's own, kept or added as such) is read again. Those the
+        // client had no window in before hold nothing here yet.
         let changed: HashSet<&str> = touched
             .iter()
             .filter(|(trace, before)| self.window_of(trace) != **before)
@@ -285,8 +286,10 @@ impl Held {
         let held_before: HashSet<&str> =
             changed.iter().copied().filter(|trace| touched.get(*trace).is_some_and(Option::is_some)).collect();
         if !left.is_empty() || !held_before.is_empty() {
+            let own = &self.own;
             self.spans.retain(|(id, span)| {
-                !left.contains(id) && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace))
+                own.contains_key(&(span.start_unix_nano, *id))
+                    || (!left.contains(id) && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace)))
             });
         }
         // What arrived of the client and of its other traces.
@@ -299,7 +302,10 @@ impl Held {
         let mut added = Vec::new();
         for index in candidates {
             let (id, span) = &gained.spans[index];
-            if span.trace_id.as_deref().is_none_or(|trace| !changed.contains(trace)) && self.takes(*id, span) {
+            // Of a trace read again below, only the client's own (that read takes only spans
+            // with a span id).
+            let reread = span.trace_id.as_deref().is_some_and(|trace| changed.contains(trace));
+            if self.own.contains_key(&(span.start_unix_nano, *id)) || (!reread && self.takes(*id, span)) {
                 added.push((*id, Box::new(span.clone())));
             }
         }

@@ -255,8 +255,8 @@ impl Default for LiveConfig {
             max_spans_per_scope: 50_000,
             scope_window_seconds: 900,
             max_logs_per_cluster: 50_000,
-            scope_cache_spans: 250_000,
-            client_cache_spans: 250_000,
+            scope_cache_spans: 500_000,
+            client_cache_spans: 500_000,
         }
     }
 }

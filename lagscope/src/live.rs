@@ -46,6 +46,7 @@ pub async fn run_live_analyzer(
     let mut found = NewAnomalies::default();
     let mut cache = ScopeCache::new(config.live.scope_cache_spans);
     let mut clients = ClientCache::new(config.live.client_cache_spans);
+    let mut written = WrittenAnomalies::default();
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
@@ -62,7 +63,7 @@ pub async fn run_live_analyzer(
             store.as_ref(),
             &metrics,
             &config,
-            (&mut rollups, &mut lines, &mut found, &mut cache, &mut clients),
+            (&mut rollups, &mut lines, &mut found, &mut written, &mut cache, &mut clients),
             pending,
         )
         .await;
@@ -169,6 +170,7 @@ async fn analyze_marks(
     let mut found = NewAnomalies::default();
     let mut cache = ScopeCache::new(config.live.scope_cache_spans);
     let mut clients = ClientCache::new(config.live.client_cache_spans);
+    let mut written = WrittenAnomalies::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -184,7 +186,7 @@ async fn analyze_marks(
                 store,
                 metrics,
                 config,
-                (&mut rollups, &mut lines, &mut found, &mut cache, &mut clients),
+                (&mut rollups, &mut lines, &mut found, &mut written, &mut cache, &mut clients),
                 pass,
             )
             .await?;
@@ -330,16 +332,18 @@ async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    (rollups, lines, found, cache, client_cache): (
+    (rollups, lines, found, written, cache, client_cache): (
         &mut WrittenRollups,
         &mut RecognisedLines,
         &mut NewAnomalies,
+        &mut WrittenAnomalies,
         &mut ScopeCache,
         &mut ClientCache,
     ),
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
     let mut scopes = pending.scopes;
+    written.next_pass();
     let mut times = PassTimes::default();
     let mut lap = Instant::now();
     // The recognised lines of each cluster with new log records: they name the scopes to look
@@ -367,12 +371,14 @@ async fn analysis_pass(
     // What the span retention has cut (or is about to): held spans go with it.
     let kept_from = config.retention.durations().ok().and_then(|[spans, ..]| spans).map(|keep| now_unix_nano() - keep);
     let client_limit = config.live.max_spans_per_client;
+    times.logs_and_traces += lap.elapsed();
+    lap = Instant::now();
     if let Some(feed) = store.span_feed()
         && !clients.is_empty()
     {
         client_cache.catch_up(feed, client_limit, Instant::now()).await?;
     }
-    times.logs_and_traces += lap.elapsed();
+    times.client_reads += lap.elapsed();
     let client_count = clients.len();
     for client_id in clients {
         lap = Instant::now();
@@ -410,7 +416,7 @@ async fn analysis_pass(
             .collect();
         times.client_analysis += lap.elapsed();
         lap = Instant::now();
-        record(store, metrics, found, &anomalies).await?;
+        record(store, metrics, (found, written), &anomalies).await?;
         times.writes += lap.elapsed();
     }
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
@@ -427,6 +433,7 @@ async fn analysis_pass(
         let samples = store
             .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
             .await?;
+        times.scope_samples += lap.elapsed();
         // From the scope cache where the store can say what was committed since it last
         // looked (SQLite), brought up to date now, after the samples.
         let scope = (cluster, namespace);
@@ -471,7 +478,7 @@ async fn analysis_pass(
             .collect();
         times.scope_analysis += lap.elapsed();
         lap = Instant::now();
-        record(store, metrics, found, &anomalies).await?;
+        record(store, metrics, (found, written), &anomalies).await?;
         // The staleness of the scope's reads per node and minute, for the pages. When the read
         // limit cut the scope's oldest spans, their first minute is partial: left as written.
         let complete_from = if spans.len() >= limit as usize {
@@ -499,7 +506,7 @@ async fn analysis_pass(
         }
         let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
         let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
-        record(store, metrics, found, &anomalies).await?;
+        record(store, metrics, (found, written), &anomalies).await?;
     }
     times.clusters += lap.elapsed();
     tracing::debug!(
@@ -510,7 +517,8 @@ async fn analysis_pass(
         logs_and_traces_ms = times.logs_and_traces.as_millis(),
         client_reads_ms = times.client_reads.as_millis(),
         client_analysis_ms = times.client_analysis.as_millis(),
-        scope_reads_ms = times.scope_reads.as_millis(),
+        scope_samples_ms = times.scope_samples.as_millis(),
+        scope_spans_ms = times.scope_reads.saturating_sub(times.scope_samples).as_millis(),
         scope_analysis_ms = times.scope_analysis.as_millis(),
         writes_ms = times.writes.as_millis(),
         clusters_ms = times.clusters.as_millis(),
@@ -527,8 +535,9 @@ struct PassTimes {
     /// Reading each client's spans (with their traces) and probe verdicts.
     client_reads: Duration,
     client_analysis: Duration,
-    /// Reading each scope's samples and spans (held or not).
+    /// Reading each scope's samples and spans (held or not), and the samples alone.
     scope_reads: Duration,
+    scope_samples: Duration,
     scope_analysis: Duration,
     /// Storing anomalies and read rollups.
     writes: Duration,
@@ -598,13 +607,22 @@ fn is_cluster_kind(kind: AnomalyKind) -> bool {
 async fn record(
     store: &dyn Store,
     metrics: &SelfMetrics,
-    found: &mut NewAnomalies,
+    (found, written): (&mut NewAnomalies, &mut WrittenAnomalies),
     anomalies: &[lagscope_model::Anomaly],
 ) -> Result<(), lagscope_store::StoreError> {
+    let (anomalies, unchanged): (Vec<_>, Vec<_>) = anomalies
+        .iter()
+        .map(|anomaly| (anomaly, content_hash(anomaly)))
+        .partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
+    metrics.anomalies_unchanged.add(unchanged.len() as u64);
     if anomalies.is_empty() {
         return Ok(());
     }
-    let outcome = store.upsert_anomalies(anomalies, now_unix_nano()).await?;
+    let upsert: Vec<lagscope_model::Anomaly> = anomalies.iter().map(|(anomaly, _)| (*anomaly).clone()).collect();
+    let outcome = store.upsert_anomalies(&upsert, now_unix_nano()).await?;
+    for (anomaly, hash) in anomalies {
+        written.wrote(anomaly, hash);
+    }
     metrics.anomalies_new.add(outcome.inserted.len() as u64);
     metrics.anomalies_changed.add(outcome.updated);
     metrics.anomalies_unchanged.add(outcome.unchanged);
@@ -613,6 +631,54 @@ async fn record(
         found.add(id);
     }
     Ok(())
+}
+
+/// What this analyzer last stored of each anomaly (by fingerprint, a hash of all of it): an
+/// anomaly found again exactly as it was written is not sent to the store at all. (The store
+/// would leave it unchanged too, but in a transaction of its own per client and scope: most
+/// of a pass's writes under sustained load.) An anomaly not found for [`FORGET_AFTER_PASSES`]
+/// passes (to twice that: forgetting runs every that many) is forgotten; found again later,
+/// the store compares it.
+#[derive(Default)]
+struct WrittenAnomalies {
+    by_fingerprint: HashMap<String, (u64, u64)>,
+    pass: u64,
+}
+
+/// Passes after which [`WrittenAnomalies`] forgets an anomaly not found meanwhile.
+const FORGET_AFTER_PASSES: u64 = 256;
+
+impl WrittenAnomalies {
+    fn next_pass(&mut self) {
+        self.pass += 1;
+        if self.pass.is_multiple_of(FORGET_AFTER_PASSES) {
+            let pass = self.pass;
+            self.by_fingerprint.retain(|_, (_, seen)| pass - *seen < FORGET_AFTER_PASSES);
+        }
+    }
+
+    /// Whether the anomaly was written as it is now (and so need not be again).
+    fn seen(&mut self, anomaly: &lagscope_model::Anomaly, hash: u64) -> bool {
+        match self.by_fingerprint.get_mut(&anomaly.fingerprint) {
+            Some((written, seen)) if *written == hash => {
+                *seen = self.pass;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn wrote(&mut self, anomaly: &lagscope_model::Anomaly, hash: u64) {
+        self.by_fingerprint.insert(anomaly.fingerprint.clone(), (hash, self.pass));
+    }
+}
+
+/// A hash of everything an anomaly says (its JSON: evidence holds JSON values).
+fn content_hash(anomaly: &lagscope_model::Anomaly) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(anomaly).unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// How often the live analyzer logs the anomalies it found since it last did.
@@ -663,6 +729,50 @@ pub fn now_unix_nano() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An anomaly found again as written is not written again; changed, it is; one not found
+    /// for a while is forgotten (and so compared by the store again).
+    #[test]
+    fn anomalies_written_before_are_not_written_again_unless_changed() {
+        let mut anomaly = lagscope_model::Anomaly {
+            kind: AnomalyKind::ApplyLag,
+            severity: lagscope_model::Severity::Warning,
+            cluster: Some("prod".to_string()),
+            namespace: Some("ns1".to_string()),
+            client_id: None,
+            node_id: Some("nn-obs1".to_string()),
+            start_unix_nano: 10,
+            end_unix_nano: 20,
+            summary: "observer nn-obs1 is 12 000 states behind".to_string(),
+            cause: "apply lag".to_string(),
+            evidence: Default::default(),
+            fingerprint: "f1".to_string(),
+            open: true,
+        };
+        let mut written = WrittenAnomalies::default();
+        written.next_pass();
+        let hash = content_hash(&anomaly);
+        assert!(!written.seen(&anomaly, hash), "never written");
+        written.wrote(&anomaly, hash);
+        assert!(written.seen(&anomaly, content_hash(&anomaly)));
+        for change in [
+            |anomaly: &mut lagscope_model::Anomaly| anomaly.open = false,
+            |anomaly: &mut lagscope_model::Anomaly| anomaly.end_unix_nano = 30,
+            |anomaly: &mut lagscope_model::Anomaly| {
+                anomaly.evidence.insert("lag_states", serde_json::json!(12_001));
+            },
+        ] {
+            let mut changed = anomaly.clone();
+            change(&mut changed);
+            assert!(!written.seen(&changed, content_hash(&changed)), "{changed:?}");
+        }
+        anomaly.open = false;
+        written.wrote(&anomaly, content_hash(&anomaly));
+        for _ in 0..2 * FORGET_AFTER_PASSES {
+            written.next_pass();
+        }
+        assert!(!written.seen(&anomaly, content_hash(&anomaly)), "forgotten after passes without it");
+    }
 
     #[test]
     fn new_anomalies_are_logged_at_once_then_at_most_once_per_interval() {

@@ -561,8 +561,8 @@ pub trait SpanFeed: Send + Sync {
     /// ids up to it) within [`TRACE_WINDOW_NANOS`] of the client's spans in each trace.
     async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>>;
 
-    /// Every span of the given traces with an id up to `through`, with its id, ordered by
-    /// start time (then id).
+    /// Every span with a span id (what [`Store::client_spans`] takes of a trace) of the given
+    /// traces, with an id up to `through`, with its id, ordered by start time (then id).
     async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>>;
 
     /// The spans of the given (cluster, namespace) scopes whose ids lie in `after..=through`:

@@ -281,11 +281,13 @@ pub(super) async fn for_scope_through(
     spans_picked(pool, SCOPE_PICK_THROUGH, &binds).await
 }
 
-/// [`SCOPE_PICK`] among the spans with ids up to ?6 (the scope index holds the id).
+/// [`SCOPE_PICK`] among the spans with ids up to ?6. (`+id`: the id bound is checked on the
+/// index's entries, which hold the id, and never picks the rowid range as the plan: that
+/// would scan every older span. The other reads "through" an id write it so too.)
 const SCOPE_PICK_THROUGH: &str = "picked AS (
         SELECT id FROM spans
         WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
-          AND id <= ?6
+          AND +id <= ?6
         ORDER BY start_unix_nano DESC LIMIT ?5
     )";
 
@@ -355,7 +357,7 @@ pub(super) async fn for_client_through(
 /// [`CLIENT_PICK`] among the spans with ids up to ?6.
 const CLIENT_PICK_THROUGH: &str = "own AS (
         SELECT id, trace_id, start_unix_nano, end_unix_nano FROM spans
-        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3 AND id <= ?6
+        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3 AND +id <= ?6
         ORDER BY start_unix_nano DESC LIMIT ?4
     ),
     traces AS (
@@ -366,11 +368,12 @@ const CLIENT_PICK_THROUGH: &str = "own AS (
         SELECT id FROM own
         UNION
         SELECT spans.id FROM traces JOIN spans ON spans.trace_id = traces.trace_id
-        WHERE spans.span_id IS NOT NULL AND spans.id <= ?6
+        WHERE spans.span_id IS NOT NULL AND +spans.id <= ?6
           AND spans.start_unix_nano >= traces.earliest AND spans.start_unix_nano <= traces.latest
     )";
 
-/// Every span of the given traces with an id up to `through`, with their ids.
+/// Every span with a span id of the given traces, with an id up to `through`, with their ids
+/// (from the trace index, which holds the spans with both ids).
 pub(super) async fn of_traces_through(pool: &SqlitePool, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
     if trace_ids.is_empty() {
         return Ok(Vec::new());
@@ -379,7 +382,11 @@ pub(super) async fn of_traces_through(pool: &SqlitePool, trace_ids: &[&str], thr
     let binds = [Bind::Text(Some(&traces)), Bind::Int(through)];
     spans_picked_with_ids(
         pool,
-        "picked AS (SELECT id FROM spans WHERE trace_id IN (SELECT value FROM json_each(?1)) AND id <= ?2)",
+        "picked AS (
+            SELECT id FROM spans
+            WHERE trace_id IN (SELECT value FROM json_each(?1))
+              AND trace_id IS NOT NULL AND span_id IS NOT NULL AND +id <= ?2
+        )",
         &binds,
     )
     .await
