@@ -137,7 +137,7 @@ impl Store for SqliteStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        spans::for_scope(&self.reader, cluster, namespace, range, limit).await
+        spans::for_scope(&self.reader, cluster, namespace, range, limit, i64::MAX).await
     }
 
     async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
@@ -517,7 +517,7 @@ impl SpanFeed for SqliteStore {
         through: i64,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        spans::for_scope_through(&self.reader, cluster, namespace, through, limit).await
+        spans::for_scope(&self.reader, cluster, namespace, TimeRange::ALL, limit, through).await
     }
 
     async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {

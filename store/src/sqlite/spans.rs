@@ -156,16 +156,19 @@ async fn spans_picked_with_ids(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]
             rows.into_iter().map(|(id, row)| Ok((id, row.into_span()?))).collect()
         }
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
-            let sql = format!(
-                "WITH {ctes} SELECT id AS row_id, * FROM spans WHERE id IN (SELECT id FROM picked)
-                 ORDER BY start_unix_nano, id"
-            );
-            let rows: Vec<IdSpanRow> =
-                bind_all(sqlx::query_as(sqlx::AssertSqlSafe(sql)), binds).fetch_all(pool).await?;
-            rows.into_iter().map(|row| Ok((row.row_id, row.span.into_span()?))).collect()
+            spans_picked_with_ids_by_row(pool, ctes, binds).await
         }
         Err(error) => Err(error.into()),
     }
+}
+
+/// [`spans_picked_with_ids`] one sqlx row per span.
+async fn spans_picked_with_ids_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<(i64, Span)>> {
+    let sql = format!(
+        "WITH {ctes} SELECT id AS row_id, * FROM spans WHERE id IN (SELECT id FROM picked) ORDER BY start_unix_nano, id"
+    );
+    let rows: Vec<IdSpanRow> = bind_all(sqlx::query_as(sqlx::AssertSqlSafe(sql)), binds).fetch_all(pool).await?;
+    rows.into_iter().map(|row| Ok((row.row_id, row.span.into_span()?))).collect()
 }
 
 /// A span row with its id.
@@ -186,10 +189,12 @@ async fn spans_picked_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) 
 
 /// Picks a client's spans in ?2..?3 (the most recent ?4), then every span of their traces: ids
 /// first (the traces' from the covering trace index), then each row once (a union of whole
-/// rows had SQLite sort and compare every column of every span).
+/// rows had SQLite sort and compare every column of every span). Only spans with ids up to ?6
+/// (`+id`: the bound is checked on the index entries, which hold the id, and never makes the
+/// rowid range the plan, which would scan every older span).
 const CLIENT_PICK: &str = "own AS (
         SELECT id, trace_id, start_unix_nano, end_unix_nano FROM spans
-        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3
+        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3 AND +id <= ?6
         ORDER BY start_unix_nano DESC LIMIT ?4
     ),
     traces AS (
@@ -200,20 +205,25 @@ const CLIENT_PICK: &str = "own AS (
         SELECT id FROM own
         UNION
         SELECT spans.id FROM traces JOIN spans ON spans.trace_id = traces.trace_id
-        WHERE spans.span_id IS NOT NULL
+        WHERE spans.span_id IS NOT NULL AND +spans.id <= ?6
           AND spans.start_unix_nano >= traces.earliest AND spans.start_unix_nano <= traces.latest
     )";
 
 /// The client's spans in the range (the most recent `limit`), plus every span of their traces.
 pub(super) async fn for_client(pool: &SqlitePool, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-    let binds = [
+    spans_picked(pool, CLIENT_PICK, &client_binds(client_id, range, limit, i64::MAX)).await
+}
+
+/// [`CLIENT_PICK`]'s values.
+fn client_binds(client_id: &str, range: TimeRange, limit: u32, through: i64) -> [Bind<'_>; 6] {
+    [
         Bind::Text(Some(client_id)),
         Bind::Int(range.from),
         Bind::Int(range.to),
         Bind::Int(i64::from(limit)),
         Bind::Int(crate::TRACE_WINDOW_NANOS),
-    ];
-    spans_picked(pool, CLIENT_PICK, &binds).await
+        Bind::Int(through),
+    ]
 }
 
 pub(super) async fn clients_of_traces(pool: &SqlitePool, trace_ids: &[String]) -> Result<Vec<String>> {
@@ -231,12 +241,15 @@ pub(super) async fn clients_of_traces(pool: &SqlitePool, trace_ids: &[String]) -
     Ok(clients.into_iter().map(|(client,)| client).collect())
 }
 
+/// The newest `limit` spans of a scope whose start lies in `range`, among those with ids up to
+/// `through` (`i64::MAX`: all).
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
     namespace: Option<&str>,
     range: TimeRange,
     limit: u32,
+    through: i64,
 ) -> Result<Vec<Span>> {
     // The live analyzer's scope passes read tens of thousands of spans.
     let binds = [
@@ -245,14 +258,17 @@ pub(super) async fn for_scope(
         Bind::Int(range.from),
         Bind::Int(range.to),
         Bind::Int(i64::from(limit)),
+        Bind::Int(through),
     ];
     spans_picked(pool, SCOPE_PICK, &binds).await
 }
 
-/// Picks the newest ?5 spans of cluster ?1 and namespace ?2 (either may be NULL) in ?3..?4.
+/// Picks the newest ?5 spans of cluster ?1 and namespace ?2 (either may be NULL) in ?3..?4,
+/// with ids up to ?6 (`+id`, as in [`CLIENT_PICK`]).
 const SCOPE_PICK: &str = "picked AS (
         SELECT id FROM spans
         WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
+          AND +id <= ?6
         ORDER BY start_unix_nano DESC LIMIT ?5
     )";
 
@@ -261,35 +277,6 @@ pub(super) async fn latest_id(pool: &SqlitePool) -> Result<i64> {
     let (latest,): (i64,) = sqlx::query_as("SELECT ifnull(max(id), 0) FROM spans").fetch_one(pool).await?;
     Ok(latest)
 }
-
-/// [`for_scope`] over all time among the spans with ids up to `through`.
-pub(super) async fn for_scope_through(
-    pool: &SqlitePool,
-    cluster: Option<&str>,
-    namespace: Option<&str>,
-    through: i64,
-    limit: u32,
-) -> Result<Vec<Span>> {
-    let binds = [
-        Bind::Text(cluster),
-        Bind::Text(namespace),
-        Bind::Int(TimeRange::ALL.from),
-        Bind::Int(TimeRange::ALL.to),
-        Bind::Int(i64::from(limit)),
-        Bind::Int(through),
-    ];
-    spans_picked(pool, SCOPE_PICK_THROUGH, &binds).await
-}
-
-/// [`SCOPE_PICK`] among the spans with ids up to ?6. (`+id`: the id bound is checked on the
-/// index's entries, which hold the id, and never picks the rowid range as the plan: that
-/// would scan every older span. The other reads "through" an id write it so too.)
-const SCOPE_PICK_THROUGH: &str = "picked AS (
-        SELECT id FROM spans
-        WHERE cluster IS ?1 AND namespace IS ?2 AND start_unix_nano >= ?3 AND start_unix_nano < ?4
-          AND +id <= ?6
-        ORDER BY start_unix_nano DESC LIMIT ?5
-    )";
 
 /// The spans of `scopes` with ids in `after..=through`, at most `limit` (the oldest ids).
 pub(super) async fn of_scopes_between(
@@ -343,34 +330,8 @@ pub(super) async fn for_client_through(
     through: i64,
     limit: u32,
 ) -> Result<Vec<(i64, Span)>> {
-    let binds = [
-        Bind::Text(Some(client_id)),
-        Bind::Int(TimeRange::ALL.from),
-        Bind::Int(TimeRange::ALL.to),
-        Bind::Int(i64::from(limit)),
-        Bind::Int(crate::TRACE_WINDOW_NANOS),
-        Bind::Int(through),
-    ];
-    spans_picked_with_ids(pool, CLIENT_PICK_THROUGH, &binds).await
+    spans_picked_with_ids(pool, CLIENT_PICK, &client_binds(client_id, TimeRange::ALL, limit, through)).await
 }
-
-/// [`CLIENT_PICK`] among the spans with ids up to ?6.
-const CLIENT_PICK_THROUGH: &str = "own AS (
-        SELECT id, trace_id, start_unix_nano, end_unix_nano FROM spans
-        WHERE client_id = ?1 AND start_unix_nano >= ?2 AND start_unix_nano < ?3 AND +id <= ?6
-        ORDER BY start_unix_nano DESC LIMIT ?4
-    ),
-    traces AS (
-        SELECT trace_id, min(start_unix_nano) - ?5 AS earliest, max(end_unix_nano) + ?5 AS latest
-        FROM own WHERE trace_id IS NOT NULL GROUP BY trace_id
-    ),
-    picked AS (
-        SELECT id FROM own
-        UNION
-        SELECT spans.id FROM traces JOIN spans ON spans.trace_id = traces.trace_id
-        WHERE spans.span_id IS NOT NULL AND +spans.id <= ?6
-          AND spans.start_unix_nano >= traces.earliest AND spans.start_unix_nano <= traces.latest
-    )";
 
 /// Every span with a span id of the given traces, with an id up to `through`, with their ids
 /// (from the trace index, which holds the spans with both ids).
@@ -467,20 +428,29 @@ mod tests {
             span(3, 4, Some("c2"), 95, None),
         ];
         store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest");
-        let client = [
-            Bind::Text(Some("c1")),
+        let client = client_binds("c1", TimeRange { from: 0, to: 1_000 }, 10, i64::MAX);
+        let scope = [
+            Bind::Text(Some("prod")),
+            Bind::Text(Some("ns1")),
             Bind::Int(0),
             Bind::Int(1_000),
             Bind::Int(10),
-            Bind::Int(crate::TRACE_WINDOW_NANOS),
+            Bind::Int(i64::MAX),
         ];
-        let scope = [Bind::Text(Some("prod")), Bind::Text(Some("ns1")), Bind::Int(0), Bind::Int(1_000), Bind::Int(10)];
         for (ctes, binds, expected) in [(CLIENT_PICK, &client[..], 3), (SCOPE_PICK, &scope[..], 4)] {
             let json = spans_picked(&store.reader, ctes, binds).await.expect("json");
             let rows = spans_picked_by_row(&store.reader, ctes, binds).await.expect("rows");
             assert_eq!(json.len(), expected);
             assert_eq!(json, rows);
             assert!(json.windows(2).all(|pair| pair[0].start_unix_nano <= pair[1].start_unix_nano));
+            // With their ids, both ways: the same spans, each with its own id.
+            let with_ids = spans_picked_with_ids(&store.reader, ctes, binds).await.expect("json, ids");
+            assert_eq!(with_ids, spans_picked_with_ids_by_row(&store.reader, ctes, binds).await.expect("rows, ids"));
+            assert_eq!(with_ids.iter().map(|(_, span)| span.clone()).collect::<Vec<_>>(), json);
+            let mut ids: Vec<i64> = with_ids.iter().map(|(id, _)| *id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), expected);
         }
     }
 }
