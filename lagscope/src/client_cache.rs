@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 use lagscope_model::Span;
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
 
+/// The most spans one catch-up reads; when more were committed since the last one, every
+/// held entry is let go instead (and read anew when next passed).
+pub const CATCH_UP_LIMIT: usize = 100_000;
+
 /// A held client not passed for this long is let go (a client is passed whenever it, or a
 /// trace of its, gets spans, so it has gone quiet).
 pub const IDLE_AFTER: Duration = Duration::from_secs(120);
@@ -93,9 +97,11 @@ impl ClientCache {
             self.clients.clear();
         }
         if !self.clients.is_empty() && latest > self.through {
-            let budget = u32::try_from(self.budget).unwrap_or(u32::MAX);
-            let gained = feed.spans_between(self.through, latest, budget).await?;
-            if gained.len() >= self.budget {
+            // One read's worth at most: a stall longer than that is cheaper read anew per scope
+            // than as one text of everything committed since.
+            let most = self.budget.min(CATCH_UP_LIMIT);
+            let gained = feed.spans_between(self.through, latest, most as u32).await?;
+            if gained.len() >= most {
                 tracing::info!(
                     spans = gained.len(),
                     clients = self.clients.len(),

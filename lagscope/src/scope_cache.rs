@@ -22,6 +22,10 @@ use lagscope_store::{SpanFeed, StoreError};
 /// (cluster, namespace).
 pub type ScopeKey = (Option<String>, Option<String>);
 
+/// The most spans one catch-up reads; when more were committed since the last one, every
+/// held entry is let go instead (and read anew when next passed).
+pub const CATCH_UP_LIMIT: usize = 100_000;
+
 /// A held scope not passed for this long is let go (a scope is passed whenever it gets spans
 /// or samples, so it has gone quiet).
 pub const IDLE_AFTER: Duration = Duration::from_secs(120);
@@ -85,9 +89,11 @@ impl ScopeCache {
         }
         if !self.scopes.is_empty() && latest > self.through {
             let keys: Vec<ScopeKey> = self.scopes.keys().cloned().collect();
-            let budget = u32::try_from(self.budget).unwrap_or(u32::MAX);
-            let gained = feed.scope_spans_between(&keys, self.through, latest, budget).await?;
-            if gained.len() >= self.budget {
+            // One read's worth at most: a stall longer than that is cheaper read anew per scope
+            // than as one text of everything committed since.
+            let most = self.budget.min(CATCH_UP_LIMIT);
+            let gained = feed.scope_spans_between(&keys, self.through, latest, most as u32).await?;
+            if gained.len() >= most {
                 tracing::info!(
                     spans = gained.len(),
                     scopes = keys.len(),
