@@ -14,18 +14,11 @@
 //! span reached two ways is held once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
 use lagscope_model::Span;
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
-
-/// The most spans one catch-up reads; when more were committed since the last one, every
-/// held entry is let go instead (and read anew when next passed).
-pub const CATCH_UP_LIMIT: usize = 100_000;
-
-/// A held client not passed for this long is let go (a client is passed whenever it, or a
-/// trace of its, gets spans, so it has gone quiet).
-pub const IDLE_AFTER: Duration = Duration::from_secs(120);
 
 #[derive(Debug)]
 pub struct ClientCache {
@@ -87,18 +80,11 @@ impl ClientCache {
     /// the last catch-up (one read; none when nothing was), gives each client its new spans
     /// and those of its traces, and reads from the store the traces its new spans joined or
     /// moved the bounds of. When more was committed than the budget (a long stall), every
-    /// client is let go and read anew when next passed. Clients not passed for [`IDLE_AFTER`]
+    /// client is let go and read anew when next passed. Clients not passed for [`held::IDLE_AFTER`]
     /// are let go first.
     pub async fn catch_up(&mut self, feed: &dyn SpanFeed, limit: u32, now: Instant) -> Result<(), StoreError> {
-        self.clients.retain(|_, held| now.duration_since(held.last_passed) < IDLE_AFTER);
-        let latest = feed.latest_span_id().await?;
-        if latest < self.through {
-            tracing::warn!(latest, through = self.through, "span ids went back; the client cache starts again");
-            self.clients.clear();
-        }
+        let latest = start_catch_up(&mut self.clients, self.through, feed, now, "client").await?;
         if !self.clients.is_empty() && latest > self.through {
-            // One read's worth at most: a stall longer than that is cheaper read anew per scope
-            // than as one text of everything committed since.
             let most = self.budget.min(CATCH_UP_LIMIT);
             let gained = feed.spans_between(self.through, latest, most as u32).await?;
             if gained.len() >= most {
@@ -116,8 +102,7 @@ impl ClientCache {
             }
         }
         self.through = latest;
-        self.held = self.clients.values().map(|held| held.spans.len()).sum();
-        self.shed();
+        self.held = shed(&mut self.clients, self.budget);
         Ok(())
     }
 
@@ -165,15 +150,6 @@ impl ClientCache {
         let held = self.clients.entry(client_id.to_string()).or_insert(held);
         Ok(ClientSpans::ReadAndHeld(&held.spans))
     }
-
-    /// Lets clients go, least recently passed first, until the budget holds the rest.
-    fn shed(&mut self) {
-        while self.held > self.budget {
-            let oldest = self.clients.iter().min_by_key(|(_, held)| held.last_passed).map(|(key, _)| key.clone());
-            let Some(held) = oldest.and_then(|oldest| self.clients.remove(&oldest)) else { return };
-            self.held -= held.spans.len();
-        }
-    }
 }
 
 /// What one catch-up read, indexed by client and by trace.
@@ -203,6 +179,16 @@ fn window(own: &[(i64, i64, i64)]) -> (i64, i64) {
     let earliest = own.iter().map(|&(start, _, _)| start).min().unwrap_or(i64::MAX);
     let latest = own.iter().map(|&(_, _, end)| end).max().unwrap_or(i64::MIN);
     (earliest.saturating_sub(TRACE_WINDOW_NANOS), latest.saturating_add(TRACE_WINDOW_NANOS))
+}
+
+impl held::Held for Held {
+    fn spans_held(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn last_passed(&self) -> Instant {
+        self.last_passed
+    }
 }
 
 impl Held {
@@ -336,18 +322,9 @@ mod tests {
     use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
 
     use super::*;
+    use crate::held::Numbers;
 
     const SECOND: i64 = 1_000_000_000;
-
-    /// A deterministic stream of numbers (no dependency for one test's randomness).
-    struct Numbers(u64);
-
-    impl Numbers {
-        fn below(&mut self, bound: u64) -> u64 {
-            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) % bound
-        }
-    }
 
     fn span(trace: Option<u64>, id: u64, client: Option<&str>, start: i64) -> Span {
         Span {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dump;
 pub mod eval;
 pub mod export;
+mod held;
 mod live;
 pub mod lscap;
 pub mod migrate;

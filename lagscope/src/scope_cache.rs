@@ -14,21 +14,14 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
 use lagscope_model::Span;
 use lagscope_store::{SpanFeed, StoreError};
 
 /// (cluster, namespace).
 pub type ScopeKey = (Option<String>, Option<String>);
-
-/// The most spans one catch-up reads; when more were committed since the last one, every
-/// held entry is let go instead (and read anew when next passed).
-pub const CATCH_UP_LIMIT: usize = 100_000;
-
-/// A held scope not passed for this long is let go (a scope is passed whenever it gets spans
-/// or samples, so it has gone quiet).
-pub const IDLE_AFTER: Duration = Duration::from_secs(120);
 
 /// What a scope read came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +65,7 @@ impl ScopeCache {
     /// the newest `limit` of each scope that gained (what is older than `kept_from`, the span
     /// retention's cut-off, goes too; the store drops it as well). When more was committed
     /// than the budget (a long stall), every scope is let go and read anew when next passed.
-    /// Scopes not passed for [`IDLE_AFTER`] are let go first.
+    /// Scopes not passed for [`held::IDLE_AFTER`] are let go first.
     pub async fn catch_up(
         &mut self,
         feed: &dyn SpanFeed,
@@ -80,17 +73,9 @@ impl ScopeCache {
         kept_from: Option<i64>,
         now: Instant,
     ) -> Result<(), StoreError> {
-        self.scopes.retain(|_, held| now.duration_since(held.last_passed) < IDLE_AFTER);
-        let latest = feed.latest_span_id().await?;
-        if latest < self.through {
-            // Ids do not come back (SpanFeed); a store replaced underneath would break that.
-            tracing::warn!(latest, through = self.through, "span ids went back; the scope cache starts again");
-            self.scopes.clear();
-        }
+        let latest = start_catch_up(&mut self.scopes, self.through, feed, now, "scope").await?;
         if !self.scopes.is_empty() && latest > self.through {
             let keys: Vec<ScopeKey> = self.scopes.keys().cloned().collect();
-            // One read's worth at most: a stall longer than that is cheaper read anew per scope
-            // than as one text of everything committed since.
             let most = self.budget.min(CATCH_UP_LIMIT);
             let gained = feed.scope_spans_between(&keys, self.through, latest, most as u32).await?;
             if gained.len() >= most {
@@ -117,8 +102,7 @@ impl ScopeCache {
             }
         }
         self.through = latest;
-        self.held = self.scopes.values().map(|held| held.spans.len()).sum();
-        self.shed();
+        self.held = shed(&mut self.scopes, self.budget);
         Ok(())
     }
 
@@ -152,14 +136,15 @@ impl ScopeCache {
         let held = self.scopes.entry(scope.clone()).or_insert(Held { spans, last_passed: now });
         Ok((Cow::Borrowed(&held.spans), Source::Store))
     }
+}
 
-    /// Lets scopes go, least recently passed first, until the budget holds the rest.
-    fn shed(&mut self) {
-        while self.held > self.budget {
-            let oldest = self.scopes.iter().min_by_key(|(_, held)| held.last_passed).map(|(key, _)| key.clone());
-            let Some(held) = oldest.and_then(|oldest| self.scopes.remove(&oldest)) else { return };
-            self.held -= held.spans.len();
-        }
+impl held::Held for Held {
+    fn spans_held(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn last_passed(&self) -> Instant {
+        self.last_passed
     }
 }
 
@@ -184,6 +169,7 @@ mod tests {
     use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
 
     use super::*;
+    use crate::held::{IDLE_AFTER, Numbers};
 
     fn span(scope: &ScopeKey, id: u64, start: i64) -> Span {
         Span {
@@ -218,16 +204,6 @@ mod tests {
     async fn open() -> (SqliteStore, tempfile::TempDir) {
         let directory = tempfile::tempdir().expect("temp dir");
         (SqliteStore::open_dir(directory.path()).await.expect("store"), directory)
-    }
-
-    /// A deterministic stream of numbers (no dependency for one test's randomness).
-    struct Numbers(u64);
-
-    impl Numbers {
-        fn below(&mut self, bound: u64) -> u64 {
-            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) % bound
-        }
     }
 
     /// Rounds of spans of three scopes, arriving in any order of their starts (late ones of

@@ -1,0 +1,66 @@
+//! What the live analyzer's two span caches ([`crate::scope_cache`], [`crate::client_cache`])
+//! share: when an entry is let go, how much one catch-up reads, and the budget.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+use lagscope_store::{SpanFeed, StoreError};
+
+/// The most spans one catch-up reads; when more were committed since the last one, every
+/// held entry is let go instead (and read anew when next passed): a stall longer than that
+/// is cheaper read anew per entry than as one text of everything committed since.
+pub const CATCH_UP_LIMIT: usize = 100_000;
+
+/// An entry not passed for this long is let go (a scope or client is passed whenever it gets
+/// telemetry, so it has gone quiet).
+pub const IDLE_AFTER: Duration = Duration::from_secs(120);
+
+/// A cache entry: the spans it holds and when it was last passed.
+pub trait Held {
+    fn spans_held(&self) -> usize;
+    fn last_passed(&self) -> Instant;
+}
+
+/// The first step of a catch-up: lets go of entries not passed for [`IDLE_AFTER`], and of
+/// every entry if span ids went back below `through` (they do not come back, [`SpanFeed`];
+/// a store replaced underneath would break that). Returns the store's latest span id.
+pub async fn start_catch_up<K, V: Held>(
+    entries: &mut HashMap<K, V>,
+    through: i64,
+    feed: &dyn SpanFeed,
+    now: Instant,
+    cache: &str,
+) -> Result<i64, StoreError> {
+    entries.retain(|_, held| now.duration_since(held.last_passed()) < IDLE_AFTER);
+    let latest = feed.latest_span_id().await?;
+    if latest < through {
+        tracing::warn!(latest, through, cache, "span ids went back; the cache starts again");
+        entries.clear();
+    }
+    Ok(latest)
+}
+
+/// Lets entries go, least recently passed first, until they hold at most `budget` spans;
+/// returns the spans they hold.
+pub fn shed<K: Clone + Eq + Hash, V: Held>(entries: &mut HashMap<K, V>, budget: usize) -> usize {
+    let mut held: usize = entries.values().map(Held::spans_held).sum();
+    while held > budget {
+        let oldest = entries.iter().min_by_key(|(_, entry)| entry.last_passed()).map(|(key, _)| key.clone());
+        let Some(entry) = oldest.and_then(|oldest| entries.remove(&oldest)) else { break };
+        held -= entry.spans_held();
+    }
+    held
+}
+
+/// A deterministic stream of numbers for the caches' randomized tests.
+#[cfg(test)]
+pub struct Numbers(pub u64);
+
+#[cfg(test)]
+impl Numbers {
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+}
