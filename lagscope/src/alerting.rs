@@ -834,6 +834,80 @@ mod tests {
         assert_eq!(events().await, [trigger.clone(), resolved, trigger]);
     }
 
+    /// Per-read anomalies of one node group into one incident while they keep coming; it
+    /// resolves once none has come for `resolve_after` (wall clock, as the alerter sees the
+    /// changes); the same anomaly stored again does not page, a new one after the resolve
+    /// opens the node's next incident, under the same dedup key.
+    #[tokio::test]
+    async fn per_read_anomalies_of_a_node_page_once_until_quiet_then_again() {
+        const SECOND: i64 = 1_000_000_000;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
+        let config: AlertsConfig = toml::from_str(
+            "resolve_after = \"2s\"\n[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\n\
+             url = \"http://127.0.0.1:9/\"\n[[route]]\nreceiver = \"hook\"\n",
+        )
+        .expect("config");
+        let now = 1_767_225_600 * SECOND;
+        let events = async || -> Vec<(String, String, String)> {
+            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
+            messages.reverse();
+            messages
+                .iter()
+                .map(|message| {
+                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
+                    let node = body["commonLabels"]["node"].as_str().unwrap_or_default().to_string();
+                    (message.event.clone(), node, message.dedup_key.clone())
+                })
+                .collect()
+        };
+        let mut alerter = Alerter::load(&store, config).await.expect("load");
+        let at = async |offset_ms: i64, anomalies: &[Anomaly], alerter: &mut Alerter| {
+            let when = now + offset_ms * SECOND / 1_000;
+            if !anomalies.is_empty() {
+                store.upsert_anomalies(anomalies, when).await.expect("upsert");
+            }
+            alerter.pass(&store, when).await.expect("pass");
+        };
+        at(0, &[stale_read("a", "nn-1", now)], &mut alerter).await;
+        at(1_500, &[stale_read("b", "nn-1", now), stale_read("c", "nn-2", now)], &mut alerter).await;
+        at(3_000, &[stale_read("d", "nn-1", now)], &mut alerter).await;
+        // nn-2 has been quiet for 3.4 s, nn-1 for 1.9 s only.
+        at(4_900, &[], &mut alerter).await;
+        let kinds = |events: &[(String, String, String)]| -> Vec<(String, String)> {
+            events.iter().map(|(event, node, _)| (event.clone(), node.clone())).collect()
+        };
+        let pair = |event: &str, node: &str| (event.to_string(), node.to_string());
+        assert_eq!(
+            kinds(&events().await),
+            [pair("trigger", "nn-1"), pair("trigger", "nn-2"), pair("resolve", "nn-2")],
+            "one incident per node, nn-2 resolved after 2 s without a new anomaly"
+        );
+        at(5_000, &[], &mut alerter).await;
+        // Stored again by a later analyzer pass, unchanged: nothing pages.
+        at(6_000, &[stale_read("a", "nn-1", now), stale_read("c", "nn-2", now)], &mut alerter).await;
+        // A new stale read served by nn-1: its next incident.
+        at(7_000, &[stale_read("e", "nn-1", now + 7 * SECOND)], &mut alerter).await;
+        at(9_000, &[], &mut alerter).await;
+        let all = events().await;
+        assert_eq!(
+            kinds(&all),
+            [
+                pair("trigger", "nn-1"),
+                pair("trigger", "nn-2"),
+                pair("resolve", "nn-2"),
+                pair("resolve", "nn-1"),
+                pair("trigger", "nn-1"),
+                pair("resolve", "nn-1"),
+            ]
+        );
+        let keys_of = |node: &str| -> HashSet<&String> {
+            all.iter().filter(|(_, of, _)| of == node).map(|(_, _, key)| key).collect()
+        };
+        assert_eq!(keys_of("nn-1").len(), 1, "one dedup key per node's incidents");
+        assert_ne!(keys_of("nn-1"), keys_of("nn-2"));
+    }
+
     #[test]
     fn back_off_doubles_with_jitter_caps_and_honours_retry_after() {
         let (first, longest) = (Duration::from_secs(1), Duration::from_secs(300));
