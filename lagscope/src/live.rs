@@ -6,7 +6,6 @@
 //! split into shards held under leases ([`lagscope_store::Coordinator`]), and each instance
 //! analyses the marks of its shards, whoever ingested them.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +20,7 @@ use tokio::sync::watch;
 
 use crate::Config;
 use crate::client_cache::ClientCache;
-use crate::scope_cache::{ScopeCache, Source};
+use crate::scope_cache::{ScopeCache, ScopeSpans, Source};
 
 /// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
 /// and lease changes are looked at again soon.
@@ -445,17 +444,18 @@ async fn analysis_pass(
             }
             None => {
                 let spans = store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
-                (Cow::Owned(spans), Source::Store)
+                (ScopeSpans::Read(spans), Source::Store)
             }
         };
         match source {
             Source::Cached => metrics.scope_reads_cached.add(1),
             Source::Store => metrics.scope_reads_full.add(1),
         }
+        let spans = spans.refs();
         let (cluster, namespace) = &scope;
         times.scope_reads += lap.elapsed();
         lap = Instant::now();
-        let mut input = AnalysisInput::from_telemetry(&spans, samples, config.analyzer.stream.horizon());
+        let mut input = AnalysisInput::from_span_refs(&spans, samples, config.analyzer.stream.horizon());
         input.log_events = events_by_cluster
             .get(cluster)
             .map(|events| {

@@ -12,7 +12,6 @@
 //! same order. A span committed after `through` has a higher id ([`SpanFeed`]'s promise), so
 //! the spans with ids in `through..=latest` are exactly what each scope gained.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -43,10 +42,30 @@ pub struct ScopeCache {
     held: usize,
 }
 
+/// A scope's spans for one pass.
+pub enum ScopeSpans<'a> {
+    Held(&'a [Box<Span>]),
+    /// Read from the store and not held (over the budget).
+    Read(Vec<Span>),
+}
+
+impl ScopeSpans<'_> {
+    pub fn refs(&self) -> Vec<&Span> {
+        match self {
+            Self::Held(spans) => spans.iter().map(|span| &**span).collect(),
+            Self::Read(spans) => spans.iter().collect(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Held {
     /// Ordered by start time (spans of one start in id order), at most the pass's limit.
-    spans: Vec<Span>,
+    /// Boxed: a busy scope holds tens of thousands, and each pass sorts in what arrived and
+    /// cuts the oldest from the front; moving the spans themselves cost more than the rest of
+    /// the catch-up.
+    #[expect(clippy::vec_box, reason = "moved by the pass's sorts and cuts: pointers, not spans")]
+    spans: Vec<Box<Span>>,
     last_passed: Instant,
 }
 
@@ -90,7 +109,7 @@ impl ScopeCache {
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        held.spans.push(span);
+                        held.spans.push(Box::new(span));
                         grown.insert(key);
                     }
                 }
@@ -116,25 +135,26 @@ impl ScopeCache {
         limit: u32,
         kept_from: Option<i64>,
         now: Instant,
-    ) -> Result<(Cow<'a, [Span]>, Source), StoreError> {
+    ) -> Result<(ScopeSpans<'a>, Source), StoreError> {
         if self.scopes.contains_key(scope) {
             let held = self.scopes.get_mut(scope).expect("held");
             held.last_passed = now;
             let before = held.spans.len();
             held.normalise(limit as usize, kept_from);
             self.held -= before - held.spans.len();
-            return Ok((Cow::Borrowed(&held.spans), Source::Cached));
+            return Ok((ScopeSpans::Held(&held.spans), Source::Cached));
         }
         let mut spans = feed.scope_spans_through(scope.0.as_deref(), scope.1.as_deref(), self.through, limit).await?;
         if let Some(kept_from) = kept_from {
             spans.retain(|span| span.start_unix_nano >= kept_from);
         }
         if self.budget == 0 || self.held + spans.len() > self.budget {
-            return Ok((Cow::Owned(spans), Source::Store));
+            return Ok((ScopeSpans::Read(spans), Source::Store));
         }
         self.held += spans.len();
+        let spans = spans.into_iter().map(Box::new).collect();
         let held = self.scopes.entry(scope.clone()).or_insert(Held { spans, last_passed: now });
-        Ok((Cow::Borrowed(&held.spans), Source::Store))
+        Ok((ScopeSpans::Held(&held.spans), Source::Store))
     }
 }
 
@@ -237,7 +257,7 @@ mod tests {
                 for scope in scopes().iter().filter(|_| numbers.below(4) != 0) {
                     cache.catch_up(feed, limit, None, now).await.expect("catch up");
                     let (spans, source) = cache.spans(feed, scope, limit, None, now).await.expect("spans");
-                    let spans = spans.into_owned();
+                    let spans: Vec<Span> = spans.refs().into_iter().cloned().collect();
                     sources.push(source);
                     let stored = store
                         .scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit)
@@ -288,9 +308,9 @@ mod tests {
         cache.catch_up(feed, 100, None, start).await.expect("stall");
         assert_eq!(cache.held(), 0);
         let (spans, source) = cache.spans(feed, &one, 100, None, start).await.expect("anew");
-        assert_eq!((spans.len(), source), (11, Source::Store), "over the budget: read, not held");
+        assert_eq!((spans.refs().len(), source), (11, Source::Store), "over the budget: read, not held");
         let (spans, source) = cache.spans(feed, &two, 100, None, start).await.expect("two anew");
-        assert_eq!((spans.len(), source), (1, Source::Store));
+        assert_eq!((spans.refs().len(), source), (1, Source::Store));
         assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("held").1, Source::Cached);
 
         // Passed again within the idle time: held; not passed for it: let go.
@@ -300,9 +320,9 @@ mod tests {
 
         // Retention's cut-off: what starts before it goes, held or read.
         let (spans, _) = cache.spans(feed, &two, 100, Some(60), later).await.expect("cut");
-        assert!(spans.is_empty());
+        assert!(spans.refs().is_empty());
         assert_eq!(cache.held(), 0);
         let (spans, _) = cache.spans(feed, &one, 100, Some(1_050), later).await.expect("cut on read");
-        assert_eq!(spans.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [1_100, 1_200]);
+        assert_eq!(spans.refs().iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [1_100, 1_200]);
     }
 }

@@ -36,6 +36,7 @@ macro_rules! store_suite {
             case!(clients_of_traces_finds_the_client_of_a_hop);
             case!(series_range_matches_labels_and_time);
             case!(scope_and_cluster_samples_take_their_series_and_window);
+            case!(scope_samples_come_back_whole_in_time_order);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
             case!(the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end);
             case!(logs_round_trip_in_time_order);
@@ -615,6 +616,84 @@ async fn scope_and_cluster_samples_take_their_series_and_window(store: &dyn Stor
     let other = store.cluster_samples(Some("es-prod"), &["lagscope.shard.limit_bytes"], 10 * SECOND).await;
     assert!(other.expect("other metric").is_empty(), "only the metrics asked for");
     assert!(store.cluster_samples(Some("absent"), &[inflight], 10 * SECOND).await.expect("absent").is_empty());
+}
+
+/// What a scope read returns is each sample as ingested (values that are not whole, NaN,
+/// start times, distributions, units), in time order.
+async fn scope_samples_come_back_whole_in_time_order(store: &dyn Store) {
+    let node =
+        |node: &'static str| [("lagscope.cluster", "hdfs"), ("lagscope.namespace", "ns1"), ("lagscope.node.id", node)];
+    let mut samples = Vec::new();
+    for step in 0..40_i64 {
+        let time = T0 + step * SECOND;
+        let applied = 1_000.0 + step as f64 * 0.1 + 1e-9;
+        samples.push(sample(
+            "lagscope.server.applied_state",
+            &node("nn-1"),
+            time,
+            PointValue::Number(applied),
+            MetricKind::Gauge,
+        ));
+        let mut requeues = sample(
+            "lagscope.server.requeues",
+            &node("nn-2"),
+            time,
+            PointValue::Number(-(step as f64 + 1.0) / 3.0),
+            MetricKind::UpDownCounter,
+        );
+        requeues.start_time_unix_nano = Some(T0 - SECOND);
+        samples.push(requeues);
+        if step % 7 == 3 {
+            samples.push(sample(
+                "lagscope.server.lag",
+                &node("nn-2"),
+                time,
+                PointValue::Number(f64::NAN),
+                MetricKind::Gauge,
+            ));
+        }
+        if step % 5 == 0 {
+            let histogram = lagscope_model::HistogramPoint {
+                count: step as u64,
+                sum: Some(step as f64 * 1.5),
+                min: Some(0.25),
+                max: None,
+                explicit_bounds: vec![0.5, 1.0],
+                bucket_counts: vec![1, 2, step as u64],
+                ..lagscope_model::HistogramPoint::default()
+            };
+            let mut point = sample(
+                "rpc.queue.time",
+                &node("nn-1"),
+                time,
+                PointValue::Distribution(histogram),
+                MetricKind::Histogram,
+            );
+            point.meta.description = Some("queue time".to_string());
+            samples.push(point);
+        }
+    }
+    // Ingested newest first, in two batches.
+    let mut sent = samples.clone();
+    sent.reverse();
+    let later = sent.split_off(sent.len() / 2);
+    store.ingest(&IngestBatch { samples: sent, ..IngestBatch::default() }).await.expect("ingest");
+    store.ingest(&IngestBatch { samples: later, ..IngestBatch::default() }).await.expect("ingest");
+    let read = store.scope_samples(Some("hdfs"), Some("ns1"), 1_000 * SECOND).await.expect("scope");
+    assert!(read.is_sorted_by_key(|sample| sample.time_unix_nano), "in time order");
+    // Compared whole, samples of one time by series (the order of a time's samples is not
+    // promised); NaN compared as text.
+    let whole = |samples: &[Sample]| {
+        let mut texts: Vec<(i64, String)> =
+            samples.iter().map(|sample| (sample.time_unix_nano, format!("{sample:?}"))).collect();
+        texts.sort();
+        texts
+    };
+    assert_eq!(whole(&read), whole(&samples));
+    let window = store.scope_samples(Some("hdfs"), Some("ns1"), 10 * SECOND).await.expect("window");
+    let expected: Vec<Sample> =
+        samples.iter().filter(|sample| sample.time_unix_nano >= T0 + 29 * SECOND).cloned().collect();
+    assert_eq!(whole(&window), whole(&expected), "the window before the latest sample, its first instant included");
 }
 
 fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {

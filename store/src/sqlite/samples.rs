@@ -225,7 +225,12 @@ pub(super) async fn series_buckets(
 }
 
 /// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::Every`: the series of
-/// the given names in every namespace), from `window` before the latest of them on.
+/// the given names in every namespace), from `window` before the latest of them on, in time
+/// order (samples of one time in series order).
+///
+/// One row per series, its samples as one JSON array: SQLite's driver costs microseconds a row,
+/// and each row named its series again (its labels parsed again for every sample). The live
+/// analyzer reads every busy scope's window of samples on each pass.
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
@@ -233,9 +238,9 @@ pub(super) async fn for_scope(
     window: i64,
 ) -> Result<Vec<Sample>> {
     let (namespace, names) = namespaces.binds();
-    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+    let rows: Vec<ScopeSeriesRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH scope AS (
-             SELECT * FROM series
+             SELECT id, name, labels, kind, unit, description FROM series
              WHERE cluster IS ?1
                AND CASE WHEN ?4 IS NULL THEN namespace IS ?2 OR namespace IS NULL
                         ELSE name IN (SELECT value FROM json_each(?4)) END
@@ -243,19 +248,75 @@ pub(super) async fn for_scope(
          latest AS (
              SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
          )
-         SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
-                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+         SELECT scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description,
+                json_group_array(json_array(samples.time_unix_nano, samples.start_time_unix_nano,
+                                            {VALUE_TEXT}, samples.distribution)
+                                 ORDER BY samples.time_unix_nano) AS points
          FROM samples JOIN scope ON scope.id = samples.series_id, latest
          WHERE samples.time_unix_nano >= latest.at - ?3
-         ORDER BY samples.time_unix_nano",
-    )
+         GROUP BY scope.id
+         ORDER BY scope.id"
+    )))
     .bind(cluster)
     .bind(namespace)
     .bind(window)
     .bind(names)
     .fetch_all(pool)
     .await?;
-    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    let mut samples = Vec::new();
+    for row in rows {
+        row.append_to(&mut samples)?;
+    }
+    // Each series' samples are in time order and the series in id order: a stable sort by time
+    // orders samples of one time by series.
+    samples.sort_by_key(|sample| sample.time_unix_nano);
+    Ok(samples)
+}
+
+/// A series of a scope with its samples of the window, as
+/// `[[time, start time, value text, distribution text], ...]`.
+#[derive(sqlx::FromRow)]
+struct ScopeSeriesRow {
+    id: i64,
+    name: String,
+    labels: String,
+    kind: String,
+    unit: Option<String>,
+    description: Option<String>,
+    points: String,
+}
+
+impl ScopeSeriesRow {
+    fn append_to(self, samples: &mut Vec<Sample>) -> Result<()> {
+        let corrupt = |detail: String| crate::StoreError::Corrupt { what: "samples", detail };
+        let kind = lagscope_model::MetricKind::parse(&self.kind)
+            .ok_or_else(|| crate::StoreError::Corrupt { what: "series.kind", detail: self.kind.clone() })?;
+        let key = SeriesKey { name: self.name, labels: crate::rows::from_json_text("series.labels", &self.labels)? };
+        let meta = SeriesMeta { kind, unit: self.unit, description: self.description };
+        type Point = (i64, Option<i64>, Option<String>, Option<String>);
+        let points: Vec<Point> = serde_json::from_str(&self.points)
+            .map_err(|error| corrupt(format!("series {} as JSON: {error}", self.id)))?;
+        samples.reserve(points.len());
+        for (time_unix_nano, start_time_unix_nano, value, distribution) in points {
+            let value = match (distribution, value) {
+                (Some(text), _) => {
+                    PointValue::Distribution(crate::rows::from_json_text("samples.distribution", &text)?)
+                }
+                (None, Some(text)) => PointValue::Number(
+                    text.parse().map_err(|_| corrupt(format!("series {}: value {text:?}", self.id)))?,
+                ),
+                (None, None) => PointValue::Number(f64::NAN),
+            };
+            samples.push(Sample {
+                series: key.clone(),
+                meta: meta.clone(),
+                time_unix_nano,
+                start_time_unix_nano,
+                value,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Samples of series in `cluster`/`namespace` (`None` = any; a namespace also matches series
