@@ -49,23 +49,25 @@ pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTime
         (0..spans.len()).filter(|index| !repeated[*index] && is_client_attempt(spans[*index])).collect();
     let hops = attach_hops(spans, &by_id, &repeated, &client_attempts);
 
-    // (client, namespace) -> its first attempt span and its calls
-    let mut grouped: BTreeMap<(String, Option<String>), (usize, CallAttempts)> = BTreeMap::new();
+    // (client, namespace) -> its first attempt span and its calls (keys borrowed from the
+    // spans: an attempt costs no string copies here)
+    let mut grouped: BTreeMap<(&str, Option<&str>), (usize, CallAttempts<'_>)> = BTreeMap::new();
     for &index in &client_attempts {
-        let span = &spans[index];
-        let client_id = span.call.client_id.clone().unwrap_or_default();
+        let span = spans[index];
+        let client_id = span.call.client_id.as_deref().unwrap_or_default();
         let key = match &span.call.call_id {
-            Some(call_id) => CallKey::Call(call_id.clone()),
+            Some(call_id) => CallKey::Call(call_id),
             None => CallKey::Lone(index),
         };
         let (_, calls) =
-            grouped.entry((client_id, span.call.namespace.clone())).or_insert_with(|| (index, BTreeMap::new()));
+            grouped.entry((client_id, span.call.namespace.as_deref())).or_insert_with(|| (index, BTreeMap::new()));
         calls.entry(key).or_default().push(index);
     }
 
     grouped
         .into_iter()
         .map(|((client_id, namespace), (first_index, calls))| {
+            let (client_id, namespace) = (client_id.to_string(), namespace.map(str::to_string));
             let mut timeline_calls: Vec<TimelineCall> = calls
                 .into_values()
                 .flat_map(|attempt_indexes| calls_within(spans, attempt_indexes, horizon))
@@ -93,7 +95,7 @@ pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTime
 }
 
 /// Call key -> the span indexes of its attempts.
-type CallAttempts = BTreeMap<CallKey, Vec<usize>>;
+type CallAttempts<'s> = BTreeMap<CallKey<'s>, Vec<usize>>;
 
 /// The attempts of one call id as the calls they are: in start order, a call per run of
 /// attempts that start within `horizon` of the run's first.
@@ -111,8 +113,8 @@ fn calls_within(spans: &[&Span], mut attempt_indexes: Vec<usize>, horizon: UnixN
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum CallKey {
-    Call(String),
+enum CallKey<'s> {
+    Call(&'s str),
     Lone(usize),
 }
 

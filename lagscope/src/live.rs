@@ -456,6 +456,7 @@ async fn analysis_pass(
         times.scope_reads += lap.elapsed();
         lap = Instant::now();
         let mut input = AnalysisInput::from_span_refs(&spans, samples, config.analyzer.stream.horizon());
+        times.scope_timelines += lap.elapsed();
         input.log_events = events_by_cluster
             .get(cluster)
             .map(|events| {
@@ -520,6 +521,7 @@ async fn analysis_pass(
         scope_samples_ms = times.scope_samples.as_millis(),
         scope_spans_ms = times.scope_reads.saturating_sub(times.scope_samples).as_millis(),
         scope_analysis_ms = times.scope_analysis.as_millis(),
+        scope_timelines_ms = times.scope_timelines.as_millis(),
         writes_ms = times.writes.as_millis(),
         clusters_ms = times.clusters.as_millis(),
         "analysis pass"
@@ -538,6 +540,8 @@ struct PassTimes {
     /// Reading each scope's samples and spans (held or not), and the samples alone.
     scope_reads: Duration,
     scope_samples: Duration,
+    /// Of the scope analysis, building the timelines (joining the spans, each pass anew).
+    scope_timelines: Duration,
     scope_analysis: Duration,
     /// Storing anomalies and read rollups.
     writes: Duration,
