@@ -189,9 +189,12 @@ impl PgStore {
         window: i64,
     ) -> Result<Vec<Sample>> {
         let (namespace, names) = namespaces.binds();
-        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+        // One row per series, its samples as arrays: each row naming its series again had its
+        // labels parsed again for every sample (the live analyzer reads every busy scope's
+        // window on each pass).
+        let rows: Vec<ScopeSeriesRow> = sqlx::query_as(
             "WITH scope AS (
-                 SELECT * FROM series
+                 SELECT id, name, labels, kind, unit, description FROM series
                  WHERE cluster IS NOT DISTINCT FROM $1
                    AND CASE WHEN $4::text IS NULL
                             THEN namespace IS NOT DISTINCT FROM $2 OR namespace IS NULL
@@ -200,11 +203,15 @@ impl PgStore {
              latest AS (
                  SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
              )
-             SELECT scope.name, scope.labels, scope.kind, scope.unit, scope.description,
-                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+             SELECT scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description,
+                    array_agg(samples.time_unix_nano ORDER BY samples.time_unix_nano) AS times,
+                    array_agg(samples.start_time_unix_nano ORDER BY samples.time_unix_nano) AS starts,
+                    array_agg(samples.value ORDER BY samples.time_unix_nano) AS numbers,
+                    array_agg(samples.distribution ORDER BY samples.time_unix_nano) AS distributions
              FROM samples JOIN scope ON scope.id = samples.series_id, latest
              WHERE samples.time_unix_nano >= latest.at - $3
-             ORDER BY samples.time_unix_nano",
+             GROUP BY scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description
+             ORDER BY scope.id",
         )
         .bind(cluster)
         .bind(namespace)
@@ -212,8 +219,40 @@ impl PgStore {
         .bind(names)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+        let mut samples = Vec::new();
+        for row in rows {
+            let (key, meta) =
+                crate::rows::series_identity(row.name, &row.labels, &row.kind, row.unit, row.description)?;
+            let points = row.times.into_iter().zip(row.starts).zip(row.numbers).zip(row.distributions);
+            for (((time_unix_nano, start_time_unix_nano), number), distribution) in points {
+                samples.push(Sample {
+                    series: key.clone(),
+                    meta: meta.clone(),
+                    time_unix_nano,
+                    start_time_unix_nano,
+                    value: crate::rows::point_value(number, distribution.as_deref())?,
+                });
+            }
+        }
+        // Each series in time order, the series in id order: a stable sort by time orders the
+        // samples of one time by series.
+        samples.sort_by_key(|sample| sample.time_unix_nano);
+        Ok(samples)
     }
+}
+
+/// A series of a scope with its samples of the window, as arrays in time order.
+#[derive(sqlx::FromRow)]
+struct ScopeSeriesRow {
+    name: String,
+    labels: String,
+    kind: String,
+    unit: Option<String>,
+    description: Option<String>,
+    times: Vec<i64>,
+    starts: Vec<Option<i64>>,
+    numbers: Vec<Option<f64>>,
+    distributions: Vec<Option<String>>,
 }
 
 /// The URL without its password, for messages.

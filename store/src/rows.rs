@@ -216,6 +216,28 @@ pub(crate) fn series_with_buckets(series: Vec<SeriesRow>, points: Vec<BucketRow>
         .collect()
 }
 
+/// A series' key and metadata from its stored columns (labels as canonical JSON text).
+pub(crate) fn series_identity(
+    name: String,
+    labels: &str,
+    kind: &str,
+    unit: Option<String>,
+    description: Option<String>,
+) -> Result<(SeriesKey, SeriesMeta)> {
+    let kind =
+        MetricKind::parse(kind).ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: kind.to_string() })?;
+    Ok((SeriesKey { name, labels: from_json_text("series.labels", labels)? }, SeriesMeta { kind, unit, description }))
+}
+
+/// A sample's value from its stored columns: a distribution as JSON text, else the number
+/// (NULL for NaN).
+pub(crate) fn point_value(value: Option<f64>, distribution: Option<&str>) -> Result<PointValue> {
+    Ok(match distribution {
+        Some(text) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
+        None => PointValue::Number(value.unwrap_or(f64::NAN)),
+    })
+}
+
 #[derive(FromRow)]
 pub(crate) struct ScopeSampleRow {
     pub(crate) name: String,
@@ -231,18 +253,13 @@ pub(crate) struct ScopeSampleRow {
 
 impl ScopeSampleRow {
     pub(crate) fn into_sample(self) -> Result<Sample> {
-        let row = self;
-        let kind = MetricKind::parse(&row.kind)
-            .ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: row.kind.clone() })?;
-        let value = match (&row.distribution, row.value) {
-            (Some(text), _) => PointValue::Distribution(from_json_text("samples.distribution", text)?),
-            (None, value) => PointValue::Number(value.unwrap_or(f64::NAN)),
-        };
+        let value = point_value(self.value, self.distribution.as_deref())?;
+        let (series, meta) = series_identity(self.name, &self.labels, &self.kind, self.unit, self.description)?;
         Ok(Sample {
-            series: SeriesKey { name: row.name, labels: from_json_text("series.labels", &row.labels)? },
-            meta: SeriesMeta { kind, unit: row.unit, description: row.description },
-            time_unix_nano: row.time_unix_nano,
-            start_time_unix_nano: row.start_time_unix_nano,
+            series,
+            meta,
+            time_unix_nano: self.time_unix_nano,
+            start_time_unix_nano: self.start_time_unix_nano,
             value,
         })
     }

@@ -6,7 +6,10 @@ use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
 use lagscope_model::{PointValue, Sample, SeriesKey, SeriesMeta};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use crate::rows::{BucketPointsRow, SampleRow, ScopeSampleRow, SeriesRow, series_with_buckets, to_json_text};
+use crate::rows::{
+    BucketPointsRow, SampleRow, ScopeSampleRow, SeriesRow, point_value, series_identity, series_with_buckets,
+    to_json_text,
+};
 use crate::{Reduce, Result, SeriesSamples, TimeRange, bucket_width};
 
 /// Inserts samples, creating their series on first sight. A sample re-sent for the same
@@ -289,30 +292,22 @@ struct ScopeSeriesRow {
 impl ScopeSeriesRow {
     fn append_to(self, samples: &mut Vec<Sample>) -> Result<()> {
         let corrupt = |detail: String| crate::StoreError::Corrupt { what: "samples", detail };
-        let kind = lagscope_model::MetricKind::parse(&self.kind)
-            .ok_or_else(|| crate::StoreError::Corrupt { what: "series.kind", detail: self.kind.clone() })?;
-        let key = SeriesKey { name: self.name, labels: crate::rows::from_json_text("series.labels", &self.labels)? };
-        let meta = SeriesMeta { kind, unit: self.unit, description: self.description };
+        let (key, meta) = series_identity(self.name, &self.labels, &self.kind, self.unit, self.description)?;
         type Point = (i64, Option<i64>, Option<String>, Option<String>);
         let points: Vec<Point> = serde_json::from_str(&self.points)
             .map_err(|error| corrupt(format!("series {} as JSON: {error}", self.id)))?;
         samples.reserve(points.len());
         for (time_unix_nano, start_time_unix_nano, value, distribution) in points {
-            let value = match (distribution, value) {
-                (Some(text), _) => {
-                    PointValue::Distribution(crate::rows::from_json_text("samples.distribution", &text)?)
-                }
-                (None, Some(text)) => PointValue::Number(
-                    text.parse().map_err(|_| corrupt(format!("series {}: value {text:?}", self.id)))?,
-                ),
-                (None, None) => PointValue::Number(f64::NAN),
+            let value = match value {
+                Some(text) => Some(text.parse().map_err(|_| corrupt(format!("series {}: value {text:?}", self.id)))?),
+                None => None,
             };
             samples.push(Sample {
                 series: key.clone(),
                 meta: meta.clone(),
                 time_unix_nano,
                 start_time_unix_nano,
-                value,
+                value: point_value(value, distribution.as_deref())?,
             });
         }
         Ok(())
