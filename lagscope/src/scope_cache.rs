@@ -44,7 +44,7 @@ pub struct ScopeCache {
 
 /// A scope's spans for one pass.
 pub enum ScopeSpans<'a> {
-    Held(&'a VecDeque<(i64, Box<Span>)>),
+    Held(&'a VecDeque<Span>),
     /// Read from the store and not held (over the budget).
     Read(Vec<Span>),
 }
@@ -52,7 +52,7 @@ pub enum ScopeSpans<'a> {
 impl ScopeSpans<'_> {
     pub fn refs(&self) -> Vec<&Span> {
         match self {
-            Self::Held(spans) => spans.iter().map(|(_, span)| &**span).collect(),
+            Self::Held(spans) => spans.iter().collect(),
             Self::Read(spans) => spans.iter().collect(),
         }
     }
@@ -60,12 +60,13 @@ impl ScopeSpans<'_> {
 
 #[derive(Debug)]
 struct Held {
-    /// (start, span), ordered by start time (spans of one start in id order), at most the
-    /// pass's limit. A busy scope holds tens of thousands, and every catch-up sorts in what
-    /// arrived and cuts the oldest: the spans are boxed so that those move pointers, the start
-    /// is kept beside each so that the sort reads no span, and the oldest leave from the front
-    /// of a ring, not by moving the rest.
-    spans: VecDeque<(i64, Box<Span>)>,
+    /// Ordered by start time (spans of one start in id order), at most the pass's limit. A
+    /// busy scope holds tens of thousands, and every catch-up sorts in what arrived and cuts
+    /// the oldest: in a ring, the oldest leave from the front without moving the rest, and the
+    /// sort (a sorted run and a short tail) moves only the tail and what it overlaps. Not
+    /// boxed: the timelines are built walking the spans, which is faster over contiguous
+    /// memory than through a pointer per span.
+    spans: VecDeque<Span>,
     last_passed: Instant,
 }
 
@@ -109,7 +110,7 @@ impl ScopeCache {
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        held.spans.push_back((span.start_unix_nano, Box::new(span)));
+                        held.spans.push_back(span);
                         grown.insert(key);
                     }
                 }
@@ -152,7 +153,7 @@ impl ScopeCache {
             return Ok((ScopeSpans::Read(spans), Source::Store));
         }
         self.held += spans.len();
-        let spans = spans.into_iter().map(|span| (span.start_unix_nano, Box::new(span))).collect();
+        let spans = spans.into();
         let held = self.scopes.entry(scope.clone()).or_insert(Held { spans, last_passed: now });
         Ok((ScopeSpans::Held(&held.spans), Source::Store))
     }
@@ -174,12 +175,11 @@ impl Held {
     /// and the few added after it sort in about linear time), then keeps the newest `limit`
     /// of them that retention has not cut.
     fn normalise(&mut self, limit: usize, kept_from: Option<i64>) {
-        let spans = self.spans.make_contiguous();
-        if !spans.is_sorted_by_key(|(start, _)| *start) {
-            spans.sort_by_key(|(start, _)| *start);
+        if !self.spans.iter().is_sorted_by_key(|span| span.start_unix_nano) {
+            self.spans.make_contiguous().sort_by_key(|span| span.start_unix_nano);
         }
         let cut = self.spans.len().saturating_sub(limit);
-        let retained = kept_from.map_or(0, |from| self.spans.partition_point(|(start, _)| *start < from));
+        let retained = kept_from.map_or(0, |from| self.spans.partition_point(|span| span.start_unix_nano < from));
         self.spans.drain(..cut.max(retained));
     }
 }
