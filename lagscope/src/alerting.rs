@@ -686,6 +686,20 @@ pub async fn send_test(config: &AlertsConfig, name: &str) -> anyhow::Result<Stri
 mod tests {
     use super::*;
 
+    /// A store in a new directory (kept while the directory lives) and alerting that routes
+    /// everything to one webhook receiver (nothing listens there: the outbox keeps what is
+    /// sent), with `settings` (TOML lines of `[alerts]`) before the receiver.
+    async fn hook_alerting(settings: &str) -> (tempfile::TempDir, lagscope_store::SqliteStore, AlertsConfig) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
+        let config: AlertsConfig = toml::from_str(&format!(
+            "{settings}\n[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n\
+             [[route]]\nreceiver = \"hook\"\n"
+        ))
+        .expect("config");
+        (dir, store, config)
+    }
+
     /// A per-read anomaly of its own incident (node), as the analyzer stores it.
     fn stale_read(fingerprint: &str, node: &str, start: i64) -> Anomaly {
         Anomaly {
@@ -711,13 +725,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_committed_late_behind_the_cursor_is_paged_once() {
         const SECOND: i64 = 1_000_000_000;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
-        let config: AlertsConfig = toml::from_str(
-            "[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n\
-             [[route]]\nreceiver = \"hook\"\n",
-        )
-        .expect("config");
+        let (_dir, store, config) = hook_alerting("").await;
         let now = 1_767_225_600 * SECOND;
         let triggers = |messages: &[lagscope_store::AlertMessage]| -> Vec<String> {
             let mut nodes: Vec<String> = messages
@@ -775,13 +783,7 @@ mod tests {
     #[tokio::test]
     async fn a_window_closed_and_opened_again_pages_once_and_resolves_after_staying_closed() {
         const SECOND: i64 = 1_000_000_000;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
-        let config: AlertsConfig = toml::from_str(
-            "window_resolve_after = \"30s\"\n[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\n\
-             url = \"http://127.0.0.1:9/\"\n[[route]]\nreceiver = \"hook\"\n",
-        )
-        .expect("config");
+        let (_dir, store, config) = hook_alerting("window_resolve_after = \"30s\"").await;
         let now = 1_767_225_600 * SECOND;
         let start = now - 60 * SECOND;
         let events = async || -> Vec<(String, Option<String>)> {
@@ -841,13 +843,7 @@ mod tests {
     #[tokio::test]
     async fn per_read_anomalies_of_a_node_page_once_until_quiet_then_again() {
         const SECOND: i64 = 1_000_000_000;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = lagscope_store::SqliteStore::open_dir(dir.path()).await.expect("store");
-        let config: AlertsConfig = toml::from_str(
-            "resolve_after = \"2s\"\n[[receiver]]\nname = \"hook\"\nkind = \"webhook\"\n\
-             url = \"http://127.0.0.1:9/\"\n[[route]]\nreceiver = \"hook\"\n",
-        )
-        .expect("config");
+        let (_dir, store, config) = hook_alerting("resolve_after = \"2s\"").await;
         let now = 1_767_225_600 * SECOND;
         let events = async || -> Vec<(String, String, String)> {
             let mut messages = store.alert_messages(None, 100).await.expect("outbox");

@@ -16,14 +16,19 @@ use prost::Message;
 use support::{ServeProcess, text};
 
 /// A 2 MiB body limit and an 8 MiB queue: room for one largest request decoded, or a few
-/// ordinary ones.
-const CONFIG: &str = "[server]\nmax_body_bytes = 2097152\ningest_queue_bytes = 8388608\n";
+/// ordinary ones. The live analyzer's span caches hold what they are given room for whatever
+/// the load (`live.scope_cache_spans`, `live.client_cache_spans`: 500 000 spans each by default,
+/// about 2.5 KB a span, which alone would be over the bound below once filled): 10 000 each here.
+const CONFIG: &str = "[server]\nmax_body_bytes = 2097152\ningest_queue_bytes = 8388608\n\
+                      [live]\nscope_cache_spans = 10000\nclient_cache_spans = 10000\n";
 /// Without the bound (a queue larger than anything the flood can fill), for comparison:
 /// LAGSCOPE_OVERLOAD_UNBOUNDED=1 cargo test --test ingest_overload -- --nocapture
-const UNBOUNDED_CONFIG: &str = "[server]\nmax_body_bytes = 2097152\ningest_queue_bytes = 17179869184\n";
+const UNBOUNDED_CONFIG: &str = "[server]\nmax_body_bytes = 2097152\ningest_queue_bytes = 17179869184\n\
+                                [live]\nscope_cache_spans = 10000\nclient_cache_spans = 10000\n";
 
 /// What the test holds the service to: the process's peak RSS. The queue is 8 MiB; the rest is
-/// the runtime, SQLite's page cache, the live analyzer and the HTTP connections of 32 senders.
+/// the runtime, SQLite's page cache, the live analyzer (its caches within their budgets) and
+/// the HTTP connections of 32 senders.
 const PEAK_RSS_BOUND: u64 = 400 * 1024 * 1024;
 
 /// 48 senders with nearly 2 MiB bodies: taken without a bound, what is in flight at once
