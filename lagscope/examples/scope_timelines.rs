@@ -21,6 +21,10 @@ use lagscope_analyzer::AnalysisInput;
 use lagscope_model::Span;
 use lagscope_sim::emit::Request;
 
+// The allocator `lagscope serve` runs with: the join allocates many small strings.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `live.max_spans_per_scope`'s default.
 const SCOPE_LIMIT: usize = 50_000;
 /// `analyzer.stream.horizon_seconds`' default.

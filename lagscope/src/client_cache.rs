@@ -46,12 +46,14 @@ struct Held {
 
 /// A client's spans for one pass: held since an earlier pass, read now (and held from now
 /// on), or read and not held (over the budget).
+#[cfg(test)]
 pub enum ClientSpans<'a> {
     Held(&'a [(i64, Box<Span>)]),
     ReadAndHeld(&'a [(i64, Box<Span>)]),
     Read(Vec<(i64, Span)>),
 }
 
+#[cfg(test)]
 impl ClientSpans<'_> {
     pub fn refs(&self) -> Vec<&Span> {
         match self {
@@ -110,6 +112,7 @@ impl ClientCache {
     /// them as of the last catch-up: held, or read and held from now on when the budget has
     /// room for them and none of them is older than `kept_from` (the span retention's
     /// cut-off: a client holding spans retention removes is read anew each pass instead).
+    #[cfg(test)]
     pub async fn spans<'a>(
         &'a mut self,
         feed: &dyn SpanFeed,
@@ -118,6 +121,25 @@ impl ClientCache {
         kept_from: Option<i64>,
         now: Instant,
     ) -> Result<ClientSpans<'a>, StoreError> {
+        Ok(match self.load(feed, client_id, limit, kept_from, now).await? {
+            Loaded::Held => ClientSpans::Held(self.held_spans(client_id).expect("loaded")),
+            Loaded::ReadAndHeld => ClientSpans::ReadAndHeld(self.held_spans(client_id).expect("loaded")),
+            Loaded::Read(spans) => ClientSpans::Read(spans),
+        })
+    }
+
+    /// [`ClientCache::spans`] in two steps, for a pass that analyses several clients at once:
+    /// brings the client's spans in, returning them when they are not held;
+    /// [`ClientCache::held_spans`] then gives those that are. Loading a client never lets go
+    /// of another (only a catch-up does), so every client loaded since the last catch-up stays.
+    pub async fn load(
+        &mut self,
+        feed: &dyn SpanFeed,
+        client_id: &str,
+        limit: u32,
+        kept_from: Option<i64>,
+        now: Instant,
+    ) -> Result<Loaded, StoreError> {
         let too_old = |spans: &[(i64, Box<Span>)]| {
             kept_from.is_some_and(|from| spans.iter().any(|(_, span)| span.start_unix_nano < from))
         };
@@ -127,15 +149,14 @@ impl ClientCache {
             self.held -= held.spans.len();
             self.clients.remove(client_id);
         }
-        if self.clients.contains_key(client_id) {
-            let held = self.clients.get_mut(client_id).expect("held");
+        if let Some(held) = self.clients.get_mut(client_id) {
             held.last_passed = now;
-            return Ok(ClientSpans::Held(&held.spans));
+            return Ok(Loaded::Held);
         }
         let spans = feed.client_spans_through(client_id, self.through, limit).await?;
         let old = kept_from.is_some_and(|from| spans.iter().any(|(_, span)| span.start_unix_nano < from));
         if self.budget == 0 || old || self.held + spans.len() > self.budget {
-            return Ok(ClientSpans::Read(spans));
+            return Ok(Loaded::Read(spans));
         }
         let mut held = Held { spans: Vec::new(), own: BTreeMap::new(), traces: HashMap::new(), last_passed: now };
         for (id, span) in spans.iter().filter(|(_, span)| span.call.client_id.as_deref() == Some(client_id)) {
@@ -147,9 +168,24 @@ impl ClientCache {
         }
         self.held += spans.len();
         held.spans = spans.into_iter().map(|(id, span)| (id, Box::new(span))).collect();
-        let held = self.clients.entry(client_id.to_string()).or_insert(held);
-        Ok(ClientSpans::ReadAndHeld(&held.spans))
+        self.clients.insert(client_id.to_string(), held);
+        Ok(Loaded::ReadAndHeld)
     }
+
+    /// The spans of a held client, as its last [`ClientCache::load`] left them.
+    pub fn held_spans(&self, client_id: &str) -> Option<&[(i64, Box<Span>)]> {
+        self.clients.get(client_id).map(|held| held.spans.as_slice())
+    }
+}
+
+/// What [`ClientCache::load`] did.
+pub enum Loaded {
+    /// Held since an earlier pass.
+    Held,
+    /// Read now, and held from now on.
+    ReadAndHeld,
+    /// Read, and not held (over the budget, or older than the retention's cut-off).
+    Read(Vec<(i64, Span)>),
 }
 
 /// What one catch-up read, indexed by client and by trace.

@@ -246,6 +246,9 @@ pub struct LiveConfig {
     /// only what was committed since the last one. Clients beyond it are read in full each
     /// pass; 0 holds none. SQLite only.
     pub client_cache_spans: usize,
+    /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
+    /// and writing stay on one). 0: one per core.
+    pub analysis_threads: usize,
 }
 
 impl Default for LiveConfig {
@@ -257,6 +260,17 @@ impl Default for LiveConfig {
             max_logs_per_cluster: 50_000,
             scope_cache_spans: 500_000,
             client_cache_spans: 500_000,
+            analysis_threads: 0,
+        }
+    }
+}
+
+impl LiveConfig {
+    /// The threads a live pass analyses on: `analysis_threads`, or one per core.
+    pub fn threads(&self) -> usize {
+        match self.analysis_threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            threads => threads,
         }
     }
 }

@@ -19,8 +19,8 @@ use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
-use crate::client_cache::ClientCache;
-use crate::scope_cache::{ScopeCache, ScopeSpans, Source};
+use crate::client_cache::{ClientCache, Loaded};
+use crate::scope_cache::{ScopeCache, Source};
 
 /// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
 /// and lease changes are looked at again soon.
@@ -282,16 +282,14 @@ struct WrittenRollups {
 type ScopeKey = (Option<String>, Option<String>);
 
 impl WrittenRollups {
-    /// Rolls up the scope's reads served from `complete_from` on and stores the rollups that
-    /// differ from what was written before.
+    /// Stores the scope's read rollups (from the minute its reads are complete) that differ
+    /// from what was written before.
     async fn write(
         &mut self,
         store: &dyn Store,
         scope: ScopeKey,
-        input: &AnalysisInput,
-        complete_from: i64,
+        rollups: Vec<ReadRollup>,
     ) -> Result<(), lagscope_store::StoreError> {
-        let rollups = read_rollups(&read_lag_rows(input), complete_from);
         let written = self.by_scope.entry(scope).or_default();
         let changed: Vec<ReadRollup> = rollups
             .iter()
@@ -377,122 +375,146 @@ async fn analysis_pass(
     {
         client_cache.catch_up(feed, client_limit, Instant::now()).await?;
     }
-    times.client_reads += lap.elapsed();
     let client_count = clients.len();
-    for client_id in clients {
-        lap = Instant::now();
-        // From the client cache where the store can say what was committed since it last
-        // looked (SQLite), brought up to date above.
-        let read;
-        let cached;
-        let spans: Vec<&lagscope_model::Span> = match store.span_feed() {
-            Some(feed) => {
-                cached = client_cache.spans(feed, &client_id, client_limit, kept_from, Instant::now()).await?;
-                if cached.was_held() {
-                    metrics.client_reads_cached.add(1);
-                } else {
+    let threads = config.live.threads();
+    // Every client's spans first (the cache's, or read), then its analysis, on the pass's
+    // threads: the analysis is pure, and most of a busy pass.
+    let feed = store.span_feed();
+    let mut not_held: HashMap<&str, Vec<lagscope_model::Span>> = HashMap::new();
+    for client_id in &clients {
+        match feed {
+            Some(feed) => match client_cache.load(feed, client_id, client_limit, kept_from, Instant::now()).await? {
+                Loaded::Held => metrics.client_reads_cached.add(1),
+                Loaded::ReadAndHeld => metrics.client_reads_full.add(1),
+                Loaded::Read(spans) => {
                     metrics.client_reads_full.add(1);
+                    not_held.insert(client_id, spans.into_iter().map(|(_, span)| span).collect());
                 }
-                cached.refs()
-            }
+            },
             None => {
                 metrics.client_reads_full.add(1);
-                read = store.client_spans(&client_id, TimeRange::ALL, client_limit).await?;
-                read.iter().collect()
+                not_held.insert(client_id, store.client_spans(client_id, TimeRange::ALL, client_limit).await?);
             }
-        };
-        let probes = client_probes(store, &spans, &client_id).await?;
-        times.client_reads += lap.elapsed();
-        lap = Instant::now();
-        let mut input = AnalysisInput::from_span_refs(&spans, probes, config.analyzer.stream.horizon());
-        // The client's own lines (a client that logs its switches is judged by them).
-        input.log_events = lines.by_client.get(&client_id).cloned().unwrap_or_default();
-        // Spans of shared traces bring in fragments of other clients' timelines: each
-        // client's anomalies come from its own, complete pass.
-        let anomalies: Vec<_> = analyze(&input, &config.analyzer)
-            .into_iter()
-            .filter(|anomaly| anomaly.client_id.as_deref() == Some(client_id.as_str()))
-            .collect();
-        times.client_analysis += lap.elapsed();
-        lap = Instant::now();
-        record(store, metrics, (found, written), &anomalies).await?;
-        times.writes += lap.elapsed();
+        }
     }
+    let mut work = Vec::with_capacity(clients.len());
+    for client_id in &clients {
+        let spans: Vec<&lagscope_model::Span> = match not_held.get(client_id.as_str()) {
+            Some(spans) => spans.iter().collect(),
+            None => client_cache.held_spans(client_id).into_iter().flatten().map(|(_, span)| &**span).collect(),
+        };
+        let probes = client_probes(store, &spans, client_id).await?;
+        // The client's own lines (a client that logs its switches is judged by them).
+        let log_events = lines.by_client.get(client_id).cloned().unwrap_or_default();
+        work.push(ClientWork { client_id, spans, probes, log_events });
+    }
+    times.client_reads += lap.elapsed();
+    lap = Instant::now();
+    let horizon = config.analyzer.stream.horizon();
+    let found_of_clients = on_threads(
+        work,
+        threads,
+        |work| work.spans.len(),
+        |work| {
+            let mut input = AnalysisInput::from_span_refs(&work.spans, work.probes, horizon);
+            input.log_events = work.log_events;
+            // Spans of shared traces bring in fragments of other clients' timelines: each
+            // client's anomalies come from its own, complete pass.
+            analyze(&input, &config.analyzer)
+                .into_iter()
+                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id.as_str()))
+                .collect::<Vec<_>>()
+        },
+    );
+    times.client_analysis += lap.elapsed();
+    lap = Instant::now();
+    for anomalies in found_of_clients {
+        record(store, metrics, (found, written), &anomalies).await?;
+    }
+    drop(not_held);
+    times.writes += lap.elapsed();
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
     // (The clusters of these scopes get the per-cluster pass below.)
     let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
     let limit = config.live.max_spans_per_scope;
     let scope_count = scopes.len();
-    for (cluster, namespace) in scopes {
+    let window = config.live.scope_window_seconds * 1_000_000_000;
+    let scopes: Vec<ScopeKey> = scopes.into_iter().collect();
+    // A few scopes at a time: their samples and spans are held together while analysed.
+    for chunk in scopes.chunks(SCOPES_AT_ONCE.max(threads)) {
         lap = Instant::now();
         // The samples first: what is committed meanwhile adds to the spans, and metrics read
         // after the spans would run ahead of them and close a window whose spans are still
         // arriving (the window ends where its cluster's telemetry has moved past it).
-        let samples = store
-            .scope_samples(cluster.as_deref(), namespace.as_deref(), config.live.scope_window_seconds * 1_000_000_000)
-            .await?;
+        let mut samples = Vec::with_capacity(chunk.len());
+        for (cluster, namespace) in chunk {
+            samples.push(store.scope_samples(cluster.as_deref(), namespace.as_deref(), window).await?);
+        }
         times.scope_samples += lap.elapsed();
         // From the scope cache where the store can say what was committed since it last
         // looked (SQLite), brought up to date now, after the samples.
-        let scope = (cluster, namespace);
-        let (spans, source) = match store.span_feed() {
-            Some(feed) => {
-                let now = Instant::now();
-                cache.catch_up(feed, limit, kept_from, now).await?;
-                cache.spans(feed, &scope, limit, kept_from, now).await?
-            }
-            None => {
-                let spans = store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
-                (ScopeSpans::Read(spans), Source::Store)
-            }
-        };
-        match source {
-            Source::Cached => metrics.scope_reads_cached.add(1),
-            Source::Store => metrics.scope_reads_full.add(1),
+        let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
+        let now = Instant::now();
+        if let Some(feed) = feed {
+            cache.catch_up(feed, limit, kept_from, now).await?;
         }
-        let spans = spans.refs();
-        let (cluster, namespace) = &scope;
-        times.scope_reads += lap.elapsed();
-        lap = Instant::now();
-        let mut input = AnalysisInput::from_span_refs(&spans, samples, config.analyzer.stream.horizon());
-        times.scope_timelines += lap.elapsed();
-        input.log_events = events_by_cluster
-            .get(cluster)
-            .map(|events| {
-                // The namespace's lines, and every evidence line of the cluster (matched to
-                // anomalies by node and shard when attached).
-                events
-                    .iter()
-                    .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
-        let anomalies: Vec<_> = analyze_kinds(&input, &config.analyzer, is_scope_kind)
-            .into_iter()
-            .filter(|anomaly| {
-                !is_client_kind(anomaly.kind)
-                    || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
+        for scope in chunk {
+            let source = match feed {
+                Some(feed) => {
+                    let (read, source) = cache.load(feed, scope, limit, kept_from, now).await?;
+                    if let Some(spans) = read {
+                        not_held.insert(scope, spans);
+                    }
+                    source
+                }
+                None => {
+                    let spans =
+                        store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
+                    not_held.insert(scope, spans);
+                    Source::Store
+                }
+            };
+            match source {
+                Source::Cached => metrics.scope_reads_cached.add(1),
+                Source::Store => metrics.scope_reads_full.add(1),
+            }
+        }
+        let work: Vec<ScopeWork> = chunk
+            .iter()
+            .zip(samples)
+            .map(|(scope, samples)| {
+                let spans: Vec<&lagscope_model::Span> = match not_held.get(scope) {
+                    Some(spans) => spans.iter().collect(),
+                    None => cache.held_spans(scope).into_iter().flatten().collect(),
+                };
+                let (cluster, namespace) = scope;
+                let log_events = events_by_cluster
+                    .get(cluster)
+                    .map(|events| {
+                        // The namespace's lines, and every evidence line of the cluster
+                        // (matched to anomalies by node and shard when attached).
+                        events
+                            .iter()
+                            .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ScopeWork { spans, samples, log_events }
             })
             .collect();
+        times.scope_reads += lap.elapsed();
+        lap = Instant::now();
+        let found_of_scopes =
+            on_threads(work, threads, |work| work.spans.len(), |work| scope_analysis(work, limit, config));
         times.scope_analysis += lap.elapsed();
         lap = Instant::now();
-        record(store, metrics, (found, written), &anomalies).await?;
-        // The staleness of the scope's reads per node and minute, for the pages. When the read
-        // limit cut the scope's oldest spans, their first minute is partial: left as written.
-        let complete_from = if spans.len() >= limit as usize {
-            spans
-                .iter()
-                .map(|span| span.start_unix_nano)
-                .min()
-                .map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
-        } else {
-            i64::MIN
-        };
-        drop(spans);
-        rollups.write(store, scope, &input, complete_from).await?;
+        for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
+            times.scope_timelines += found_of_scope.timelines;
+            record(store, metrics, (found, written), &found_of_scope.anomalies).await?;
+            rollups.write(store, scope.clone(), found_of_scope.rollups).await?;
+        }
         times.writes += lap.elapsed();
     }
     metrics.scope_spans_cached.set(cache.held() as u64);
@@ -524,6 +546,7 @@ async fn analysis_pass(
         scope_timelines_ms = times.scope_timelines.as_millis(),
         writes_ms = times.writes.as_millis(),
         clusters_ms = times.clusters.as_millis(),
+        threads,
         "analysis pass"
     );
     Ok(())
@@ -536,17 +559,120 @@ struct PassTimes {
     logs_and_traces: Duration,
     /// Reading each client's spans (with their traces) and probe verdicts.
     client_reads: Duration,
+    /// (As `scope_analysis`.)
     client_analysis: Duration,
     /// Reading each scope's samples and spans (held or not), and the samples alone.
     scope_reads: Duration,
     scope_samples: Duration,
-    /// Of the scope analysis, building the timelines (joining the spans, each pass anew).
+    /// Of the scope analysis, building the timelines (joining the spans, each pass anew),
+    /// summed over the threads it ran on.
     scope_timelines: Duration,
+    /// The client and scope analyses, from the first thread's start to the last one's end.
     scope_analysis: Duration,
     /// Storing anomalies and read rollups.
     writes: Duration,
     /// The per-cluster pass.
     clusters: Duration,
+}
+
+/// Scopes whose samples and spans a pass gathers before analysing them together (at least
+/// one per thread): enough to keep the threads busy, few enough that the scopes' samples and
+/// timelines are not all in memory at once.
+const SCOPES_AT_ONCE: usize = 8;
+
+/// What one client's analysis reads.
+struct ClientWork<'a> {
+    client_id: &'a String,
+    spans: Vec<&'a lagscope_model::Span>,
+    probes: Vec<lagscope_model::Sample>,
+    log_events: Vec<LogEvent>,
+}
+
+/// What one scope's analysis reads.
+struct ScopeWork<'a> {
+    spans: Vec<&'a lagscope_model::Span>,
+    samples: Vec<lagscope_model::Sample>,
+    log_events: Vec<LogEvent>,
+}
+
+/// What one scope's analysis found, and what building its timelines took.
+struct ScopeFound {
+    anomalies: Vec<lagscope_model::Anomaly>,
+    rollups: Vec<ReadRollup>,
+    timelines: Duration,
+}
+
+/// The scope kinds over a scope's spans and samples, and the staleness of its reads per node
+/// and minute (for the pages).
+fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFound {
+    let started = Instant::now();
+    let mut input = AnalysisInput::from_span_refs(&work.spans, work.samples, config.analyzer.stream.horizon());
+    let timelines = started.elapsed();
+    input.log_events = work.log_events;
+    let callers: HashSet<&str> = work.spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
+    let anomalies: Vec<_> = analyze_kinds(&input, &config.analyzer, is_scope_kind)
+        .into_iter()
+        .filter(|anomaly| {
+            !is_client_kind(anomaly.kind) || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
+        })
+        .collect();
+    // When the read limit cut the scope's oldest spans, their first minute is partial: left
+    // as written.
+    let complete_from = if work.spans.len() >= limit as usize {
+        work.spans
+            .iter()
+            .map(|span| span.start_unix_nano)
+            .min()
+            .map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
+    } else {
+        i64::MIN
+    };
+    let rollups = read_rollups(&read_lag_rows(&input), complete_from);
+    ScopeFound { anomalies, rollups, timelines }
+}
+
+/// `analyse` over every item, on up to `threads` threads (this one among them), the largest
+/// items (by `size`) first so that no thread is left with a large one at the end; the results
+/// in the items' order. One thread, or one item, runs here alone.
+fn on_threads<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: usize,
+    size: impl Fn(&T) -> usize,
+    analyse: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.clamp(1, items.len().max(1));
+    if threads == 1 {
+        return items.into_iter().map(analyse).collect();
+    }
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&index| std::cmp::Reverse(size(&items[index])));
+    let slots: Vec<std::sync::Mutex<Option<T>>> =
+        items.into_iter().map(|item| std::sync::Mutex::new(Some(item))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run = || {
+        let mut done = Vec::new();
+        loop {
+            let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&index) = order.get(taken) else { return done };
+            let item = slots[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            if let Some(item) = item {
+                done.push((index, analyse(item)));
+            }
+        }
+    };
+    let mut done = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(run)).collect();
+        let mut done = run();
+        for helper in helpers {
+            match helper.join() {
+                Ok(theirs) => done.extend(theirs),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        done
+    });
+    done.sort_by_key(|(index, _)| *index);
+    done.into_iter().map(|(_, result)| result).collect()
 }
 
 /// Kinds found once per (cluster, namespace) from every client's spans and the scope's
@@ -776,6 +902,72 @@ mod tests {
             written.next_pass();
         }
         assert!(!written.seen(&anomaly, content_hash(&anomaly)), "forgotten after passes without it");
+    }
+
+    /// Every item is analysed once, on at most as many threads as asked (and items), and the
+    /// results come back in the items' order whatever order they were taken in.
+    #[test]
+    fn work_on_threads_is_done_once_each_and_returned_in_order() {
+        for (count, threads) in [(0, 2), (1, 4), (7, 1), (7, 2), (30, 3), (5, 16)] {
+            let items: Vec<usize> = (0..count).collect();
+            let seen = std::sync::Mutex::new(Vec::new());
+            let on = std::sync::Mutex::new(HashSet::new());
+            // Sizes out of order, so the largest-first order differs from the items'.
+            let results = on_threads(
+                items,
+                threads,
+                |item| (item * 7) % 5,
+                |item| {
+                    seen.lock().unwrap().push(item);
+                    on.lock().unwrap().insert(std::thread::current().id());
+                    item * 10
+                },
+            );
+            assert_eq!(results, (0..count).map(|item| item * 10).collect::<Vec<_>>(), "{count} on {threads}");
+            let mut seen = seen.into_inner().unwrap();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..count).collect::<Vec<_>>(), "each once");
+            let used = on.into_inner().unwrap().len();
+            assert!(used <= threads.min(count).max(1), "{count} items on {threads} threads used {used}");
+        }
+    }
+
+    /// Two items on two threads run at the same time: each waits to hear from the other, which
+    /// on one thread the first would wait for in vain.
+    #[test]
+    fn two_items_on_two_threads_run_together() {
+        let (to_first, first_hears) = std::sync::mpsc::channel::<()>();
+        let (to_second, second_hears) = std::sync::mpsc::channel::<()>();
+        let ends = std::sync::Mutex::new([(to_second, first_hears), (to_first, second_hears)].map(Some));
+        let met = on_threads(
+            vec![0, 1],
+            2,
+            |_| 1,
+            |item: usize| {
+                let (tell, hear) = ends.lock().unwrap()[item].take().expect("each item once");
+                tell.send(()).expect("the other item's end");
+                hear.recv_timeout(Duration::from_secs(20)).is_ok()
+            },
+        );
+        assert_eq!(met, [true, true]);
+    }
+
+    /// A panic in an analysis is the pass's, on whichever thread it happened.
+    #[test]
+    fn a_panic_on_a_helper_thread_reaches_the_pass() {
+        let outcome = std::panic::catch_unwind(|| {
+            on_threads(
+                (0..8).collect::<Vec<usize>>(),
+                2,
+                |_| 1,
+                |item| {
+                    std::thread::sleep(Duration::from_millis(5));
+                    assert!(item != 5, "analysis of item 5 failed");
+                    item
+                },
+            )
+        });
+        assert!(outcome.is_err());
     }
 
     #[test]

@@ -43,12 +43,14 @@ pub struct ScopeCache {
 }
 
 /// A scope's spans for one pass.
+#[cfg(test)]
 pub enum ScopeSpans<'a> {
     Held(&'a VecDeque<Span>),
     /// Read from the store and not held (over the budget).
     Read(Vec<Span>),
 }
 
+#[cfg(test)]
 impl ScopeSpans<'_> {
     pub fn refs(&self) -> Vec<&Span> {
         match self {
@@ -129,6 +131,7 @@ impl ScopeCache {
     /// The scope's spans as `Store::scope_spans(cluster, namespace, TimeRange::ALL, limit)`
     /// returns them as of the last catch-up: held, or read and held from now on when the
     /// budget has room for them.
+    #[cfg(test)]
     pub async fn spans<'a>(
         &'a mut self,
         feed: &dyn SpanFeed,
@@ -137,25 +140,48 @@ impl ScopeCache {
         kept_from: Option<i64>,
         now: Instant,
     ) -> Result<(ScopeSpans<'a>, Source), StoreError> {
-        if self.scopes.contains_key(scope) {
-            let held = self.scopes.get_mut(scope).expect("held");
+        let (read, source) = self.load(feed, scope, limit, kept_from, now).await?;
+        let spans = match read {
+            Some(spans) => ScopeSpans::Read(spans),
+            None => ScopeSpans::Held(self.held_spans(scope).expect("loaded")),
+        };
+        Ok((spans, source))
+    }
+
+    /// [`ScopeCache::spans`] in two steps, for a pass that analyses several scopes at once:
+    /// brings the scope's spans in, returning them when they are not held (over the budget);
+    /// [`ScopeCache::held_spans`] then gives those that are. Loading a scope never lets go of
+    /// another (only a catch-up does), so every scope loaded since the last catch-up stays.
+    pub async fn load(
+        &mut self,
+        feed: &dyn SpanFeed,
+        scope: &ScopeKey,
+        limit: u32,
+        kept_from: Option<i64>,
+        now: Instant,
+    ) -> Result<(Option<Vec<Span>>, Source), StoreError> {
+        if let Some(held) = self.scopes.get_mut(scope) {
             held.last_passed = now;
             let before = held.spans.len();
             held.normalise(limit as usize, kept_from);
             self.held -= before - held.spans.len();
-            return Ok((ScopeSpans::Held(&held.spans), Source::Cached));
+            return Ok((None, Source::Cached));
         }
         let mut spans = feed.scope_spans_through(scope.0.as_deref(), scope.1.as_deref(), self.through, limit).await?;
         if let Some(kept_from) = kept_from {
             spans.retain(|span| span.start_unix_nano >= kept_from);
         }
         if self.budget == 0 || self.held + spans.len() > self.budget {
-            return Ok((ScopeSpans::Read(spans), Source::Store));
+            return Ok((Some(spans), Source::Store));
         }
         self.held += spans.len();
-        let spans = spans.into();
-        let held = self.scopes.entry(scope.clone()).or_insert(Held { spans, last_passed: now });
-        Ok((ScopeSpans::Held(&held.spans), Source::Store))
+        self.scopes.insert(scope.clone(), Held { spans: spans.into(), last_passed: now });
+        Ok((None, Source::Store))
+    }
+
+    /// The spans of a held scope, as its last [`ScopeCache::load`] left them.
+    pub fn held_spans(&self, scope: &ScopeKey) -> Option<&VecDeque<Span>> {
+        self.scopes.get(scope).map(|held| &held.spans)
     }
 }
 
