@@ -918,16 +918,16 @@ mod tests {
                 threads,
                 |item| (item * 7) % 5,
                 |item| {
-                    seen.lock().unwrap().push(item);
-                    on.lock().unwrap().insert(std::thread::current().id());
+                    seen.lock().expect("lock").push(item);
+                    on.lock().expect("lock").insert(std::thread::current().id());
                     item * 10
                 },
             );
             assert_eq!(results, (0..count).map(|item| item * 10).collect::<Vec<_>>(), "{count} on {threads}");
-            let mut seen = seen.into_inner().unwrap();
+            let mut seen = seen.into_inner().expect("lock");
             seen.sort_unstable();
             assert_eq!(seen, (0..count).collect::<Vec<_>>(), "each once");
-            let used = on.into_inner().unwrap().len();
+            let used = on.into_inner().expect("lock").len();
             assert!(used <= threads.min(count).max(1), "{count} items on {threads} threads used {used}");
         }
     }
@@ -944,7 +944,7 @@ mod tests {
             2,
             |_| 1,
             |item: usize| {
-                let (tell, hear) = ends.lock().unwrap()[item].take().expect("each item once");
+                let (tell, hear) = ends.lock().expect("lock")[item].take().expect("each item once");
                 tell.send(()).expect("the other item's end");
                 hear.recv_timeout(Duration::from_secs(20)).is_ok()
             },
