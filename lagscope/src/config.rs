@@ -265,6 +265,10 @@ impl Default for LiveConfig {
     }
 }
 
+/// The most threads a live pass may analyse on (`live.analysis_threads`): a pass starts them
+/// anew, up to one per client or scope it analyses.
+const MAX_ANALYSIS_THREADS: usize = 64;
+
 impl LiveConfig {
     /// The threads a live pass analyses on: `analysis_threads`, or one per core.
     pub fn threads(&self) -> usize {
@@ -293,6 +297,12 @@ impl Config {
         self.alerts.validate()?;
         if self.retention.interval_seconds == 0 {
             return Err("retention.interval_seconds must be at least 1".to_string());
+        }
+        if self.live.analysis_threads > MAX_ANALYSIS_THREADS {
+            return Err(format!(
+                "live.analysis_threads ({}) must be at most {MAX_ANALYSIS_THREADS} (0: one per core)",
+                self.live.analysis_threads
+            ));
         }
         if self.tenants.enabled && self.server.database_url.is_some() {
             return Err(
@@ -352,6 +362,16 @@ mod tests {
         let error = Config::from_toml("x.toml", text).expect_err("must fail");
         let message = format!("{error:#}");
         assert!(message.contains("analyzer.stream.horizon_seconds (20)"), "{message}");
+    }
+
+    #[test]
+    fn more_analysis_threads_than_the_most_are_refused() {
+        let config = Config::from_toml("x.toml", "[live]\nanalysis_threads = 64\n").expect("64 is allowed");
+        assert_eq!(config.live.threads(), 64);
+        let error = Config::from_toml("x.toml", "[live]\nanalysis_threads = 65\n").expect_err("must fail");
+        let message = format!("{error:#}");
+        assert!(message.contains("live.analysis_threads (65) must be at most 64"), "{message}");
+        assert!(Config::default().live.threads() >= 1, "0 is one per core");
     }
 
     #[test]
