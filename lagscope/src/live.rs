@@ -422,7 +422,7 @@ async fn analysis_pass(
             // client's anomalies come from its own, complete pass.
             analyze(&input, &config.analyzer)
                 .into_iter()
-                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id.as_str()))
+                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id))
                 .collect::<Vec<_>>()
         },
     );
@@ -582,7 +582,7 @@ const SCOPES_AT_ONCE: usize = 8;
 
 /// What one client's analysis reads.
 struct ClientWork<'a> {
-    client_id: &'a String,
+    client_id: &'a str,
     spans: Vec<&'a lagscope_model::Span>,
     probes: Vec<lagscope_model::Sample>,
     log_events: Vec<LogEvent>,
@@ -644,20 +644,15 @@ fn on_threads<T: Send, R: Send>(
     if threads == 1 {
         return items.into_iter().map(analyse).collect();
     }
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&index| std::cmp::Reverse(size(&items[index])));
-    let slots: Vec<std::sync::Mutex<Option<T>>> =
-        items.into_iter().map(|item| std::sync::Mutex::new(Some(item))).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut queue: Vec<(usize, T)> = items.into_iter().enumerate().collect();
+    queue.sort_by_key(|(_, item)| std::cmp::Reverse(size(item)));
+    let queue = std::sync::Mutex::new(queue.into_iter());
     let run = || {
         let mut done = Vec::new();
         loop {
-            let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(&index) = order.get(taken) else { return done };
-            let item = slots[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-            if let Some(item) = item {
-                done.push((index, analyse(item)));
-            }
+            let next = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).next();
+            let Some((index, item)) = next else { return done };
+            done.push((index, analyse(item)));
         }
     };
     let mut done = std::thread::scope(|scope| {

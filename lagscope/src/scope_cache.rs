@@ -42,24 +42,6 @@ pub struct ScopeCache {
     held: usize,
 }
 
-/// A scope's spans for one pass.
-#[cfg(test)]
-pub enum ScopeSpans<'a> {
-    Held(&'a VecDeque<Span>),
-    /// Read from the store and not held (over the budget).
-    Read(Vec<Span>),
-}
-
-#[cfg(test)]
-impl ScopeSpans<'_> {
-    pub fn refs(&self) -> Vec<&Span> {
-        match self {
-            Self::Held(spans) => spans.iter().collect(),
-            Self::Read(spans) => spans.iter().collect(),
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Held {
     /// Ordered by start time (spans of one start in id order), at most the pass's limit. A
@@ -128,27 +110,24 @@ impl ScopeCache {
         Ok(())
     }
 
-    /// The scope's spans as `Store::scope_spans(cluster, namespace, TimeRange::ALL, limit)`
-    /// returns them as of the last catch-up: held, or read and held from now on when the
-    /// budget has room for them.
+    /// A copy of the scope's spans as `Store::scope_spans(cluster, namespace, TimeRange::ALL,
+    /// limit)` returns them as of the last catch-up ([`ScopeCache::load`], then the held spans
+    /// or those read), for the tests to compare with the store's read.
     #[cfg(test)]
-    pub async fn spans<'a>(
-        &'a mut self,
+    pub async fn spans(
+        &mut self,
         feed: &dyn SpanFeed,
         scope: &ScopeKey,
         limit: u32,
         kept_from: Option<i64>,
         now: Instant,
-    ) -> Result<(ScopeSpans<'a>, Source), StoreError> {
+    ) -> Result<(Vec<Span>, Source), StoreError> {
         let (read, source) = self.load(feed, scope, limit, kept_from, now).await?;
-        let spans = match read {
-            Some(spans) => ScopeSpans::Read(spans),
-            None => ScopeSpans::Held(self.held_spans(scope).expect("loaded")),
-        };
+        let spans = read.unwrap_or_else(|| self.held_spans(scope).expect("loaded").iter().cloned().collect());
         Ok((spans, source))
     }
 
-    /// [`ScopeCache::spans`] in two steps, for a pass that analyses several scopes at once:
+    /// A scope's spans in two steps, for a pass that analyses several scopes at once:
     /// brings the scope's spans in, returning them when they are not held (over the budget);
     /// [`ScopeCache::held_spans`] then gives those that are. Loading a scope never lets go of
     /// another (only a catch-up does), so every scope loaded since the last catch-up stays.
@@ -284,7 +263,6 @@ mod tests {
                 for scope in scopes().iter().filter(|_| numbers.below(4) != 0) {
                     cache.catch_up(feed, limit, None, now).await.expect("catch up");
                     let (spans, source) = cache.spans(feed, scope, limit, None, now).await.expect("spans");
-                    let spans: Vec<Span> = spans.refs().into_iter().cloned().collect();
                     sources.push(source);
                     let stored = store
                         .scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit)
@@ -335,9 +313,9 @@ mod tests {
         cache.catch_up(feed, 100, None, start).await.expect("stall");
         assert_eq!(cache.held(), 0);
         let (spans, source) = cache.spans(feed, &one, 100, None, start).await.expect("anew");
-        assert_eq!((spans.refs().len(), source), (11, Source::Store), "over the budget: read, not held");
+        assert_eq!((spans.len(), source), (11, Source::Store), "over the budget: read, not held");
         let (spans, source) = cache.spans(feed, &two, 100, None, start).await.expect("two anew");
-        assert_eq!((spans.refs().len(), source), (1, Source::Store));
+        assert_eq!((spans.len(), source), (1, Source::Store));
         assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("held").1, Source::Cached);
 
         // Passed again within the idle time: held; not passed for it: let go.
@@ -347,9 +325,9 @@ mod tests {
 
         // Retention's cut-off: what starts before it goes, held or read.
         let (spans, _) = cache.spans(feed, &two, 100, Some(60), later).await.expect("cut");
-        assert!(spans.refs().is_empty());
+        assert!(spans.is_empty());
         assert_eq!(cache.held(), 0);
         let (spans, _) = cache.spans(feed, &one, 100, Some(1_050), later).await.expect("cut on read");
-        assert_eq!(spans.refs().iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [1_100, 1_200]);
+        assert_eq!(spans.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [1_100, 1_200]);
     }
 }
