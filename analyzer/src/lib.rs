@@ -10,6 +10,7 @@ mod config;
 pub mod detectors;
 mod enrich;
 mod floor;
+mod held;
 mod lag;
 pub mod log_events;
 mod open;
@@ -26,6 +27,7 @@ pub use config::{
 };
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
+pub use held::{HeldTimelines, SpanKey};
 pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_lag_rows, read_rollups};
 pub use timeline::build_timelines;
 
@@ -50,6 +52,17 @@ impl AnalysisInput {
     /// [`AnalysisInput::from_telemetry`] of spans held elsewhere (the live analyzer's caches).
     pub fn from_span_refs(spans: &[&Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
         let mut timelines = timeline::build_timelines_of(spans, horizon);
+        enrich(&mut timelines, &samples);
+        Self { timelines, samples, log_events: Vec::new() }
+    }
+
+    /// The input of timelines kept between passes ([`HeldTimelines::take_timelines`]): what
+    /// the metrics said at each attempt is filled in again from `samples`.
+    pub fn from_held_timelines(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
+        for attempt in timelines.iter_mut().flat_map(|timeline| &mut timeline.calls).flat_map(|call| &mut call.attempts)
+        {
+            attempt.reported = Default::default();
+        }
         enrich(&mut timelines, &samples);
         Self { timelines, samples, log_events: Vec::new() }
     }

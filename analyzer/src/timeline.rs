@@ -14,7 +14,7 @@ use crate::floor::floors;
 
 /// How far up a trace the join looks for the client attempt (client → router → server is
 /// three levels; instrumented libraries add a few more).
-const MAX_PARENT_HOPS: usize = 32;
+pub(crate) const MAX_PARENT_HOPS: usize = 32;
 
 /// Builds the timeline of every (client, namespace) in `spans`, ordered by client id then
 /// namespace. Calls are in client order (start time), each with its attempts.
@@ -125,7 +125,7 @@ struct Hops {
     join: HashMap<usize, TimelineJoin>,
 }
 
-fn is_client_attempt(span: &Span) -> bool {
+pub(crate) fn is_client_attempt(span: &Span) -> bool {
     span.call.client_id.is_some() && span.component() == Some(Component::Client)
 }
 
@@ -241,9 +241,20 @@ pub(crate) fn distance_to(start: UnixNanos, end: UnixNanos, at: UnixNanos) -> i6
 }
 
 fn build_call(spans: &[&Span], attempt_indexes: &[usize], hops: &Hops) -> TimelineCall {
-    let attempts: Vec<TimelineAttempt> =
-        attempt_indexes.iter().map(|index| build_attempt(spans, *index, hops)).collect();
-    let first = &spans[attempt_indexes[0]];
+    let attempts: Vec<TimelineAttempt> = attempt_indexes
+        .iter()
+        .map(|index| {
+            let joined: Vec<&Span> =
+                hops.by_attempt.get(index).map_or(&[][..], Vec::as_slice).iter().map(|hop| spans[*hop]).collect();
+            let join = hops.join.get(index).copied().unwrap_or(TimelineJoin::ClientOnly);
+            attempt_of(spans[*index], &joined, join)
+        })
+        .collect();
+    call_of(spans[attempt_indexes[0]], attempts)
+}
+
+/// A call of `attempts` (in attempt order), named by its first attempt's span.
+pub(crate) fn call_of(first: &Span, attempts: Vec<TimelineAttempt>) -> TimelineCall {
     TimelineCall {
         call_id: first.call.call_id.clone(),
         op: first.call.op.clone(),
@@ -255,15 +266,15 @@ fn build_call(spans: &[&Span], attempt_indexes: &[usize], hops: &Hops) -> Timeli
     }
 }
 
-fn build_attempt(spans: &[&Span], index: usize, hops: &Hops) -> TimelineAttempt {
-    let client = &spans[index];
-    let joined: &[usize] = hops.by_attempt.get(&index).map_or(&[], Vec::as_slice);
+/// The attempt of the client span `client`, with the router and server spans joined to it
+/// (in the order the spans are given) and how the first of them was found.
+pub(crate) fn attempt_of(client: &Span, joined: &[&Span], join: TimelineJoin) -> TimelineAttempt {
     let mut routers: Vec<&Span> = Vec::new();
     let mut servers: Vec<&Span> = Vec::new();
     for &hop in joined {
-        match spans[hop].component() {
-            Some(Component::Router) => routers.push(spans[hop]),
-            Some(Component::Server) => servers.push(spans[hop]),
+        match hop.component() {
+            Some(Component::Router) => routers.push(hop),
+            Some(Component::Server) => servers.push(hop),
             _ => {}
         }
     }
@@ -286,7 +297,7 @@ fn build_attempt(spans: &[&Span], index: usize, hops: &Hops) -> TimelineAttempt 
         client_span: client.reference(),
         router_spans: routers.iter().map(|span| span.reference()).collect(),
         server_spans: servers.iter().map(|span| span.reference()).collect(),
-        join: hops.join.get(&index).copied().unwrap_or(TimelineJoin::ClientOnly),
+        join,
         target_node: call.target_node.clone(),
         target_role: call.target_role.clone(),
         router_node: router.and_then(|span| span.resource.node_id.clone()),

@@ -9,6 +9,9 @@
 //! clients), reading from the store only the spans of traces the client's new spans joined
 //! or moved the bounds of.
 //!
+//! A held client's spans are kept with their timelines ([`HeldTimelines`], each span placed
+//! by its start and id): a pass joins only what changed since the last one.
+//!
 //! Invariant: every held client holds exactly what that read would return as of span id
 //! `through`, in its order (start time, then id); spans are kept with their ids, so that one
 //! span reached two ways is held once.
@@ -17,7 +20,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
-use lagscope_model::Span;
+use lagscope_analyzer::HeldTimelines;
+use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
 
 #[derive(Debug)]
@@ -29,13 +33,15 @@ pub struct ClientCache {
     through: i64,
     /// Spans held over all clients.
     held: usize,
+    /// A call id names one call for this long ([`HeldTimelines::new`]).
+    horizon: UnixNanos,
 }
 
 #[derive(Debug)]
 struct Held {
-    /// What the store's read returns, with ids, ordered by (start, id). Boxed: updates move
-    /// pointers, not spans.
-    spans: Vec<(i64, Box<Span>)>,
+    /// What the store's read returns, ordered by (start, id), with the timelines they join
+    /// into.
+    spans: HeldTimelines,
     /// The client's own newest `limit` spans, by (start, id): the trace each is in, and
     /// whether it has a span id (without one, a span is taken only as the client's own).
     own: BTreeMap<(i64, i64), (Option<String>, bool)>,
@@ -45,8 +51,9 @@ struct Held {
 }
 
 impl ClientCache {
-    pub fn new(budget: usize) -> Self {
-        Self { budget, clients: HashMap::new(), through: 0, held: 0 }
+    /// At most `budget` spans over all clients; a call id names one call for `horizon`.
+    pub fn new(budget: usize, horizon: UnixNanos) -> Self {
+        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon }
     }
 
     /// Spans held over all clients.
@@ -102,7 +109,7 @@ impl ClientCache {
         let spans = match loaded {
             Loaded::Read(spans) => spans.into_iter().map(|(_, span)| span).collect(),
             Loaded::Held | Loaded::ReadAndHeld => {
-                self.held_spans(client_id).expect("loaded").iter().map(|(_, span)| (**span).clone()).collect()
+                self.clients.get(client_id).expect("loaded").spans.spans().cloned().collect()
             }
         };
         Ok((spans, was_held))
@@ -110,7 +117,7 @@ impl ClientCache {
 
     /// A client's spans in two steps, for a pass that analyses several clients at once:
     /// brings the client's spans in, returning them when they are not held;
-    /// [`ClientCache::held_spans`] then gives those that are. Loading a client never lets go
+    /// [`ClientCache::held_mut`] then gives those that are. Loading a client never lets go
     /// of another (only a catch-up does), so every client loaded since the last catch-up stays.
     pub async fn load(
         &mut self,
@@ -120,9 +127,8 @@ impl ClientCache {
         kept_from: Option<i64>,
         now: Instant,
     ) -> Result<Loaded, StoreError> {
-        let too_old = |spans: &[(i64, Box<Span>)]| {
-            kept_from.is_some_and(|from| spans.iter().any(|(_, span)| span.start_unix_nano < from))
-        };
+        let too_old =
+            |spans: &HeldTimelines| kept_from.is_some_and(|from| spans.first_start().is_some_and(|first| first < from));
         if let Some(held) = self.clients.get(client_id)
             && too_old(&held.spans)
         {
@@ -138,7 +144,12 @@ impl ClientCache {
         if self.budget == 0 || old || self.held + spans.len() > self.budget {
             return Ok(Loaded::Read(spans));
         }
-        let mut held = Held { spans: Vec::new(), own: BTreeMap::new(), traces: HashMap::new(), last_passed: now };
+        let mut held = Held {
+            spans: HeldTimelines::new(self.horizon),
+            own: BTreeMap::new(),
+            traces: HashMap::new(),
+            last_passed: now,
+        };
         for (id, span) in spans.iter().filter(|(_, span)| span.call.client_id.as_deref() == Some(client_id)) {
             held.own_span(*id, span);
         }
@@ -147,14 +158,20 @@ impl ClientCache {
             held.drop_oldest_own();
         }
         self.held += spans.len();
-        held.spans = spans.into_iter().map(|(id, span)| (id, Box::new(span))).collect();
+        for (id, span) in spans {
+            held.spans.insert_at(order(id), span);
+        }
         self.clients.insert(client_id.to_string(), held);
         Ok(Loaded::ReadAndHeld)
     }
 
-    /// The spans of a held client, as its last [`ClientCache::load`] left them.
-    pub fn held_spans(&self, client_id: &str) -> Option<&[(i64, Box<Span>)]> {
-        self.clients.get(client_id).map(|held| held.spans.as_slice())
+    /// The held ones of `clients`, to be analysed at once (each joins what changed).
+    pub fn held_mut<'a>(&'a mut self, clients: &HashSet<&str>) -> HashMap<&'a str, &'a mut HeldTimelines> {
+        self.clients
+            .iter_mut()
+            .filter(|(client_id, _)| clients.contains(client_id.as_str()))
+            .map(|(client_id, held)| (client_id.as_str(), &mut held.spans))
+            .collect()
     }
 }
 
@@ -188,6 +205,15 @@ impl<'a> Gained<'a> {
         }
         Self { spans, by_client, by_trace }
     }
+}
+
+/// A store's span id as a held span's order among spans of one start (ids are positive).
+fn order(id: i64) -> u64 {
+    u64::try_from(id).unwrap_or_default()
+}
+
+fn id_of(order: u64) -> i64 {
+    i64::try_from(order).unwrap_or(i64::MAX)
 }
 
 /// The window a trace's other spans are taken from, around the client's own spans in it.
@@ -295,10 +321,20 @@ impl Held {
             changed.iter().copied().filter(|trace| touched.get(*trace).is_some_and(Option::is_some)).collect();
         if !left.is_empty() || !held_before.is_empty() {
             let own = &self.own;
-            self.spans.retain(|(id, span)| {
-                own.contains_key(&(span.start_unix_nano, *id))
-                    || (!left.contains(id) && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace)))
-            });
+            let leaving: Vec<(i64, u64)> = self
+                .spans
+                .keyed_spans()
+                .filter(|((start, order), span)| {
+                    let id = id_of(*order);
+                    !(own.contains_key(&(*start, id))
+                        || (!left.contains(&id)
+                            && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace))))
+                })
+                .map(|(key, _)| key)
+                .collect();
+            for key in leaving {
+                self.spans.remove(key);
+            }
         }
         // What arrived of the client and of its other traces.
         let mut candidates: Vec<usize> = gained.by_client.get(client_id).cloned().unwrap_or_default();
@@ -323,10 +359,9 @@ impl Held {
                 added.push((id, Box::new(span)));
             }
         }
-        if !added.is_empty() {
-            self.spans.extend(added);
-            self.spans.sort_by_key(|(id, span)| (span.start_unix_nano, *id));
-            self.spans.dedup_by_key(|(id, _)| *id);
+        for (id, span) in added {
+            // One span reached two ways is held once (`insert_at` keeps what it holds).
+            self.spans.insert_at(order(id), *span);
         }
         Ok(())
     }
@@ -371,7 +406,8 @@ mod tests {
     /// client's span, retries joining a trace of an earlier round, a span of the past, two
     /// clients in one trace, spans without trace context or span id, hops outside the trace
     /// window, spans sent again; a small read limit, so that the oldest own spans leave. Every
-    /// pass reads what the store reads, with budgets that hold every client, some, or none.
+    /// pass reads what the store reads, with budgets that hold every client, some, or none,
+    /// and what is held joins into the timelines a new join of that read builds.
     #[tokio::test]
     async fn a_held_client_reads_exactly_what_the_store_reads() {
         let clients = ["c1", "c2", "c3"];
@@ -379,10 +415,10 @@ mod tests {
             let directory = tempfile::tempdir().expect("temp dir");
             let store = SqliteStore::open_dir(directory.path()).await.expect("store");
             let feed = store.span_feed().expect("feed");
-            let mut cache = ClientCache::new(budget);
+            let mut cache = ClientCache::new(budget, 90_000_000_000);
             let mut numbers = Numbers(budget as u64 + 11);
             let (limit, mut next, mut traces, mut sent) = (9, 1_u64, Vec::new(), Vec::<Span>::new());
-            let (mut held_passes, mut passes) = (0, 0);
+            let (mut held_passes, mut passes, mut joined_hops) = (0, 0, 0);
             // Distinct starts (the store's own limit picks among equal starts as it finds them).
             let start = |numbers: &mut Numbers, round: i64, n: u64| {
                 (round * 100 + numbers.below(100) as i64) * SECOND + n as i64
@@ -417,6 +453,8 @@ mod tests {
                             _ => hop as i64,
                         };
                         let mut hop_span = span(Some(trace), id + hop, None, at + offset);
+                        // Under the client's span: the held timelines join it by trace.
+                        hop_span.parent_span_id = Some(format!("{id:016x}"));
                         if numbers.below(10) == 0 {
                             hop_span.call.client_id = Some(clients[numbers.below(3) as usize].to_string());
                         }
@@ -443,8 +481,25 @@ mod tests {
                     };
                     assert_eq!(keys(&cached), keys(&stored), "budget {budget}, round {round}, client {client}");
                     assert_eq!(cached, stored, "budget {budget}, round {round}, client {client}");
+                    // What is held joins into the timelines a new join of the read builds.
+                    if let Some(held) = cache.clients.get_mut(*client) {
+                        held.spans.refresh();
+                        let timelines = held.spans.take_timelines();
+                        let expected = lagscope_analyzer::build_timelines(&stored, 90_000_000_000);
+                        assert_eq!(timelines, expected, "budget {budget}, round {round}, client {client}");
+                        joined_hops += timelines
+                            .iter()
+                            .flat_map(|timeline| &timeline.calls)
+                            .flat_map(|call| &call.attempts)
+                            .map(|attempt| attempt.server_spans.len())
+                            .sum::<usize>();
+                        held.spans.give_back(timelines);
+                    }
                     assert!(cache.held() <= budget);
                 }
+            }
+            if budget > 0 {
+                assert!(joined_hops > 0, "budget {budget}: no hop joined");
             }
             match budget {
                 0 => assert_eq!(held_passes, 0),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
-use lagscope_analyzer::{AnalysisInput, analyze, analyze_kinds, read_lag_rows, read_rollups};
+use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze, analyze_kinds, read_lag_rows, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
@@ -43,8 +43,8 @@ pub async fn run_live_analyzer(
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
-    let mut cache = ScopeCache::new(config.live.scope_cache_spans);
-    let mut clients = ClientCache::new(config.live.client_cache_spans);
+    let mut cache = ScopeCache::new(config.live.scope_cache_spans, config.analyzer.stream.horizon());
+    let mut clients = ClientCache::new(config.live.client_cache_spans, config.analyzer.stream.horizon());
     let mut written = WrittenAnomalies::default();
     loop {
         let pending = tokio::select! {
@@ -167,8 +167,8 @@ async fn analyze_marks(
     let mut rollups = WrittenRollups::default();
     let mut lines = RecognisedLines::default();
     let mut found = NewAnomalies::default();
-    let mut cache = ScopeCache::new(config.live.scope_cache_spans);
-    let mut clients = ClientCache::new(config.live.client_cache_spans);
+    let mut cache = ScopeCache::new(config.live.scope_cache_spans, config.analyzer.stream.horizon());
+    let mut clients = ClientCache::new(config.live.client_cache_spans, config.analyzer.stream.horizon());
     let mut written = WrittenAnomalies::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
@@ -398,10 +398,12 @@ async fn analysis_pass(
         }
     }
     let mut work = Vec::with_capacity(clients.len());
+    let mut held = client_cache.held_mut(&clients.iter().map(String::as_str).collect());
     for client_id in &clients {
-        let spans: Vec<&lagscope_model::Span> = match not_held.get(client_id.as_str()) {
-            Some(spans) => spans.iter().collect(),
-            None => client_cache.held_spans(client_id).into_iter().flatten().map(|(_, span)| &**span).collect(),
+        let spans = match (not_held.get(client_id.as_str()), held.remove(client_id.as_str())) {
+            (Some(spans), _) => Spans::Read(spans.iter().collect()),
+            (None, Some(held)) => Spans::Held(held),
+            (None, None) => Spans::Read(Vec::new()),
         };
         let probes = client_probes(store, &spans, client_id).await?;
         // The client's own lines (a client that logs its switches is judged by them).
@@ -416,14 +418,25 @@ async fn analysis_pass(
         threads,
         |work| work.spans.len(),
         |work| {
-            let mut input = AnalysisInput::from_span_refs(&work.spans, work.probes, horizon);
+            let mut spans = work.spans;
+            let mut input = match &mut spans {
+                Spans::Held(held) => {
+                    held.refresh();
+                    AnalysisInput::from_held_timelines(held.take_timelines(), work.probes)
+                }
+                Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.probes, horizon),
+            };
             input.log_events = work.log_events;
             // Spans of shared traces bring in fragments of other clients' timelines: each
             // client's anomalies come from its own, complete pass.
-            analyze(&input, &config.analyzer)
+            let found = analyze(&input, &config.analyzer)
                 .into_iter()
                 .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            if let Spans::Held(held) = spans {
+                held.give_back(input.timelines);
+            }
+            found
         },
     );
     times.client_analysis += lap.elapsed();
@@ -480,13 +493,15 @@ async fn analysis_pass(
                 Source::Store => metrics.scope_reads_full.add(1),
             }
         }
+        let mut held = cache.held_mut(chunk);
         let work: Vec<ScopeWork> = chunk
             .iter()
             .zip(samples)
             .map(|(scope, samples)| {
-                let spans: Vec<&lagscope_model::Span> = match not_held.get(scope) {
-                    Some(spans) => spans.iter().collect(),
-                    None => cache.held_spans(scope).into_iter().flatten().collect(),
+                let spans = match (not_held.get(scope), held.remove(scope)) {
+                    (Some(spans), _) => Spans::Read(spans.iter().collect()),
+                    (None, Some(held)) => Spans::Held(held),
+                    (None, None) => Spans::Read(Vec::new()),
                 };
                 let (cluster, namespace) = scope;
                 let log_events = events_by_cluster
@@ -583,16 +598,46 @@ const SCOPES_AT_ONCE: usize = 8;
 /// What one client's analysis reads.
 struct ClientWork<'a> {
     client_id: &'a str,
-    spans: Vec<&'a lagscope_model::Span>,
+    spans: Spans<'a>,
     probes: Vec<lagscope_model::Sample>,
     log_events: Vec<LogEvent>,
 }
 
 /// What one scope's analysis reads.
 struct ScopeWork<'a> {
-    spans: Vec<&'a lagscope_model::Span>,
+    spans: Spans<'a>,
     samples: Vec<lagscope_model::Sample>,
     log_events: Vec<LogEvent>,
+}
+
+/// A client's or scope's spans: held with their timelines between passes, or read for this
+/// pass alone.
+enum Spans<'a> {
+    Held(&'a mut HeldTimelines),
+    Read(Vec<&'a lagscope_model::Span>),
+}
+
+impl Spans<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Held(held) => held.len(),
+            Self::Read(spans) => spans.len(),
+        }
+    }
+
+    fn first_start(&self) -> Option<i64> {
+        match self {
+            Self::Held(held) => held.first_start(),
+            Self::Read(spans) => spans.iter().map(|span| span.start_unix_nano).min(),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = &lagscope_model::Span> + '_> {
+        match self {
+            Self::Held(held) => Box::new(held.spans()),
+            Self::Read(spans) => Box::new(spans.iter().copied()),
+        }
+    }
 }
 
 /// What one scope's analysis found, and what building its timelines took.
@@ -606,28 +651,38 @@ struct ScopeFound {
 /// and minute (for the pages).
 fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFound {
     let started = Instant::now();
-    let mut input = AnalysisInput::from_span_refs(&work.spans, work.samples, config.analyzer.stream.horizon());
+    let mut spans = work.spans;
+    let mut input = match &mut spans {
+        // Joins what changed since the last pass; the timelines are lent to the analysis.
+        Spans::Held(held) => {
+            held.refresh();
+            AnalysisInput::from_held_timelines(held.take_timelines(), work.samples)
+        }
+        Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.samples, config.analyzer.stream.horizon()),
+    };
     let timelines = started.elapsed();
     input.log_events = work.log_events;
-    let callers: HashSet<&str> = work.spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
-    let anomalies: Vec<_> = analyze_kinds(&input, &config.analyzer, is_scope_kind)
-        .into_iter()
-        .filter(|anomaly| {
-            !is_client_kind(anomaly.kind) || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
-        })
-        .collect();
+    let anomalies: Vec<_> = {
+        let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
+        analyze_kinds(&input, &config.analyzer, is_scope_kind)
+            .into_iter()
+            .filter(|anomaly| {
+                !is_client_kind(anomaly.kind)
+                    || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
+            })
+            .collect()
+    };
     // When the read limit cut the scope's oldest spans, their first minute is partial: left
     // as written.
-    let complete_from = if work.spans.len() >= limit as usize {
-        work.spans
-            .iter()
-            .map(|span| span.start_unix_nano)
-            .min()
-            .map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
+    let complete_from = if spans.len() >= limit as usize {
+        spans.first_start().map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
     } else {
         i64::MIN
     };
     let rollups = read_rollups(&read_lag_rows(&input), complete_from);
+    if let Spans::Held(held) = spans {
+        held.give_back(input.timelines);
+    }
     ScopeFound { anomalies, rollups, timelines }
 }
 
@@ -692,7 +747,7 @@ fn is_client_kind(kind: AnomalyKind) -> bool {
 /// pass judges all of those calls again: a verdict it lacked would change what it says of them.
 async fn client_probes(
     store: &dyn Store,
-    spans: &[&lagscope_model::Span],
+    spans: &Spans<'_>,
     client_id: &str,
 ) -> Result<Vec<lagscope_model::Sample>, lagscope_store::StoreError> {
     let (mut clusters, mut first, mut last) = (BTreeSet::new(), i64::MAX, i64::MIN);

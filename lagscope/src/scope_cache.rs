@@ -7,16 +7,21 @@
 //! recently is held in memory, and a pass adds what was committed since the last one: one
 //! read of the new spans of every held scope, found by id ([`SpanFeed`]).
 //!
+//!
+//! A held scope's spans are kept with their timelines ([`HeldTimelines`]): a pass joins only
+//! what the spans added and let go since the last one change, not the whole window again.
+//!
 //! Invariant: every held scope holds exactly what `Store::scope_spans(.., TimeRange::ALL,
 //! limit)` would return as of span id `through` (less what retention has cut since), in the
 //! same order. A span committed after `through` has a higher id ([`SpanFeed`]'s promise), so
 //! the spans with ids in `through..=latest` are exactly what each scope gained.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
-use lagscope_model::Span;
+use lagscope_analyzer::HeldTimelines;
+use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError};
 
 /// (cluster, namespace).
@@ -40,23 +45,22 @@ pub struct ScopeCache {
     through: i64,
     /// Spans held over all scopes.
     held: usize,
+    /// A call id names one call for this long ([`HeldTimelines::new`]).
+    horizon: UnixNanos,
 }
 
 #[derive(Debug)]
 struct Held {
-    /// Ordered by start time (spans of one start in id order), at most the pass's limit. A
-    /// busy scope holds tens of thousands, and every catch-up sorts in what arrived and cuts
-    /// the oldest: in a ring, the oldest leave from the front without moving the rest, and the
-    /// sort (a sorted run and a short tail) moves only the tail and what it overlaps. Not
-    /// boxed: the timelines are built walking the spans, which is faster over contiguous
-    /// memory than through a pointer per span.
-    spans: VecDeque<Span>,
+    /// Ordered by start time (spans of one start in id order: the order they were added in),
+    /// at most the pass's limit, with the timelines they join into.
+    spans: HeldTimelines,
     last_passed: Instant,
 }
 
 impl ScopeCache {
-    pub fn new(budget: usize) -> Self {
-        Self { budget, scopes: HashMap::new(), through: 0, held: 0 }
+    /// At most `budget` spans over all scopes; a call id names one call for `horizon`.
+    pub fn new(budget: usize, horizon: UnixNanos) -> Self {
+        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon }
     }
 
     /// Spans held over all scopes.
@@ -94,7 +98,7 @@ impl ScopeCache {
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        held.spans.push_back(span);
+                        held.spans.insert(span);
                         grown.insert(key);
                     }
                 }
@@ -123,13 +127,13 @@ impl ScopeCache {
         now: Instant,
     ) -> Result<(Vec<Span>, Source), StoreError> {
         let (read, source) = self.load(feed, scope, limit, kept_from, now).await?;
-        let spans = read.unwrap_or_else(|| self.held_spans(scope).expect("loaded").iter().cloned().collect());
+        let spans = read.unwrap_or_else(|| self.scopes.get(scope).expect("loaded").spans.spans().cloned().collect());
         Ok((spans, source))
     }
 
     /// A scope's spans in two steps, for a pass that analyses several scopes at once:
     /// brings the scope's spans in, returning them when they are not held (over the budget);
-    /// [`ScopeCache::held_spans`] then gives those that are. Loading a scope never lets go of
+    /// [`ScopeCache::held_mut`] then gives those that are. Loading a scope never lets go of
     /// another (only a catch-up does), so every scope loaded since the last catch-up stays.
     pub async fn load(
         &mut self,
@@ -154,13 +158,21 @@ impl ScopeCache {
             return Ok((Some(spans), Source::Store));
         }
         self.held += spans.len();
-        self.scopes.insert(scope.clone(), Held { spans: spans.into(), last_passed: now });
+        let mut held = HeldTimelines::new(self.horizon);
+        for span in spans {
+            held.insert(span);
+        }
+        self.scopes.insert(scope.clone(), Held { spans: held, last_passed: now });
         Ok((None, Source::Store))
     }
 
-    /// The spans of a held scope, as its last [`ScopeCache::load`] left them.
-    pub fn held_spans(&self, scope: &ScopeKey) -> Option<&VecDeque<Span>> {
-        self.scopes.get(scope).map(|held| &held.spans)
+    /// The held ones of `scopes`, to be analysed at once (each joins what changed).
+    pub fn held_mut<'a>(&'a mut self, scopes: &[ScopeKey]) -> HashMap<&'a ScopeKey, &'a mut HeldTimelines> {
+        self.scopes
+            .iter_mut()
+            .filter(|(scope, _)| scopes.contains(scope))
+            .map(|(scope, held)| (scope, &mut held.spans))
+            .collect()
     }
 }
 
@@ -175,17 +187,11 @@ impl held::Held for Held {
 }
 
 impl Held {
-    /// Orders the spans by start (a stable sort: spans of one start stay in id order, as the
-    /// store orders them, since what was held has lower ids than what was added; a sorted run
-    /// and the few added after it sort in about linear time), then keeps the newest `limit`
-    /// of them that retention has not cut.
+    /// Keeps the newest `limit` spans that retention has not cut (held in start order, spans
+    /// of one start in id order as the store orders them: what was held has lower ids than
+    /// what was added).
     fn normalise(&mut self, limit: usize, kept_from: Option<i64>) {
-        if !self.spans.iter().is_sorted_by_key(|span| span.start_unix_nano) {
-            self.spans.make_contiguous().sort_by_key(|span| span.start_unix_nano);
-        }
-        let cut = self.spans.len().saturating_sub(limit);
-        let retained = kept_from.map_or(0, |from| self.spans.partition_point(|span| span.start_unix_nano < from));
-        self.spans.drain(..cut.max(retained));
+        self.spans.keep_newest(limit, kept_from);
     }
 }
 
@@ -240,7 +246,7 @@ mod tests {
         for budget in [1_000, 12, 0] {
             let (store, _directory) = open().await;
             let feed = store.span_feed().expect("feed");
-            let mut cache = ScopeCache::new(budget);
+            let mut cache = ScopeCache::new(budget, 90_000_000_000);
             let mut numbers = Numbers(budget as u64 + 7);
             let (limit, mut next_id, mut sent) = (10, 1, Vec::new());
             let mut sources = Vec::new();
@@ -301,7 +307,7 @@ mod tests {
             async move { store.ingest(&IngestBatch { spans, ..IngestBatch::default() }).await.expect("ingest") }
         };
         ingest((1..=4).map(|id| span(&one, id, id as i64 * 100)).chain([span(&two, 5, 50)]).collect()).await;
-        let mut cache = ScopeCache::new(6);
+        let mut cache = ScopeCache::new(6, 90_000_000_000);
         let start = Instant::now();
         cache.catch_up(feed, 100, None, start).await.expect("catch up");
         assert_eq!(cache.spans(feed, &one, 100, None, start).await.expect("one").1, Source::Store);

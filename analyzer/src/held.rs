@@ -1,0 +1,826 @@
+//! Timelines kept between passes: spans held with the join's indexes, so that adding or
+//! removing a few spans joins only what they change.
+//!
+//! [`build_timelines`](crate::build_timelines) joins a set of spans from scratch. The live
+//! analyzer's scope passes did that on every pass, for tens of thousands of spans of a busy
+//! scope, to add the hundred that arrived since (BENCHMARKS.md, "Under `serve --demo`"). Here
+//! the spans stay with what the join found: a span added or removed marks what it can change
+//! (the hops of its trace, the hops joined by its call id, the call of each attempt whose hops
+//! moved), and [`HeldTimelines::refresh`] joins those again and nothing else.
+//!
+//! Invariant (tested against `build_timelines` over random changes): after
+//! [`HeldTimelines::refresh`] the timelines are exactly `build_timelines` of the held spans in
+//! key order. A span's key is its start and then the order it was added in, which is the
+//! order the caches hold spans in (start, then commit order).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use smallvec::SmallVec;
+
+use lagscope_model::{ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
+
+use crate::floor::floors;
+use crate::timeline::{
+    MAX_PARENT_HOPS, attempt_of, call_of, distance_to, is_client_attempt, same_attempt_or_unnumbered,
+};
+
+/// A held span's place: its start, then the order it was added in.
+pub type SpanKey = (UnixNanos, u64);
+
+/// Spans held with their joined timelines ([`HeldTimelines::refresh`]).
+#[derive(Debug)]
+pub struct HeldTimelines {
+    horizon: UnixNanos,
+    next: u64,
+    /// Boxed: a tree node moves keys and pointers, not spans, and holds no empty span slots.
+    spans: BTreeMap<SpanKey, Box<Held>>,
+    // The indexes are keyed by a hash of the strings (no copy of them per span) and hold
+    // each hash's keys in key order; a lookup keeps the spans whose strings are equal.
+    /// Spans by (trace id, span id, start): of each span, the first is the span, the others
+    /// copies of it sent again (not joined).
+    copies: HashMap<u64, Keys>,
+    /// Joined spans by (trace id, span id): the last is the one a child's parent id names.
+    by_id: HashMap<u64, Keys>,
+    /// Joined client attempts by (client id, call id).
+    by_call: HashMap<u64, Keys>,
+    /// Joined router and server spans by trace id.
+    trace_hops: HashMap<u64, Keys>,
+    /// Hops whose join looked at the attempts of a (client id, call id).
+    call_dependents: HashMap<u64, Keys>,
+    /// Every joined router and server span: the attempt it joined, and how.
+    hops: HashMap<SpanKey, Hop>,
+    /// The hops of each attempt, in key order, and how each was found.
+    attempt_hops: HashMap<SpanKey, SmallVec<[(SpanKey, TimelineJoin); 2]>>,
+    groups: BTreeMap<GroupKey, Group>,
+    /// Changed since the last refresh: traces and (client id, call id)s (by hash), hops not
+    /// yet joined.
+    dirty_traces: HashSet<u64>,
+    dirty_calls: HashSet<u64>,
+    unjoined: BTreeSet<SpanKey>,
+    /// The timelines are lent out ([`HeldTimelines::take_timelines`]).
+    lent: bool,
+}
+
+#[derive(Debug)]
+struct Held {
+    span: Span,
+    /// Part of the join (not a copy of an earlier span).
+    joined: bool,
+}
+
+/// Keys of held spans, in key order (few share a hash).
+type Keys = SmallVec<[SpanKey; 2]>;
+
+#[derive(Debug, Default)]
+struct Hop {
+    attempt: Option<(SpanKey, TimelineJoin)>,
+    /// The hash of the (client id, call id) whose attempts the join looked at.
+    depends_on: Option<u64>,
+}
+
+/// (client id, namespace).
+type GroupKey = (String, Option<String>);
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum CallKey {
+    Call(String),
+    Lone(SpanKey),
+}
+
+#[derive(Debug)]
+struct Group {
+    attempts: BTreeSet<SpanKey>,
+    calls: BTreeMap<CallKey, Keys>,
+    dirty: BTreeSet<CallKey>,
+    timeline: ClientTimeline,
+    /// Each call's place in the timeline: (start, end, call key), as `timeline.calls`.
+    order: Vec<(UnixNanos, UnixNanos, CallKey)>,
+    /// Where each call key's calls are in `order`: their (start, end).
+    placed: HashMap<CallKey, SmallVec<[(UnixNanos, UnixNanos); 1]>>,
+}
+
+impl HeldTimelines {
+    /// No spans; a call id names one call for `horizon` ([`crate::StreamConfig::horizon`]).
+    pub fn new(horizon: UnixNanos) -> Self {
+        Self {
+            horizon,
+            next: 0,
+            spans: BTreeMap::new(),
+            copies: HashMap::default(),
+            by_id: HashMap::default(),
+            by_call: HashMap::default(),
+            trace_hops: HashMap::default(),
+            call_dependents: HashMap::default(),
+            hops: HashMap::default(),
+            attempt_hops: HashMap::default(),
+            groups: BTreeMap::new(),
+            dirty_traces: HashSet::default(),
+            dirty_calls: HashSet::default(),
+            unjoined: BTreeSet::new(),
+            lent: false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The held spans in key order (start, then the order they were added in).
+    pub fn spans(&self) -> impl Iterator<Item = &Span> {
+        self.spans.values().map(|held| &held.span)
+    }
+
+    /// The oldest held span's start.
+    pub fn first_start(&self) -> Option<UnixNanos> {
+        self.spans.keys().next().map(|(start, _)| *start)
+    }
+
+    /// Holds `span`, after every span held before it of the same start.
+    pub fn insert(&mut self, span: Span) -> SpanKey {
+        let key = (span.start_unix_nano, self.next);
+        self.insert_at(key.1, span);
+        key
+    }
+
+    /// Holds `span` in its place among spans of the same start by `order` (a store's span
+    /// id, say), unless a span is held there already. Use this or [`HeldTimelines::insert`],
+    /// not both.
+    pub fn insert_at(&mut self, order: u64, span: Span) {
+        let key = (span.start_unix_nano, order);
+        if self.spans.contains_key(&key) {
+            return;
+        }
+        self.next = self.next.max(order + 1);
+        let identity = identity_hash(&span);
+        self.spans.insert(key, Box::new(Held { span, joined: false }));
+        let Some(identity) = identity else {
+            self.join(key);
+            return;
+        };
+        // The first of a span's copies is the one joined.
+        add_key(&mut self.copies, identity, key);
+        let copies = self.copies_of(key, identity);
+        if copies.first() == Some(&key) {
+            if let Some(&displaced) = copies.get(1) {
+                self.leave(displaced);
+            }
+            self.join(key);
+        }
+    }
+
+    /// Whether a span is held at `key`.
+    pub fn contains(&self, key: SpanKey) -> bool {
+        self.spans.contains_key(&key)
+    }
+
+    /// The held spans with their keys, in key order.
+    pub fn keyed_spans(&self) -> impl Iterator<Item = (SpanKey, &Span)> {
+        self.spans.iter().map(|(key, held)| (*key, &held.span))
+    }
+
+    /// Lets the oldest spans go: beyond the newest `limit`, and those that start before
+    /// `kept_from`.
+    pub fn keep_newest(&mut self, limit: usize, kept_from: Option<UnixNanos>) {
+        while let Some(&key) = self.spans.keys().next() {
+            if self.spans.len() <= limit && kept_from.is_none_or(|from| key.0 >= from) {
+                break;
+            }
+            self.remove(key);
+        }
+    }
+
+    /// Lets the span at `key` go, if held.
+    pub fn remove(&mut self, key: SpanKey) -> Option<Span> {
+        let held = self.spans.get(&key)?;
+        let was_joined = held.joined;
+        let identity = identity_hash(&held.span);
+        if was_joined {
+            self.leave(key);
+        }
+        let mut next = None;
+        if let Some(identity) = identity {
+            if was_joined {
+                next = self.copies_of(key, identity).get(1).copied();
+            }
+            remove_key(&mut self.copies, identity, key);
+        }
+        let removed = self.spans.remove(&key).map(|held| held.span);
+        if let Some(next) = next {
+            self.join(next);
+        }
+        removed
+    }
+
+    /// Joins again what changed since the last refresh.
+    pub fn refresh(&mut self) {
+        if self.lent {
+            // Lent and not given back (the analysis panicked): every call is built again.
+            self.lent = false;
+            for group in self.groups.values_mut() {
+                group.order.clear();
+                group.placed.clear();
+                group.timeline.calls.clear();
+                group.dirty.extend(group.calls.keys().cloned());
+            }
+        }
+        let mut hops: BTreeSet<SpanKey> = std::mem::take(&mut self.unjoined);
+        for trace in std::mem::take(&mut self.dirty_traces) {
+            hops.extend(self.trace_hops.get(&trace).into_iter().flatten().copied());
+        }
+        for call in std::mem::take(&mut self.dirty_calls) {
+            hops.extend(self.call_dependents.get(&call).into_iter().flatten().copied());
+        }
+        for hop in hops {
+            self.rejoin_hop(hop);
+        }
+        let horizon = self.horizon;
+        let spans = &self.spans;
+        let attempt_hops = &self.attempt_hops;
+        self.groups.retain(|key, group| {
+            if !group.dirty.is_empty() {
+                group.rebuild(key, spans, attempt_hops, horizon);
+            }
+            !group.attempts.is_empty()
+        });
+    }
+
+    /// The timelines as [`crate::build_timelines`] orders them, lent out (moved, not copied)
+    /// until [`HeldTimelines::give_back`]. Call [`HeldTimelines::refresh`] first.
+    pub fn take_timelines(&mut self) -> Vec<ClientTimeline> {
+        self.lent = true;
+        self.groups.values_mut().map(|group| std::mem::replace(&mut group.timeline, empty_timeline())).collect()
+    }
+
+    /// Gives back what [`HeldTimelines::take_timelines`] lent, in its order (what the analysis
+    /// added to the attempts, the metrics' reports, stays until it is added again).
+    pub fn give_back(&mut self, timelines: Vec<ClientTimeline>) {
+        if timelines.len() != self.groups.len() {
+            return;
+        }
+        for (group, timeline) in self.groups.values_mut().zip(timelines) {
+            group.timeline = timeline;
+        }
+        self.lent = false;
+    }
+
+    fn span(&self, key: SpanKey) -> &Span {
+        &self.spans[&key].span
+    }
+
+    /// The held copies of the span at `key` (itself among them), in key order.
+    fn copies_of(&self, key: SpanKey, identity: u64) -> Keys {
+        let span = self.span(key);
+        let same = |other: &Span| {
+            other.start_unix_nano == span.start_unix_nano
+                && other.trace_id == span.trace_id
+                && other.span_id == span.span_id
+        };
+        self.copies.get(&identity).into_iter().flatten().copied().filter(|copy| same(self.span(*copy))).collect()
+    }
+
+    /// Makes the span at `key` part of the join.
+    fn join(&mut self, key: SpanKey) {
+        let Some(held) = self.spans.get_mut(&key) else { return };
+        held.joined = true;
+        let span = &held.span;
+        if let Some(ids) = ids_hash(span.trace_id.as_deref(), span.span_id.as_deref()) {
+            add_key(&mut self.by_id, ids, key);
+        }
+        if let Some(trace) = &span.trace_id {
+            self.dirty_traces.insert(hash_of(trace));
+        }
+        if is_client_attempt(span) {
+            let (group_key, call_key) = attempt_keys(key, span);
+            if let Some(call) = call_hash(span) {
+                add_key(&mut self.by_call, call, key);
+                self.dirty_calls.insert(call);
+            }
+            let group = self.groups.entry(group_key).or_insert_with(Group::new);
+            group.attempts.insert(key);
+            insert_key(group.calls.entry(call_key.clone()).or_default(), key);
+            group.dirty.insert(call_key);
+        } else if is_hop(span) {
+            if let Some(trace) = &span.trace_id {
+                add_key(&mut self.trace_hops, hash_of(trace), key);
+            }
+            self.hops.insert(key, Hop::default());
+            self.unjoined.insert(key);
+        }
+    }
+
+    /// Takes the span at `key` out of the join (it stays held).
+    fn leave(&mut self, key: SpanKey) {
+        let Some(held) = self.spans.get_mut(&key) else { return };
+        held.joined = false;
+        let span = &held.span;
+        if let Some(ids) = ids_hash(span.trace_id.as_deref(), span.span_id.as_deref()) {
+            remove_key(&mut self.by_id, ids, key);
+        }
+        if let Some(trace) = &span.trace_id {
+            self.dirty_traces.insert(hash_of(trace));
+        }
+        if is_client_attempt(span) {
+            let (group_key, call_key) = attempt_keys(key, span);
+            if let Some(call) = call_hash(span) {
+                remove_key(&mut self.by_call, call, key);
+                self.dirty_calls.insert(call);
+            }
+            if let Some(group) = self.groups.get_mut(&group_key) {
+                group.attempts.remove(&key);
+                if let Some(attempts) = group.calls.get_mut(&call_key)
+                    && let Ok(place) = attempts.binary_search(&key)
+                {
+                    attempts.remove(place);
+                }
+                group.dirty.insert(call_key);
+            }
+            // Its hops join again (they are in its trace, or depend on its call).
+            self.attempt_hops.remove(&key);
+        } else if is_hop(span) {
+            if let Some(trace) = &span.trace_id {
+                remove_key(&mut self.trace_hops, hash_of(trace), key);
+            }
+            self.unjoined.remove(&key);
+            if let Some(hop) = self.hops.remove(&key) {
+                if let Some(call) = hop.depends_on {
+                    remove_key(&mut self.call_dependents, call, key);
+                }
+                if let Some((attempt, _)) = hop.attempt {
+                    self.take_hop(attempt, key);
+                    self.attempt_changed(attempt);
+                }
+            }
+        }
+    }
+
+    /// Marks the call of the attempt at `key` (if still joined) to be built again.
+    fn attempt_changed(&mut self, key: SpanKey) {
+        let Some(held) = self.spans.get(&key).filter(|held| held.joined && is_client_attempt(&held.span)) else {
+            return;
+        };
+        let (group_key, call_key) = attempt_keys(key, &held.span);
+        if let Some(group) = self.groups.get_mut(&group_key) {
+            group.dirty.insert(call_key);
+        }
+    }
+
+    /// Joins the hop at `key` again; when the attempt it joins changed, both attempts' calls
+    /// are built again.
+    fn rejoin_hop(&mut self, key: SpanKey) {
+        let Some(old) = self.hops.get(&key) else { return };
+        let (old_attempt, old_depends_on) = (old.attempt, old.depends_on);
+        let (attempt, depends_on) = self.find_attempt(key);
+        if old_depends_on != depends_on {
+            if let Some(call) = old_depends_on {
+                remove_key(&mut self.call_dependents, call, key);
+            }
+            if let Some(call) = depends_on {
+                add_key(&mut self.call_dependents, call, key);
+            }
+        }
+        if let Some(hop) = self.hops.get_mut(&key) {
+            *hop = Hop { attempt, depends_on };
+        }
+        if old_attempt == attempt {
+            return;
+        }
+        if let Some((old_attempt, _)) = old_attempt {
+            self.take_hop(old_attempt, key);
+            self.attempt_changed(old_attempt);
+        }
+        if let Some((new_attempt, join)) = attempt {
+            let hops = self.attempt_hops.entry(new_attempt).or_default();
+            match hops.binary_search_by_key(&key, |(hop, _)| *hop) {
+                Ok(place) => hops[place].1 = join,
+                Err(place) => hops.insert(place, (key, join)),
+            }
+            self.attempt_changed(new_attempt);
+        }
+    }
+
+    /// Takes the hop at `hop` from the attempt at `attempt`'s hops.
+    fn take_hop(&mut self, attempt: SpanKey, hop: SpanKey) {
+        if let Some(hops) = self.attempt_hops.get_mut(&attempt) {
+            hops.retain(|(held, _)| *held != hop);
+            if hops.is_empty() {
+                self.attempt_hops.remove(&attempt);
+            }
+        }
+    }
+
+    /// The attempt the hop at `key` joins (as `timeline::attach_hops` finds it), and the
+    /// (client id, call id) whose attempts that depended on.
+    fn find_attempt(&self, key: SpanKey) -> (Option<(SpanKey, TimelineJoin)>, Option<u64>) {
+        let span = self.span(key);
+        if span.trace_id.is_some() && span.span_id.is_some() && span.parent_span_id.is_some() {
+            match self.ancestor(span) {
+                Some(Ancestor::Attempt(attempt)) => (Some((attempt, TimelineJoin::TraceContext)), None),
+                Some(Ancestor::RootHop(root)) => {
+                    let root = self.span(root);
+                    (self.nearest_attempt_of_call(root).map(|attempt| (attempt, TimelineJoin::CallId)), call_hash(root))
+                }
+                None => (None, None),
+            }
+        } else {
+            (self.nearest_attempt_of_call(span).map(|attempt| (attempt, TimelineJoin::CallId)), call_hash(span))
+        }
+    }
+
+    fn ancestor(&self, span: &Span) -> Option<Ancestor> {
+        let mut current = span;
+        for _ in 0..MAX_PARENT_HOPS {
+            let trace_id = current.trace_id.as_deref()?;
+            let parent_id = current.parent_span_id.as_deref()?;
+            let candidates = self.by_id.get(&ids_hash(Some(trace_id), Some(parent_id))?)?;
+            let parent_key = *candidates.iter().rev().find(|candidate| {
+                let candidate = self.span(**candidate);
+                candidate.trace_id.as_deref() == Some(trace_id) && candidate.span_id.as_deref() == Some(parent_id)
+            })?;
+            let parent = self.span(parent_key);
+            if is_client_attempt(parent) {
+                return Some(Ancestor::Attempt(parent_key));
+            }
+            if parent.parent_span_id.is_none() {
+                return is_hop(parent).then_some(Ancestor::RootHop(parent_key));
+            }
+            current = parent;
+        }
+        None
+    }
+
+    fn nearest_attempt_of_call(&self, span: &Span) -> Option<SpanKey> {
+        let (client_id, call_id) = (span.call.client_id.as_deref()?, span.call.call_id.as_deref()?);
+        self.by_call
+            .get(&call_hash(span)?)?
+            .iter()
+            .copied()
+            .filter(|candidate| {
+                let call = &self.span(*candidate).call;
+                call.client_id.as_deref() == Some(client_id)
+                    && call.call_id.as_deref() == Some(call_id)
+                    && same_attempt_or_unnumbered(call.attempt, span.call.attempt)
+            })
+            .min_by_key(|candidate| {
+                let attempt = self.span(*candidate);
+                let distance = distance_to(attempt.start_unix_nano, attempt.end_unix_nano, span.start_unix_nano);
+                (attempt.call.attempt != span.call.attempt || span.call.attempt.is_none(), distance)
+            })
+    }
+}
+
+enum Ancestor {
+    Attempt(SpanKey),
+    RootHop(SpanKey),
+}
+
+impl Group {
+    fn new() -> Self {
+        Self {
+            attempts: BTreeSet::new(),
+            calls: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            timeline: empty_timeline(),
+            order: Vec::new(),
+            placed: HashMap::default(),
+        }
+    }
+
+    /// Builds the dirty calls again, puts them in their places, and the floors. Only the
+    /// calls from the first one that changed on are moved (most changes are at the end).
+    fn rebuild(
+        &mut self,
+        (client_id, namespace): &GroupKey,
+        spans: &BTreeMap<SpanKey, Box<Held>>,
+        attempt_hops: &HashMap<SpanKey, SmallVec<[(SpanKey, TimelineJoin); 2]>>,
+        horizon: UnixNanos,
+    ) {
+        let span = |key: &SpanKey| &spans[key].span;
+        let mut removed: Vec<usize> = Vec::new();
+        let mut built: Vec<((UnixNanos, UnixNanos, CallKey), TimelineCall)> = Vec::new();
+        for call_key in std::mem::take(&mut self.dirty) {
+            for (start, end) in self.placed.remove(&call_key).into_iter().flatten() {
+                if let Ok(index) = self.order.binary_search(&(start, end, call_key.clone())) {
+                    removed.push(index);
+                }
+            }
+            let Some(attempts) = self.calls.get(&call_key) else { continue };
+            if attempts.is_empty() {
+                self.calls.remove(&call_key);
+                continue;
+            }
+            // As `timeline::calls_within`: runs of attempts starting within the horizon of
+            // the run's first (keys are in start order).
+            let mut runs: Vec<Vec<SpanKey>> = Vec::new();
+            for &key in attempts {
+                match runs.last_mut() {
+                    Some(run) if key.0 <= run[0].0.saturating_add(horizon) => run.push(key),
+                    _ => runs.push(vec![key]),
+                }
+            }
+            let mut places = SmallVec::new();
+            for mut run in runs {
+                run.sort_by_key(|key| (span(key).call.attempt, key.0));
+                let attempts: Vec<_> = run
+                    .iter()
+                    .map(|key| {
+                        let hops = attempt_hops.get(key);
+                        let joined: Vec<&Span> = hops.into_iter().flatten().map(|(hop, _)| span(hop)).collect();
+                        let join =
+                            hops.and_then(|hops| hops.first()).map_or(TimelineJoin::ClientOnly, |(_, join)| *join);
+                        attempt_of(span(key), &joined, join)
+                    })
+                    .collect();
+                let call = call_of(span(&run[0]), attempts);
+                places.push((call.start_unix_nano, call.end_unix_nano));
+                built.push(((call.start_unix_nano, call.end_unix_nano, call_key.clone()), call));
+            }
+            self.placed.insert(call_key, places);
+        }
+        built.sort_by(|(left, _), (right, _)| left.cmp(right));
+        removed.sort_unstable();
+        // The calls from the first place that changed are merged with the built ones.
+        let first_built =
+            built.first().map_or(self.order.len(), |(place, _)| self.order.partition_point(|p| p < place));
+        let from = removed.first().copied().unwrap_or(usize::MAX).min(first_built);
+        if from < self.order.len() || !built.is_empty() {
+            let tail_order = self.order.split_off(from);
+            let tail_calls = self.timeline.calls.split_off(from);
+            let mut removed = removed.into_iter().peekable();
+            let mut kept = tail_order.into_iter().zip(tail_calls).enumerate().filter_map(|(offset, item)| {
+                if removed.peek() == Some(&(from + offset)) {
+                    removed.next();
+                    return None;
+                }
+                Some(item)
+            });
+            let mut built = built.into_iter().peekable();
+            let mut next_kept = kept.next();
+            loop {
+                let take_built = match (&next_kept, built.peek()) {
+                    (Some((place, _)), Some((built_place, _))) => built_place < place,
+                    (None, Some(_)) => true,
+                    (_, None) => false,
+                };
+                let (place, call) = if take_built {
+                    built.next().expect("peeked")
+                } else {
+                    let Some(item) = next_kept.take() else { break };
+                    next_kept = kept.next();
+                    item
+                };
+                self.order.push(place);
+                self.timeline.calls.push(call);
+            }
+        }
+        let first = self.attempts.first().map(span);
+        self.timeline.client_id.clone_from(client_id);
+        self.timeline.namespace.clone_from(namespace);
+        self.timeline.cluster = first.and_then(|span| span.resource.cluster.clone());
+        self.timeline.system = first.and_then(|span| span.resource.system.clone());
+        let call_floors = floors(&self.timeline.calls);
+        for (call, floor) in self.timeline.calls.iter_mut().zip(call_floors) {
+            call.floor = floor.highest().map(|contribution| contribution.state);
+        }
+    }
+}
+
+fn empty_timeline() -> ClientTimeline {
+    ClientTimeline { client_id: String::new(), namespace: None, cluster: None, system: None, calls: Vec::new() }
+}
+
+fn hash_of(value: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = rustc_hash::FxHasher::default();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The hash of what makes a span the same span sent again: its trace id, span id and start.
+fn identity_hash(span: &Span) -> Option<u64> {
+    Some(hash_of((span.trace_id.as_deref()?, span.span_id.as_deref()?, span.start_unix_nano)))
+}
+
+/// The hash of (trace id, span id).
+fn ids_hash(trace_id: Option<&str>, span_id: Option<&str>) -> Option<u64> {
+    Some(hash_of((trace_id?, span_id?)))
+}
+
+/// The hash of (client id, call id), when the span has both.
+fn call_hash(span: &Span) -> Option<u64> {
+    Some(hash_of((span.call.client_id.as_deref()?, span.call.call_id.as_deref()?)))
+}
+
+fn insert_key(keys: &mut Keys, key: SpanKey) {
+    if let Err(place) = keys.binary_search(&key) {
+        keys.insert(place, key);
+    }
+}
+
+fn add_key(index: &mut HashMap<u64, Keys>, hash: u64, key: SpanKey) {
+    insert_key(index.entry(hash).or_default(), key);
+}
+
+fn remove_key(index: &mut HashMap<u64, Keys>, hash: u64, key: SpanKey) {
+    if let Some(keys) = index.get_mut(&hash) {
+        if let Ok(place) = keys.binary_search(&key) {
+            keys.remove(place);
+        }
+        if keys.is_empty() {
+            index.remove(&hash);
+        }
+    }
+}
+
+fn is_hop(span: &Span) -> bool {
+    matches!(span.component(), Some(Component::Router | Component::Server))
+}
+
+/// The timeline and the call a client attempt belongs to.
+fn attempt_keys(key: SpanKey, span: &Span) -> (GroupKey, CallKey) {
+    let group = (span.call.client_id.clone().unwrap_or_default(), span.call.namespace.clone());
+    let call = match &span.call.call_id {
+        Some(call_id) => CallKey::Call(call_id.clone()),
+        None => CallKey::Lone(key),
+    };
+    (group, call)
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_model::{CallFields, Op, Outcome, ResourceFields, SpanKind, StateFields};
+
+    use super::*;
+    use crate::build_timelines;
+
+    /// A deterministic stream of numbers.
+    struct Numbers(u64);
+
+    impl Numbers {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % bound.max(1)
+        }
+
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    fn span(kind: SpanKind, component: Component, start: UnixNanos) -> Span {
+        Span {
+            trace_id: None,
+            span_id: None,
+            parent_span_id: None,
+            name: "op".to_string(),
+            kind,
+            start_unix_nano: start,
+            end_unix_nano: start + 5,
+            status_code: 0,
+            status_message: None,
+            resource: ResourceFields { component: Some(component), ..ResourceFields::default() },
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields::default(),
+            attributes: Default::default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// The spans of one call's attempt: the client's, and maybe a router's and a server's
+    /// under it, with or without trace context, some of them under a router that started a
+    /// trace of its own; states that raise and break floors.
+    fn call_spans(numbers: &mut Numbers, next_id: &mut u64, now: UnixNanos) -> Vec<Span> {
+        let mut id = || {
+            *next_id += 1;
+            format!("{:016x}", *next_id)
+        };
+        let client = format!("client-{}", numbers.below(3));
+        let call_id = (!numbers.chance(10)).then(|| format!("call-{}", numbers.below(12)));
+        let attempt = (!numbers.chance(15)).then(|| numbers.below(3) as i64);
+        let start = now + numbers.below(40) as i64 - 10;
+        let op = if numbers.chance(40) { Op::Write } else { Op::Read };
+        let state = |numbers: &mut Numbers| numbers.chance(80).then(|| numbers.below(50) as i64);
+        let call = CallFields {
+            client_id: Some(client),
+            call_id,
+            attempt,
+            namespace: Some(format!("ns{}", numbers.below(2))),
+            op: Some(op),
+            state: StateFields { carried: state(numbers), returned: state(numbers), ..StateFields::default() },
+            ..CallFields::default()
+        };
+        let traced = numbers.chance(80);
+        let trace = format!("{:032x}", numbers.below(1 << 40));
+        let mut attempt_span = span(SpanKind::Client, Component::Client, start);
+        attempt_span.end_unix_nano = start + 3 + numbers.below(30) as i64;
+        attempt_span.resource.cluster = Some(format!("cluster-{}", numbers.below(2)));
+        attempt_span.resource.system = Some("hdfs".to_string());
+        attempt_span.call = call.clone();
+        if numbers.chance(10) {
+            attempt_span.call.outcome = Some(Outcome::Rejected);
+        }
+        if traced {
+            attempt_span.trace_id = Some(trace.clone());
+            attempt_span.span_id = Some(id());
+        }
+        let mut spans = vec![attempt_span.clone()];
+        let hop_call = CallFields {
+            state: StateFields { served: state(numbers), returned: state(numbers), ..StateFields::default() },
+            ..call
+        };
+        let mut parent = attempt_span.span_id.clone();
+        // A router that received no context starts a trace of its own.
+        let root_router = numbers.chance(10);
+        for component in [Component::Router, Component::Server] {
+            if numbers.chance(25) {
+                continue;
+            }
+            let mut hop = span(SpanKind::Server, component.clone(), start + numbers.below(6) as i64);
+            hop.resource.node_id = Some(format!("node-{}", numbers.below(3)));
+            hop.call = hop_call.clone();
+            if numbers.chance(10) {
+                hop.call.outcome = Some(Outcome::Error);
+            }
+            if traced || root_router {
+                hop.trace_id = Some(if root_router { format!("{trace}-root") } else { trace.clone() });
+                hop.span_id = Some(id());
+                hop.parent_span_id = if root_router && component == Component::Router {
+                    None
+                } else if numbers.chance(5) {
+                    Some(id()) // a parent lost on the way
+                } else {
+                    parent.clone()
+                };
+                parent = hop.span_id.clone();
+            }
+            spans.push(hop);
+        }
+        spans
+    }
+
+    /// Random rounds of spans added (new ones, copies sent again, a span's ids at another
+    /// start), the oldest let go and spans removed anywhere: after every refresh the held
+    /// timelines are exactly those built from scratch.
+    #[test]
+    fn held_timelines_are_what_the_join_builds_from_scratch() {
+        for seed in 0..60 {
+            let mut numbers = Numbers(seed * 7_919 + 1);
+            let horizon = [1_000, 30][numbers.below(2) as usize];
+            let mut held = HeldTimelines::new(horizon);
+            let by_order = seed % 2 == 1;
+            let (mut next_id, mut sent): (u64, Vec<Span>) = (0, Vec::new());
+            let mut keys: Vec<SpanKey> = Vec::new();
+            for round in 0..30 {
+                let now = round * 20;
+                for _ in 0..numbers.below(6) {
+                    let mut spans = call_spans(&mut numbers, &mut next_id, now);
+                    if !sent.is_empty() && numbers.chance(20) {
+                        let mut again = sent[numbers.below(sent.len() as u64) as usize].clone();
+                        if numbers.chance(30) {
+                            // The same ids at another start: another span.
+                            again.start_unix_nano += 1 + numbers.below(5) as i64;
+                        }
+                        spans.push(again);
+                    }
+                    // Hops often arrive before their attempt.
+                    if numbers.chance(50) {
+                        spans.reverse();
+                    }
+                    sent.extend(spans.iter().cloned());
+                    for span in spans {
+                        if by_order {
+                            // Orders out of arrival order (a store's ids, read late).
+                            let order = numbers.below(1 << 20);
+                            keys.push((span.start_unix_nano, order));
+                            held.insert_at(order, span);
+                        } else {
+                            keys.push(held.insert(span));
+                        }
+                    }
+                }
+                if numbers.chance(30) && !keys.is_empty() {
+                    let key = keys.swap_remove(numbers.below(keys.len() as u64) as usize);
+                    held.remove(key);
+                }
+                let limit = 40 + numbers.below(40) as usize;
+                held.keep_newest(limit, numbers.chance(10).then_some(now - 100));
+                keys.retain(|key| held.contains(*key));
+                held.refresh();
+                let spans: Vec<Span> = held.spans().cloned().collect();
+                let expected = build_timelines(&spans, horizon);
+                let timelines = held.take_timelines();
+                assert_eq!(timelines, expected, "seed {seed}, round {round}");
+                if numbers.chance(90) {
+                    held.give_back(timelines);
+                }
+            }
+        }
+    }
+}
