@@ -91,13 +91,18 @@ enum CallKey {
 #[derive(Debug)]
 struct Group {
     attempts: BTreeSet<SpanKey>,
-    calls: BTreeMap<CallKey, Keys>,
+    calls: BTreeMap<CallKey, CallEntry>,
     dirty: BTreeSet<CallKey>,
     timeline: ClientTimeline,
     /// Each call's place in the timeline: (start, end, call key), as `timeline.calls`.
     order: Vec<(UnixNanos, UnixNanos, CallKey)>,
-    /// Where each call key's calls are in `order`: their (start, end).
-    placed: HashMap<CallKey, SmallVec<[(UnixNanos, UnixNanos); 1]>>,
+}
+
+/// A call key's attempts, and where the calls built of them are in `Group::order`.
+#[derive(Debug, Default)]
+struct CallEntry {
+    attempts: Keys,
+    places: SmallVec<[(UnixNanos, UnixNanos); 1]>,
 }
 
 impl HeldTimelines {
@@ -223,7 +228,7 @@ impl HeldTimelines {
             self.lent = false;
             for group in self.groups.values_mut() {
                 group.order.clear();
-                group.placed.clear();
+                group.calls.values_mut().for_each(|entry| entry.places.clear());
                 group.timeline.calls.clear();
                 group.dirty.extend(group.calls.keys().cloned());
             }
@@ -302,7 +307,7 @@ impl HeldTimelines {
             }
             let group = self.groups.entry(group_key).or_insert_with(Group::new);
             group.attempts.insert(key);
-            insert_key(group.calls.entry(call_key.clone()).or_default(), key);
+            insert_key(&mut group.calls.entry(call_key.clone()).or_default().attempts, key);
             group.dirty.insert(call_key);
         } else if is_hop(span) {
             if let Some(trace) = &span.trace_id {
@@ -332,10 +337,10 @@ impl HeldTimelines {
             }
             if let Some(group) = self.groups.get_mut(&group_key) {
                 group.attempts.remove(&key);
-                if let Some(attempts) = group.calls.get_mut(&call_key)
-                    && let Ok(place) = attempts.binary_search(&key)
+                if let Some(entry) = group.calls.get_mut(&call_key)
+                    && let Ok(place) = entry.attempts.binary_search(&key)
                 {
-                    attempts.remove(place);
+                    entry.attempts.remove(place);
                 }
                 group.dirty.insert(call_key);
             }
@@ -486,7 +491,6 @@ impl Group {
             dirty: BTreeSet::new(),
             timeline: empty_timeline(),
             order: Vec::new(),
-            placed: HashMap::default(),
         }
     }
 
@@ -503,16 +507,17 @@ impl Group {
         let mut removed: Vec<usize> = Vec::new();
         let mut built: Vec<((UnixNanos, UnixNanos, CallKey), TimelineCall)> = Vec::new();
         for call_key in std::mem::take(&mut self.dirty) {
-            for (start, end) in self.placed.remove(&call_key).into_iter().flatten() {
-                if let Ok(index) = self.order.binary_search(&(start, end, call_key.clone())) {
+            let Some(entry) = self.calls.get_mut(&call_key) else { continue };
+            for (start, end) in entry.places.drain(..) {
+                if let Ok(index) = self.order.binary_search_by(|(s, e, k)| (*s, *e, k).cmp(&(start, end, &call_key))) {
                     removed.push(index);
                 }
             }
-            let Some(attempts) = self.calls.get(&call_key) else { continue };
-            if attempts.is_empty() {
+            if entry.attempts.is_empty() {
                 self.calls.remove(&call_key);
                 continue;
             }
+            let attempts = &entry.attempts;
             // As `timeline::calls_within`: runs of attempts starting within the horizon of
             // the run's first (keys are in start order).
             let mut runs: Vec<Vec<SpanKey>> = Vec::new();
@@ -539,7 +544,9 @@ impl Group {
                 places.push((call.start_unix_nano, call.end_unix_nano));
                 built.push(((call.start_unix_nano, call.end_unix_nano, call_key.clone()), call));
             }
-            self.placed.insert(call_key, places);
+            if let Some(entry) = self.calls.get_mut(&call_key) {
+                entry.places = places;
+            }
         }
         built.sort_by(|(left, _), (right, _)| left.cmp(right));
         removed.sort_unstable();

@@ -237,13 +237,14 @@ pub struct LiveConfig {
     /// The most recent recognised log lines of one cluster a pass reads.
     pub max_logs_per_cluster: u32,
     /// The most spans the scope passes keep in memory between passes, over all scopes (about
-    /// 2.5 KB each): a held scope's pass reads only what was committed since the last one.
+    /// 3.5 KB each, with the timelines they join into): a held scope's pass reads and joins
+    /// only what was committed since the last one.
     /// Scopes beyond it are read in full each pass; 0 holds none. SQLite only (PostgreSQL's
     /// span ids do not follow commit order).
     pub scope_cache_spans: usize,
     /// The most spans the client passes keep in memory between passes, over all clients
-    /// (their own spans and their traces' hops, about 2.5 KB each): a held client's pass reads
-    /// only what was committed since the last one. Clients beyond it are read in full each
+    /// (their own spans and their traces' hops, about 3.5 KB each with their timelines): a held
+    /// client's pass reads and joins only what was committed since the last one. Clients beyond it are read in full each
     /// pass; 0 holds none. SQLite only.
     pub client_cache_spans: usize,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading

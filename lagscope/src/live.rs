@@ -460,10 +460,13 @@ async fn analysis_pass(
         // The samples first: what is committed meanwhile adds to the spans, and metrics read
         // after the spans would run ahead of them and close a window whose spans are still
         // arriving (the window ends where its cluster's telemetry has moved past it).
-        let mut samples = Vec::with_capacity(chunk.len());
-        for (cluster, namespace) in chunk {
-            samples.push(store.scope_samples(cluster.as_deref(), namespace.as_deref(), window).await?);
-        }
+        // Read at once: the store reads them on several connections (SQLite: a thread each).
+        let samples = futures::future::try_join_all(
+            chunk
+                .iter()
+                .map(|(cluster, namespace)| store.scope_samples(cluster.as_deref(), namespace.as_deref(), window)),
+        )
+        .await?;
         times.scope_samples += lap.elapsed();
         // From the scope cache where the store can say what was committed since it last
         // looked (SQLite), brought up to date now, after the samples.

@@ -18,7 +18,7 @@ use support::{ServeProcess, text};
 /// A 2 MiB body limit and an 8 MiB queue: room for one largest request decoded, or a few
 /// ordinary ones. The live analyzer's span caches hold what they are given room for whatever
 /// the load (`live.scope_cache_spans`, `live.client_cache_spans`: 500 000 spans each by default,
-/// about 2.5 KB a span, which alone would be over the bound below once filled): 10 000 each here.
+/// about 3.5 KB a span with their timelines, which alone would be over the bound below once filled): 10 000 each here.
 const CONFIG: &str = "[server]\nmax_body_bytes = 2097152\ningest_queue_bytes = 8388608\n\
                       [live]\nscope_cache_spans = 10000\nclient_cache_spans = 10000\n";
 /// Without the bound (a queue larger than anything the flood can fill), for comparison:
