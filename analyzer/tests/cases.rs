@@ -106,8 +106,8 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
         labels.insert(key.to_string(), value.to_string());
     }
     Ok(Sample {
-        series: SeriesKey { name: name.to_string(), labels },
-        meta: SeriesMeta { kind, unit: None, description: None },
+        series: SeriesKey { name: name.to_string(), labels }.into(),
+        meta: SeriesMeta { kind, unit: None, description: None }.into(),
         time_unix_nano: (BASE_MS * 1_000_000) + (at * 1e9) as i64,
         start_time_unix_nano: None,
         value: PointValue::Number(value),

@@ -1,9 +1,10 @@
 //! The set of clients whose timelines changed since the live analyzer last looked.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use lagscope_model::conventions::{CLUSTER, NAMESPACE};
 use lagscope_model::{LogRecord, Sample, Span};
 use lagscope_store::Mark;
 use tokio::sync::Notify;
@@ -37,6 +38,10 @@ pub struct Pending {
     pub scopes: BTreeSet<(Option<String>, Option<String>)>,
     /// Clusters that had log records ingested.
     pub log_clusters: BTreeSet<Option<String>>,
+    /// The oldest time of the metric samples committed, per (cluster, namespace) of their
+    /// series' labels, every sample counted (those naming no cluster too): what a reader
+    /// holding a scope's earlier samples reads again (the live analyzer's sample cache).
+    pub sample_times: BTreeMap<(Option<String>, Option<String>), i64>,
     /// How many batches had been marked when these marks were taken: once they are analyzed,
     /// every batch up to this one is.
     pub through_batch: u64,
@@ -59,6 +64,13 @@ impl DirtyClients {
     /// records are looked at again (their recognised lines name the namespaces).
     pub fn mark_all(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord]) {
         let marks = Mark::of_batch(spans, samples, logs);
+        // A batch's samples mostly share a few scopes: the oldest time of each, then merged.
+        let mut sample_times: BTreeMap<(Option<&str>, Option<&str>), i64> = BTreeMap::new();
+        for sample in samples {
+            let scope = (sample.series.label(CLUSTER), sample.series.label(NAMESPACE));
+            let oldest = sample_times.entry(scope).or_insert(sample.time_unix_nano);
+            *oldest = (*oldest).min(sample.time_unix_nano);
+        }
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             self.batches.fetch_add(1, Ordering::Relaxed);
@@ -70,6 +82,11 @@ impl DirtyClients {
                     Mark::Scope(cluster, namespace) => pending.scopes.insert((cluster, namespace)),
                     Mark::LogCluster(cluster) => pending.log_clusters.insert(cluster),
                 };
+            }
+            for ((cluster, namespace), time) in sample_times {
+                let scope = (cluster.map(str::to_string), namespace.map(str::to_string));
+                let oldest = pending.sample_times.entry(scope).or_insert(time);
+                *oldest = (*oldest).min(time);
             }
             while pending.traces.len() > MAX_PENDING_TRACES {
                 pending.traces.pop_first();
@@ -100,5 +117,49 @@ impl DirtyClients {
     /// Trace marks dropped because the analyzer fell behind.
     pub fn dropped_traces(&self) -> u64 {
         self.dropped_traces.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use lagscope_model::{MetricKind, PointValue, SeriesKey, SeriesMeta};
+
+    use super::*;
+
+    fn sample(labels: &[(&str, &str)], time: i64) -> Sample {
+        Sample {
+            series: SeriesKey {
+                name: "lagscope.server.applied_state".to_string(),
+                labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+            }
+            .into(),
+            meta: SeriesMeta { kind: MetricKind::Gauge, unit: None, description: None }.into(),
+            time_unix_nano: time,
+            start_time_unix_nano: None,
+            value: PointValue::Number(1.0),
+        }
+    }
+
+    /// The oldest sample time per (cluster, namespace) of the batches marked since the last
+    /// take, samples naming no cluster or no namespace included; a take starts afresh.
+    #[tokio::test]
+    async fn sample_times_are_the_oldest_committed_per_scope_since_the_last_take() {
+        let dirty = DirtyClients::default();
+        let ns1 = [(CLUSTER, "prod"), (NAMESPACE, "ns1")];
+        dirty.mark_all(&[], &[sample(&ns1, 500), sample(&ns1, 300), sample(&[(CLUSTER, "prod")], 700)], &[]);
+        dirty.mark_all(&[], &[sample(&ns1, 400), sample(&[(NAMESPACE, "ns1")], 900), sample(&ns1, 200)], &[]);
+        let scope = |cluster: Option<&str>, namespace: Option<&str>| {
+            (cluster.map(str::to_string), namespace.map(str::to_string))
+        };
+        let expected = BTreeMap::from([
+            (scope(None, Some("ns1")), 900),
+            (scope(Some("prod"), None), 700),
+            (scope(Some("prod"), Some("ns1")), 200),
+        ]);
+        assert_eq!(dirty.take().await.sample_times, expected);
+        dirty.mark_all(&[], &[sample(&ns1, 800)], &[]);
+        assert_eq!(dirty.take().await.sample_times, BTreeMap::from([(scope(Some("prod"), Some("ns1")), 800)]));
     }
 }

@@ -224,7 +224,7 @@ fn window(own: &[(i64, i64, i64)]) -> (i64, i64) {
 }
 
 impl held::Held for Held {
-    fn spans_held(&self) -> usize {
+    fn size(&self) -> usize {
         self.spans.len()
     }
 

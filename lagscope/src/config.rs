@@ -247,6 +247,12 @@ pub struct LiveConfig {
     /// client's pass reads and joins only what was committed since the last one. Clients beyond it are read in full each
     /// pass; 0 holds none. SQLite only.
     pub client_cache_spans: usize,
+    /// The most metric samples the scope passes keep in memory between passes, over all
+    /// scopes (about 200 bytes each; a series' labels are shared by its samples): a held
+    /// scope's pass reads only the samples from the oldest time committed to it since the last
+    /// one. Scopes beyond it are read in full each pass; 0 holds none. One instance only (with
+    /// several on PostgreSQL, passes read every scope's samples).
+    pub scope_cache_samples: usize,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.
     pub analysis_threads: usize,
@@ -261,6 +267,7 @@ impl Default for LiveConfig {
             max_logs_per_cluster: 50_000,
             scope_cache_spans: 500_000,
             client_cache_spans: 500_000,
+            scope_cache_samples: 1_000_000,
             analysis_threads: 0,
         }
     }

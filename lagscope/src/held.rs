@@ -16,9 +16,9 @@ pub const CATCH_UP_LIMIT: usize = 100_000;
 /// telemetry, so it has gone quiet).
 pub const IDLE_AFTER: Duration = Duration::from_secs(120);
 
-/// A cache entry: the spans it holds and when it was last passed.
+/// A cache entry: how much it holds (spans, or samples) and when it was last passed.
 pub trait Held {
-    fn spans_held(&self) -> usize;
+    fn size(&self) -> usize;
     fn last_passed(&self) -> Instant;
 }
 
@@ -41,14 +41,14 @@ pub async fn start_catch_up<K, V: Held>(
     Ok(latest)
 }
 
-/// Lets entries go, least recently passed first, until they hold at most `budget` spans;
-/// returns the spans they hold.
+/// Lets entries go, least recently passed first, until they hold at most `budget` (spans, or
+/// samples); returns what they hold.
 pub fn shed<K: Clone + Eq + Hash, V: Held>(entries: &mut HashMap<K, V>, budget: usize) -> usize {
-    let mut held: usize = entries.values().map(Held::spans_held).sum();
+    let mut held: usize = entries.values().map(Held::size).sum();
     while held > budget {
         let oldest = entries.iter().min_by_key(|(_, entry)| entry.last_passed()).map(|(key, _)| key.clone());
         let Some(entry) = oldest.and_then(|oldest| entries.remove(&oldest)) else { break };
-        held -= entry.spans_held();
+        held -= entry.size();
     }
     held
 }

@@ -20,6 +20,7 @@ pub mod native_server;
 pub mod output;
 pub mod progress;
 mod retention;
+mod sample_cache;
 mod scope_cache;
 pub mod server;
 pub mod sim_cmd;

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::Config;
 use crate::client_cache::{ClientCache, Loaded};
+use crate::sample_cache::SampleCache;
 use crate::scope_cache::{ScopeCache, Source};
 
 /// Marks analysed per pass on PostgreSQL: a pass is short enough that newly committed data
@@ -40,33 +41,22 @@ pub async fn run_live_analyzer(
         return run_coordinated(store, dirty, metrics, config, shutdown).await;
     }
     let mut shutdown = shutdown;
-    let mut rollups = WrittenRollups::default();
-    let mut lines = RecognisedLines::default();
-    let mut found = NewAnomalies::default();
-    let mut cache = ScopeCache::new(config.live.scope_cache_spans, config.analyzer.stream.horizon());
-    let mut clients = ClientCache::new(config.live.client_cache_spans, config.analyzer.stream.horizon());
-    let mut written = WrittenAnomalies::default();
+    // The marks of this process's commits carry their sample times: scopes' samples are held.
+    let mut kept = Kept::new(&config, config.live.scope_cache_samples);
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
             // What the last passes found is logged even when nothing more arrives.
-            () = tokio::time::sleep(NEW_ANOMALIES_LOG_INTERVAL), if found.count > 0 => {
-                found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+            () = tokio::time::sleep(NEW_ANOMALIES_LOG_INTERVAL), if kept.found.count > 0 => {
+                kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
                 continue;
             }
             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         };
         let started = Instant::now();
         let through_batch = pending.through_batch;
-        let outcome = analysis_pass(
-            store.as_ref(),
-            &metrics,
-            &config,
-            (&mut rollups, &mut lines, &mut found, &mut written, &mut cache, &mut clients),
-            pending,
-        )
-        .await;
-        found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+        let outcome = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending).await;
+        kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
         match outcome {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
@@ -164,12 +154,8 @@ async fn analyze_marks(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
-    let mut rollups = WrittenRollups::default();
-    let mut lines = RecognisedLines::default();
-    let mut found = NewAnomalies::default();
-    let mut cache = ScopeCache::new(config.live.scope_cache_spans, config.analyzer.stream.horizon());
-    let mut clients = ClientCache::new(config.live.client_cache_spans, config.analyzer.stream.horizon());
-    let mut written = WrittenAnomalies::default();
+    // Marks from the database do not say when their samples were: no samples held.
+    let mut kept = Kept::new(config, 0);
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -181,15 +167,8 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(
-                store,
-                metrics,
-                config,
-                (&mut rollups, &mut lines, &mut found, &mut written, &mut cache, &mut clients),
-                pass,
-            )
-            .await?;
-            found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+            analysis_pass(store, metrics, config, &mut kept, pass).await?;
+            kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
         }
@@ -202,7 +181,7 @@ async fn analyze_marks(
                 if !shards.is_empty() {
                     metrics.batches_analyzed.raise_to(marked);
                 }
-                found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+                kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
                 tokio::select! {
                     _ = dirty.take() => {}
                     _ = leases.changed() => {}
@@ -273,6 +252,33 @@ async fn resolve_marks(
 
 /// The read rollups this analyzer last wrote, per scope: a pass writes only the rows that
 /// changed. Holds the minutes of each scope's latest pass (the scope window), no more.
+/// What the live analyzer keeps from one pass to the next.
+struct Kept {
+    rollups: WrittenRollups,
+    lines: RecognisedLines,
+    found: NewAnomalies,
+    written: WrittenAnomalies,
+    scope_spans: ScopeCache,
+    client_spans: ClientCache,
+    samples: SampleCache,
+}
+
+impl Kept {
+    /// Holding at most `samples` metric samples between passes (0: none).
+    fn new(config: &Config, samples: usize) -> Self {
+        let horizon = config.analyzer.stream.horizon();
+        Self {
+            rollups: WrittenRollups::default(),
+            lines: RecognisedLines::default(),
+            found: NewAnomalies::default(),
+            written: WrittenAnomalies::default(),
+            scope_spans: ScopeCache::new(config.live.scope_cache_spans, horizon),
+            client_spans: ClientCache::new(config.live.client_cache_spans, horizon),
+            samples: SampleCache::new(samples),
+        }
+    }
+}
+
 #[derive(Default)]
 struct WrittenRollups {
     by_scope: HashMap<ScopeKey, HashMap<(i64, Option<String>), ReadRollup>>,
@@ -329,16 +335,13 @@ async fn analysis_pass(
     store: &dyn Store,
     metrics: &SelfMetrics,
     config: &Config,
-    (rollups, lines, found, written, cache, client_cache): (
-        &mut WrittenRollups,
-        &mut RecognisedLines,
-        &mut NewAnomalies,
-        &mut WrittenAnomalies,
-        &mut ScopeCache,
-        &mut ClientCache,
-    ),
+    kept: &mut Kept,
     pending: Pending,
 ) -> Result<(), lagscope_store::StoreError> {
+    let Kept { rollups, lines, found, written, scope_spans: cache, client_spans: client_cache, samples: sample_cache } =
+        kept;
+    // Before any read: every commit the marks name is visible to this pass's reads.
+    sample_cache.committed(&pending.sample_times, Instant::now());
     let mut scopes = pending.scopes;
     written.next_pass();
     let mut times = PassTimes::default();
@@ -366,7 +369,9 @@ async fn analysis_pass(
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
     // What the span retention has cut (or is about to): held spans go with it.
-    let kept_from = config.retention.durations().ok().and_then(|[spans, ..]| spans).map(|keep| now_unix_nano() - keep);
+    let retention = config.retention.durations().ok().unwrap_or_default();
+    let kept_from = retention[0].map(|keep| now_unix_nano() - keep);
+    let samples_kept_from = retention[1].map(|keep| now_unix_nano() - keep);
     let client_limit = config.live.max_spans_per_client;
     times.logs_and_traces += lap.elapsed();
     lap = Instant::now();
@@ -375,6 +380,7 @@ async fn analysis_pass(
     {
         client_cache.catch_up(feed, client_limit, Instant::now()).await?;
     }
+    times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
     let threads = config.live.threads();
     // Every client's spans first (the cache's, or read), then its analysis, on the pass's
@@ -405,7 +411,9 @@ async fn analysis_pass(
             (None, Some(held)) => Spans::Held(held),
             (None, None) => Spans::Read(Vec::new()),
         };
+        let probing = Instant::now();
         let probes = client_probes(store, &spans, client_id).await?;
+        times.client_probes += probing.elapsed();
         // The client's own lines (a client that logs its switches is judged by them).
         let log_events = lines.by_client.get(client_id).cloned().unwrap_or_default();
         work.push(ClientWork { client_id, spans, probes, log_events });
@@ -461,12 +469,26 @@ async fn analysis_pass(
         // after the spans would run ahead of them and close a window whose spans are still
         // arriving (the window ends where its cluster's telemetry has moved past it).
         // Read at once: the store reads them on several connections (SQLite: a thread each).
-        let samples = futures::future::try_join_all(
-            chunk
-                .iter()
-                .map(|(cluster, namespace)| store.scope_samples(cluster.as_deref(), namespace.as_deref(), window)),
-        )
-        .await?;
+        // Held scopes read only what was committed to them since (the sample cache).
+        let now = Instant::now();
+        let reads = chunk.iter().map(|scope| {
+            let from = sample_cache.read_from(scope, now);
+            let (cluster, namespace) = scope;
+            async move {
+                match from {
+                    Some(from) => {
+                        store.scope_samples_from(cluster.as_deref(), namespace.as_deref(), window, from).await.map(Some)
+                    }
+                    None => Ok(None),
+                }
+            }
+        });
+        let reads = futures::future::try_join_all(reads.collect::<Vec<_>>()).await?;
+        let samples: Vec<Vec<lagscope_model::Sample>> = chunk
+            .iter()
+            .zip(reads)
+            .map(|(scope, read)| sample_cache.take(scope, read, window, samples_kept_from, now))
+            .collect();
         times.scope_samples += lap.elapsed();
         // From the scope cache where the store can say what was committed since it last
         // looked (SQLite), brought up to date now, after the samples.
@@ -529,6 +551,7 @@ async fn analysis_pass(
         times.scope_analysis += lap.elapsed();
         lap = Instant::now();
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
+            sample_cache.give_back(scope, found_of_scope.samples);
             times.scope_timelines += found_of_scope.timelines;
             record(store, metrics, (found, written), &found_of_scope.anomalies).await?;
             rollups.write(store, scope.clone(), found_of_scope.rollups).await?;
@@ -557,6 +580,8 @@ async fn analysis_pass(
         client_spans_held = client_cache.held(),
         logs_and_traces_ms = times.logs_and_traces.as_millis(),
         client_reads_ms = times.client_reads.as_millis(),
+        client_catch_up_ms = times.client_catch_up.as_millis(),
+        client_probes_ms = times.client_probes.as_millis(),
         client_analysis_ms = times.client_analysis.as_millis(),
         scope_samples_ms = times.scope_samples.as_millis(),
         scope_spans_ms = times.scope_reads.saturating_sub(times.scope_samples).as_millis(),
@@ -577,6 +602,9 @@ struct PassTimes {
     logs_and_traces: Duration,
     /// Reading each client's spans (with their traces) and probe verdicts.
     client_reads: Duration,
+    /// Of `client_reads`, the client cache's catch-up, and the probe verdicts.
+    client_catch_up: Duration,
+    client_probes: Duration,
     /// (As `scope_analysis`.)
     client_analysis: Duration,
     /// Reading each scope's samples and spans (held or not), and the samples alone.
@@ -648,6 +676,8 @@ struct ScopeFound {
     anomalies: Vec<lagscope_model::Anomaly>,
     rollups: Vec<ReadRollup>,
     timelines: Duration,
+    /// The scope's samples, to give back to the sample cache.
+    samples: Vec<lagscope_model::Sample>,
 }
 
 /// The scope kinds over a scope's spans and samples, and the staleness of its reads per node
@@ -686,7 +716,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     if let Spans::Held(held) = spans {
         held.give_back(input.timelines);
     }
-    ScopeFound { anomalies, rollups, timelines }
+    ScopeFound { anomalies, rollups, timelines, samples: input.samples }
 }
 
 /// `analyse` over every item, on up to `threads` threads (this one among them), the largest
@@ -856,11 +886,30 @@ impl WrittenAnomalies {
     }
 }
 
-/// A hash of everything an anomaly says (its JSON: evidence holds JSON values).
+/// A hash of everything an anomaly says, field by field (the evidence as the JSON text its
+/// detector wrote: found again unchanged, it is written the same). Every field is named, so
+/// that a field added to `Anomaly` cannot be left out. (Serializing the whole anomaly to hash
+/// it cost a busy pass tens of milliseconds: every pass finds hundreds again.)
 fn content_hash(anomaly: &lagscope_model::Anomaly) -> u64 {
     use std::hash::{Hash, Hasher};
+    let lagscope_model::Anomaly {
+        kind,
+        severity,
+        cluster,
+        namespace,
+        client_id,
+        node_id,
+        start_unix_nano,
+        end_unix_nano,
+        summary,
+        cause,
+        evidence,
+        fingerprint,
+        open,
+    } = anomaly;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(anomaly).unwrap_or_default().hash(&mut hasher);
+    (kind, severity, cluster, namespace, client_id, node_id, start_unix_nano, end_unix_nano).hash(&mut hasher);
+    (summary, cause, evidence.as_json(), fingerprint, open).hash(&mut hasher);
     hasher.finish()
 }
 
@@ -941,6 +990,9 @@ mod tests {
         for change in [
             |anomaly: &mut lagscope_model::Anomaly| anomaly.open = false,
             |anomaly: &mut lagscope_model::Anomaly| anomaly.end_unix_nano = 30,
+            |anomaly: &mut lagscope_model::Anomaly| anomaly.severity = lagscope_model::Severity::Critical,
+            |anomaly: &mut lagscope_model::Anomaly| anomaly.summary.push_str(" (13 000 now)"),
+            |anomaly: &mut lagscope_model::Anomaly| anomaly.node_id = Some("nn-obs2".to_string()),
             |anomaly: &mut lagscope_model::Anomaly| {
                 anomaly.evidence.insert("lag_states", serde_json::json!(12_001));
             },

@@ -177,7 +177,7 @@ impl ScopeCache {
 }
 
 impl held::Held for Held {
-    fn spans_held(&self) -> usize {
+    fn size(&self) -> usize {
         self.spans.len()
     }
 

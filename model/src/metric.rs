@@ -1,6 +1,7 @@
 //! Metric samples and the series they belong to.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -119,10 +120,14 @@ impl PointValue {
 }
 
 /// One data point of one series.
+///
+/// The series' identity and description are shared by its samples (`Arc`): a store read of a
+/// scope's window gives thousands of samples of a few dozen series, and a copy of the labels
+/// each was most of what reading them cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
-    pub series: SeriesKey,
-    pub meta: SeriesMeta,
+    pub series: Arc<SeriesKey>,
+    pub meta: Arc<SeriesMeta>,
     pub time_unix_nano: UnixNanos,
     pub start_time_unix_nano: Option<UnixNanos>,
     pub value: PointValue,

@@ -350,7 +350,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Metric samples of one (cluster, namespace), plus the cluster's samples that name no
     /// namespace, from `window` before the scope's latest sample on.
-    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>>;
+    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
+        Ok(self
+            .scope_samples_from(cluster, namespace, window, i64::MIN)
+            .await?
+            .into_iter()
+            .map(|(_, sample)| sample)
+            .collect())
+    }
+
+    /// Of [`Store::scope_samples`], those whose time is `from` or later, each with its series'
+    /// id, in the same order (by time, then series id): what a reader that holds the scope's
+    /// earlier samples reads of what was committed since (the live analyzer's sample cache).
+    async fn scope_samples_from(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        window: i64,
+        from: i64,
+    ) -> Result<Vec<(i64, Sample)>>;
 
     /// Metric samples of the series of `cluster` named `names`, whatever namespace they name,
     /// from `window` before the latest of them on: for detectors that compare a node's

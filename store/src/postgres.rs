@@ -187,7 +187,8 @@ impl PgStore {
         cluster: Option<&str>,
         namespaces: crate::Namespaces<'_>,
         window: i64,
-    ) -> Result<Vec<Sample>> {
+        from: i64,
+    ) -> Result<Vec<(i64, Sample)>> {
         let (namespace, names) = namespaces.binds();
         // One row per series, its samples as arrays: each row naming its series again had its
         // labels parsed again for every sample (the live analyzer reads every busy scope's
@@ -209,7 +210,7 @@ impl PgStore {
                     array_agg(samples.value ORDER BY samples.time_unix_nano) AS numbers,
                     array_agg(samples.distribution ORDER BY samples.time_unix_nano) AS distributions
              FROM samples JOIN scope ON scope.id = samples.series_id, latest
-             WHERE samples.time_unix_nano >= latest.at - $3
+             WHERE samples.time_unix_nano >= GREATEST(latest.at - $3, $5)
              GROUP BY scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description
              ORDER BY scope.id",
         )
@@ -217,6 +218,7 @@ impl PgStore {
         .bind(namespace)
         .bind(window)
         .bind(names)
+        .bind(from)
         .fetch_all(&self.pool)
         .await?;
         let mut samples = Vec::new();
@@ -225,18 +227,19 @@ impl PgStore {
                 crate::rows::series_identity(row.name, &row.labels, &row.kind, row.unit, row.description)?;
             let points = row.times.into_iter().zip(row.starts).zip(row.numbers).zip(row.distributions);
             for (((time_unix_nano, start_time_unix_nano), number), distribution) in points {
-                samples.push(Sample {
+                let sample = Sample {
                     series: key.clone(),
                     meta: meta.clone(),
                     time_unix_nano,
                     start_time_unix_nano,
                     value: crate::rows::point_value(number, distribution.as_deref())?,
-                });
+                };
+                samples.push((row.id, sample));
             }
         }
         // Each series in time order, the series in id order: a stable sort by time orders the
         // samples of one time by series.
-        samples.sort_by_key(|sample| sample.time_unix_nano);
+        samples.sort_by_key(|(_, sample)| sample.time_unix_nano);
         Ok(samples)
     }
 }
@@ -244,6 +247,7 @@ impl PgStore {
 /// A series of a scope with its samples of the window, as arrays in time order.
 #[derive(sqlx::FromRow)]
 struct ScopeSeriesRow {
+    id: i64,
     name: String,
     labels: String,
     kind: String,
@@ -429,12 +433,19 @@ impl Store for PgStore {
         rows.into_iter().map(SpanRow::into_span).collect()
     }
 
-    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        self.samples_of_scope(cluster, crate::Namespaces::One(namespace), window).await
+    async fn scope_samples_from(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        window: i64,
+        from: i64,
+    ) -> Result<Vec<(i64, Sample)>> {
+        self.samples_of_scope(cluster, crate::Namespaces::One(namespace), window, from).await
     }
 
     async fn cluster_samples(&self, cluster: Option<&str>, names: &[&str], window: i64) -> Result<Vec<Sample>> {
-        self.samples_of_scope(cluster, crate::Namespaces::Every(names), window).await
+        let samples = self.samples_of_scope(cluster, crate::Namespaces::Every(names), window, i64::MIN).await?;
+        Ok(samples.into_iter().map(|(_, sample)| sample).collect())
     }
 
     async fn spans_in_range(
@@ -1245,7 +1256,7 @@ async fn insert_samples(transaction: &mut Transaction<'_, Postgres>, samples: &[
     }
     let mut latest: BTreeMap<(i64, i64), &Sample> = BTreeMap::new();
     for sample in samples {
-        let series_id = series_ids.get(&sample.series).copied().expect("every series was upserted above");
+        let series_id = series_ids.get(&*sample.series).copied().expect("every series was upserted above");
         latest.insert((series_id, sample.time_unix_nano), sample);
     }
     sqlx::query(

@@ -223,10 +223,13 @@ pub(crate) fn series_identity(
     kind: &str,
     unit: Option<String>,
     description: Option<String>,
-) -> Result<(SeriesKey, SeriesMeta)> {
+) -> Result<(std::sync::Arc<SeriesKey>, std::sync::Arc<SeriesMeta>)> {
     let kind =
         MetricKind::parse(kind).ok_or_else(|| StoreError::Corrupt { what: "series.kind", detail: kind.to_string() })?;
-    Ok((SeriesKey { name, labels: from_json_text("series.labels", labels)? }, SeriesMeta { kind, unit, description }))
+    Ok((
+        std::sync::Arc::new(SeriesKey { name, labels: from_json_text("series.labels", labels)? }),
+        std::sync::Arc::new(SeriesMeta { kind, unit, description }),
+    ))
 }
 
 /// A sample's value from its stored columns: a distribution as JSON text, else the number

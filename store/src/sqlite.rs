@@ -140,12 +140,20 @@ impl Store for SqliteStore {
         spans::for_scope(&self.reader, cluster, namespace, range, limit, i64::MAX).await
     }
 
-    async fn scope_samples(&self, cluster: Option<&str>, namespace: Option<&str>, window: i64) -> Result<Vec<Sample>> {
-        samples::for_scope(&self.reader, cluster, crate::Namespaces::One(namespace), window).await
+    async fn scope_samples_from(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        window: i64,
+        from: i64,
+    ) -> Result<Vec<(i64, Sample)>> {
+        samples::for_scope(&self.reader, cluster, crate::Namespaces::One(namespace), window, from).await
     }
 
     async fn cluster_samples(&self, cluster: Option<&str>, names: &[&str], window: i64) -> Result<Vec<Sample>> {
-        samples::for_scope(&self.reader, cluster, crate::Namespaces::Every(names), window).await
+        let samples =
+            samples::for_scope(&self.reader, cluster, crate::Namespaces::Every(names), window, i64::MIN).await?;
+        Ok(samples.into_iter().map(|(_, sample)| sample).collect())
     }
 
     async fn spans_in_range(

@@ -326,8 +326,9 @@ fn sample(name: &str, labels: &[(&str, &str)], time: i64, value: PointValue, kin
         series: SeriesKey {
             name: name.to_string(),
             labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect::<BTreeMap<_, _>>(),
-        },
-        meta: SeriesMeta { kind, unit: Some("1".to_string()), description: None },
+        }
+        .into(),
+        meta: SeriesMeta { kind, unit: Some("1".to_string()), description: None }.into(),
         time_unix_nano: time,
         start_time_unix_nano: None,
         value,
@@ -669,7 +670,7 @@ async fn scope_samples_come_back_whole_in_time_order(store: &dyn Store) {
                 PointValue::Distribution(histogram),
                 MetricKind::Histogram,
             );
-            point.meta.description = Some("queue time".to_string());
+            std::sync::Arc::make_mut(&mut point.meta).description = Some("queue time".to_string());
             samples.push(point);
         }
     }
@@ -694,6 +695,29 @@ async fn scope_samples_come_back_whole_in_time_order(store: &dyn Store) {
     let expected: Vec<Sample> =
         samples.iter().filter(|sample| sample.time_unix_nano >= T0 + 29 * SECOND).cloned().collect();
     assert_eq!(whole(&window), whole(&expected), "the window before the latest sample, its first instant included");
+    // From a time on: the same samples, in the same order, each with its series' id (the same
+    // id for one series, another for each other series, ordered by time then id). Compared as
+    // text (NaN).
+    let texts =
+        |samples: &mut dyn Iterator<Item = &Sample>| samples.map(|sample| format!("{sample:?}")).collect::<Vec<_>>();
+    let all = store.scope_samples_from(Some("hdfs"), Some("ns1"), 1_000 * SECOND, i64::MIN).await.expect("from");
+    assert_eq!(texts(&mut all.iter().map(|(_, sample)| sample)), texts(&mut read.iter()));
+    let ids: BTreeMap<i64, &lagscope_model::SeriesKey> =
+        all.iter().map(|(id, sample)| (*id, &*sample.series)).collect();
+    let series: std::collections::BTreeSet<&lagscope_model::SeriesKey> = ids.values().copied().collect();
+    assert_eq!((ids.len(), series.len()), (4, 4), "one id a series");
+    assert!(all.iter().all(|(id, sample)| *ids[id] == *sample.series));
+    assert!(all.is_sorted_by_key(|(id, sample)| (sample.time_unix_nano, *id)), "by time, then series id");
+    let from = store.scope_samples_from(Some("hdfs"), Some("ns1"), 1_000 * SECOND, T0 + 35 * SECOND).await;
+    let expected = all.iter().filter(|(_, sample)| sample.time_unix_nano >= T0 + 35 * SECOND);
+    let expected: Vec<(i64, String)> = expected.map(|(id, sample)| (*id, format!("{sample:?}"))).collect();
+    let from: Vec<(i64, String)> =
+        from.expect("from").iter().map(|(id, sample)| (*id, format!("{sample:?}"))).collect();
+    assert!(!expected.is_empty());
+    assert_eq!(from, expected, "from its first instant on");
+    // The window still applies: from before it gives the window.
+    let windowed = store.scope_samples_from(Some("hdfs"), Some("ns1"), 10 * SECOND, T0).await.expect("windowed");
+    assert_eq!(texts(&mut windowed.iter().map(|(_, sample)| sample)), texts(&mut window.iter()));
 }
 
 fn anomaly(fingerprint: &str, client: &str, start: i64) -> Anomaly {

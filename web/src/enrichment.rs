@@ -27,14 +27,15 @@ pub async fn enrich_timeline(store: &dyn Store, timeline: &mut ClientTimeline) -
     let mut samples = Vec::new();
     'metrics: for metric in [METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE] {
         for series in store.series_samples(metric, &matchers, range).await? {
+            let (key, meta) = (std::sync::Arc::new(series.key), std::sync::Arc::new(series.meta));
             for (at, value, _) in &series.points {
                 let Some(value) = value else { continue };
                 if samples.len() >= MAX_ENRICHMENT_SAMPLES {
                     break 'metrics;
                 }
                 samples.push(Sample {
-                    series: series.key.clone(),
-                    meta: series.meta.clone(),
+                    series: key.clone(),
+                    meta: meta.clone(),
                     time_unix_nano: *at,
                     start_time_unix_nano: None,
                     value: PointValue::Number(*value),

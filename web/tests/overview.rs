@@ -117,8 +117,9 @@ fn sample(cluster: &str, time: i64) -> Sample {
                 .into_iter()
                 .map(|(key, value)| (key.to_string(), value.to_string()))
                 .collect(),
-        },
-        meta: SeriesMeta { kind: MetricKind::Gauge, unit: None, description: None },
+        }
+        .into(),
+        meta: SeriesMeta { kind: MetricKind::Gauge, unit: None, description: None }.into(),
         time_unix_nano: time,
         start_time_unix_nano: None,
         value: PointValue::Number(1.0),

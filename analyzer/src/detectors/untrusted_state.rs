@@ -9,11 +9,13 @@ use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAtt
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, evidence, span_ids};
-use crate::committed::committed_reports;
+use crate::committed::{committed_reports, first_seen};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let reports = committed_reports(input);
+    // Each new highest state when first reported: the highest known at a time is the last of
+    // these before it (a search, not a scan of every report before it for every attempt).
+    let reports = first_seen(committed_reports(input));
     let margin = config.untrusted_state.margin_states;
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
@@ -21,7 +23,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         let Some(known) = reports.get(&key) else { continue };
         let highest_known = |at: i64| {
             let index = known.partition_point(|(time, _)| *time <= at);
-            known[..index].iter().map(|(_, state)| *state).max()
+            index.checked_sub(1).map(|last| known[last].1)
         };
         let offending: Vec<(&TimelineCall, &TimelineAttempt, i64)> = timeline
             .calls

@@ -54,8 +54,9 @@ fn convert_metric(
             let point_path = format!("{path}.dataPoints[{index}]");
             let sample = value.and_then(|value| {
                 Ok(Sample {
-                    series: SeriesKey { name: metric.name.clone(), labels: merged_labels(base_labels, attributes) },
-                    meta: meta(kind),
+                    series: SeriesKey { name: metric.name.clone(), labels: merged_labels(base_labels, attributes) }
+                        .into(),
+                    meta: meta(kind).into(),
                     time_unix_nano: unix_nanos(time, "timeUnixNano")?,
                     start_time_unix_nano: Some(unix_nanos(start, "startTimeUnixNano")?).filter(|start| *start != 0),
                     value,

@@ -63,8 +63,8 @@ impl<'a> Samples<'a> {
         }
         labels.insert(SOURCE_METRIC.to_string(), source.to_string());
         self.out.push(Sample {
-            series: SeriesKey { name: name.to_string(), labels },
-            meta: SeriesMeta { kind, unit: None, description: None },
+            series: SeriesKey { name: name.to_string(), labels }.into(),
+            meta: SeriesMeta { kind, unit: None, description: None }.into(),
             time_unix_nano: self.time,
             start_time_unix_nano: None,
             value: PointValue::Number(value),

@@ -18,11 +18,11 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, samples: &
     let mut series_ids: BTreeMap<&SeriesKey, i64> = BTreeMap::new();
     let mut written = 0;
     for sample in samples {
-        let series_id = match series_ids.get(&sample.series) {
+        let series_id = match series_ids.get(&*sample.series) {
             Some(id) => *id,
             None => {
                 let id = upsert_series(transaction, &sample.series, &sample.meta).await?;
-                series_ids.insert(&sample.series, id);
+                series_ids.insert(&*sample.series, id);
                 id
             }
         };
@@ -228,8 +228,8 @@ pub(super) async fn series_buckets(
 }
 
 /// Samples of `cluster`'s series naming `namespace` or none (`Namespaces::Every`: the series of
-/// the given names in every namespace), from `window` before the latest of them on, in time
-/// order (samples of one time in series order).
+/// the given names in every namespace), from `window` before the latest of them on and from
+/// `from` on, each with its series' id, in time order (samples of one time in series order).
 ///
 /// One row per series, its samples as one JSON array: SQLite's driver costs microseconds a row,
 /// and each row named its series again (its labels parsed again for every sample). The live
@@ -239,7 +239,8 @@ pub(super) async fn for_scope(
     cluster: Option<&str>,
     namespaces: crate::Namespaces<'_>,
     window: i64,
-) -> Result<Vec<Sample>> {
+    from: i64,
+) -> Result<Vec<(i64, Sample)>> {
     let (namespace, names) = namespaces.binds();
     let rows: Vec<ScopeSeriesRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH scope AS (
@@ -256,7 +257,7 @@ pub(super) async fn for_scope(
                                             {VALUE_TEXT}, samples.distribution)
                                  ORDER BY samples.time_unix_nano) AS points
          FROM samples JOIN scope ON scope.id = samples.series_id, latest
-         WHERE samples.time_unix_nano >= latest.at - ?3
+         WHERE samples.time_unix_nano >= max(latest.at - ?3, ?5)
          GROUP BY scope.id
          ORDER BY scope.id"
     )))
@@ -264,6 +265,7 @@ pub(super) async fn for_scope(
     .bind(namespace)
     .bind(window)
     .bind(names)
+    .bind(from)
     .fetch_all(pool)
     .await?;
     let mut samples = Vec::new();
@@ -272,7 +274,7 @@ pub(super) async fn for_scope(
     }
     // Each series' samples are in time order and the series in id order: a stable sort by time
     // orders samples of one time by series.
-    samples.sort_by_key(|sample| sample.time_unix_nano);
+    samples.sort_by_key(|(_, sample)| sample.time_unix_nano);
     Ok(samples)
 }
 
@@ -290,7 +292,7 @@ struct ScopeSeriesRow {
 }
 
 impl ScopeSeriesRow {
-    fn append_to(self, samples: &mut Vec<Sample>) -> Result<()> {
+    fn append_to(self, samples: &mut Vec<(i64, Sample)>) -> Result<()> {
         let corrupt = |detail: String| crate::StoreError::Corrupt { what: "samples", detail };
         let (key, meta) = series_identity(self.name, &self.labels, &self.kind, self.unit, self.description)?;
         type Point = (i64, Option<i64>, Option<String>, Option<String>);
@@ -302,13 +304,14 @@ impl ScopeSeriesRow {
                 Some(text) => Some(text.parse().map_err(|_| corrupt(format!("series {}: value {text:?}", self.id)))?),
                 None => None,
             };
-            samples.push(Sample {
+            let sample = Sample {
                 series: key.clone(),
                 meta: meta.clone(),
                 time_unix_nano,
                 start_time_unix_nano,
                 value: point_value(value, distribution.as_deref())?,
-            });
+            };
+            samples.push((self.id, sample));
         }
         Ok(())
     }
