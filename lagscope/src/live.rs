@@ -288,22 +288,31 @@ struct WrittenRollups {
 type ScopeKey = (Option<String>, Option<String>);
 
 impl WrittenRollups {
-    /// Stores the scope's read rollups (from the minute its reads are complete) that differ
-    /// from what was written before.
+    /// Stores the scopes' read rollups (from the minute their reads are complete) that differ
+    /// from what was written before, in one transaction.
     async fn write(
         &mut self,
         store: &dyn Store,
-        scope: ScopeKey,
-        rollups: Vec<ReadRollup>,
+        rollups_of_scopes: Vec<(ScopeKey, Vec<ReadRollup>)>,
     ) -> Result<(), lagscope_store::StoreError> {
-        let written = self.by_scope.entry(scope).or_default();
-        let changed: Vec<ReadRollup> = rollups
-            .iter()
-            .filter(|rollup| written.get(&(rollup.minute_unix_nano, rollup.node.clone())) != Some(*rollup))
-            .cloned()
-            .collect();
+        let mut changed: Vec<ReadRollup> = Vec::new();
+        for (scope, rollups) in &rollups_of_scopes {
+            let written = self.by_scope.get(scope);
+            changed.extend(
+                rollups
+                    .iter()
+                    .filter(|rollup| {
+                        written.and_then(|written| written.get(&(rollup.minute_unix_nano, rollup.node.clone())))
+                            != Some(*rollup)
+                    })
+                    .cloned(),
+            );
+        }
         store.upsert_read_rollups(&changed).await?;
-        *written = rollups.into_iter().map(|rollup| ((rollup.minute_unix_nano, rollup.node.clone()), rollup)).collect();
+        for (scope, rollups) in rollups_of_scopes {
+            let written = rollups.into_iter().map(|rollup| ((rollup.minute_unix_nano, rollup.node.clone()), rollup));
+            self.by_scope.insert(scope, written.collect());
+        }
         Ok(())
     }
 }
@@ -449,9 +458,10 @@ async fn analysis_pass(
     );
     times.client_analysis += lap.elapsed();
     lap = Instant::now();
-    for anomalies in found_of_clients {
-        record(store, metrics, (found, written), &anomalies).await?;
-    }
+    // In one transaction: the store's one writer is shared with ingest, and a transaction per
+    // client waited for it as many times.
+    let anomalies: Vec<lagscope_model::Anomaly> = found_of_clients.into_iter().flatten().collect();
+    record(store, metrics, (found, written), &anomalies).await?;
     drop(not_held);
     times.writes += lap.elapsed();
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
@@ -550,12 +560,16 @@ async fn analysis_pass(
             on_threads(work, threads, |work| work.spans.len(), |work| scope_analysis(work, limit, config));
         times.scope_analysis += lap.elapsed();
         lap = Instant::now();
+        let (mut anomalies, mut rollups_of_scopes) = (Vec::new(), Vec::new());
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
             sample_cache.give_back(scope, found_of_scope.samples);
             times.scope_timelines += found_of_scope.timelines;
-            record(store, metrics, (found, written), &found_of_scope.anomalies).await?;
-            rollups.write(store, scope.clone(), found_of_scope.rollups).await?;
+            anomalies.extend(found_of_scope.anomalies);
+            rollups_of_scopes.push((scope.clone(), found_of_scope.rollups));
         }
+        // The chunk's anomalies in one transaction, its rollups in another.
+        record(store, metrics, (found, written), &anomalies).await?;
+        rollups.write(store, rollups_of_scopes).await?;
         times.writes += lap.elapsed();
     }
     metrics.scope_spans_cached.set(cache.held() as u64);
