@@ -573,6 +573,7 @@ async fn analysis_pass(
         times.writes += lap.elapsed();
     }
     metrics.scope_spans_cached.set(cache.held() as u64);
+    metrics.scope_samples_cached.set(sample_cache.held() as u64);
     metrics.client_spans_cached.set(client_cache.held() as u64);
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
     lap = Instant::now();

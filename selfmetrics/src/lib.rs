@@ -210,6 +210,8 @@ pub struct SelfMetrics {
     pub scope_reads_full: Counter,
     /// Spans the live analyzer's scope cache holds.
     pub scope_spans_cached: Gauge,
+    /// Metric samples the live analyzer's sample cache holds.
+    pub scope_samples_cached: Gauge,
     /// Client passes that took their client's spans from the live analyzer's client cache,
     /// and those that read them from the store in full; spans that cache holds.
     pub client_reads_cached: Counter,
@@ -377,6 +379,11 @@ impl SelfMetrics {
                 "lagscope_analysis_scope_spans_cached",
                 "Spans the live analyzer's scope cache holds (live.scope_cache_spans at most).",
                 &self.scope_spans_cached,
+            ),
+            (
+                "lagscope_analysis_scope_samples_cached",
+                "Metric samples the live analyzer's sample cache holds (live.scope_cache_samples at most).",
+                &self.scope_samples_cached,
             ),
             (
                 "lagscope_analysis_client_spans_cached",
