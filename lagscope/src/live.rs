@@ -250,8 +250,6 @@ async fn resolve_marks(
     Ok(pass)
 }
 
-/// The read rollups this analyzer last wrote, per scope: a pass writes only the rows that
-/// changed. Holds the minutes of each scope's latest pass (the scope window), no more.
 /// What the live analyzer keeps from one pass to the next.
 struct Kept {
     rollups: WrittenRollups,
@@ -279,6 +277,8 @@ impl Kept {
     }
 }
 
+/// The read rollups this analyzer last wrote, per scope: a pass writes only the rows that
+/// changed. Holds the minutes of each scope's latest pass (the scope window), no more.
 #[derive(Default)]
 struct WrittenRollups {
     by_scope: HashMap<ScopeKey, HashMap<(i64, Option<String>), ReadRollup>>,

@@ -161,10 +161,9 @@ impl SampleCache {
 }
 
 impl Held {
-    /// Replaces what is held by the read: every sample from
-    /// `stale_from` on, which the read starts at (or later, when nothing from there on is
-    /// left in the store's window). A series the read names with another identity or
-    /// description (the store keeps the newest) takes it in the samples held too.
+    /// Replaces what is held from `stale_from` on by the read, which starts there (or later,
+    /// where the store's window starts later). A series the read names with another identity
+    /// or description (the store keeps the newest) takes it in the samples held too.
     fn merge(&mut self, read: Vec<(i64, Sample)>) {
         let from = self.stale_from.unwrap_or(i64::MIN);
         let keep = self.samples.partition_point(|sample| sample.time_unix_nano < from);
