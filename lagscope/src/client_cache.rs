@@ -6,8 +6,9 @@
 //! anew on every pass, that cost about 8 µs a span, and under sustained load the client reads
 //! were the larger part of every pass. Here each client passed recently is held, and a pass
 //! adds what was committed since the last one ([`SpanFeed::spans_between`], one read for all
-//! clients), reading from the store only the spans of traces the client's new spans joined
-//! or moved the bounds of.
+//! clients). The traces the clients' new spans joined or moved the bounds of are taken anew:
+//! what the store held of them before the catch-up (one read of those traces for all
+//! clients, usually empty: a trace's spans mostly arrive together), and what that read brought.
 //!
 //! A held client's spans are kept with their timelines ([`HeldTimelines`], each span placed
 //! by its start and id): a pass joins only what changed since the last one.
@@ -20,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
-use lagscope_analyzer::HeldTimelines;
+use lagscope_analyzer::{HeldTimelines, SpanKey};
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
 
@@ -47,6 +48,10 @@ struct Held {
     own: BTreeMap<(i64, i64), (Option<String>, bool)>,
     /// The traces of those spans: each own span's (start, id, end), for the trace's window.
     traces: HashMap<String, Vec<(i64, i64, i64)>>,
+    /// The keys of the held spans of each trace (a span without a trace is held only as one
+    /// of the client's own): what leaves when a trace's window moves, without a look at every
+    /// span held.
+    trace_keys: HashMap<String, Vec<SpanKey>>,
     last_passed: Instant,
 }
 
@@ -63,8 +68,9 @@ impl ClientCache {
 
     /// Brings every held client up to the store's newest span: reads what was committed since
     /// the last catch-up (one read; none when nothing was), gives each client its new spans
-    /// and those of its traces, and reads from the store the traces its new spans joined or
-    /// moved the bounds of. When more was committed than the budget (a long stall), every
+    /// and those of its traces, and takes anew the traces its new spans joined or moved the
+    /// bounds of: what the store held of them before (one read for every client), then what
+    /// the first read brought. When more was committed than the budget (a long stall), every
     /// client is let go and read anew when next passed. Clients not passed for [`held::IDLE_AFTER`]
     /// are let go first.
     pub async fn catch_up(&mut self, feed: &dyn SpanFeed, limit: u32, now: Instant) -> Result<(), StoreError> {
@@ -81,8 +87,20 @@ impl ClientCache {
                 self.clients.clear();
             } else {
                 let gained = Gained::index(&gained);
+                let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
-                    held.add(feed, client_id, &gained, limit as usize, latest).await?;
+                    let traces = held.add(client_id, &gained, limit as usize);
+                    if !traces.is_empty() {
+                        rereads.push((held, traces));
+                    }
+                }
+                // What the store held of those traces before this catch-up, in one read for
+                // every client (what was committed since is in `gained`, whole).
+                let traces: HashSet<&str> = rereads.iter().flat_map(|(_, traces)| traces).map(String::as_str).collect();
+                let older = feed.trace_spans_through(&traces.into_iter().collect::<Vec<_>>(), self.through).await?;
+                let older = Gained::index(&older);
+                for (held, traces) in rereads {
+                    held.add_traces(&traces, [&older, &gained]);
                 }
             }
         }
@@ -148,6 +166,7 @@ impl ClientCache {
             spans: HeldTimelines::new(self.horizon),
             own: BTreeMap::new(),
             traces: HashMap::new(),
+            trace_keys: HashMap::new(),
             last_passed: now,
         };
         for (id, span) in spans.iter().filter(|(_, span)| span.call.client_id.as_deref() == Some(client_id)) {
@@ -159,7 +178,7 @@ impl ClientCache {
         }
         self.held += spans.len();
         for (id, span) in spans {
-            held.spans.insert_at(order(id), span);
+            held.hold(id, span);
         }
         self.clients.insert(client_id.to_string(), held);
         Ok(Loaded::ReadAndHeld)
@@ -257,9 +276,9 @@ impl Held {
         Some(trace)
     }
 
-    /// Drops the oldest of the client's own spans (beyond the read's limit); returns its id,
-    /// trace, and whether it has a span id.
-    fn drop_oldest_own(&mut self) -> Option<(i64, Option<String>, bool)> {
+    /// Drops the oldest of the client's own spans (beyond the read's limit); returns its
+    /// start, id, trace, and whether it has a span id.
+    fn drop_oldest_own(&mut self) -> Option<(i64, i64, Option<String>, bool)> {
         let ((start, id), (trace, has_span_id)) = self.own.pop_first()?;
         if let Some(trace) = &trace
             && let Some(own) = self.traces.get_mut(trace)
@@ -269,17 +288,43 @@ impl Held {
                 self.traces.remove(trace);
             }
         }
-        Some((id, trace, has_span_id))
+        Some((start, id, trace, has_span_id))
     }
 
-    async fn add(
-        &mut self,
-        feed: &dyn SpanFeed,
-        client_id: &str,
-        gained: &Gained<'_>,
-        limit: usize,
-        latest: i64,
-    ) -> Result<(), StoreError> {
+    /// Holds a span at its place (start, store id), unless one is held there.
+    fn hold(&mut self, id: i64, span: Span) {
+        let key = (span.start_unix_nano, order(id));
+        if self.spans.contains(key) {
+            return;
+        }
+        if let Some(trace) = &span.trace_id {
+            match self.trace_keys.get_mut(trace) {
+                Some(keys) => keys.push(key),
+                None => {
+                    self.trace_keys.insert(trace.clone(), vec![key]);
+                }
+            }
+        }
+        self.spans.insert_at(key.1, span);
+    }
+
+    /// Lets the span at `key` go, if held.
+    fn release(&mut self, key: SpanKey) {
+        let Some(span) = self.spans.remove(key) else { return };
+        if let Some(trace) = &span.trace_id
+            && let Some(keys) = self.trace_keys.get_mut(trace)
+        {
+            keys.retain(|held| *held != key);
+            if keys.is_empty() {
+                self.trace_keys.remove(trace);
+            }
+        }
+    }
+
+    /// Takes a catch-up's new spans: the client's own and those of its traces, as the store's
+    /// read would. Returns the traces whose window moved (joined, widened, narrowed or left),
+    /// whose spans the store's read takes anew ([`Held::add_traces`]).
+    fn add(&mut self, client_id: &str, gained: &Gained<'_>, limit: usize) -> Vec<String> {
         // The windows of the traces the client's own spans join or leave, before.
         let mut touched: HashMap<String, Option<(i64, i64)>> = HashMap::new();
         for &index in gained.by_client.get(client_id).into_iter().flatten() {
@@ -292,49 +337,46 @@ impl Held {
         }
         // Own spans beyond the limit leave: kept only as spans of a trace whose window still
         // takes them.
-        let mut left: HashSet<i64> = HashSet::new();
+        let mut left: Vec<SpanKey> = Vec::new();
         while self.own.len() > limit {
             let before: Option<Option<(i64, i64)>> = self
                 .own
                 .first_key_value()
                 .and_then(|(_, (trace, _))| trace.as_deref())
                 .map(|trace| self.window_of(trace));
-            let Some((id, trace, has_span_id)) = self.drop_oldest_own() else { break };
+            let Some((start, id, trace, has_span_id)) = self.drop_oldest_own() else { break };
             // Without a trace or a span id it is no other span's trace-mate: it goes. With both,
             // it stays while its trace's window, which it moved or not, still takes it.
             if trace.is_none() || !has_span_id {
-                left.insert(id);
+                left.push((start, order(id)));
             }
             if let Some(trace) = trace {
                 touched.entry(trace).or_insert(before.flatten());
             }
         }
-        // Traces whose window moved (joined, widened, narrowed or left): what the store holds of
-        // them (other than the client's own, kept or added as such) is read again. Those the
-        // client had no window in before hold nothing here yet.
+        // Traces whose window moved: what the store holds of them (other than the client's
+        // own, kept or added as such) is taken again. Those the client had no window in before
+        // hold nothing here yet.
         let changed: HashSet<&str> = touched
             .iter()
             .filter(|(trace, before)| self.window_of(trace) != **before)
             .map(|(trace, _)| trace.as_str())
             .collect();
-        let held_before: HashSet<&str> =
-            changed.iter().copied().filter(|trace| touched.get(*trace).is_some_and(Option::is_some)).collect();
-        if !left.is_empty() || !held_before.is_empty() {
-            let own = &self.own;
-            let leaving: Vec<(i64, u64)> = self
-                .spans
-                .keyed_spans()
-                .filter(|((start, order), span)| {
-                    let id = id_of(*order);
-                    !(own.contains_key(&(*start, id))
-                        || (!left.contains(&id)
-                            && span.trace_id.as_deref().is_none_or(|trace| !held_before.contains(trace))))
-                })
-                .map(|(key, _)| key)
-                .collect();
-            for key in leaving {
-                self.spans.remove(key);
+        let mut leaving = left;
+        for (trace, before) in &touched {
+            if before.is_some() && changed.contains(trace.as_str()) {
+                let own = &self.own;
+                leaving.extend(
+                    self.trace_keys
+                        .get(trace)
+                        .into_iter()
+                        .flatten()
+                        .filter(|&&(start, order)| !own.contains_key(&(start, id_of(order)))),
+                );
             }
+        }
+        for key in leaving {
+            self.release(key);
         }
         // What arrived of the client and of its other traces.
         let mut candidates: Vec<usize> = gained.by_client.get(client_id).cloned().unwrap_or_default();
@@ -346,24 +388,35 @@ impl Held {
         let mut added = Vec::new();
         for index in candidates {
             let (id, span) = &gained.spans[index];
-            // Of a trace read again below, only the client's own (that read takes only spans
-            // with a span id).
-            let reread = span.trace_id.as_deref().is_some_and(|trace| changed.contains(trace));
-            if self.own.contains_key(&(span.start_unix_nano, *id)) || (!reread && self.takes(*id, span)) {
-                added.push((*id, Box::new(span.clone())));
+            // Of a trace taken again, only the client's own here (the store's read of a trace
+            // takes only spans with a span id).
+            let again = span.trace_id.as_deref().is_some_and(|trace| changed.contains(trace));
+            if self.own.contains_key(&(span.start_unix_nano, *id)) || (!again && self.takes(*id, span)) {
+                added.push((*id, span.clone()));
             }
         }
-        let reread: Vec<&str> = changed.iter().copied().filter(|trace| self.traces.contains_key(*trace)).collect();
-        for (id, span) in feed.trace_spans_through(&reread, latest).await? {
-            if self.takes(id, &span) {
-                added.push((id, Box::new(span)));
-            }
-        }
+        let again: Vec<String> =
+            changed.iter().filter(|trace| self.traces.contains_key(**trace)).map(|trace| trace.to_string()).collect();
         for (id, span) in added {
-            // One span reached two ways is held once (`insert_at` keeps what it holds).
-            self.spans.insert_at(order(id), *span);
+            // One span reached two ways is held once.
+            self.hold(id, span);
         }
-        Ok(())
+        again
+    }
+
+    /// Takes again the spans of `traces` the store's read takes: of what the store held of them
+    /// before the catch-up, and of what the catch-up brought.
+    fn add_traces(&mut self, traces: &[String], parts: [&Gained<'_>; 2]) {
+        for trace in traces {
+            for part in parts {
+                for &index in part.by_trace.get(trace.as_str()).into_iter().flatten() {
+                    let (id, span) = &part.spans[index];
+                    if self.takes(*id, span) {
+                        self.hold(*id, span.clone());
+                    }
+                }
+            }
+        }
     }
 }
 
