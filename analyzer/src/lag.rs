@@ -10,13 +10,12 @@
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
 use std::collections::BTreeMap;
 
-use lagscope_model::{ReadRollup, rollup_step_of};
+use lagscope_model::{ClientTimeline, Op, Outcome, ReadRollup, TimelineAttempt, TimelineCall, rollup_step_of};
 use serde::Serialize;
 
 use crate::AnalysisInput;
 use crate::committed::{NamespaceKey, committed_reports, first_seen};
 use crate::detectors::shard_pressure::SHARD_ROLE;
-use crate::floor::served_reads;
 use crate::series::{increases, series_of};
 
 /// A read a server served, and how far behind the namespace it was.
@@ -69,37 +68,42 @@ pub struct LagRows {
     pub rejections: Vec<RejectionCount>,
 }
 
-/// The reads of the input, with how far behind each was (the `reads` of [`lag_rows`]).
-pub fn read_lag_rows(input: &AnalysisInput) -> Vec<ReadLag> {
-    read_lags(input, &first_seen(committed_reports(input)))
-}
-
-/// The reads served at or after `complete_from` rolled up per (cluster, namespace, node) and
-/// minute, in (minute, scope) order.
-pub fn read_rollups(reads: &[ReadLag], complete_from: i64) -> Vec<ReadRollup> {
+/// The reads of the input served at or after `complete_from`, rolled up per (cluster,
+/// namespace, node) and minute, in (minute, scope) order: the sums of [`lag_rows`]'s reads of
+/// each, without a row per read.
+pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup> {
     // (minute, cluster, namespace, node)
-    type Key<'a> = (i64, &'a Option<String>, &'a Option<String>, &'a Option<String>);
+    type Key<'a> = (i64, &'a Option<String>, &'a Option<String>, Option<&'a String>);
+    let committed = first_seen(committed_reports(input));
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
-    for read in reads.iter().filter(|read| read.time_unix_nano >= complete_from) {
-        let minute = rollup_step_of(read.time_unix_nano);
-        let rollup =
-            rollups.entry((minute, &read.cluster, &read.namespace, &read.node)).or_insert_with(|| ReadRollup {
-                cluster: read.cluster.clone(),
-                namespace: read.namespace.clone(),
-                node: read.node.clone(),
-                minute_unix_nano: minute,
-                ..ReadRollup::default()
-            });
-        rollup.reads += 1;
-        let (Some(states), Some(seconds)) = (read.behind_states, read.behind_seconds) else { continue };
-        rollup.compared += 1;
-        if states > 0 {
-            rollup.behind_reads += 1;
+    for timeline in &input.timelines {
+        let known = committed_of(&committed, timeline);
+        for (attempt, served) in served_attempts(&timeline.calls) {
+            let at = attempt.end_unix_nano;
+            if at < complete_from {
+                continue;
+            }
+            let minute = rollup_step_of(at);
+            let node = attempt.served_by.as_ref().or(attempt.target_node.as_ref());
+            let rollup =
+                rollups.entry((minute, &timeline.cluster, &timeline.namespace, node)).or_insert_with(|| ReadRollup {
+                    cluster: timeline.cluster.clone(),
+                    namespace: timeline.namespace.clone(),
+                    node: node.cloned(),
+                    minute_unix_nano: minute,
+                    ..ReadRollup::default()
+                });
+            rollup.reads += 1;
+            let Some((_, states, seconds)) = behind(known, at, served) else { continue };
+            rollup.compared += 1;
+            if states > 0 {
+                rollup.behind_reads += 1;
+            }
+            rollup.behind_states.record(states.max(0) as u64);
+            rollup.behind_millis.record((seconds.max(0.0) * 1e3).round() as u64);
+            rollup.max_behind_states = rollup.max_behind_states.max(Some(states));
+            rollup.max_behind_seconds = Some(rollup.max_behind_seconds.map_or(seconds, |max| max.max(seconds)));
         }
-        rollup.behind_states.record(states.max(0) as u64);
-        rollup.behind_millis.record((seconds.max(0.0) * 1e3).round() as u64);
-        rollup.max_behind_states = rollup.max_behind_states.max(Some(states));
-        rollup.max_behind_seconds = Some(rollup.max_behind_seconds.map_or(seconds, |max| max.max(seconds)));
     }
     rollups.into_values().collect()
 }
@@ -112,27 +116,25 @@ pub fn lag_rows(input: &AnalysisInput) -> LagRows {
 fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {
     let mut rows = Vec::new();
     for timeline in &input.timelines {
-        let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
-        let known = committed.get(&key).map(Vec::as_slice).unwrap_or_default();
-        for read in served_reads(&timeline.calls) {
-            let at = read.attempt.end_unix_nano;
-            let (committed, behind_states, behind_seconds) = match behind(known, at, read.served) {
+        let known = committed_of(committed, timeline);
+        for (attempt, served) in served_attempts(&timeline.calls) {
+            let at = attempt.end_unix_nano;
+            let (committed, behind_states, behind_seconds) = match behind(known, at, served) {
                 Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
                 None => (None, None, None),
             };
             rows.push(ReadLag {
                 cluster: timeline.cluster.clone(),
                 namespace: timeline.namespace.clone(),
-                node: read.attempt.served_by.clone().or_else(|| read.attempt.target_node.clone()),
-                role: read
-                    .attempt
+                node: attempt.served_by.clone().or_else(|| attempt.target_node.clone()),
+                role: attempt
                     .served_role
                     .clone()
-                    .or_else(|| read.attempt.reported.node_role.clone())
-                    .or_else(|| read.attempt.target_role.clone()),
+                    .or_else(|| attempt.reported.node_role.clone())
+                    .or_else(|| attempt.target_role.clone()),
                 client_id: timeline.client_id.clone(),
                 time_unix_nano: at,
-                served: read.served,
+                served,
                 committed,
                 behind_states,
                 behind_seconds,
@@ -141,6 +143,22 @@ fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepor
     }
     rows.sort_by(|left, right| (left.time_unix_nano, &left.client_id).cmp(&(right.time_unix_nano, &right.client_id)));
     rows
+}
+
+/// The namespace's first-seen committed states, for a timeline's reads.
+fn committed_of<'a>(committed: &'a crate::committed::CommittedReports, timeline: &ClientTimeline) -> &'a [(i64, i64)] {
+    let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
+    committed.get(&key).map(Vec::as_slice).unwrap_or_default()
+}
+
+/// Every successful read attempt that reports the state that served it, with that state, in
+/// client order (the attempts of [`crate::floor::served_reads`], without their floors).
+fn served_attempts(calls: &[TimelineCall]) -> impl Iterator<Item = (&TimelineAttempt, i64)> {
+    calls.iter().filter(|call| call.op == Some(Op::Read)).flat_map(|call| {
+        call.attempts
+            .iter()
+            .filter_map(|attempt| Some((attempt, attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok))?)))
+    })
 }
 
 fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {

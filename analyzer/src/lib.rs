@@ -28,7 +28,7 @@ pub use config::{
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use held::{HeldTimelines, SpanKey};
-pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_lag_rows, read_rollups};
+pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_rollups};
 pub use timeline::build_timelines;
 
 /// What the detectors look at.

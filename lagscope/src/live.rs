@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
-use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze, analyze_kinds, read_lag_rows, read_rollups};
+use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze, analyze_kinds, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
@@ -710,16 +710,14 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     };
     let timelines = started.elapsed();
     input.log_events = work.log_events;
-    let anomalies: Vec<_> = {
+    let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
+    // Rare: the scope's callers are gathered (a look at every span) only when one is found.
+    if anomalies.iter().any(|anomaly| is_client_kind(anomaly.kind)) {
         let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
-        analyze_kinds(&input, &config.analyzer, is_scope_kind)
-            .into_iter()
-            .filter(|anomaly| {
-                !is_client_kind(anomaly.kind)
-                    || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
-            })
-            .collect()
-    };
+        anomalies.retain(|anomaly| {
+            !is_client_kind(anomaly.kind) || anomaly.client_id.as_deref().is_none_or(|client| !callers.contains(client))
+        });
+    }
     // When the read limit cut the scope's oldest spans, their first minute is partial: left
     // as written.
     let complete_from = if spans.len() >= limit as usize {
@@ -727,7 +725,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     } else {
         i64::MIN
     };
-    let rollups = read_rollups(&read_lag_rows(&input), complete_from);
+    let rollups = read_rollups(&input, complete_from);
     if let Spans::Held(held) = spans {
         held.give_back(input.timelines);
     }
