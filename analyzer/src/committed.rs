@@ -10,24 +10,34 @@ use crate::AnalysisInput;
 /// (cluster, namespace) of a report.
 pub type NamespaceKey = (Option<String>, Option<String>);
 
+/// A [`NamespaceKey`] of borrowed labels.
+type BorrowedKey<'a> = (Option<&'a str>, Option<&'a str>);
+
 /// Per namespace, (time, committed state) reports sorted by time.
 pub type CommittedReports = BTreeMap<NamespaceKey, Vec<(i64, i64)>>;
 
 pub fn committed_reports(input: &AnalysisInput) -> CommittedReports {
     let mut reports = CommittedReports::new();
     for timeline in &input.timelines {
-        let key = (timeline.cluster.clone(), timeline.namespace.clone());
-        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
-            if let Some(committed) = attempt.committed {
-                reports.entry(key.clone()).or_default().push((attempt.end_unix_nano, committed));
-            }
+        let mut points = timeline
+            .calls
+            .iter()
+            .flat_map(|call| &call.attempts)
+            .filter_map(|attempt| Some((attempt.end_unix_nano, attempt.committed?)))
+            .peekable();
+        if points.peek().is_some() {
+            reports.entry((timeline.cluster.clone(), timeline.namespace.clone())).or_default().extend(points);
         }
     }
+    // By borrowed labels first: one owned key per namespace, not per sample.
+    let mut reported: BTreeMap<BorrowedKey, Vec<(i64, i64)>> = BTreeMap::new();
     for sample in input.samples.iter().filter(|sample| sample.series.name == METRIC_COMMITTED_STATE) {
         let Some(value) = sample.value.as_number() else { continue };
-        let key =
-            (sample.series.label(CLUSTER).map(str::to_string), sample.series.label(NAMESPACE).map(str::to_string));
-        reports.entry(key).or_default().push((sample.time_unix_nano, value as i64));
+        let key = (sample.series.label(CLUSTER), sample.series.label(NAMESPACE));
+        reported.entry(key).or_default().push((sample.time_unix_nano, value as i64));
+    }
+    for ((cluster, namespace), points) in reported {
+        reports.entry((cluster.map(str::to_string), namespace.map(str::to_string))).or_default().extend(points);
     }
     for list in reports.values_mut() {
         list.sort_unstable();

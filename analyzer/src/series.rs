@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
 use lagscope_model::{MetricKind, Sample};
+use smallvec::SmallVec;
 
 /// Where a series belongs: (cluster, namespace, node).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -19,33 +20,40 @@ pub type Points = Vec<(i64, f64)>;
 /// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
 /// numeric points only, sorted by time. Delta counters are accumulated into running totals.
 pub fn series_of(samples: &[Sample], name: &str, extra_labels: &[&str]) -> BTreeMap<(Scope, Vec<String>), Points> {
-    let mut series: BTreeMap<(Scope, Vec<String>), Points> = BTreeMap::new();
-    let mut delta: BTreeMap<(Scope, Vec<String>), bool> = BTreeMap::new();
+    // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the owned
+    // keys are): one owned key per series, not per sample. Whether a series is a delta
+    // counter is its last sample's say.
+    type Key<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, SmallVec<[&'a str; 2]>);
+    let mut grouped: BTreeMap<Key, (bool, Points)> = BTreeMap::new();
     for sample in samples.iter().filter(|sample| sample.series.name == name) {
         let Some(value) = sample.value.as_number() else { continue };
-        let key = sample.series.label(NODE_ID);
-        let scope = Scope {
-            cluster: sample.series.label(CLUSTER).map(str::to_string),
-            namespace: sample.series.label(NAMESPACE).map(str::to_string),
-            node: key.map(str::to_string),
-        };
-        let extra: Vec<String> =
-            extra_labels.iter().map(|label| sample.series.label(label).unwrap_or_default().to_string()).collect();
-        delta.insert((scope.clone(), extra.clone()), sample.meta.kind == MetricKind::DeltaCounter);
-        series.entry((scope, extra)).or_default().push((sample.time_unix_nano, value));
+        let labels = &sample.series;
+        let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
+        let (delta, points) =
+            grouped.entry((labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra)).or_default();
+        *delta = sample.meta.kind == MetricKind::DeltaCounter;
+        points.push((sample.time_unix_nano, value));
     }
-    for (key, points) in &mut series {
-        points.sort_by_key(|(time, _)| *time);
-        points.dedup_by_key(|(time, _)| *time);
-        if delta.get(key).copied().unwrap_or(false) {
-            let mut total = 0.0;
-            for point in points.iter_mut() {
-                total += point.1;
-                point.1 = total;
+    grouped
+        .into_iter()
+        .map(|((cluster, namespace, node, extra), (delta, mut points))| {
+            points.sort_by_key(|(time, _)| *time);
+            points.dedup_by_key(|(time, _)| *time);
+            if delta {
+                let mut total = 0.0;
+                for point in points.iter_mut() {
+                    total += point.1;
+                    point.1 = total;
+                }
             }
-        }
-    }
-    series
+            let scope = Scope {
+                cluster: cluster.map(str::to_string),
+                namespace: namespace.map(str::to_string),
+                node: node.map(str::to_string),
+            };
+            ((scope, extra.into_iter().map(str::to_string).collect()), points)
+        })
+        .collect()
 }
 
 /// The latest value at or before `at`.
@@ -128,7 +136,65 @@ pub fn runs_through_dips(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use lagscope_model::{PointValue, SeriesKey, SeriesMeta};
+
     use super::*;
+
+    fn sample(name: &str, labels: &[(&str, &str)], kind: MetricKind, at: i64, value: PointValue) -> Sample {
+        Sample {
+            series: Arc::new(SeriesKey {
+                name: name.to_string(),
+                labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+            }),
+            meta: Arc::new(SeriesMeta { kind, unit: None, description: None }),
+            time_unix_nano: at,
+            start_time_unix_nano: None,
+            value,
+        }
+    }
+
+    /// Series keyed by scope and the extra labels asked for, in key order; points sorted by
+    /// time, one per time (the first sent); delta counters summed; other metrics and
+    /// distributions left out.
+    #[test]
+    fn samples_group_into_series() {
+        use MetricKind::{DeltaCounter, Gauge};
+        let number = PointValue::Number;
+        let a = [(CLUSTER, "prod"), (NAMESPACE, "ns1"), (NODE_ID, "nn-a")];
+        let b_x = [(CLUSTER, "prod"), (NODE_ID, "nn-b"), ("role", "x")];
+        let b_y = [(CLUSTER, "prod"), (NODE_ID, "nn-b"), ("role", "y")];
+        let lone = [("role", "x")];
+        let samples = vec![
+            sample("m", &a, Gauge, 3, number(30.0)),
+            sample("m", &b_y, DeltaCounter, 2, number(5.0)),
+            sample("m", &a, Gauge, 1, number(10.0)),
+            sample("other", &a, Gauge, 1, number(99.0)),
+            sample("m", &b_y, DeltaCounter, 1, number(1.0)),
+            sample("m", &a, Gauge, 1, number(11.0)),
+            sample("m", &b_x, Gauge, 4, number(4.0)),
+            sample("m", &lone, Gauge, 7, number(7.0)),
+            sample("m", &a, Gauge, 5, PointValue::Distribution(Default::default())),
+        ];
+        let scope = |cluster: Option<&str>, namespace: Option<&str>, node: Option<&str>| Scope {
+            cluster: cluster.map(str::to_string),
+            namespace: namespace.map(str::to_string),
+            node: node.map(str::to_string),
+        };
+        let labels = |values: &[&str]| values.iter().map(|value| value.to_string()).collect::<Vec<_>>();
+        let expected: Vec<((Scope, Vec<String>), Points)> = vec![
+            ((scope(None, None, None), labels(&["x"])), vec![(7, 7.0)]),
+            ((scope(Some("prod"), None, Some("nn-b")), labels(&["x"])), vec![(4, 4.0)]),
+            ((scope(Some("prod"), None, Some("nn-b")), labels(&["y"])), vec![(1, 1.0), (2, 6.0)]),
+            ((scope(Some("prod"), Some("ns1"), Some("nn-a")), labels(&[""])), vec![(1, 10.0), (3, 30.0)]),
+        ];
+        assert_eq!(series_of(&samples, "m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
+        // Without the extra label, nn-b's two series are one; its last sample, a gauge, says it is not summed.
+        let merged = series_of(&samples, "m", &[]);
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merged[&(scope(Some("prod"), None, Some("nn-b")), Vec::new())], vec![(1, 1.0), (2, 5.0), (4, 4.0)]);
+    }
 
     #[test]
     fn rates_and_runs() {

@@ -238,8 +238,9 @@ fn read_rollups_sum_the_read_rows_of_each_minute() {
         let middle = reads[reads.len() / 2].time_unix_nano;
         for complete_from in [i64::MIN, middle] {
             // The rows summed one by one, as the rollups are defined.
-            let mut expected: BTreeMap<(i64, Option<String>, Option<String>, Option<String>), ReadRollup> =
-                BTreeMap::new();
+            // (minute, cluster, namespace, node)
+            type Key = (i64, Option<String>, Option<String>, Option<String>);
+            let mut expected: BTreeMap<Key, ReadRollup> = BTreeMap::new();
             for read in reads.iter().filter(|read| read.time_unix_nano >= complete_from) {
                 let minute = rollup_step_of(read.time_unix_nano);
                 let key = (minute, read.cluster.clone(), read.namespace.clone(), read.node.clone());
