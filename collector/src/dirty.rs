@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use lagscope_model::conventions::{CLUSTER, NAMESPACE};
 use lagscope_model::{LogRecord, Sample, Span};
@@ -45,6 +46,10 @@ pub struct Pending {
     /// How many batches had been marked when these marks were taken: once they are analyzed,
     /// every batch up to this one is.
     pub through_batch: u64,
+    /// When the first of these marks' batches was queued for its commit (marked, for a batch
+    /// marked without a queue): how long its telemetry has waited for the analyzer. None for
+    /// marks read back from a database.
+    pub first_queued: Option<Instant>,
 }
 
 impl DirtyClients {
@@ -63,6 +68,11 @@ impl DirtyClients {
     /// Marks a committed batch of spans, metric samples and log records: the clusters of log
     /// records are looked at again (their recognised lines name the namespaces).
     pub fn mark_all(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord]) {
+        self.mark_queued(spans, samples, logs, Instant::now());
+    }
+
+    /// [`DirtyClients::mark_all`] for a batch queued for its commit at `queued`.
+    pub fn mark_queued(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord], queued: Instant) {
         let marks = Mark::of_batch(spans, samples, logs);
         // A batch's samples mostly share a few scopes: the oldest time of each, then merged.
         let mut sample_times: BTreeMap<(Option<&str>, Option<&str>), i64> = BTreeMap::new();
@@ -75,6 +85,8 @@ impl DirtyClients {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             self.batches.fetch_add(1, Ordering::Relaxed);
             pending.through_batch = self.batches.load(Ordering::Relaxed);
+            let first = pending.first_queued.get_or_insert(queued);
+            *first = (*first).min(queued);
             for mark in marks {
                 match mark {
                     Mark::Client(client_id) => pending.clients.insert(client_id),
@@ -161,5 +173,24 @@ mod tests {
         assert_eq!(dirty.take().await.sample_times, expected);
         dirty.mark_all(&[], &[sample(&ns1, 800)], &[]);
         assert_eq!(dirty.take().await.sample_times, BTreeMap::from([(scope(Some("prod"), Some("ns1")), 800)]));
+    }
+
+    #[tokio::test]
+    async fn first_queued_is_the_earliest_queue_time_since_the_last_take() {
+        let dirty = DirtyClients::default();
+        let before = Instant::now();
+        dirty.mark(&[]);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let between = Instant::now();
+        dirty.mark(&[]);
+        let first = dirty.take().await.first_queued.expect("marked");
+        assert!(before <= first && first < between);
+        // A batch queued earlier than one marked before it (commit groups finish out of order).
+        let after = Instant::now();
+        dirty.mark(&[]);
+        dirty.mark_queued(&[], &[], &[], before);
+        assert_eq!(dirty.take().await.first_queued, Some(before));
+        dirty.mark(&[]);
+        assert!(dirty.take().await.first_queued.expect("marked") >= after);
     }
 }

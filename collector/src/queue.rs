@@ -152,6 +152,8 @@ impl Budget {
 /// One request waiting for its commit.
 struct Job {
     batch: IngestBatch,
+    /// When the request was queued: its telemetry's wait for the analyzer starts here.
+    queued: Instant,
     reservation: Reservation,
     answer: oneshot::Sender<Result<(), StoreUnavailable>>,
 }
@@ -218,7 +220,7 @@ impl IngestQueue {
     /// Queues a batch and waits until it is committed (or the store refused it).
     pub async fn commit(&self, batch: IngestBatch, reservation: Reservation) -> Result<(), StoreUnavailable> {
         let (answer, answered) = oneshot::channel();
-        self.jobs.send(Job { batch, reservation, answer }).map_err(|_| StoreUnavailable)?;
+        self.jobs.send(Job { batch, queued: Instant::now(), reservation, answer }).map_err(|_| StoreUnavailable)?;
         self.metrics.ingest_queue_bytes.set(self.in_use() as u64);
         answered.await.unwrap_or(Err(StoreUnavailable))
     }
@@ -280,7 +282,8 @@ impl Committer {
                 merged.logs.append(&mut job.batch.logs);
             }
             if self.commit(&merged, group.len()).await.is_ok() {
-                self.dirty.mark_all(&merged.spans, &merged.samples, &merged.logs);
+                let queued = group.iter().map(|job| job.queued).min().unwrap_or_else(Instant::now);
+                self.dirty.mark_queued(&merged.spans, &merged.samples, &merged.logs, queued);
                 self.metrics.batches_marked.add(1);
                 for job in group.drain(..) {
                     let _ = job.answer.send(Ok(()));
@@ -300,7 +303,7 @@ impl Committer {
         for job in group.drain(..) {
             let result = self.commit(&job.batch, 1).await;
             if result.is_ok() {
-                self.dirty.mark_all(&job.batch.spans, &job.batch.samples, &job.batch.logs);
+                self.dirty.mark_queued(&job.batch.spans, &job.batch.samples, &job.batch.logs, job.queued);
                 self.metrics.batches_marked.add(1);
             }
             drop(job.reservation);

@@ -54,7 +54,7 @@ pub async fn run_live_analyzer(
             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         };
         let started = Instant::now();
-        let through_batch = pending.through_batch;
+        let (through_batch, first_queued) = (pending.through_batch, pending.first_queued);
         let outcome = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending).await;
         kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
         match outcome {
@@ -66,6 +66,9 @@ pub async fn run_live_analyzer(
             }
         }
         metrics.analysis_latency.observe(started.elapsed());
+        if let Some(queued) = first_queued {
+            metrics.analysis_delay.observe(queued.elapsed());
+        }
         metrics.batches_analyzed.raise_to(through_batch);
     }
 }

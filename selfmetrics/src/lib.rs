@@ -199,6 +199,9 @@ pub struct SelfMetrics {
     pub alerts_failed: Counter,
     pub alert_errors: Counter,
     pub analysis_latency: LatencyHistogram,
+    /// From the queueing of the first batch a live pass took (before its commit) to the end of
+    /// that pass.
+    pub analysis_delay: LatencyHistogram,
     pub anomalies_new: Counter,
     /// Anomalies stored before, found again changed and written.
     pub anomalies_changed: Counter,
@@ -353,6 +356,11 @@ impl SelfMetrics {
                 &self.store_ingest_latency,
             ),
             ("lagscope_analysis_seconds", "Time of one live analysis pass.", &self.analysis_latency),
+            (
+                "lagscope_analysis_delay_seconds",
+                "From the queueing for commit of the first batch a live pass took to the end of that pass: the longest its telemetry waited to be analysed.",
+                &self.analysis_delay,
+            ),
         ];
         for (name, help, histogram) in histograms {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
