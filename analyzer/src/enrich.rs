@@ -25,16 +25,14 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
         points.sort_by_key(|(time, _)| *time);
     }
     let (applied, roles) = (by_node(&applied), by_node(&roles));
-    let mut key: (Option<String>, String) = (None, String::new());
     for timeline in timelines.iter_mut() {
         let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
-        key.0.clone_from(&timeline.cluster);
         for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
             let at = attempt.start_unix_nano;
             attempt.reported.namespace_committed =
                 committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
-            let Some(node) = &attempt.served_by else { continue };
-            key.1.clone_from(node);
+            let Some(node) = attempt.served_by.as_deref() else { continue };
+            let key = (timeline.cluster.as_deref(), node);
             attempt.reported.node_applied = applied
                 .get(&key)
                 .into_iter()
@@ -57,13 +55,13 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
 }
 
 /// Series by (cluster, node): each node's, in the order [`series_of`] gives them.
-type ByNode<'a> = HashMap<(Option<String>, String), Vec<(&'a Scope, &'a Vec<String>, &'a Points)>>;
+type ByNode<'a> = HashMap<(Option<&'a str>, &'a str), Vec<(&'a Scope, &'a Vec<String>, &'a Points)>>;
 
 fn by_node(series: &BTreeMap<(Scope, Vec<String>), Points>) -> ByNode<'_> {
     let mut by_node = ByNode::new();
     for ((scope, labels), points) in series {
         if let Some(node) = &scope.node {
-            by_node.entry((scope.cluster.clone(), node.clone())).or_default().push((scope, labels, points));
+            by_node.entry((scope.cluster.as_deref(), node.as_str())).or_default().push((scope, labels, points));
         }
     }
     by_node

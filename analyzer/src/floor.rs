@@ -5,7 +5,7 @@
 //! "Earlier" means completed (the client had the response) before the call started; calls
 //! that overlap are concurrent and order nothing.
 
-use lagscope_model::{Op, StateId, TimelineCall, UnixNanos};
+use lagscope_model::{Op, Outcome, StateId, TimelineAttempt, TimelineCall, UnixNanos};
 
 /// Which guarantee a contribution to the floor stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl CallFloors {
 pub struct ServedRead<'a> {
     pub call: &'a TimelineCall,
     pub floors: CallFloors,
-    pub attempt: &'a lagscope_model::TimelineAttempt,
+    pub attempt: &'a TimelineAttempt,
     pub served: StateId,
 }
 
@@ -84,14 +84,17 @@ pub fn served_reads(calls: &[TimelineCall]) -> Vec<ServedRead<'_>> {
     calls
         .iter()
         .zip(floors(calls))
-        .filter(|(call, _)| call.op == Some(Op::Read))
         .flat_map(|(call, call_floors)| {
-            call.attempts.iter().filter_map(move |attempt| {
-                let served = attempt.served.filter(|_| attempt.outcome == Some(lagscope_model::Outcome::Ok))?;
-                Some(ServedRead { call, floors: call_floors, attempt, served })
-            })
+            served_of(call).map(move |(attempt, served)| ServedRead { call, floors: call_floors, attempt, served })
         })
         .collect()
+}
+
+/// A read call's successful attempts that report the state that served them, with that state
+/// (none for other calls).
+pub fn served_of(call: &TimelineCall) -> impl Iterator<Item = (&TimelineAttempt, StateId)> {
+    let read = call.op == Some(Op::Read);
+    successful(call).filter(move |_| read).filter_map(|(_, attempt)| Some((attempt, attempt.served?)))
 }
 
 /// The floors in force at the start of each call. `calls` must be in client order (start).
@@ -171,6 +174,6 @@ fn contribution(call_index: usize, call: &TimelineCall) -> Option<FloorContribut
         .max_by_key(|contribution| contribution.state)
 }
 
-fn successful(call: &TimelineCall) -> impl Iterator<Item = (usize, &lagscope_model::TimelineAttempt)> {
-    call.attempts.iter().enumerate().filter(|(_, attempt)| attempt.outcome == Some(lagscope_model::Outcome::Ok))
+fn successful(call: &TimelineCall) -> impl Iterator<Item = (usize, &TimelineAttempt)> {
+    call.attempts.iter().enumerate().filter(|(_, attempt)| attempt.outcome == Some(Outcome::Ok))
 }

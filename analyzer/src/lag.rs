@@ -10,12 +10,13 @@
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
 use std::collections::BTreeMap;
 
-use lagscope_model::{ClientTimeline, Op, Outcome, ReadRollup, TimelineAttempt, TimelineCall, rollup_step_of};
+use lagscope_model::{ClientTimeline, ReadRollup, rollup_step_of};
 use serde::Serialize;
 
 use crate::AnalysisInput;
 use crate::committed::{NamespaceKey, committed_reports, first_seen};
 use crate::detectors::shard_pressure::SHARD_ROLE;
+use crate::floor::served_of;
 use crate::series::{increases, series_of};
 
 /// A read a server served, and how far behind the namespace it was.
@@ -78,7 +79,7 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
     for timeline in &input.timelines {
         let known = committed_of(&committed, timeline);
-        for (attempt, served) in served_attempts(&timeline.calls) {
+        for (attempt, served) in timeline.calls.iter().flat_map(served_of) {
             let at = attempt.end_unix_nano;
             if at < complete_from {
                 continue;
@@ -117,7 +118,7 @@ fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepor
     let mut rows = Vec::new();
     for timeline in &input.timelines {
         let known = committed_of(committed, timeline);
-        for (attempt, served) in served_attempts(&timeline.calls) {
+        for (attempt, served) in timeline.calls.iter().flat_map(served_of) {
             let at = attempt.end_unix_nano;
             let (committed, behind_states, behind_seconds) = match behind(known, at, served) {
                 Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
@@ -149,16 +150,6 @@ fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepor
 fn committed_of<'a>(committed: &'a crate::committed::CommittedReports, timeline: &ClientTimeline) -> &'a [(i64, i64)] {
     let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
     committed.get(&key).map(Vec::as_slice).unwrap_or_default()
-}
-
-/// Every successful read attempt that reports the state that served it, with that state, in
-/// client order (the attempts of [`crate::floor::served_reads`], without their floors).
-fn served_attempts(calls: &[TimelineCall]) -> impl Iterator<Item = (&TimelineAttempt, i64)> {
-    calls.iter().filter(|call| call.op == Some(Op::Read)).flat_map(|call| {
-        call.attempts
-            .iter()
-            .filter_map(|attempt| Some((attempt, attempt.served.filter(|_| attempt.outcome == Some(Outcome::Ok))?)))
-    })
 }
 
 fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {

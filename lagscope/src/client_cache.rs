@@ -385,23 +385,17 @@ impl Held {
                 candidates.extend(indexes);
             }
         }
-        let mut added = Vec::new();
         for index in candidates {
             let (id, span) = &gained.spans[index];
             // Of a trace taken again, only the client's own here (the store's read of a trace
             // takes only spans with a span id).
             let again = span.trace_id.as_deref().is_some_and(|trace| changed.contains(trace));
+            // (One span reached two ways is held once.)
             if self.own.contains_key(&(span.start_unix_nano, *id)) || (!again && self.takes(*id, span)) {
-                added.push((*id, span.clone()));
+                self.hold(*id, span.clone());
             }
         }
-        let again: Vec<String> =
-            changed.iter().filter(|trace| self.traces.contains_key(**trace)).map(|trace| trace.to_string()).collect();
-        for (id, span) in added {
-            // One span reached two ways is held once.
-            self.hold(id, span);
-        }
-        again
+        changed.iter().filter(|trace| self.traces.contains_key(**trace)).map(|trace| trace.to_string()).collect()
     }
 
     /// Takes again the spans of `traces` the store's read takes: of what the store held of them
