@@ -42,6 +42,17 @@ fn every_case_matches_its_expected_output() {
             &AnalyzerConfig::default(),
         );
         assert_eq!(streamed, batch, "{}: the streaming engine differs from the batch analysis", case.display());
+        for anomaly in &batch {
+            // The live analyzer's client passes run only the kinds that name a client.
+            assert_eq!(
+                anomaly.client_id.is_some(),
+                anomaly.kind.names_client(),
+                "{}: {} names client {:?}",
+                case.display(),
+                anomaly.kind.as_str(),
+                anomaly.client_id
+            );
+        }
         let actual = render(&spans, samples);
         expect_test::expect_file![case.with_extension("expected")].assert_eq(&actual);
     }

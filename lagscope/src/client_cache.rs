@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
-use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
+use crate::held::{self, CATCH_UP_LIMIT, Committed, shed, start_catch_up};
 use lagscope_analyzer::{HeldTimelines, SpanKey};
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
@@ -73,8 +73,17 @@ impl ClientCache {
     /// the first read brought. When more was committed than the budget (a long stall), every
     /// client is let go and read anew when next passed. Clients not passed for [`held::IDLE_AFTER`]
     /// are let go first.
-    pub async fn catch_up(&mut self, feed: &dyn SpanFeed, limit: u32, now: Instant) -> Result<(), StoreError> {
+    ///
+    /// Returns what that first read brought, whole ([`Committed`], none when it was cut
+    /// short or not made), for the scope cache's catch-up to take its part of.
+    pub async fn catch_up(
+        &mut self,
+        feed: &dyn SpanFeed,
+        limit: u32,
+        now: Instant,
+    ) -> Result<Option<Committed>, StoreError> {
         let latest = start_catch_up(&mut self.clients, self.through, feed, now, "client").await?;
+        let mut committed = None;
         if !self.clients.is_empty() && latest > self.through {
             let most = self.budget.min(CATCH_UP_LIMIT);
             let gained = feed.spans_between(self.through, latest, most as u32).await?;
@@ -86,10 +95,10 @@ impl ClientCache {
                 );
                 self.clients.clear();
             } else {
-                let gained = Gained::index(&gained);
+                let index = Gained::index(&gained);
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
-                    let traces = held.add(client_id, &gained, limit as usize);
+                    let traces = held.add(client_id, &index, limit as usize);
                     if !traces.is_empty() {
                         rereads.push((held, traces));
                     }
@@ -100,13 +109,14 @@ impl ClientCache {
                 let older = feed.trace_spans_through(&traces.into_iter().collect::<Vec<_>>(), self.through).await?;
                 let older = Gained::index(&older);
                 for (held, traces) in rereads {
-                    held.add_traces(&traces, [&older, &gained]);
+                    held.add_traces(&traces, [&older, &index]);
                 }
+                committed = Some(Committed { after: self.through, through: latest, spans: gained });
             }
         }
         self.through = latest;
         self.held = shed(&mut self.clients, self.budget);
-        Ok(())
+        Ok(committed)
     }
 
     /// A copy of the client's spans as `Store::client_spans(client_id, TimeRange::ALL, limit)`

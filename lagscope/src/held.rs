@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
+use lagscope_model::Span;
 use lagscope_store::{SpanFeed, StoreError};
 
 /// The most spans one catch-up reads; when more were committed since the last one, every
@@ -15,6 +16,18 @@ pub const CATCH_UP_LIMIT: usize = 100_000;
 /// An entry not passed for this long is let go (a scope or client is passed whenever it gets
 /// telemetry, so it has gone quiet).
 pub const IDLE_AFTER: Duration = Duration::from_secs(120);
+
+/// Everything committed between two span ids, as one catch-up read it ([`SpanFeed::spans_between`],
+/// the client cache's): the scope cache's catch-up takes its part of it from here instead of
+/// reading and decoding those spans again.
+#[derive(Debug)]
+pub struct Committed {
+    /// The spans have ids in `after..=through`: all of them, not a first `limit`.
+    pub after: i64,
+    pub through: i64,
+    /// With their ids, ordered by start time, then id.
+    pub spans: Vec<(i64, Span)>,
+}
 
 /// A cache entry: how much it holds (spans, or samples) and when it was last passed.
 pub trait Held {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
-use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze, analyze_kinds, read_rollups};
+use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze_kinds, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
@@ -387,10 +387,13 @@ async fn analysis_pass(
     let client_limit = config.live.max_spans_per_client;
     times.logs_and_traces += lap.elapsed();
     lap = Instant::now();
+    // What the client cache's catch-up read of everything committed since its last one: the
+    // scope cache's first catch-up of the pass takes its part of it from memory.
+    let mut committed = None;
     if let Some(feed) = store.span_feed()
         && !clients.is_empty()
     {
-        client_cache.catch_up(feed, client_limit, Instant::now()).await?;
+        committed = client_cache.catch_up(feed, client_limit, Instant::now()).await?;
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
@@ -449,7 +452,8 @@ async fn analysis_pass(
             input.log_events = work.log_events;
             // Spans of shared traces bring in fragments of other clients' timelines: each
             // client's anomalies come from its own, complete pass.
-            let found = analyze(&input, &config.analyzer)
+            // (Kinds that name no client would be dropped below: they are not run.)
+            let found = analyze_kinds(&input, &config.analyzer, AnomalyKind::names_client)
                 .into_iter()
                 .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id))
                 .collect::<Vec<_>>();
@@ -508,7 +512,9 @@ async fn analysis_pass(
         let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
         let now = Instant::now();
         if let Some(feed) = feed {
-            cache.catch_up(feed, limit, kept_from, now).await?;
+            let catching_up = Instant::now();
+            cache.catch_up(feed, limit, kept_from, now, committed.take().as_ref()).await?;
+            times.scope_catch_up += catching_up.elapsed();
         }
         for scope in chunk {
             let source = match feed {
@@ -603,6 +609,7 @@ async fn analysis_pass(
         client_analysis_ms = times.client_analysis.as_millis(),
         scope_samples_ms = times.scope_samples.as_millis(),
         scope_spans_ms = times.scope_reads.saturating_sub(times.scope_samples).as_millis(),
+        scope_catch_up_ms = times.scope_catch_up.as_millis(),
         scope_analysis_ms = times.scope_analysis.as_millis(),
         scope_timelines_ms = times.scope_timelines.as_millis(),
         writes_ms = times.writes.as_millis(),
@@ -628,6 +635,8 @@ struct PassTimes {
     /// Reading each scope's samples and spans (held or not), and the samples alone.
     scope_reads: Duration,
     scope_samples: Duration,
+    /// Of `scope_reads`, the scope cache's catch-ups.
+    scope_catch_up: Duration,
     /// Of the scope analysis, building the timelines (joining the spans, each pass anew),
     /// summed over the threads it ran on.
     scope_timelines: Duration,

@@ -16,10 +16,10 @@
 //! same order. A span committed after `through` has a higher id ([`SpanFeed`]'s promise), so
 //! the spans with ids in `through..=latest` are exactly what each scope gained.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use crate::held::{self, CATCH_UP_LIMIT, shed, start_catch_up};
+use crate::held::{self, CATCH_UP_LIMIT, Committed, shed, start_catch_up};
 use lagscope_analyzer::HeldTimelines;
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError};
@@ -71,30 +71,54 @@ impl ScopeCache {
     /// Brings every held scope up to the store's newest span: reads what they gained since the
     /// last catch-up (one read for all of them; none when nothing was committed), and keeps
     /// the newest `limit` of each scope that gained (what is older than `kept_from`, the span
-    /// retention's cut-off, goes too; the store drops it as well). When more was committed
-    /// than the budget (a long stall), every scope is let go and read anew when next passed.
-    /// Scopes not passed for [`held::IDLE_AFTER`] are let go first.
+    /// retention's cut-off, goes too; the store drops it as well). What `committed` (the
+    /// client cache's catch-up of this pass) holds of that is taken from it, not read again.
+    /// When more was committed than the budget (a long stall), every scope is let go and read
+    /// anew when next passed. Scopes not passed for [`held::IDLE_AFTER`] are let go first.
     pub async fn catch_up(
         &mut self,
         feed: &dyn SpanFeed,
         limit: u32,
         kept_from: Option<i64>,
         now: Instant,
+        committed: Option<&Committed>,
     ) -> Result<(), StoreError> {
         let latest = start_catch_up(&mut self.scopes, self.through, feed, now, "scope").await?;
         if !self.scopes.is_empty() && latest > self.through {
-            let keys: Vec<ScopeKey> = self.scopes.keys().cloned().collect();
             let most = self.budget.min(CATCH_UP_LIMIT);
-            let gained = feed.scope_spans_between(&keys, self.through, latest, most as u32).await?;
+            // Spans with lower ids first: of one start, the scope holds them in id order.
+            let (mut gained, mut after) = (Vec::new(), self.through);
+            if let Some(committed) = committed.filter(|committed| {
+                committed.after <= self.through && self.through < committed.through && committed.through <= latest
+            }) {
+                let held: HashSet<(Option<&str>, Option<&str>)> =
+                    self.scopes.keys().map(|(cluster, namespace)| (cluster.as_deref(), namespace.as_deref())).collect();
+                gained.extend(
+                    committed
+                        .spans
+                        .iter()
+                        .filter(|(id, span)| {
+                            *id > self.through
+                                && held.contains(&(span.resource.cluster.as_deref(), span.call.namespace.as_deref()))
+                        })
+                        .map(|(_, span)| span.clone()),
+                );
+                after = committed.through;
+            }
+            if gained.len() < most && latest > after {
+                let keys: Vec<ScopeKey> = self.scopes.keys().cloned().collect();
+                let left = (most - gained.len()) as u32;
+                gained.extend(feed.scope_spans_between(&keys, after, latest, left).await?);
+            }
             if gained.len() >= most {
                 tracing::info!(
                     spans = gained.len(),
-                    scopes = keys.len(),
+                    scopes = self.scopes.len(),
                     "more spans arrived since the last pass than the scope cache holds; its scopes are read anew"
                 );
                 self.scopes.clear();
             } else {
-                let mut grown = std::collections::HashSet::new();
+                let mut grown = HashSet::new();
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
@@ -240,7 +264,8 @@ mod tests {
 
     /// Rounds of spans of three scopes, arriving in any order of their starts (late ones of
     /// the past, ties, spans sent again), between passes: every pass reads what the store
-    /// reads, with budgets that hold every scope, some of them, or none.
+    /// reads, with budgets that hold every scope, some of them, or none, whether its catch-up
+    /// takes part of what it gained from another read of what was committed or none.
     #[tokio::test]
     async fn a_held_scope_reads_exactly_what_the_store_reads() {
         for budget in [1_000, 12, 0] {
@@ -249,7 +274,7 @@ mod tests {
             let mut cache = ScopeCache::new(budget, 90_000_000_000);
             let mut numbers = Numbers(budget as u64 + 7);
             let (limit, mut next_id, mut sent) = (10, 1, Vec::new());
-            let mut sources = Vec::new();
+            let (mut sources, mut client_through) = (Vec::new(), 0);
             let now = Instant::now();
             for round in 0..12 {
                 let mut batch = Vec::new();
@@ -265,9 +290,21 @@ mod tests {
                     batch.push(again.clone());
                 }
                 sent.extend(batch.iter().cloned());
+                // Ingested in two commits: the client cache's read of everything committed
+                // since its last (most rounds) comes between them, so a catch-up takes some
+                // of what it gained from that read and the rest from the store.
+                let later = batch.split_off(numbers.below(batch.len() as u64 + 1) as usize);
                 store.ingest(&IngestBatch { spans: batch, ..IngestBatch::default() }).await.expect("ingest");
+                let mut committed = None;
+                if numbers.below(4) != 0 {
+                    let latest = feed.latest_span_id().await.expect("latest");
+                    let spans = feed.spans_between(client_through, latest, 1_000).await.expect("between");
+                    committed = Some(Committed { after: client_through, through: latest, spans });
+                    client_through = latest;
+                }
+                store.ingest(&IngestBatch { spans: later, ..IngestBatch::default() }).await.expect("ingest");
                 for scope in scopes().iter().filter(|_| numbers.below(4) != 0) {
-                    cache.catch_up(feed, limit, None, now).await.expect("catch up");
+                    cache.catch_up(feed, limit, None, now, committed.take().as_ref()).await.expect("catch up");
                     let (spans, source) = cache.spans(feed, scope, limit, None, now).await.expect("spans");
                     sources.push(source);
                     let stored = store
@@ -309,14 +346,14 @@ mod tests {
         ingest((1..=4).map(|id| span(&one, id, id as i64 * 100)).chain([span(&two, 5, 50)]).collect()).await;
         let mut cache = ScopeCache::new(6, 90_000_000_000);
         let start = Instant::now();
-        cache.catch_up(feed, 100, None, start).await.expect("catch up");
+        cache.catch_up(feed, 100, None, start, None).await.expect("catch up");
         assert_eq!(cache.spans(feed, &one, 100, None, start).await.expect("one").1, Source::Store);
         assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("two").1, Source::Store);
         assert_eq!(cache.held(), 5);
 
         // Seven spans since: more than the budget holds.
         ingest((6..=12).map(|id| span(&one, id, id as i64 * 100)).collect()).await;
-        cache.catch_up(feed, 100, None, start).await.expect("stall");
+        cache.catch_up(feed, 100, None, start, None).await.expect("stall");
         assert_eq!(cache.held(), 0);
         let (spans, source) = cache.spans(feed, &one, 100, None, start).await.expect("anew");
         assert_eq!((spans.len(), source), (11, Source::Store), "over the budget: read, not held");
@@ -326,7 +363,7 @@ mod tests {
 
         // Passed again within the idle time: held; not passed for it: let go.
         let later = start + IDLE_AFTER;
-        cache.catch_up(feed, 100, None, later).await.expect("idle");
+        cache.catch_up(feed, 100, None, later, None).await.expect("idle");
         assert_eq!(cache.spans(feed, &two, 100, None, later).await.expect("let go").1, Source::Store);
 
         // Retention's cut-off: what starts before it goes, held or read.

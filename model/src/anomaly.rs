@@ -156,4 +156,14 @@ impl AnomalyKind {
     pub fn is_window(self) -> bool {
         !matches!(self, Self::StaleRead | Self::CarriedStateRegression | Self::RouterStateDropped | Self::PinnedRetry)
     }
+
+    /// Kinds whose anomalies name the client they happened to (`client_id`): a call's broken
+    /// guarantee, or a client's own failover. The others describe a node, a shard or a
+    /// namespace, and name no client.
+    pub fn names_client(self) -> bool {
+        !matches!(
+            self,
+            Self::ApplyLag | Self::NoNamenodesWindow | Self::RequeueStorm | Self::ShardPressure | Self::UnfairRejection
+        )
+    }
 }
