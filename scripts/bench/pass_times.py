@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Where the live analyzer's passes spent their time, from a `serve` log at debug level.
+
+Usage: pass_times.py SERVE.log [LABEL]
+
+Run `serve` with `LAGSCOPE_LOG=info,lagscope::live=debug` (as `bench-demo-live` does): each
+pass logs one "analysis pass" line with its stages' times in milliseconds. This sums each
+pass's stages (reading logs and traces, client reads and analysis, scope samples, spans and
+analysis, writes, the per-cluster pass) and prints the passes' percentiles, the longest, how
+many took over 0.5 and 1 s, and each stage summed over the run, for two builds' logs to be set
+side by side. Prints nothing for a log without such lines (an info-level run).
+"""
+
+import re
+import sys
+
+# The stages a pass runs one after another; their sum is the pass's time. (The finer timings,
+# client_catch_up_ms, client_probes_ms, scope_catch_up_ms and scope_timelines_ms, are parts of
+# these and are summed apart.)
+STAGES = ["logs_and_traces_ms", "client_reads_ms", "client_analysis_ms", "scope_samples_ms", "scope_spans_ms",
+          "scope_analysis_ms", "writes_ms", "clusters_ms"]
+PARTS = ["client_catch_up_ms", "client_probes_ms", "scope_catch_up_ms", "scope_timelines_ms"]
+FIELD = re.compile(r"\b(\w+_ms)=(\d+)")
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: pass_times.py SERVE.log [LABEL]")
+    label = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
+    passes = []
+    with open(sys.argv[1], errors="replace") as log:
+        for line in log:
+            if "analysis pass" in line:
+                passes.append({name: int(value) for name, value in FIELD.findall(line)})
+    if not passes:
+        return
+    totals = sorted(sum(times.get(stage, 0) for stage in STAGES) for times in passes)
+    at = lambda share: totals[min(len(totals) - 1, int(share * len(totals)))]
+    print(f"{label}: {len(totals)} passes by their debug timings: p50 {at(0.5)} ms, p99 {at(0.99)} ms,"
+          f" p99.9 {at(0.999)} ms, longest {totals[-1]} ms; over 0.5 s {sum(t > 500 for t in totals)},"
+          f" over 1 s {sum(t > 1000 for t in totals)}")
+    summed = ", ".join(f"{name[:-3]} {sum(times.get(name, 0) for times in passes) / 1000:.1f}"
+                       for name in STAGES + PARTS)
+    print(f"{label}: each stage summed over the passes, seconds: {summed}")
+
+
+if __name__ == "__main__":
+    main()
