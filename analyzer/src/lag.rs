@@ -10,7 +10,7 @@
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
 use std::collections::BTreeMap;
 
-use lagscope_model::{ClientTimeline, ReadRollup, rollup_step_of};
+use lagscope_model::{ClientTimeline, ReadRollup, TimelineAttempt, rollup_step_of};
 use serde::Serialize;
 
 use crate::AnalysisInput;
@@ -78,24 +78,20 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
     let committed = first_seen(committed_reports(input));
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
     for timeline in &input.timelines {
-        let known = committed_of(&committed, timeline);
-        for (attempt, served) in timeline.calls.iter().flat_map(served_of) {
-            let at = attempt.end_unix_nano;
-            if at < complete_from {
-                continue;
-            }
-            let minute = rollup_step_of(at);
-            let node = attempt.served_by.as_ref().or(attempt.target_node.as_ref());
+        for read in served_reads_of(timeline, &committed).filter(|read| read.at >= complete_from) {
+            let minute = rollup_step_of(read.at);
             let rollup =
-                rollups.entry((minute, &timeline.cluster, &timeline.namespace, node)).or_insert_with(|| ReadRollup {
-                    cluster: timeline.cluster.clone(),
-                    namespace: timeline.namespace.clone(),
-                    node: node.cloned(),
-                    minute_unix_nano: minute,
-                    ..ReadRollup::default()
+                rollups.entry((minute, &timeline.cluster, &timeline.namespace, read.node())).or_insert_with(|| {
+                    ReadRollup {
+                        cluster: timeline.cluster.clone(),
+                        namespace: timeline.namespace.clone(),
+                        node: read.node().cloned(),
+                        minute_unix_nano: minute,
+                        ..ReadRollup::default()
+                    }
                 });
             rollup.reads += 1;
-            let Some((_, states, seconds)) = behind(known, at, served) else { continue };
+            let Some((_, states, seconds)) = read.behind() else { continue };
             rollup.compared += 1;
             if states > 0 {
                 rollup.behind_reads += 1;
@@ -117,25 +113,24 @@ pub fn lag_rows(input: &AnalysisInput) -> LagRows {
 fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {
     let mut rows = Vec::new();
     for timeline in &input.timelines {
-        let known = committed_of(committed, timeline);
-        for (attempt, served) in timeline.calls.iter().flat_map(served_of) {
-            let at = attempt.end_unix_nano;
-            let (committed, behind_states, behind_seconds) = match behind(known, at, served) {
+        for read in served_reads_of(timeline, committed) {
+            let (committed, behind_states, behind_seconds) = match read.behind() {
                 Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
                 None => (None, None, None),
             };
+            let attempt = read.attempt;
             rows.push(ReadLag {
                 cluster: timeline.cluster.clone(),
                 namespace: timeline.namespace.clone(),
-                node: attempt.served_by.clone().or_else(|| attempt.target_node.clone()),
+                node: read.node().cloned(),
                 role: attempt
                     .served_role
                     .clone()
                     .or_else(|| attempt.reported.node_role.clone())
                     .or_else(|| attempt.target_role.clone()),
                 client_id: timeline.client_id.clone(),
-                time_unix_nano: at,
-                served,
+                time_unix_nano: read.at,
+                served: read.served,
                 committed,
                 behind_states,
                 behind_seconds,
@@ -146,10 +141,41 @@ fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepor
     rows
 }
 
-/// The namespace's first-seen committed states, for a timeline's reads.
-fn committed_of<'a>(committed: &'a crate::committed::CommittedReports, timeline: &ClientTimeline) -> &'a [(i64, i64)] {
+/// A served read of a timeline, as the read rows and the rollups count it: at its end, on the
+/// node that served it (else the one it was sent to).
+struct LagRead<'a> {
+    attempt: &'a TimelineAttempt,
+    served: i64,
+    at: i64,
+    /// The namespace's first-seen committed states.
+    committed: &'a [(i64, i64)],
+}
+
+impl<'a> LagRead<'a> {
+    fn node(&self) -> Option<&'a String> {
+        self.attempt.served_by.as_ref().or(self.attempt.target_node.as_ref())
+    }
+
+    /// The committed state when it was served, and how far behind it the read was, in states
+    /// and seconds ([`behind`]); none before any report.
+    fn behind(&self) -> Option<(i64, i64, f64)> {
+        behind(self.committed, self.at, self.served)
+    }
+}
+
+/// The timeline's served reads, with its namespace's first-seen committed states.
+fn served_reads_of<'a>(
+    timeline: &'a ClientTimeline,
+    committed: &'a crate::committed::CommittedReports,
+) -> impl Iterator<Item = LagRead<'a>> {
     let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
-    committed.get(&key).map(Vec::as_slice).unwrap_or_default()
+    let committed = committed.get(&key).map(Vec::as_slice).unwrap_or_default();
+    timeline.calls.iter().flat_map(served_of).map(move |(attempt, served)| LagRead {
+        attempt,
+        served,
+        at: attempt.end_unix_nano,
+        committed,
+    })
 }
 
 fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {

@@ -512,9 +512,8 @@ async fn analysis_pass(
         let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
         let now = Instant::now();
         if let Some(feed) = feed {
-            let catching_up = Instant::now();
             cache.catch_up(feed, limit, kept_from, now, committed.take().as_ref()).await?;
-            times.scope_catch_up += catching_up.elapsed();
+            times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {
             let source = match feed {
