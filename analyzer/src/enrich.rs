@@ -5,12 +5,18 @@ use lagscope_model::ClientTimeline;
 use lagscope_model::Sample;
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, NODE_ROLE};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use crate::committed::NamespaceKey;
 use crate::series::{Points, Scope, series_of, value_at};
 
 /// Fills `reported` on every attempt from `samples` (nothing changes without samples).
+///
+/// The live analyzer runs this over every held timeline on every pass (tens of thousands of
+/// attempts in a busy scope): each node's series are looked up once per timeline, not once per
+/// attempt, and the lookups hash with Fx (the keys are the samples' own strings).
 pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
     if samples.is_empty() {
         return;
@@ -25,25 +31,34 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
         points.sort_by_key(|(time, _)| *time);
     }
     let (applied, roles) = (by_node(&applied), by_node(&roles));
+    let none: &[NodeSeries<'_>] = &[];
     for timeline in timelines.iter_mut() {
         let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
+        // The series of the node that served the attempt before (a client's attempts mostly
+        // go to a few nodes, one after another).
+        let mut last: Option<(String, &[NodeSeries<'_>], &[NodeSeries<'_>])> = None;
         for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
             let at = attempt.start_unix_nano;
             attempt.reported.namespace_committed =
                 committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
             let Some(node) = attempt.served_by.as_deref() else { continue };
-            let key = (timeline.cluster.as_deref(), node);
-            attempt.reported.node_applied = applied
-                .get(&key)
-                .into_iter()
-                .flatten()
+            let (node_applied, node_roles) = match &last {
+                Some((last_node, node_applied, node_roles)) if last_node == node => (*node_applied, *node_roles),
+                _ => {
+                    let key = (timeline.cluster.as_deref(), node);
+                    let node_applied = applied.get(&key).map_or(none, Vec::as_slice);
+                    let node_roles = roles.get(&key).map_or(none, Vec::as_slice);
+                    last = Some((node.to_string(), node_applied, node_roles));
+                    (node_applied, node_roles)
+                }
+            };
+            attempt.reported.node_applied = node_applied
+                .iter()
                 .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == timeline.namespace)
                 .find_map(|(_, _, points)| value_at(points, at))
                 .map(|value| value as i64);
-            attempt.reported.node_role = roles
-                .get(&key)
-                .into_iter()
-                .flatten()
+            attempt.reported.node_role = node_roles
+                .iter()
                 .filter_map(|(_, labels, points)| {
                     let index = points.partition_point(|(time, _)| *time <= at);
                     index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
@@ -54,15 +69,220 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
     }
 }
 
+/// One series of a node: its scope, its extra labels, its points.
+type NodeSeries<'a> = (&'a Scope, &'a Vec<String>, &'a Points);
+
 /// Series by (cluster, node): each node's, in the order [`series_of`] gives them.
-type ByNode<'a> = HashMap<(Option<&'a str>, &'a str), Vec<(&'a Scope, &'a Vec<String>, &'a Points)>>;
+type ByNode<'a> = FxHashMap<(Option<&'a str>, &'a str), Vec<NodeSeries<'a>>>;
 
 fn by_node(series: &BTreeMap<(Scope, Vec<String>), Points>) -> ByNode<'_> {
-    let mut by_node = ByNode::new();
+    let mut by_node = ByNode::default();
     for ((scope, labels), points) in series {
         if let Some(node) = &scope.node {
             by_node.entry((scope.cluster.as_deref(), node.as_str())).or_default().push((scope, labels, points));
         }
     }
     by_node
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+    use lagscope_model::{
+        MetricKind, PointValue, SeriesKey, SeriesMeta, SpanRef, TimelineAttempt, TimelineCall, TimelineJoin,
+    };
+
+    use super::*;
+
+    /// `enrich` as it was written first: every attempt looks its node up on its own. The
+    /// reference the faster version must agree with.
+    fn enrich_one_by_one(timelines: &mut [ClientTimeline], samples: &[Sample]) {
+        let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
+        let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
+        let mut committed: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
+        for ((scope, _), points) in series_of(samples, METRIC_COMMITTED_STATE, &[]) {
+            committed.entry((scope.cluster, scope.namespace)).or_default().extend(points);
+        }
+        for points in committed.values_mut() {
+            points.sort_by_key(|(time, _)| *time);
+        }
+        let mut applied_by: HashMap<(Option<&str>, &str), Vec<NodeSeries<'_>>> = HashMap::new();
+        let mut roles_by: HashMap<(Option<&str>, &str), Vec<NodeSeries<'_>>> = HashMap::new();
+        for (series, by) in [(&applied, &mut applied_by), (&roles, &mut roles_by)] {
+            for ((scope, labels), points) in series {
+                if let Some(node) = &scope.node {
+                    by.entry((scope.cluster.as_deref(), node.as_str())).or_default().push((scope, labels, points));
+                }
+            }
+        }
+        for timeline in timelines.iter_mut() {
+            let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
+            for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
+                let at = attempt.start_unix_nano;
+                attempt.reported.namespace_committed =
+                    committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
+                let Some(node) = attempt.served_by.as_deref() else { continue };
+                let key = (timeline.cluster.as_deref(), node);
+                attempt.reported.node_applied = applied_by
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == timeline.namespace)
+                    .find_map(|(_, _, points)| value_at(points, at))
+                    .map(|value| value as i64);
+                attempt.reported.node_role = roles_by
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(_, labels, points)| {
+                        let index = points.partition_point(|(time, _)| *time <= at);
+                        index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
+                    })
+                    .max()
+                    .map(|(_, role)| role.clone());
+            }
+        }
+    }
+
+    /// xorshift64*: the same cases on every run.
+    struct Random(u64);
+
+    impl Random {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+
+    fn gauge(name: &str, labels: &[(&str, &str)], at: i64, value: f64) -> Sample {
+        Sample {
+            series: Arc::new(SeriesKey {
+                name: name.to_string(),
+                labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+            }),
+            meta: Arc::new(SeriesMeta { kind: MetricKind::Gauge, unit: None, description: None }),
+            time_unix_nano: at,
+            start_time_unix_nano: None,
+            value: PointValue::Number(value),
+        }
+    }
+
+    fn attempt(start: i64, served_by: Option<&str>) -> TimelineAttempt {
+        let span = SpanRef { trace_id: None, span_id: None, service_name: None, node_id: None };
+        TimelineAttempt {
+            attempt: None,
+            start_unix_nano: start,
+            end_unix_nano: start + 5,
+            client_span: span,
+            router_spans: Vec::new(),
+            server_spans: Vec::new(),
+            join: TimelineJoin::ClientOnly,
+            target_node: None,
+            target_role: None,
+            router_node: None,
+            served_by: served_by.map(str::to_string),
+            served_role: None,
+            carried: None,
+            router_carried: None,
+            router_state: None,
+            served: None,
+            returned: None,
+            committed: None,
+            consistency: None,
+            follower_read: None,
+            server_address: None,
+            outcome: None,
+            error_type: None,
+            requeues: None,
+            reported: Default::default(),
+        }
+    }
+
+    /// Over random timelines (attempts served by a few nodes, in runs and alternating, some by
+    /// none) and random series (applied states with and without a namespace, roles, committed
+    /// states of several nodes, in two clusters and without one), every attempt is told what
+    /// the one-by-one lookup tells it.
+    #[test]
+    fn each_attempt_is_told_what_a_lookup_of_its_own_node_tells_it() {
+        let mut random = Random(0x9e37_79b9_7f4a_7c15);
+        let clusters = ["c1", "c2", ""];
+        let namespaces = ["ns1", "ns2", ""];
+        let nodes = ["nn-a", "nn-b", "nn-c", "nn-d"];
+        let mut told = 0;
+        for _ in 0..200 {
+            let mut samples = Vec::new();
+            for _ in 0..random.below(40) {
+                let (cluster, namespace, node) =
+                    (random.pick(&clusters), random.pick(&namespaces), random.pick(&nodes));
+                let mut labels = vec![(NODE_ID, node)];
+                if !cluster.is_empty() {
+                    labels.push((CLUSTER, cluster));
+                }
+                if !namespace.is_empty() {
+                    labels.push((NAMESPACE, namespace));
+                }
+                let (at, value) = (random.below(100) as i64, random.below(1000) as f64);
+                match random.below(3) {
+                    0 => samples.push(gauge(METRIC_APPLIED_STATE, &labels, at, value)),
+                    1 => {
+                        labels.push((NODE_ROLE, random.pick(&["active", "observer", "standby"])));
+                        samples.push(gauge(METRIC_ROLE, &labels, at, 1.0));
+                    }
+                    _ => samples.push(gauge(METRIC_COMMITTED_STATE, &labels, at, value)),
+                }
+            }
+            let mut timelines: Vec<ClientTimeline> = (0..random.below(4))
+                .map(|index| {
+                    let text = |value: &str| (!value.is_empty()).then(|| value.to_string());
+                    let calls = (0..random.below(12))
+                        .map(|_| {
+                            let attempts: Vec<TimelineAttempt> = (0..1 + random.below(3))
+                                .map(|_| {
+                                    let node = (random.below(5) != 0).then(|| random.pick(&nodes));
+                                    attempt(random.below(110) as i64, node)
+                                })
+                                .collect();
+                            TimelineCall {
+                                call_id: None,
+                                op: None,
+                                rpc_method: None,
+                                start_unix_nano: attempts[0].start_unix_nano,
+                                end_unix_nano: attempts[0].end_unix_nano,
+                                attempts,
+                                floor: None,
+                            }
+                        })
+                        .collect();
+                    ClientTimeline {
+                        client_id: format!("client-{index}"),
+                        namespace: text(random.pick(&namespaces)),
+                        cluster: text(random.pick(&clusters)),
+                        system: None,
+                        calls,
+                    }
+                })
+                .collect();
+            let mut expected = timelines.clone();
+            enrich_one_by_one(&mut expected, &samples);
+            enrich(&mut timelines, &samples);
+            assert_eq!(timelines, expected);
+            told += timelines
+                .iter()
+                .flat_map(|timeline| &timeline.calls)
+                .flat_map(|call| &call.attempts)
+                .filter(|attempt| attempt.reported.node_applied.is_some() || attempt.reported.node_role.is_some())
+                .count();
+        }
+        // The cases reach the lookups (not only attempts no series speaks of).
+        assert!(told > 500, "only {told} attempts were told a node's applied state or role");
+    }
 }
