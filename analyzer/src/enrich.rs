@@ -15,21 +15,15 @@ use crate::series::{Points, Scope, series_of, value_at};
 /// Fills `reported` on every attempt from `samples` (nothing changes without samples).
 ///
 /// The live analyzer runs this over every held timeline on every pass (tens of thousands of
-/// attempts in a busy scope): each node's series are looked up once per timeline, not once per
-/// attempt, and the lookups hash with Fx (the keys are the samples' own strings).
+/// attempts in a busy scope): a node's series are looked up once for each run of a timeline's
+/// attempts it served, not once per attempt, and the lookups hash with Fx.
 pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
     if samples.is_empty() {
         return;
     }
     let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
     let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
-    let mut committed: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
-    for ((scope, _), points) in series_of(samples, METRIC_COMMITTED_STATE, &[]) {
-        committed.entry((scope.cluster, scope.namespace)).or_default().extend(points);
-    }
-    for points in committed.values_mut() {
-        points.sort_by_key(|(time, _)| *time);
-    }
+    let committed = committed_by_namespace(samples);
     let (applied, roles) = (by_node(&applied), by_node(&roles));
     let none: &[NodeSeries<'_>] = &[];
     for timeline in timelines.iter_mut() {
@@ -69,6 +63,18 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
     }
 }
 
+/// Each namespace's committed states, as every node of it reported them, in time order.
+fn committed_by_namespace(samples: &[Sample]) -> BTreeMap<NamespaceKey, Points> {
+    let mut committed: BTreeMap<NamespaceKey, Points> = BTreeMap::new();
+    for ((scope, _), points) in series_of(samples, METRIC_COMMITTED_STATE, &[]) {
+        committed.entry((scope.cluster, scope.namespace)).or_default().extend(points);
+    }
+    for points in committed.values_mut() {
+        points.sort_by_key(|(time, _)| *time);
+    }
+    committed
+}
+
 /// One series of a node: its scope, its extra labels, its points.
 type NodeSeries<'a> = (&'a Scope, &'a Vec<String>, &'a Points);
 
@@ -87,7 +93,6 @@ fn by_node(series: &BTreeMap<(Scope, Vec<String>), Points>) -> ByNode<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
@@ -102,22 +107,8 @@ mod tests {
     fn enrich_one_by_one(timelines: &mut [ClientTimeline], samples: &[Sample]) {
         let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
         let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
-        let mut committed: BTreeMap<NamespaceKey, Vec<(i64, f64)>> = BTreeMap::new();
-        for ((scope, _), points) in series_of(samples, METRIC_COMMITTED_STATE, &[]) {
-            committed.entry((scope.cluster, scope.namespace)).or_default().extend(points);
-        }
-        for points in committed.values_mut() {
-            points.sort_by_key(|(time, _)| *time);
-        }
-        let mut applied_by: HashMap<(Option<&str>, &str), Vec<NodeSeries<'_>>> = HashMap::new();
-        let mut roles_by: HashMap<(Option<&str>, &str), Vec<NodeSeries<'_>>> = HashMap::new();
-        for (series, by) in [(&applied, &mut applied_by), (&roles, &mut roles_by)] {
-            for ((scope, labels), points) in series {
-                if let Some(node) = &scope.node {
-                    by.entry((scope.cluster.as_deref(), node.as_str())).or_default().push((scope, labels, points));
-                }
-            }
-        }
+        let committed = committed_by_namespace(samples);
+        let (applied_by, roles_by) = (by_node(&applied), by_node(&roles));
         for timeline in timelines.iter_mut() {
             let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
             for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
