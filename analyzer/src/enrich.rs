@@ -46,21 +46,34 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
                     (node_applied, node_roles)
                 }
             };
-            attempt.reported.node_applied = node_applied
-                .iter()
-                .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == timeline.namespace)
-                .find_map(|(_, _, points)| value_at(points, at))
-                .map(|value| value as i64);
-            attempt.reported.node_role = node_roles
-                .iter()
-                .filter_map(|(_, labels, points)| {
-                    let index = points.partition_point(|(time, _)| *time <= at);
-                    index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
-                })
-                .max()
-                .map(|(_, role)| role.clone());
+            (attempt.reported.node_applied, attempt.reported.node_role) =
+                node_reported(node_applied, node_roles, &timeline.namespace, at);
         }
     }
+}
+
+/// What a node's series (`applied` states, `roles`) said at `at`: its applied state (from a
+/// series of `namespace` or of none), and the role it reported last.
+fn node_reported(
+    applied: &[NodeSeries<'_>],
+    roles: &[NodeSeries<'_>],
+    namespace: &Option<String>,
+    at: i64,
+) -> (Option<i64>, Option<String>) {
+    let applied = applied
+        .iter()
+        .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == *namespace)
+        .find_map(|(_, _, points)| value_at(points, at))
+        .map(|value| value as i64);
+    let role = roles
+        .iter()
+        .filter_map(|(_, labels, points)| {
+            let index = points.partition_point(|(time, _)| *time <= at);
+            index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
+        })
+        .max()
+        .map(|(_, role)| role.clone());
+    (applied, role)
 }
 
 /// Each namespace's committed states, as every node of it reported them, in time order.
@@ -102,8 +115,9 @@ mod tests {
 
     use super::*;
 
-    /// `enrich` as it was written first: every attempt looks its node up on its own. The
-    /// reference the faster version must agree with.
+    /// `enrich` as it was written first: every attempt looks its node's series up on its own.
+    /// The reference the faster version, which looks them up once per run of a node's
+    /// attempts, must agree with.
     fn enrich_one_by_one(timelines: &mut [ClientTimeline], samples: &[Sample]) {
         let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
         let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
@@ -117,23 +131,10 @@ mod tests {
                     committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
                 let Some(node) = attempt.served_by.as_deref() else { continue };
                 let key = (timeline.cluster.as_deref(), node);
-                attempt.reported.node_applied = applied_by
-                    .get(&key)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == timeline.namespace)
-                    .find_map(|(_, _, points)| value_at(points, at))
-                    .map(|value| value as i64);
-                attempt.reported.node_role = roles_by
-                    .get(&key)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|(_, labels, points)| {
-                        let index = points.partition_point(|(time, _)| *time <= at);
-                        index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
-                    })
-                    .max()
-                    .map(|(_, role)| role.clone());
+                let node_applied = applied_by.get(&key).map(Vec::as_slice).unwrap_or_default();
+                let node_roles = roles_by.get(&key).map(Vec::as_slice).unwrap_or_default();
+                (attempt.reported.node_applied, attempt.reported.node_role) =
+                    node_reported(node_applied, node_roles, &timeline.namespace, at);
             }
         }
     }

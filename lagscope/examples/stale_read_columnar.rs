@@ -217,18 +217,20 @@ struct Hop {
 
 /// A client read or write attempt, as the check keeps it.
 #[derive(Clone, Copy)]
-struct Slim {
+struct AttemptRow {
     start: i64,
     end: i64,
     span_id: u64,
     /// A read's served state, a write's returned state (i64::MIN: none).
     state: i64,
+    /// The call's next attempt (`u32::MAX`: none).
     next: u32,
-    flags: u8, // 1 read, 2 ok, 4 exempt
+    read: bool,
+    ok: bool,
 }
 
-/// A call: its attempts are a list through `Slim::next`.
-struct CallV3 {
+/// A call: its attempts are a list through `AttemptRow::next`.
+struct CallRow {
     key: u64,
     start: i64,
     first: u32,
@@ -241,9 +243,9 @@ struct CallV3 {
 #[derive(Default)]
 struct Sink<const DETAIL: bool> {
     sessions: FxHashMap<(u32, u32), u32>,
-    session_calls: Vec<Vec<CallV3>>,
+    session_calls: Vec<Vec<CallRow>>,
     open: FxHashMap<u64, (u32, u32)>,
-    atts: Vec<Slim>,
+    atts: Vec<AttemptRow>,
     slab: Vec<(Hop, u32)>,
     free: Vec<u32>,
     waiting: FxHashMap<u128, u32>,
@@ -326,13 +328,14 @@ impl<const DETAIL: bool> Sink<DETAIL> {
                 ]);
             }
             let index = self.atts.len() as u32;
-            self.atts.push(Slim {
+            self.atts.push(AttemptRow {
                 start: span.start,
                 end: span.end,
                 span_id: span.id.span_id,
                 state: state.unwrap_or(i64::MIN),
                 next: NIL,
-                flags: read as u8 | (span.ok as u8) << 1,
+                read,
+                ok: span.ok,
             });
             let key = span
                 .call_id
@@ -368,7 +371,7 @@ impl<const DETAIL: bool> Sink<DETAIL> {
                 }
                 None => {
                     let c = calls.len() as u32;
-                    calls.push(CallV3 { key: key.unwrap_or(0), start: span.start, first: index, last: index });
+                    calls.push(CallRow { key: key.unwrap_or(0), start: span.start, first: index, last: index });
                     if let Some(key) = key {
                         self.open.insert(key, (session, c));
                     }
@@ -415,8 +418,8 @@ impl<const DETAIL: bool> Sink<DETAIL> {
                 let mut at = call.first;
                 while at != NIL {
                     let a = &self.atts[at as usize];
-                    if a.flags & 2 != 0 && a.state != i64::MIN && best.is_none_or(|(s, _, _)| a.state > s) {
-                        best = Some((a.state, a.end, a.flags & 1 == 0));
+                    if a.ok && a.state != i64::MIN && best.is_none_or(|(s, _, _)| a.state > s) {
+                        best = Some((a.state, a.end, !a.read));
                     }
                     at = a.next;
                 }
@@ -441,7 +444,7 @@ impl<const DETAIL: bool> Sink<DETAIL> {
                 let mut at = call.first;
                 while at != NIL {
                     let a = &self.atts[at as usize];
-                    if a.flags & 7 == 3 && a.state != i64::MIN && (a.state < wf || a.state < rf) {
+                    if a.read && a.ok && a.state != i64::MIN && (a.state < wf || a.state < rf) {
                         stale += 1;
                     }
                     at = a.next;
