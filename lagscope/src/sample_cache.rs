@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use lagscope_model::{Sample, SeriesKey, SeriesMeta};
 
-use crate::held::{self, IDLE_AFTER};
+use crate::held;
 use crate::scope_cache::ScopeKey;
 
 #[derive(Debug)]
@@ -76,9 +76,9 @@ impl SampleCache {
 
     /// Notes what a pass's marks say was committed: per (cluster, namespace) of the series'
     /// labels, the oldest sample time. A cluster's samples naming no namespace belong to every
-    /// namespace of the cluster. Scopes not passed for [`IDLE_AFTER`] are let go.
+    /// namespace of the cluster. Scopes not passed for [`held::IDLE_AFTER`] are let go.
     pub fn committed(&mut self, sample_times: &BTreeMap<ScopeKey, i64>, now: Instant) {
-        self.scopes.retain(|_, held| now.duration_since(held.last_passed) < IDLE_AFTER);
+        held::let_go_idle(&mut self.scopes, now);
         for ((cluster, namespace), held) in &mut self.scopes {
             let own = sample_times.get(&(cluster.clone(), namespace.clone()));
             let shared = namespace.as_ref().and_then(|_| sample_times.get(&(cluster.clone(), None)));
@@ -379,7 +379,7 @@ mod tests {
         let samples = cache.take(scope, read(Some(i64::MIN)).await, WINDOW, None, start);
         cache.give_back(scope, samples);
         assert_eq!(cache.held(), 5);
-        cache.committed(&BTreeMap::new(), start + IDLE_AFTER);
+        cache.committed(&BTreeMap::new(), start + held::IDLE_AFTER);
         assert_eq!(cache.held(), 0);
     }
 }

@@ -116,7 +116,7 @@ impl ScopeCache {
                     scopes = self.scopes.len(),
                     "more spans arrived since the last pass than the scope cache holds; its scopes are read anew"
                 );
-                self.scopes.clear();
+                held::release(self.scopes.drain().collect());
             } else {
                 let mut grown = HashSet::new();
                 for span in gained {
