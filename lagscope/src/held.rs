@@ -97,8 +97,9 @@ pub fn release<T: Send + 'static>(gone: Vec<T>) {
     }
     let releaser = RELEASER.get_or_init(|| {
         let (sender, receiver) = mpsc::channel::<Box<dyn Send>>();
-        let started =
-            std::thread::Builder::new().name("cache-release".to_string()).spawn(move || receiver.into_iter().for_each(drop));
+        let started = std::thread::Builder::new()
+            .name("cache-release".to_string())
+            .spawn(move || receiver.into_iter().for_each(drop));
         started.ok().map(|_| sender)
     });
     let unsent = match releaser {
@@ -153,7 +154,9 @@ mod tests {
     /// The threads `count` values were dropped on (waits for them: a value never dropped
     /// fails the test instead of hanging it).
     fn dropped_on(receiver: &mpsc::Receiver<ThreadId>, count: usize) -> Vec<ThreadId> {
-        (0..count).map(|_| receiver.recv_timeout(Duration::from_secs(60)).expect("a value let go was never freed")).collect()
+        (0..count)
+            .map(|_| receiver.recv_timeout(Duration::from_secs(60)).expect("a value let go was never freed"))
+            .collect()
     }
 
     #[test]
