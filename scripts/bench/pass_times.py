@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Where the live analyzer's passes spent their time, from a `serve` log at debug level.
 
-Usage: pass_times.py SERVE.log [LABEL]
+Usage: pass_times.py SERVE.log [LABEL] [--by-minute]
 
 Run `serve` with `LAGSCOPE_LOG=info,lagscope::live=debug` (as `bench-demo-live` does): each
 pass logs one "analysis pass" line with its stages' times in milliseconds. This sums each
 pass's stages (reading logs and traces, client reads and analysis, scope samples, spans and
 analysis, writes, the per-cluster pass) and prints the passes' percentiles, the longest, how
 many took over 0.5 and 1 s, and each stage summed over the run, for two builds' logs to be set
-side by side. Prints nothing for a log without such lines (an info-level run).
+side by side. With --by-minute, also each minute's passes: how many, their p50 and longest,
+and how many clients and scopes a pass took on average and at most. Prints nothing for a log
+without such lines (an info-level run).
 """
 
+import datetime
 import re
 import sys
 
@@ -21,17 +24,21 @@ STAGES = ["logs_and_traces_ms", "client_reads_ms", "client_analysis_ms", "scope_
           "scope_analysis_ms", "writes_ms", "clusters_ms"]
 PARTS = ["client_catch_up_ms", "client_probes_ms", "scope_catch_up_ms", "scope_timelines_ms"]
 FIELD = re.compile(r"\b(\w+_ms)=(\d+)")
+COUNT = re.compile(r"\b(clients|scopes)=(\d+)")
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: pass_times.py SERVE.log [LABEL]")
-    label = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
-    passes = []
-    with open(sys.argv[1], errors="replace") as log:
+    args = [arg for arg in sys.argv[1:] if arg != "--by-minute"]
+    if not args:
+        sys.exit("usage: pass_times.py SERVE.log [LABEL] [--by-minute]")
+    label = args[1] if len(args) > 1 else args[0]
+    passes, minutes = [], []
+    with open(args[0], errors="replace") as log:
         for line in log:
             if "analysis pass" in line:
                 passes.append({name: int(value) for name, value in FIELD.findall(line)})
+                passes[-1].update({name: int(value) for name, value in COUNT.findall(line)})
+                minutes.append(datetime.datetime.fromisoformat(line.split()[0]))
     if not passes:
         return
     totals = sorted(sum(times.get(stage, 0) for stage in STAGES) for times in passes)
@@ -42,6 +49,17 @@ def main() -> None:
     summed = ", ".join(f"{name[:-3]} {sum(times.get(name, 0) for times in passes) / 1000:.1f}"
                        for name in STAGES + PARTS)
     print(f"{label}: each stage summed over the passes, seconds: {summed}")
+    if "--by-minute" in sys.argv[1:]:
+        by_minute = {}
+        for times, at_time in zip(passes, minutes):
+            by_minute.setdefault(int((at_time - minutes[0]).total_seconds() // 60), []).append(times)
+        for minute, of_minute in sorted(by_minute.items()):
+            took = sorted(sum(times.get(stage, 0) for stage in STAGES) for times in of_minute)
+            mean = lambda name: sum(times.get(name, 0) for times in of_minute) / len(of_minute)
+            most = lambda name: max(times.get(name, 0) for times in of_minute)
+            print(f"{label}: minute {minute + 1}: {len(took)} passes, p50 {took[len(took) // 2]} ms,"
+                  f" longest {took[-1]} ms; clients a pass {mean('clients'):.1f} (most {most('clients')}),"
+                  f" scopes {mean('scopes'):.1f} (most {most('scopes')})")
 
 
 if __name__ == "__main__":
