@@ -93,7 +93,7 @@ impl ClientCache {
                     clients = self.clients.len(),
                     "more spans arrived since the last pass than the client cache holds; its clients are read anew"
                 );
-                held::release(self.clients.drain().collect());
+                held::let_go_all(&mut self.clients);
             } else {
                 let index = Gained::index(&gained);
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();

@@ -51,9 +51,14 @@ pub async fn start_catch_up<K: Send + 'static, V: Held + Send + 'static>(
     let latest = feed.latest_span_id().await?;
     if latest < through {
         tracing::warn!(latest, through, cache, "span ids went back; the cache starts again");
-        release(entries.drain().collect());
+        let_go_all(entries);
     }
     Ok(latest)
+}
+
+/// Lets go of every entry (a cache starting again).
+pub fn let_go_all<K: Send + 'static, V: Send + 'static>(entries: &mut HashMap<K, V>) {
+    release(entries.drain().collect());
 }
 
 /// Lets go of the entries not passed for [`IDLE_AFTER`].
@@ -70,14 +75,14 @@ pub fn shed<K: Clone + Eq + Hash + Send + 'static, V: Held + Send + 'static>(
     budget: usize,
 ) -> usize {
     let mut held: usize = entries.values().map(Held::size).sum();
-    let mut shed = Vec::new();
+    let mut gone = Vec::new();
     while held > budget {
         let oldest = entries.iter().min_by_key(|(_, entry)| entry.last_passed()).map(|(key, _)| key.clone());
         let Some(entry) = oldest.and_then(|oldest| entries.remove(&oldest)) else { break };
         held -= entry.size();
-        shed.push(entry);
+        gone.push(entry);
     }
-    release(shed);
+    release(gone);
     held
 }
 
@@ -102,11 +107,10 @@ pub fn release<T: Send + 'static>(gone: Vec<T>) {
             .spawn(move || receiver.into_iter().for_each(drop));
         started.ok().map(|_| sender)
     });
-    let unsent = match releaser {
-        Some(sender) => sender.send(Box::new(gone)).err().map(|error| error.0),
-        None => Some(Box::new(gone) as Box<dyn Send>),
-    };
-    drop(unsent);
+    if let Some(sender) = releaser {
+        // A send that fails hands `gone` back inside its error, dropped here.
+        let _ = sender.send(Box::new(gone));
+    }
 }
 
 /// A deterministic stream of numbers for the caches' randomized tests.

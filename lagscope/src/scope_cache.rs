@@ -116,7 +116,7 @@ impl ScopeCache {
                     scopes = self.scopes.len(),
                     "more spans arrived since the last pass than the scope cache holds; its scopes are read anew"
                 );
-                held::release(self.scopes.drain().collect());
+                held::let_go_all(&mut self.scopes);
             } else {
                 let mut grown = HashSet::new();
                 for span in gained {

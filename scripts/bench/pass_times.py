@@ -27,7 +27,13 @@ FIELD = re.compile(r"\b(\w+_ms)=(\d+)")
 COUNT = re.compile(r"\b(clients|scopes)=(\d+)")
 
 
+def took(times: dict) -> int:
+    """A pass's time: its stages summed."""
+    return sum(times.get(stage, 0) for stage in STAGES)
+
+
 def main() -> None:
+    by_minute = "--by-minute" in sys.argv[1:]
     args = [arg for arg in sys.argv[1:] if arg != "--by-minute"]
     if not args:
         sys.exit("usage: pass_times.py SERVE.log [LABEL] [--by-minute]")
@@ -41,7 +47,7 @@ def main() -> None:
                 minutes.append(datetime.datetime.fromisoformat(line.split()[0]))
     if not passes:
         return
-    totals = sorted(sum(times.get(stage, 0) for stage in STAGES) for times in passes)
+    totals = sorted(took(times) for times in passes)
     at = lambda share: totals[min(len(totals) - 1, int(share * len(totals)))]
     print(f"{label}: {len(totals)} passes by their debug timings: p50 {at(0.5)} ms, p99 {at(0.99)} ms,"
           f" p99.9 {at(0.999)} ms, longest {totals[-1]} ms; over 0.5 s {sum(t > 500 for t in totals)},"
@@ -49,16 +55,16 @@ def main() -> None:
     summed = ", ".join(f"{name[:-3]} {sum(times.get(name, 0) for times in passes) / 1000:.1f}"
                        for name in STAGES + PARTS)
     print(f"{label}: each stage summed over the passes, seconds: {summed}")
-    if "--by-minute" in sys.argv[1:]:
-        by_minute = {}
+    if by_minute:
+        of_minutes = {}
         for times, at_time in zip(passes, minutes):
-            by_minute.setdefault(int((at_time - minutes[0]).total_seconds() // 60), []).append(times)
-        for minute, of_minute in sorted(by_minute.items()):
-            took = sorted(sum(times.get(stage, 0) for stage in STAGES) for times in of_minute)
+            of_minutes.setdefault(int((at_time - minutes[0]).total_seconds() // 60), []).append(times)
+        for minute, of_minute in sorted(of_minutes.items()):
+            times_taken = sorted(took(times) for times in of_minute)
             mean = lambda name: sum(times.get(name, 0) for times in of_minute) / len(of_minute)
             most = lambda name: max(times.get(name, 0) for times in of_minute)
-            print(f"{label}: minute {minute + 1}: {len(took)} passes, p50 {took[len(took) // 2]} ms,"
-                  f" longest {took[-1]} ms; clients a pass {mean('clients'):.1f} (most {most('clients')}),"
+            print(f"{label}: minute {minute + 1}: {len(times_taken)} passes, p50 {times_taken[len(times_taken) // 2]} ms,"
+                  f" longest {times_taken[-1]} ms; clients a pass {mean('clients'):.1f} (most {most('clients')}),"
                   f" scopes {mean('scopes'):.1f} (most {most('scopes')})")
 
 
