@@ -18,12 +18,40 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
 
-use lagscope_model::{ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
+use lagscope_model::{Anomaly, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
 
-use crate::floor::floors;
+use crate::AnalyzerConfig;
+
+use crate::detectors::follower_read_disabled::follower_history;
+use crate::floor::{floors, seen_before};
 use crate::timeline::{
     MAX_PARENT_HOPS, attempt_of, call_of, distance_to, is_client_attempt, same_attempt_or_unnumbered,
 };
+
+/// The `hold` of [`HeldTimelines::settle`] for the anomalies a pass found over the held spans:
+/// nothing within the detectors' reach of `before` (a cluster switch extends a flapping run
+/// within a switch-back delay of the last; failing sends become a blind probe's anomaly after
+/// its `min_seconds`), and per namespace, nothing after the earliest start of an anomaly that
+/// may still grow, one whose last evidence is within that reach.
+pub fn growing(
+    anomalies: &[Anomaly],
+    before: UnixNanos,
+    config: &AnalyzerConfig,
+) -> impl Fn(Option<&str>) -> UnixNanos {
+    let reach = config
+        .failover_flapping
+        .switch_back_delay_seconds
+        .max(config.blind_failover_probe.min_seconds)
+        .max(config.no_namenodes_window.min_window_seconds + config.no_namenodes_window.max_gap_seconds)
+        .saturating_mul(1_000_000_000);
+    let before = before.saturating_sub(reach);
+    let mut from: BTreeMap<Option<&str>, UnixNanos> = BTreeMap::new();
+    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before) {
+        let earliest = from.entry(anomaly.namespace.as_deref()).or_insert(UnixNanos::MAX);
+        *earliest = (*earliest).min(anomaly.start_unix_nano);
+    }
+    move |namespace| from.get(&namespace).copied().unwrap_or(UnixNanos::MAX).min(before)
+}
 
 /// A held span's place: its start, then the order it was added in.
 pub type SpanKey = (UnixNanos, u64);
@@ -60,6 +88,12 @@ pub struct HeldTimelines {
     unjoined: BTreeSet<SpanKey>,
     /// The timelines are lent out ([`HeldTimelines::take_timelines`]).
     lent: bool,
+    /// Per timeline, where [`HeldTimelines::settle`] last cut it: calls that start before
+    /// this were let go, except those later calls are judged by.
+    settled: BTreeMap<GroupKey, UnixNanos>,
+    /// The latest of those cuts, and the `before` of the last [`HeldTimelines::settle`].
+    settled_through: UnixNanos,
+    last_settle: UnixNanos,
 }
 
 #[derive(Debug)]
@@ -124,6 +158,9 @@ impl HeldTimelines {
             dirty_calls: HashSet::default(),
             unjoined: BTreeSet::new(),
             lent: false,
+            settled: BTreeMap::new(),
+            settled_through: UnixNanos::MIN,
+            last_settle: UnixNanos::MIN,
         }
     }
 
@@ -143,6 +180,11 @@ impl HeldTimelines {
     /// The oldest held span's start.
     pub fn first_start(&self) -> Option<UnixNanos> {
         self.spans.keys().next().map(|(start, _)| *start)
+    }
+
+    /// The newest held span's start.
+    pub fn last_start(&self) -> Option<UnixNanos> {
+        self.spans.keys().next_back().map(|(start, _)| *start)
     }
 
     /// Holds `span`, after every span held before it of the same start.
@@ -219,6 +261,132 @@ impl HeldTimelines {
             self.join(next);
         }
         removed
+    }
+
+    /// Lets go of what no later call can change, so that what is held, and what every pass
+    /// judges again, follows the telemetry of the last minutes and not the client's whole
+    /// history.
+    ///
+    /// Per timeline, the cut is the latest call start at or before `before` (and before
+    /// `hold(namespace)`: an anomaly still growing from an earlier start) that
+    /// no earlier call is still running at; every call that starts before it ended by then.
+    /// Those calls are let go (their attempts, the hops joined to them, and copies sent again),
+    /// except the ones later calls are judged by, which stay as witnesses: the calls that set
+    /// the write floor, the read floor and the highest state seen in force at the cut (so the
+    /// floors of every later call are exactly those of the whole history: every call let go
+    /// completed before any later call started), the last call before the cut (the attempt a
+    /// later one switches cluster from), and the last follower read with the rejection that
+    /// turned follower reads off after it, and the call a server reported the highest committed
+    /// state in (an untrusted state is judged against it). A rejection still in force holds
+    /// the cut at its call.
+    /// Spans of no call (hops that joined none, other spans) that ended before `before` go too.
+    ///
+    /// Anomalies about attempts before a timeline's cut ([`HeldTimelines::settled_from`]) were
+    /// judged with the whole history by the passes before it; judged again over the witnesses
+    /// alone they may differ, and are not to be reported. Returns the spans let go, with their
+    /// keys.
+    pub fn settle(&mut self, before: UnixNanos, hold: impl Fn(Option<&str>) -> UnixNanos) -> Vec<(SpanKey, Span)> {
+        self.refresh();
+        self.last_settle = before;
+        let mut going: BTreeSet<SpanKey> = BTreeSet::new();
+        let mut kept_attempts: HashSet<SpanKey> = HashSet::default();
+        let mut cuts: Vec<(GroupKey, UnixNanos)> = Vec::new();
+        for (key, group) in &self.groups {
+            let target = before.min(hold(key.1.as_deref()));
+            let calls = &group.timeline.calls;
+            let (_, rejection) = follower_history(calls);
+            let target = rejection.map_or(target, |index| target.min(calls[index].start_unix_nano));
+            // The latest start no earlier call is still running at.
+            let (mut cut, mut running_until) = (None, UnixNanos::MIN);
+            for (index, call) in calls.iter().enumerate() {
+                if call.start_unix_nano > target {
+                    break;
+                }
+                if running_until <= call.start_unix_nano {
+                    cut = Some(index);
+                }
+                running_until = running_until.max(call.end_unix_nano);
+            }
+            let Some(cut) = cut.filter(|cut| *cut > 0) else { continue };
+            let at = calls[cut].start_unix_nano;
+            cuts.push((key.clone(), at));
+            let floors_at = floors(calls)[cut];
+            let seen_at = seen_before(calls)[cut];
+            let (follower_read, rejection) = follower_history(&calls[..cut]);
+            // The highest committed state a server reported before the cut (the first report
+            // of it): what every later attempt's `highest committed known` includes.
+            let committed = calls[..cut]
+                .iter()
+                .enumerate()
+                .filter_map(|(index, call)| {
+                    Some((call.attempts.iter().filter_map(|attempt| attempt.committed).max()?, index))
+                })
+                .min_by_key(|(committed, index)| (std::cmp::Reverse(*committed), *index))
+                .map(|(_, index)| index);
+            let witnesses: BTreeSet<usize> = [floors_at.writes, floors_at.reads, seen_at]
+                .into_iter()
+                .flatten()
+                .map(|contribution| contribution.call_index)
+                .chain([Some(cut - 1), follower_read, rejection, committed].into_iter().flatten())
+                .filter(|index| *index < cut)
+                .collect();
+            for index in witnesses {
+                let (start, end, call_key) = &group.order[index];
+                let entry = &group.calls[call_key];
+                kept_attempts.extend(entry.attempts.iter().filter(|attempt| (*start..=*end).contains(&attempt.0)));
+            }
+            for attempt in group.attempts.range(..(at, 0)) {
+                if !kept_attempts.contains(attempt) {
+                    going.insert(*attempt);
+                    going.extend(self.attempt_hops.get(attempt).into_iter().flatten().map(|(hop, _)| *hop));
+                }
+            }
+        }
+        // Spans of no call that ended before the cut-off: a hop that joined no attempt, a
+        // copy sent again, a span of neither kind.
+        for (key, held) in self.spans.range(..(before, 0)) {
+            let span = &held.span;
+            let of_a_call = held.joined
+                && (is_client_attempt(span)
+                    || self
+                        .hops
+                        .get(key)
+                        .is_some_and(|hop| hop.attempt.is_some_and(|(attempt, _)| !going.contains(&attempt))));
+            if !of_a_call && span.end_unix_nano < before {
+                going.insert(*key);
+            }
+        }
+        let mut let_go = Vec::with_capacity(going.len());
+        for key in going {
+            if let Some(span) = self.remove(key) {
+                let_go.push((key, span));
+            }
+        }
+        for (key, at) in cuts {
+            self.settled_through = self.settled_through.max(at);
+            let settled = self.settled.entry(key).or_insert(UnixNanos::MIN);
+            *settled = (*settled).max(at);
+        }
+        let groups = &self.groups;
+        self.settled.retain(|key, _| groups.contains_key(key));
+        let_go
+    }
+
+    /// The latest cut of any timeline: before it, some calls were let go (what is computed per
+    /// minute over every timeline is partial there).
+    pub fn settled_through(&self) -> UnixNanos {
+        self.settled_through
+    }
+
+    /// The `before` of the last [`HeldTimelines::settle`] (`UnixNanos::MIN`: none yet).
+    pub fn last_settle(&self) -> UnixNanos {
+        self.last_settle
+    }
+
+    /// Where `settle` last cut the timeline of (client id, namespace): anomalies about
+    /// attempts that start before this are not the held window's to report.
+    pub fn settled_from(&self, client_id: &str, namespace: Option<&str>) -> UnixNanos {
+        self.settled.get(&(client_id.to_string(), namespace.map(str::to_string))).copied().unwrap_or(UnixNanos::MIN)
     }
 
     /// Joins again what changed since the last refresh.

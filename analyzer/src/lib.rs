@@ -27,7 +27,7 @@ pub use config::{
 };
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
-pub use held::{HeldTimelines, SpanKey};
+pub use held::{HeldTimelines, SpanKey, growing};
 pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_rollups};
 pub use timeline::build_timelines;
 

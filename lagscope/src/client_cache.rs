@@ -194,6 +194,24 @@ impl ClientCache {
         Ok(Loaded::ReadAndHeld)
     }
 
+    /// Takes note of what a client's settling ([`HeldTimelines::settle`]) let go of: its own
+    /// spans among them are no longer counted (nor their traces' windows taken), and the spans
+    /// are freed off the pass ([`held::release`]). A trace read again later takes only what its
+    /// remaining own spans' windows take; anything of a settled call that comes back is
+    /// judged no more (its anomalies start before the timeline's settled cut).
+    pub fn settled(&mut self, client_id: &str, let_go: Vec<(SpanKey, Span)>) {
+        if let_go.is_empty() {
+            return;
+        }
+        if let Some(held) = self.clients.get_mut(client_id) {
+            for (key, span) in &let_go {
+                held.forget(*key, span);
+            }
+            self.held = self.held.saturating_sub(let_go.len());
+        }
+        held::release(let_go);
+    }
+
     /// The held ones of `clients`, to be analysed at once (each joins what changed).
     pub fn held_mut<'a>(&'a mut self, clients: &HashSet<&str>) -> HashMap<&'a str, &'a mut HeldTimelines> {
         self.clients
@@ -316,6 +334,29 @@ impl Held {
             }
         }
         self.spans.insert_at(key.1, span);
+    }
+
+    /// Forgets a span the timelines let go of: as one of the client's own, and as one of its
+    /// trace's.
+    fn forget(&mut self, key: SpanKey, span: &Span) {
+        let own = (key.0, id_of(key.1));
+        if self.own.remove(&own).is_some()
+            && let Some(trace) = &span.trace_id
+            && let Some(spans) = self.traces.get_mut(trace)
+        {
+            spans.retain(|&(start, id, _)| (start, id) != own);
+            if spans.is_empty() {
+                self.traces.remove(trace);
+            }
+        }
+        if let Some(trace) = &span.trace_id
+            && let Some(keys) = self.trace_keys.get_mut(trace)
+        {
+            keys.retain(|held| *held != key);
+            if keys.is_empty() {
+                self.trace_keys.remove(trace);
+            }
+        }
     }
 
     /// Lets the span at `key` go, if held.

@@ -253,6 +253,15 @@ pub struct LiveConfig {
     /// one. Scopes beyond it are read in full each pass; 0 holds none. One instance only (with
     /// several on PostgreSQL, passes read every scope's samples).
     pub scope_cache_samples: usize,
+    /// Held calls this long before a client's or scope's newest span (and the detectors'
+    /// reach before that: the longest of the switch-back delay, the blind probe's and the
+    /// NoNamenodes window's lengths, 60 s by default) are settled: let go, keeping only the calls
+    /// later ones are judged by (the floors in force, the highest committed state reported, the
+    /// last call, the follower-read history), so that what is held and judged again each pass
+    /// follows the last minutes of telemetry, not the client's whole history
+    /// (`HeldTimelines::settle`). An anomaly still growing holds its namespace's calls from
+    /// its start. 0: nothing is settled (windows are bounded by the span limits alone).
+    pub settle_seconds: i64,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.
     pub analysis_threads: usize,
@@ -268,6 +277,7 @@ impl Default for LiveConfig {
             scope_cache_spans: 500_000,
             client_cache_spans: 500_000,
             scope_cache_samples: 1_000_000,
+            settle_seconds: 60,
             analysis_threads: 0,
         }
     }
@@ -305,6 +315,12 @@ impl Config {
         self.alerts.validate()?;
         if self.retention.interval_seconds == 0 {
             return Err("retention.interval_seconds must be at least 1".to_string());
+        }
+        if self.live.settle_seconds < 0 {
+            return Err(format!(
+                "live.settle_seconds must be 0 (nothing settled) or more, not {}",
+                self.live.settle_seconds
+            ));
         }
         if self.live.analysis_threads > MAX_ANALYSIS_THREADS {
             return Err(format!(

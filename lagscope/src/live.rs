@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
-use lagscope_analyzer::{AnalysisInput, HeldTimelines, analyze_kinds, read_rollups};
+use lagscope_analyzer::{AnalysisInput, HeldTimelines, SpanKey, analyze_kinds, growing, read_rollups};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
@@ -455,14 +455,21 @@ async fn analysis_pass(
             // (Kinds that name no client would be dropped below: they are not run.)
             let found = analyze_kinds(&input, &config.analyzer, AnomalyKind::names_client)
                 .into_iter()
-                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id))
+                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id) && !spans.settled(anomaly))
                 .collect::<Vec<_>>();
+            let mut let_go = Vec::new();
             if let Spans::Held(held) = spans {
                 held.give_back(input.timelines);
+                let_go = settle(held, &found, config);
             }
-            found
+            (found, let_go)
         },
     );
+    let mut found_of_clients = found_of_clients;
+    for (client_id, (_, let_go)) in clients.iter().zip(&mut found_of_clients) {
+        client_cache.settled(client_id, std::mem::take(let_go));
+    }
+    let found_of_clients = found_of_clients.into_iter().map(|(found, _)| found);
     times.client_analysis += lap.elapsed();
     lap = Instant::now();
     // In one transaction: the store's one writer is shared with ingest, and a transaction per
@@ -571,6 +578,7 @@ async fn analysis_pass(
         let (mut anomalies, mut rollups_of_scopes) = (Vec::new(), Vec::new());
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
             sample_cache.give_back(scope, found_of_scope.samples);
+            cache.settled(scope, found_of_scope.let_go);
             times.scope_timelines += found_of_scope.timelines;
             anomalies.extend(found_of_scope.anomalies);
             rollups_of_scopes.push((scope.clone(), found_of_scope.rollups));
@@ -689,6 +697,17 @@ impl Spans<'_> {
         }
     }
 
+    /// Whether `anomaly` is about attempts before its timeline's settled cut: judged then with
+    /// the whole history, and not again over what is left ([`HeldTimelines::settled_from`]).
+    fn settled(&self, anomaly: &lagscope_model::Anomaly) -> bool {
+        match (self, anomaly.client_id.as_deref()) {
+            (Self::Held(held), Some(client_id)) => {
+                anomaly.start_unix_nano < held.settled_from(client_id, anomaly.namespace.as_deref())
+            }
+            _ => false,
+        }
+    }
+
     fn iter(&self) -> Box<dyn Iterator<Item = &lagscope_model::Span> + '_> {
         match self {
             Self::Held(held) => Box::new(held.spans()),
@@ -704,6 +723,25 @@ struct ScopeFound {
     timelines: Duration,
     /// The scope's samples, to give back to the sample cache.
     samples: Vec<lagscope_model::Sample>,
+    /// The spans its settling let go of ([`settle`]).
+    let_go: Vec<(SpanKey, lagscope_model::Span)>,
+}
+
+/// Settles a held window ([`HeldTimelines::settle`], `live.settle_seconds`) after its pass,
+/// with the anomalies the pass found holding what they may still grow over: at most once per
+/// half of that time of telemetry. Returns the spans let go, for the cache's count.
+fn settle(
+    held: &mut HeldTimelines,
+    found: &[lagscope_model::Anomaly],
+    config: &Config,
+) -> Vec<(SpanKey, lagscope_model::Span)> {
+    let after = config.live.settle_seconds.saturating_mul(1_000_000_000);
+    let Some(newest) = held.last_start() else { return Vec::new() };
+    let before = newest.saturating_sub(after);
+    if after == 0 || before.saturating_sub(held.last_settle()) < after / 2 {
+        return Vec::new();
+    }
+    held.settle(before, growing(found, before, &config.analyzer))
 }
 
 /// The scope kinds over a scope's spans and samples, and the staleness of its reads per node
@@ -722,6 +760,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     let timelines = started.elapsed();
     input.log_events = work.log_events;
     let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
+    anomalies.retain(|anomaly| !spans.settled(anomaly));
     // Rare: the scope's callers are gathered (a look at every span) only when one is found.
     if anomalies.iter().any(|anomaly| is_client_kind(anomaly.kind)) {
         let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
@@ -731,16 +770,24 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     }
     // When the read limit cut the scope's oldest spans, their first minute is partial: left
     // as written.
-    let complete_from = if spans.len() >= limit as usize {
+    let mut complete_from = if spans.len() >= limit as usize {
         spans.first_start().map_or(i64::MAX, |first| rollup_step_of(first) + ROLLUP_STEP)
     } else {
         i64::MIN
     };
+    // Nor are the minutes whose calls were settled (all but the witnesses let go).
+    if let Spans::Held(held) = &spans
+        && held.settled_through() > i64::MIN
+    {
+        complete_from = complete_from.max(rollup_step_of(held.settled_through()) + ROLLUP_STEP);
+    }
     let rollups = read_rollups(&input, complete_from);
+    let mut let_go = Vec::new();
     if let Spans::Held(held) = spans {
         held.give_back(input.timelines);
+        let_go = settle(held, &anomalies, config);
     }
-    ScopeFound { anomalies, rollups, timelines, samples: input.samples }
+    ScopeFound { anomalies, rollups, timelines, samples: input.samples, let_go }
 }
 
 /// `analyse` over every item, on up to `threads` threads (this one among them), the largest

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::held::{self, CATCH_UP_LIMIT, Committed, shed, start_catch_up};
-use lagscope_analyzer::HeldTimelines;
+use lagscope_analyzer::{HeldTimelines, SpanKey};
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError};
 
@@ -188,6 +188,15 @@ impl ScopeCache {
         }
         self.scopes.insert(scope.clone(), Held { spans: held, last_passed: now });
         Ok((None, Source::Store))
+    }
+
+    /// Takes note of what a scope's settling ([`HeldTimelines::settle`]) let go of, and frees
+    /// it off the pass ([`held::release`]).
+    pub fn settled(&mut self, scope: &ScopeKey, let_go: Vec<(SpanKey, Span)>) {
+        if self.scopes.contains_key(scope) {
+            self.held = self.held.saturating_sub(let_go.len());
+        }
+        held::release(let_go);
     }
 
     /// The held ones of `scopes`, to be analysed at once (each joins what changed).

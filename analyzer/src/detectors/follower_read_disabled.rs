@@ -167,6 +167,25 @@ pub(crate) fn served_by_follower(attempt: &TimelineAttempt) -> bool {
     attempt.outcome == Some(Outcome::Ok) && on_follower(attempt) && attempt.follower_read == Some(true)
 }
 
+/// The calls a timeline's follower-read history hangs on, by index: the last read a follower
+/// served, and the last rejection by a follower after it (follower reads off since, so far).
+/// What [`crate::HeldTimelines::settle`] keeps of the calls it lets go of.
+pub(crate) fn follower_history(calls: &[TimelineCall]) -> (Option<usize>, Option<usize>) {
+    let reads = || calls.iter().enumerate().filter(|(_, call)| call.op == Some(Op::Read));
+    let last_follower_read =
+        reads().rev().find(|(_, call)| call.attempts.iter().any(served_by_follower)).map(|(index, _)| index);
+    let rejection = reads()
+        .rev()
+        .take_while(|(index, _)| last_follower_read.is_none_or(|last| last <= *index))
+        .find(|(_, call)| {
+            call.attempts.iter().any(|attempt| {
+                attempt.outcome != Some(Outcome::Ok) && on_follower(attempt) && attempt.follower_read == Some(true)
+            })
+        })
+        .map(|(index, _)| index);
+    (last_follower_read, rejection)
+}
+
 fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly> {
     let reads: Vec<(&TimelineCall, &TimelineAttempt)> = timeline
         .calls
