@@ -986,6 +986,12 @@ mod tests {
                 }
                 let limit = 40 + numbers.below(40) as usize;
                 held.keep_newest(limit, numbers.chance(10).then_some(now - 100));
+                if numbers.chance(15) {
+                    // Settling lets spans go as removing them does.
+                    let before = now - numbers.below(80) as i64;
+                    let let_go = held.settle(before, |_| i64::MAX);
+                    assert!(let_go.iter().all(|(key, _)| !held.contains(*key)), "seed {seed}, round {round}");
+                }
                 keys.retain(|key| held.contains(*key));
                 held.refresh();
                 let spans: Vec<Span> = held.spans().cloned().collect();
