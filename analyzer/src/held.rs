@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
 
-use lagscope_model::{Anomaly, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
 
 use crate::AnalyzerConfig;
 
@@ -32,7 +32,8 @@ use crate::timeline::{
 /// nothing within the detectors' reach of `before` (a cluster switch extends a flapping run
 /// within a switch-back delay of the last; failing sends become a blind probe's anomaly after
 /// its `min_seconds`), and per namespace, nothing after the earliest start of an anomaly that
-/// may still grow, one whose last evidence is within that reach.
+/// may still grow, one whose last evidence is within that reach (of the kinds found from spans:
+/// a lag, a storm or shard pressure grows with its samples, which are not held here).
 pub fn growing(
     anomalies: &[Anomaly],
     before: UnixNanos,
@@ -46,7 +47,17 @@ pub fn growing(
         .saturating_mul(1_000_000_000);
     let before = before.saturating_sub(reach);
     let mut from: BTreeMap<Option<&str>, UnixNanos> = BTreeMap::new();
-    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before) {
+    // Windows found from metrics alone grow with the samples, not the spans.
+    let from_spans = |kind: AnomalyKind| {
+        !matches!(
+            kind,
+            AnomalyKind::ApplyLag
+                | AnomalyKind::RequeueStorm
+                | AnomalyKind::ShardPressure
+                | AnomalyKind::UnfairRejection
+        )
+    };
+    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before && from_spans(anomaly.kind)) {
         let earliest = from.entry(anomaly.namespace.as_deref()).or_insert(UnixNanos::MAX);
         *earliest = (*earliest).min(anomaly.start_unix_nano);
     }
@@ -943,6 +954,54 @@ mod tests {
     /// Random rounds of spans added (new ones, copies sent again, a span's ids at another
     /// start), the oldest let go and spans removed anywhere: after every refresh the held
     /// timelines are exactly those built from scratch.
+    #[test]
+    fn settling_keeps_the_call_that_set_the_floor() {
+        // A write returns state 100; for five minutes the client's reads are served at 50 (an
+        // observer that stopped applying): each a stale read against that one write. Settled to
+        // the last minute, the write stays, and the last read is judged as before.
+        const SECOND: i64 = 1_000_000_000;
+        let attempt = |at: i64, op: Op, state: StateFields| {
+            let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
+            span.end_unix_nano = at * SECOND + SECOND / 2;
+            span.trace_id = Some(format!("{at:032x}"));
+            span.span_id = Some(format!("{at:016x}"));
+            span.call = CallFields {
+                client_id: Some("client-1".to_string()),
+                call_id: Some(format!("call-{at}")),
+                attempt: Some(0),
+                namespace: Some("ns1".to_string()),
+                op: Some(op),
+                state,
+                outcome: Some(Outcome::Ok),
+                ..CallFields::default()
+            };
+            span
+        };
+        let mut held = HeldTimelines::new(90 * SECOND);
+        held.insert(attempt(0, Op::Write, StateFields { returned: Some(100), ..StateFields::default() }));
+        for at in 1..300 {
+            held.insert(attempt(
+                at,
+                Op::Read,
+                StateFields { served: Some(50), returned: Some(50), ..StateFields::default() },
+            ));
+        }
+        let last_read = |held: &mut HeldTimelines| {
+            held.refresh();
+            let input = crate::AnalysisInput::from_held_timelines(held.take_timelines(), Vec::new());
+            let found = crate::analyze(&input, &crate::AnalyzerConfig::default());
+            held.give_back(input.timelines);
+            found.into_iter().filter(|anomaly| anomaly.start_unix_nano == 299 * SECOND).collect::<Vec<_>>()
+        };
+        let before = last_read(&mut held);
+        assert_eq!(before.len(), 1, "{before:?}");
+        let let_go = held.settle(240 * SECOND, |_| i64::MAX);
+        assert!(let_go.len() > 200, "the settled reads go: {}", let_go.len());
+        assert!(held.spans().any(|span| span.start_unix_nano == 0), "the write that set the floor stays");
+        assert_eq!(last_read(&mut held), before);
+        assert_eq!(held.settled_from("client-1", Some("ns1")), 240 * SECOND);
+    }
+
     #[test]
     fn held_timelines_are_what_the_join_builds_from_scratch() {
         for seed in 0..60 {
