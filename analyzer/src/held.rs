@@ -18,12 +18,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
+use lagscope_model::{Anomaly, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
 
 use crate::AnalyzerConfig;
 
 use crate::detectors::follower_read_disabled::follower_history;
 use crate::floor::{floors, seen_before};
+use crate::open::found_in_metrics;
 use crate::timeline::{
     MAX_PARENT_HOPS, attempt_of, call_of, distance_to, is_client_attempt, same_attempt_or_unnumbered,
 };
@@ -48,16 +49,8 @@ pub fn growing(
     let before = before.saturating_sub(reach);
     let mut from: BTreeMap<Option<&str>, UnixNanos> = BTreeMap::new();
     // Windows found from metrics alone grow with the samples, not the spans.
-    let from_spans = |kind: AnomalyKind| {
-        !matches!(
-            kind,
-            AnomalyKind::ApplyLag
-                | AnomalyKind::RequeueStorm
-                | AnomalyKind::ShardPressure
-                | AnomalyKind::UnfairRejection
-        )
-    };
-    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before && from_spans(anomaly.kind)) {
+    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before && !found_in_metrics(anomaly.kind))
+    {
         let earliest = from.entry(anomaly.namespace.as_deref()).or_insert(UnixNanos::MAX);
         *earliest = (*earliest).min(anomaly.start_unix_nano);
     }
@@ -398,6 +391,15 @@ impl HeldTimelines {
     /// attempts that start before this are not the held window's to report.
     pub fn settled_from(&self, client_id: &str, namespace: Option<&str>) -> UnixNanos {
         self.settled.get(&(client_id.to_string(), namespace.map(str::to_string))).copied().unwrap_or(UnixNanos::MIN)
+    }
+
+    /// Whether `anomaly` is about attempts before its client's timeline's cut
+    /// ([`HeldTimelines::settled_from`]): judged with the whole history by the passes before,
+    /// not to be reported from what is left. (An anomaly naming no client is never settled.)
+    pub fn is_settled(&self, anomaly: &Anomaly) -> bool {
+        anomaly.client_id.as_deref().is_some_and(|client_id| {
+            anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref())
+        })
     }
 
     /// Joins again what changed since the last refresh.

@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 use lagscope_model::{AnomalyKind, UnixNanos};
 
 /// Kinds found in a node's metrics, judged by that node's samples.
-fn found_in_metrics(kind: AnomalyKind) -> bool {
+pub(crate) fn found_in_metrics(kind: AnomalyKind) -> bool {
     matches!(
         kind,
         AnomalyKind::ApplyLag | AnomalyKind::RequeueStorm | AnomalyKind::ShardPressure | AnomalyKind::UnfairRejection

@@ -308,15 +308,32 @@ impl Held {
     /// start, id, trace, and whether it has a span id.
     fn drop_oldest_own(&mut self) -> Option<(i64, i64, Option<String>, bool)> {
         let ((start, id), (trace, has_span_id)) = self.own.pop_first()?;
-        if let Some(trace) = &trace
-            && let Some(own) = self.traces.get_mut(trace)
-        {
-            own.retain(|&(own_start, own_id, _)| (own_start, own_id) != (start, id));
-            if own.is_empty() {
+        if let Some(trace) = &trace {
+            self.leave_trace_window(trace, (start, id));
+        }
+        Some((start, id, trace, has_span_id))
+    }
+
+    /// Takes an own span (start, id) out of its trace's window.
+    fn leave_trace_window(&mut self, trace: &str, own: (i64, i64)) {
+        if let Some(spans) = self.traces.get_mut(trace) {
+            spans.retain(|&(start, id, _)| (start, id) != own);
+            if spans.is_empty() {
                 self.traces.remove(trace);
             }
         }
-        Some((start, id, trace, has_span_id))
+    }
+
+    /// Takes a held span's key out of its trace's keys.
+    fn forget_trace_key(&mut self, span: &Span, key: SpanKey) {
+        if let Some(trace) = &span.trace_id
+            && let Some(keys) = self.trace_keys.get_mut(trace)
+        {
+            keys.retain(|held| *held != key);
+            if keys.is_empty() {
+                self.trace_keys.remove(trace);
+            }
+        }
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.
@@ -342,34 +359,16 @@ impl Held {
         let own = (key.0, id_of(key.1));
         if self.own.remove(&own).is_some()
             && let Some(trace) = &span.trace_id
-            && let Some(spans) = self.traces.get_mut(trace)
         {
-            spans.retain(|&(start, id, _)| (start, id) != own);
-            if spans.is_empty() {
-                self.traces.remove(trace);
-            }
+            self.leave_trace_window(trace, own);
         }
-        if let Some(trace) = &span.trace_id
-            && let Some(keys) = self.trace_keys.get_mut(trace)
-        {
-            keys.retain(|held| *held != key);
-            if keys.is_empty() {
-                self.trace_keys.remove(trace);
-            }
-        }
+        self.forget_trace_key(span, key);
     }
 
     /// Lets the span at `key` go, if held.
     fn release(&mut self, key: SpanKey) {
         let Some(span) = self.spans.remove(key) else { return };
-        if let Some(trace) = &span.trace_id
-            && let Some(keys) = self.trace_keys.get_mut(trace)
-        {
-            keys.retain(|held| *held != key);
-            if keys.is_empty() {
-                self.trace_keys.remove(trace);
-            }
-        }
+        self.forget_trace_key(&span, key);
     }
 
     /// Takes a catch-up's new spans: the client's own and those of its traces, as the store's

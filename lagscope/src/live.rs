@@ -465,16 +465,15 @@ async fn analysis_pass(
             (found, let_go)
         },
     );
-    let mut found_of_clients = found_of_clients;
-    for (client_id, (_, let_go)) in clients.iter().zip(&mut found_of_clients) {
-        client_cache.settled(client_id, std::mem::take(let_go));
+    let mut anomalies: Vec<lagscope_model::Anomaly> = Vec::new();
+    for (client_id, (found, let_go)) in clients.iter().zip(found_of_clients) {
+        client_cache.settled(client_id, let_go);
+        anomalies.extend(found);
     }
-    let found_of_clients = found_of_clients.into_iter().map(|(found, _)| found);
     times.client_analysis += lap.elapsed();
     lap = Instant::now();
     // In one transaction: the store's one writer is shared with ingest, and a transaction per
     // client waited for it as many times.
-    let anomalies: Vec<lagscope_model::Anomaly> = found_of_clients.into_iter().flatten().collect();
     record(store, metrics, (found, written), &anomalies).await?;
     drop(not_held);
     times.writes += lap.elapsed();
@@ -697,15 +696,9 @@ impl Spans<'_> {
         }
     }
 
-    /// Whether `anomaly` is about attempts before its timeline's settled cut: judged then with
-    /// the whole history, and not again over what is left ([`HeldTimelines::settled_from`]).
+    /// Whether `anomaly` is about attempts its held timeline settled ([`HeldTimelines::is_settled`]).
     fn settled(&self, anomaly: &lagscope_model::Anomaly) -> bool {
-        match (self, anomaly.client_id.as_deref()) {
-            (Self::Held(held), Some(client_id)) => {
-                anomaly.start_unix_nano < held.settled_from(client_id, anomaly.namespace.as_deref())
-            }
-            _ => false,
-        }
+        matches!(self, Self::Held(held) if held.is_settled(anomaly))
     }
 
     fn iter(&self) -> Box<dyn Iterator<Item = &lagscope_model::Span> + '_> {

@@ -568,10 +568,7 @@ fn live_passes(
         let input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
         let anomalies: Vec<Anomaly> = lagscope_analyzer::analyze_kinds(&input, config, |_| true)
             .into_iter()
-            .filter(|anomaly| {
-                let client = anomaly.client_id.as_deref().unwrap_or_default();
-                anomaly.start_unix_nano >= held.settled_from(client, anomaly.namespace.as_deref())
-            })
+            .filter(|anomaly| !held.is_settled(anomaly))
             .collect();
         held.give_back(input.timelines);
         if let Some(settle_after) = settle_after {
