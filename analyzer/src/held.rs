@@ -95,6 +95,9 @@ pub struct HeldTimelines {
     /// Per timeline, where [`HeldTimelines::settle`] last cut it: calls that start before
     /// this were let go, except those later calls are judged by.
     settled: BTreeMap<GroupKey, UnixNanos>,
+    /// Per namespace, the latest cut of any of its timelines (kept when they go): calls of
+    /// other clients before it may have been let go.
+    namespace_cuts: BTreeMap<Option<String>, UnixNanos>,
     /// The latest of those cuts, and the `before` of the last [`HeldTimelines::settle`].
     settled_through: UnixNanos,
     last_settle: UnixNanos,
@@ -163,6 +166,7 @@ impl HeldTimelines {
             unjoined: BTreeSet::new(),
             lent: false,
             settled: BTreeMap::new(),
+            namespace_cuts: BTreeMap::new(),
             settled_through: UnixNanos::MIN,
             last_settle: UnixNanos::MIN,
         }
@@ -285,10 +289,10 @@ impl HeldTimelines {
     /// the cut at its call.
     /// Spans of no call (hops that joined none, other spans) that ended before `before` go too.
     ///
-    /// Anomalies about attempts before a timeline's cut ([`HeldTimelines::settled_from`]) were
-    /// judged with the whole history by the passes before it; judged again over the witnesses
-    /// alone they may differ, and are not to be reported. Returns the spans let go, with their
-    /// keys.
+    /// Anomalies about attempts before a timeline's cut ([`HeldTimelines::settled_from`]), and
+    /// those that ended before a cut of their namespace, were judged with the whole history by
+    /// the passes before it; judged again over what is left they may differ, and are not to be
+    /// reported ([`HeldTimelines::is_settled`]). Returns the spans let go, with their keys.
     pub fn settle(&mut self, before: UnixNanos, hold: impl Fn(Option<&str>) -> UnixNanos) -> Vec<(SpanKey, Span)> {
         self.refresh();
         self.last_settle = before;
@@ -368,6 +372,8 @@ impl HeldTimelines {
         }
         for (key, at) in cuts {
             self.settled_through = self.settled_through.max(at);
+            let in_namespace = self.namespace_cuts.entry(key.1.clone()).or_insert(UnixNanos::MIN);
+            *in_namespace = (*in_namespace).max(at);
             let settled = self.settled.entry(key).or_insert(UnixNanos::MIN);
             *settled = (*settled).max(at);
         }
@@ -393,13 +399,19 @@ impl HeldTimelines {
         self.settled.get(&(client_id.to_string(), namespace.map(str::to_string))).copied().unwrap_or(UnixNanos::MIN)
     }
 
-    /// Whether `anomaly` is about attempts before its client's timeline's cut
-    /// ([`HeldTimelines::settled_from`]): judged with the whole history by the passes before,
-    /// not to be reported from what is left. (An anomaly naming no client is never settled.)
+    /// Whether `anomaly` was judged with the whole history by the passes before, and is not
+    /// to be reported from what is left: it is about attempts before its client's timeline's
+    /// cut ([`HeldTimelines::settled_from`]), or it ended before the latest cut of any timeline
+    /// of its namespace. The latter covers what other clients' calls tell of it (the nodes
+    /// that served while a call was pinned, the clients a window affected): a client that
+    /// called no more since keeps its own calls, while the others' of that time were let go.
+    /// An anomaly that ended that long ago (the cut-off is the detectors' reach behind the
+    /// newest span) is found anew only from telemetry that arrived later than that.
     pub fn is_settled(&self, anomaly: &Anomaly) -> bool {
-        anomaly.client_id.as_deref().is_some_and(|client_id| {
+        let own = anomaly.client_id.as_deref().is_some_and(|client_id| {
             anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref())
-        })
+        });
+        own || self.namespace_cuts.get(&anomaly.namespace).is_some_and(|cut| anomaly.end_unix_nano < *cut)
     }
 
     /// Joins again what changed since the last refresh.

@@ -581,6 +581,10 @@ fn live_passes(
     (found, let_go)
 }
 
+/// Scenarios whose anomalies tell of other clients' calls (the nodes that served while one
+/// was pinned, the clients a window or an untrusted state affected), run for five minutes.
+const LONG_RUNS: &[&str] = &["ozone-pinned-retry", "hdfs-no-namenodes", "hdfs-future-state"];
+
 #[test]
 fn live_windows_that_let_settled_calls_go_find_what_whole_histories_find() {
     // Passes that hold every span since the start against passes that keep only the last
@@ -592,24 +596,38 @@ fn live_windows_that_let_settled_calls_go_find_what_whole_histories_find() {
     let config = AnalyzerConfig::default();
     let mut failures = Vec::new();
     let (mut compared, mut let_go, mut spans) = (0, 0, 0);
-    for clients in [true, false] {
-        for info in scenarios().into_iter().filter(|info| info.name != "mixed") {
-            let mut records = records_of(&SimConfig::new(info.name));
-            if !clients {
-                records.retain(|record| {
-                    !matches!(record, Record::Span(span) if span.component() == Some(lagscope_model::Component::Client))
-                });
-            }
-            spans += records.iter().filter(|record| matches!(record, Record::Span(_))).count();
-            let (whole, _) = live_passes(&records, &config, 400, None);
-            let (settled, went) = live_passes(&records, &config, 400, Some(1_000_000_000));
-            compared += whole.len();
-            let_go += went;
-            let whole: Vec<Anomaly> = whole.into_values().collect();
-            let settled: Vec<Anomaly> = settled.into_values().collect();
-            let name = format!("{}{} settled", info.name, if clients { "" } else { " without client spans" });
-            compare(&name, &whole, &settled, &mut failures);
+    // Every scenario at its length, then some for five minutes: long enough that an anomaly
+    // whose client calls no more (its calls kept) ends minutes before other clients of its
+    // namespace stop (their calls of its time let go).
+    let long = |name: &str| SimConfig { duration: Some(300 * 1_000_000_000), ..SimConfig::new(name) };
+    let runs = [true, false]
+        .into_iter()
+        .flat_map(|clients| {
+            let named = scenarios().into_iter().filter(|info| info.name != "mixed");
+            named.map(move |info| (SimConfig::new(info.name), clients))
+        })
+        .chain(LONG_RUNS.iter().map(|name| (long(name), true)));
+    for (sim, clients) in runs {
+        let mut records = records_of(&sim);
+        if !clients {
+            records.retain(|record| {
+                !matches!(record, Record::Span(span) if span.component() == Some(lagscope_model::Component::Client))
+            });
         }
+        spans += records.iter().filter(|record| matches!(record, Record::Span(_))).count();
+        let (whole, _) = live_passes(&records, &config, 400, None);
+        let (settled, went) = live_passes(&records, &config, 400, Some(1_000_000_000));
+        compared += whole.len();
+        let_go += went;
+        let whole: Vec<Anomaly> = whole.into_values().collect();
+        let settled: Vec<Anomaly> = settled.into_values().collect();
+        let name = format!(
+            "{}{}{} settled",
+            sim.scenario,
+            sim.duration.map(|duration| format!(" for {} s", duration / 1_000_000_000)).unwrap_or_default(),
+            if clients { "" } else { " without client spans" }
+        );
+        compare(&name, &whole, &settled, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     assert!(compared > 100, "the passes find the scenarios' anomalies: {compared}");
