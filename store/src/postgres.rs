@@ -192,7 +192,9 @@ impl PgStore {
         let (namespace, names) = namespaces.binds();
         // One row per series, its samples as arrays: each row naming its series again had its
         // labels parsed again for every sample (the live analyzer reads every busy scope's
-        // window on each pass).
+        // window on each pass). The latest sample series by series, through the primary key
+        // (as the SQLite store, where a max over the join read the whole table for a scope
+        // without samples).
         let rows: Vec<ScopeSeriesRow> = sqlx::query_as(
             "WITH scope AS (
                  SELECT id, name, labels, kind, unit, description FROM series
@@ -202,7 +204,7 @@ impl PgStore {
                             ELSE name IN (SELECT jsonb_array_elements_text($4::jsonb)) END
              ),
              latest AS (
-                 SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
+                 SELECT max((SELECT max(time_unix_nano) FROM samples WHERE series_id = scope.id)) AS at FROM scope
              )
              SELECT scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description,
                     array_agg(samples.time_unix_nano ORDER BY samples.time_unix_nano) AS times,

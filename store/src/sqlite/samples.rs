@@ -233,7 +233,10 @@ pub(super) async fn series_buckets(
 ///
 /// One row per series, its samples as one JSON array: SQLite's driver costs microseconds a row,
 /// and each row named its series again (its labels parsed again for every sample). The live
-/// analyzer reads every busy scope's window of samples on each pass.
+/// analyzer reads every busy scope's window of samples on each pass. The latest sample is
+/// found series by series through the primary key: a `max` over the join walked the time index
+/// back from the newest sample of any series, through the whole table when the scope had none
+/// (a cluster without shard metrics, on every pass: 75 ms at 870 000 samples).
 pub(super) async fn for_scope(
     pool: &SqlitePool,
     cluster: Option<&str>,
@@ -250,7 +253,7 @@ pub(super) async fn for_scope(
                         ELSE name IN (SELECT value FROM json_each(?4)) END
          ),
          latest AS (
-             SELECT max(samples.time_unix_nano) AS at FROM samples JOIN scope ON scope.id = samples.series_id
+             SELECT max((SELECT max(time_unix_nano) FROM samples WHERE series_id = scope.id)) AS at FROM scope
          )
          SELECT scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description,
                 json_group_array(json_array(samples.time_unix_nano, samples.start_time_unix_nano,
