@@ -261,6 +261,8 @@ pub struct LiveConfig {
     /// follows the last minutes of telemetry, not the client's whole history
     /// (`HeldTimelines::settle`). An anomaly still growing holds its namespace's calls from
     /// its start. 0: nothing is settled (windows are bounded by the span limits alone).
+    /// 10 s by default: the reach already keeps a minute behind it, and every second more is
+    /// held and judged again by every pass (BENCHMARKS.md, forty-fourth session).
     pub settle_seconds: i64,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.
@@ -277,7 +279,7 @@ impl Default for LiveConfig {
             scope_cache_spans: 500_000,
             client_cache_spans: 500_000,
             scope_cache_samples: 1_000_000,
-            settle_seconds: 60,
+            settle_seconds: 10,
             analysis_threads: 0,
         }
     }
