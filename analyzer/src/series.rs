@@ -1,11 +1,9 @@
 //! Metric samples grouped into series, for the detectors that read metrics.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
-use lagscope_model::{MetricKind, Sample, SeriesKey};
-use rustc_hash::FxHashMap;
+use lagscope_model::{MetricKind, Sample};
 use smallvec::SmallVec;
 
 /// Where a series belongs: (cluster, namespace, node).
@@ -21,46 +19,24 @@ pub type Points = Vec<(i64, f64)>;
 
 /// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
 /// numeric points only, sorted by time. Delta counters are accumulated into running totals.
-///
-/// A live scope pass groups its window of samples (900 s of every series of the scope) about
-/// ten times. Samples of one series share its key (the store's reads and the sample cache
-/// hand out one per series): its name and labels are looked at once per key, not once per
-/// sample.
 pub fn series_of(samples: &[Sample], name: &str, extra_labels: &[&str]) -> BTreeMap<(Scope, Vec<String>), Points> {
     // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the owned
     // keys are): one owned key per series, not per sample. Whether a series is a delta
     // counter is its last sample's say.
     type Key<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, SmallVec<[&'a str; 2]>);
-    let mut keys: BTreeMap<Key, usize> = BTreeMap::new();
-    let mut groups: Vec<(bool, Points)> = Vec::new();
-    // Each shared key's group (`None`: another metric's), by the key's address.
-    let mut group_of: FxHashMap<*const SeriesKey, Option<usize>> = FxHashMap::default();
-    for sample in samples {
-        let group = *group_of.entry(Arc::as_ptr(&sample.series)).or_insert_with(|| {
-            let labels = &sample.series;
-            (labels.name == name).then(|| {
-                let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
-                let key = (labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra);
-                let next = groups.len();
-                let group = *keys.entry(key).or_insert(next);
-                if group == next {
-                    groups.push(Default::default());
-                }
-                group
-            })
-        });
-        let (Some(group), Some(value)) = (group, sample.value.as_number()) else { continue };
-        let (delta, points) = &mut groups[group];
+    let mut grouped: BTreeMap<Key, (bool, Points)> = BTreeMap::new();
+    for sample in samples.iter().filter(|sample| sample.series.name == name) {
+        let Some(value) = sample.value.as_number() else { continue };
+        let labels = &sample.series;
+        let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
+        let (delta, points) =
+            grouped.entry((labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra)).or_default();
         *delta = sample.meta.kind == MetricKind::DeltaCounter;
         points.push((sample.time_unix_nano, value));
     }
-    keys.into_iter()
-        .filter_map(|((cluster, namespace, node, extra), group)| {
-            let (delta, mut points) = std::mem::take(&mut groups[group]);
-            // A series whose samples carry no number (a histogram, NaN) has none.
-            if points.is_empty() {
-                return None;
-            }
+    grouped
+        .into_iter()
+        .map(|((cluster, namespace, node, extra), (delta, mut points))| {
             points.sort_by_key(|(time, _)| *time);
             points.dedup_by_key(|(time, _)| *time);
             if delta {
@@ -75,7 +51,7 @@ pub fn series_of(samples: &[Sample], name: &str, extra_labels: &[&str]) -> BTree
                 namespace: namespace.map(str::to_string),
                 node: node.map(str::to_string),
             };
-            Some(((scope, extra.into_iter().map(str::to_string).collect()), points))
+            ((scope, extra.into_iter().map(str::to_string).collect()), points)
         })
         .collect()
 }
@@ -214,24 +190,6 @@ mod tests {
             ((scope(Some("prod"), Some("ns1"), Some("nn-a")), labels(&[""])), vec![(1, 10.0), (3, 30.0)]),
         ];
         assert_eq!(series_of(&samples, "m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
-        // The same with each series' key shared by its samples, as the store and the sample
-        // cache hand them out.
-        let mut keys: Vec<Arc<SeriesKey>> = Vec::new();
-        let shared: Vec<Sample> = samples
-            .iter()
-            .map(|sample| {
-                let key = match keys.iter().find(|key| **key == sample.series) {
-                    Some(key) => key.clone(),
-                    None => {
-                        keys.push(sample.series.clone());
-                        sample.series.clone()
-                    }
-                };
-                Sample { series: key, ..sample.clone() }
-            })
-            .collect();
-        assert_eq!(keys.len(), 5);
-        assert_eq!(series_of(&shared, "m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
         // Without the extra label, nn-b's two series are one; its last sample, a gauge, says it is not summed.
         let merged = series_of(&samples, "m", &[]);
         assert_eq!(merged.len(), 3);
