@@ -96,10 +96,10 @@ pub struct HeldTimelines {
     /// this were let go, except those later calls are judged by.
     settled: BTreeMap<GroupKey, UnixNanos>,
     /// Per namespace, the latest cut of any of its timelines (kept when they go): calls of
-    /// other clients before it may have been let go.
+    /// other clients before it may have been let go. Never less than `settled` of any of its
+    /// timelines.
     namespace_cuts: BTreeMap<Option<String>, UnixNanos>,
-    /// The latest of those cuts, and the `before` of the last [`HeldTimelines::settle`].
-    settled_through: UnixNanos,
+    /// The `before` of the last [`HeldTimelines::settle`].
     last_settle: UnixNanos,
 }
 
@@ -167,7 +167,6 @@ impl HeldTimelines {
             lent: false,
             settled: BTreeMap::new(),
             namespace_cuts: BTreeMap::new(),
-            settled_through: UnixNanos::MIN,
             last_settle: UnixNanos::MIN,
         }
     }
@@ -371,7 +370,6 @@ impl HeldTimelines {
             }
         }
         for (key, at) in cuts {
-            self.settled_through = self.settled_through.max(at);
             let in_namespace = self.namespace_cuts.entry(key.1.clone()).or_insert(UnixNanos::MIN);
             *in_namespace = (*in_namespace).max(at);
             let settled = self.settled.entry(key).or_insert(UnixNanos::MIN);
@@ -385,7 +383,7 @@ impl HeldTimelines {
     /// The latest cut of any timeline: before it, some calls were let go (what is computed per
     /// minute over every timeline is partial there).
     pub fn settled_through(&self) -> UnixNanos {
-        self.settled_through
+        self.namespace_cuts.values().copied().max().unwrap_or(UnixNanos::MIN)
     }
 
     /// The `before` of the last [`HeldTimelines::settle`] (`UnixNanos::MIN`: none yet).
@@ -408,10 +406,16 @@ impl HeldTimelines {
     /// An anomaly that ended that long ago (the cut-off is the detectors' reach behind the
     /// newest span) is found anew only from telemetry that arrived later than that.
     pub fn is_settled(&self, anomaly: &Anomaly) -> bool {
-        let own = anomaly.client_id.as_deref().is_some_and(|client_id| {
-            anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref())
-        });
-        own || self.namespace_cuts.get(&anomaly.namespace).is_some_and(|cut| anomaly.end_unix_nano < *cut)
+        let Some(&in_namespace) = self.namespace_cuts.get(&anomaly.namespace) else { return false };
+        // Most anomalies a pass finds start after every cut of their namespace, and so after
+        // their own timeline's: that one is looked up (its key built) only when it may tell.
+        if anomaly.start_unix_nano >= in_namespace {
+            return false;
+        }
+        anomaly.end_unix_nano < in_namespace
+            || anomaly.client_id.as_deref().is_some_and(|client_id| {
+                anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref())
+            })
     }
 
     /// Joins again what changed since the last refresh.
