@@ -29,12 +29,11 @@ pub fn committed_reports(input: &AnalysisInput) -> CommittedReports {
             reports.entry((timeline.cluster.clone(), timeline.namespace.clone())).or_default().extend(points);
         }
     }
-    // By borrowed labels first: one owned key per namespace, not per sample.
+    // By borrowed labels first: one owned key per namespace, not per series.
     let mut reported: BTreeMap<BorrowedKey, Vec<(i64, i64)>> = BTreeMap::new();
-    for sample in input.samples.iter().filter(|sample| sample.series.name == METRIC_COMMITTED_STATE) {
-        let Some(value) = sample.value.as_number() else { continue };
-        let key = (sample.series.label(CLUSTER), sample.series.label(NAMESPACE));
-        reported.entry(key).or_default().push((sample.time_unix_nano, value as i64));
+    for (series, points) in input.series().numeric(METRIC_COMMITTED_STATE) {
+        let key = (series.label(CLUSTER), series.label(NAMESPACE));
+        reported.entry(key).or_default().extend(points.iter().map(|&(at, value)| (at, value as i64)));
     }
     for ((cluster, namespace), points) in reported {
         reports.entry((cluster.map(str::to_string), namespace.map(str::to_string))).or_default().extend(points);

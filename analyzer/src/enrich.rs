@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 
 use crate::committed::NamespaceKey;
-use crate::series::{Points, Scope, series_of, value_at};
+use crate::series::{Points, Scope, SeriesIndex, value_at};
 
 /// Fills `reported` on every attempt from `samples` (nothing changes without samples).
 ///
@@ -18,11 +18,15 @@ use crate::series::{Points, Scope, series_of, value_at};
 /// attempts in a busy scope): a node's series are looked up once for each run of a timeline's
 /// attempts it served, not once per attempt, and the lookups hash with Fx.
 pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
-    if samples.is_empty() {
-        return;
+    if !samples.is_empty() {
+        enrich_from(timelines, &SeriesIndex::of(samples));
     }
-    let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
-    let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
+}
+
+/// [`enrich`] from samples grouped by series already.
+pub(crate) fn enrich_from(timelines: &mut [ClientTimeline], samples: &SeriesIndex) {
+    let applied = samples.series_of(METRIC_APPLIED_STATE, &[]);
+    let roles = samples.series_of(METRIC_ROLE, &[NODE_ROLE]);
     let committed = committed_by_namespace(samples);
     let (applied, roles) = (by_node(&applied), by_node(&roles));
     let none: &[NodeSeries<'_>] = &[];
@@ -77,9 +81,9 @@ fn node_reported(
 }
 
 /// Each namespace's committed states, as every node of it reported them, in time order.
-fn committed_by_namespace(samples: &[Sample]) -> BTreeMap<NamespaceKey, Points> {
+fn committed_by_namespace(samples: &SeriesIndex) -> BTreeMap<NamespaceKey, Points> {
     let mut committed: BTreeMap<NamespaceKey, Points> = BTreeMap::new();
-    for ((scope, _), points) in series_of(samples, METRIC_COMMITTED_STATE, &[]) {
+    for ((scope, _), points) in samples.series_of(METRIC_COMMITTED_STATE, &[]) {
         committed.entry((scope.cluster, scope.namespace)).or_default().extend(points);
     }
     for points in committed.values_mut() {
@@ -114,14 +118,16 @@ mod tests {
     };
 
     use super::*;
+    use crate::series::series_of_samples;
+    use crate::testing::Random;
 
     /// `enrich` as it was written first: every attempt looks its node's series up on its own.
     /// The reference the faster version, which looks them up once per run of a node's
     /// attempts, must agree with.
     fn enrich_one_by_one(timelines: &mut [ClientTimeline], samples: &[Sample]) {
-        let applied = series_of(samples, METRIC_APPLIED_STATE, &[]);
-        let roles = series_of(samples, METRIC_ROLE, &[NODE_ROLE]);
-        let committed = committed_by_namespace(samples);
+        let applied = series_of_samples(samples, METRIC_APPLIED_STATE, &[]);
+        let roles = series_of_samples(samples, METRIC_ROLE, &[NODE_ROLE]);
+        let committed = committed_by_namespace(&SeriesIndex::of(samples));
         let (applied_by, roles_by) = (by_node(&applied), by_node(&roles));
         for timeline in timelines.iter_mut() {
             let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
@@ -136,22 +142,6 @@ mod tests {
                 (attempt.reported.node_applied, attempt.reported.node_role) =
                     node_reported(node_applied, node_roles, &timeline.namespace, at);
             }
-        }
-    }
-
-    /// xorshift64*: the same cases on every run.
-    struct Random(u64);
-
-    impl Random {
-        fn below(&mut self, bound: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound
-        }
-
-        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-            from[self.below(from.len() as u64) as usize]
         }
     }
 

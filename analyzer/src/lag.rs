@@ -17,7 +17,7 @@ use crate::AnalysisInput;
 use crate::committed::{NamespaceKey, committed_reports, first_seen};
 use crate::detectors::shard_pressure::SHARD_ROLE;
 use crate::floor::served_of;
-use crate::series::{increases, series_of};
+use crate::series::increases;
 
 /// A read a server served, and how far behind the namespace it was.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -180,7 +180,7 @@ fn served_reads_of<'a>(
 
 fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {
     let mut rows = Vec::new();
-    for ((scope, _), points) in series_of(&input.samples, METRIC_APPLIED_STATE, &[]) {
+    for ((scope, _), points) in input.series().series_of(METRIC_APPLIED_STATE, &[]) {
         let key: NamespaceKey = (scope.cluster.clone(), scope.namespace.clone());
         let Some(known) = committed.get(&key) else { continue };
         for (at, applied) in points {
@@ -204,7 +204,7 @@ fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepo
 
 fn rejections(input: &AnalysisInput) -> Vec<RejectionCount> {
     let mut rows = Vec::new();
-    for ((scope, labels), points) in series_of(&input.samples, METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
+    for ((scope, labels), points) in input.series().series_of(METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
         for (at, count) in increases(&points).filter(|(_, count)| *count > 0.0) {
             rows.push(RejectionCount {
                 cluster: scope.cluster.clone(),

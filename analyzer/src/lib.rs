@@ -16,6 +16,8 @@ pub mod log_events;
 mod open;
 mod series;
 pub mod stream;
+#[cfg(test)]
+mod testing;
 mod timeline;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span, UnixNanos};
@@ -35,7 +37,11 @@ pub use timeline::build_timelines;
 #[derive(Debug, Default)]
 pub struct AnalysisInput {
     pub timelines: Vec<ClientTimeline>,
-    pub samples: Vec<Sample>,
+    /// The metric samples; not to be changed once given ([`AnalysisInput::samples`]), as
+    /// `series` is built from them.
+    samples: Vec<Sample>,
+    /// `samples` grouped by series, once for every detector.
+    series: series::SeriesIndex,
     /// The recognised log lines ([`log_events`]), in time order.
     pub log_events: Vec<log_events::LogEvent>,
 }
@@ -44,16 +50,12 @@ impl AnalysisInput {
     /// Builds the timelines of every client in `spans`, a call id naming one call for
     /// `horizon` ([`StreamConfig::horizon`], see [`build_timelines`]).
     pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
-        let mut timelines = build_timelines(spans, horizon);
-        enrich(&mut timelines, &samples);
-        Self { timelines, samples, log_events: Vec::new() }
+        Self::of(build_timelines(spans, horizon), samples)
     }
 
     /// [`AnalysisInput::from_telemetry`] of spans held elsewhere (the live analyzer's caches).
     pub fn from_span_refs(spans: &[&Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
-        let mut timelines = timeline::build_timelines_of(spans, horizon);
-        enrich(&mut timelines, &samples);
-        Self { timelines, samples, log_events: Vec::new() }
+        Self::of(timeline::build_timelines_of(spans, horizon), samples)
     }
 
     /// The input of timelines kept between passes ([`HeldTimelines::take_timelines`]): what
@@ -63,8 +65,29 @@ impl AnalysisInput {
         {
             attempt.reported = Default::default();
         }
-        enrich(&mut timelines, &samples);
-        Self { timelines, samples, log_events: Vec::new() }
+        Self::of(timelines, samples)
+    }
+
+    /// `timelines` filled in from `samples` ([`enrich`]).
+    fn of(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
+        let series = series::SeriesIndex::of(&samples);
+        enrich::enrich_from(&mut timelines, &series);
+        Self { timelines, samples, series, log_events: Vec::new() }
+    }
+
+    /// The metric samples it was given.
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// Its timelines and samples, given back.
+    pub fn into_parts(self) -> (Vec<ClientTimeline>, Vec<Sample>) {
+        (self.timelines, self.samples)
+    }
+
+    /// The samples grouped by series.
+    pub(crate) fn series(&self) -> &series::SeriesIndex {
+        &self.series
     }
 
     /// Adds the events of the log records that carry one; a line sent again
@@ -95,9 +118,12 @@ pub fn analyze_kinds(
         .flat_map(|detector| (detector.detect)(input, config))
         .collect();
     mark_open(input, &mut anomalies, config);
-    let evidence: Vec<log_events::LogEvent> =
-        input.log_events.iter().filter(|event| event.kind.is_evidence()).cloned().collect();
-    log_events::attach_evidence(&mut anomalies, &evidence);
+    // The evidence lines are gathered only when an anomaly that takes them was found.
+    if anomalies.iter().any(|anomaly| log_events::evidence_of(anomaly.kind).is_some()) {
+        let evidence: Vec<log_events::LogEvent> =
+            input.log_events.iter().filter(|event| event.kind.is_evidence()).cloned().collect();
+        log_events::attach_evidence(&mut anomalies, &evidence);
+    }
     sort_anomalies(&mut anomalies);
     anomalies
 }
@@ -124,8 +150,8 @@ fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], config: &Analyzer
             ends.call_or_line(timeline.cluster.as_deref(), end);
         }
     }
-    for sample in &input.samples {
-        ends.sample(sample.series.label(CLUSTER), sample.series.label(NODE_ID).map(Some), sample.time_unix_nano);
+    for (series, latest) in input.series.latest() {
+        ends.sample(series.label(CLUSTER), series.label(NODE_ID).map(Some), latest);
     }
     for event in &input.log_events {
         ends.call_or_line(event.cluster.as_deref(), event.time_unix_nano);

@@ -123,18 +123,23 @@ impl LogEventKind {
     }
 }
 
+/// The lines an anomaly of `kind` takes as evidence ([`attach_evidence`]), if any.
+pub fn evidence_of(kind: lagscope_model::AnomalyKind) -> Option<LogEventKind> {
+    use lagscope_model::AnomalyKind;
+    match kind {
+        AnomalyKind::UntrustedState => Some(LogEventKind::ObserverTooFarBehind),
+        AnomalyKind::ShardPressure | AnomalyKind::UnfairRejection => Some(LogEventKind::IndexingRejected),
+        _ => None,
+    }
+}
+
 /// Attaches the evidence lines (`events`, in time order, at most [`MAX_EVIDENCE_LINES`] of
 /// them, the most recent) to the anomalies they bear on: `evidence.log_lines` = how many, the
 /// first and the last line. The same pass for the batch and the streaming analyzer.
 pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogEvent]) {
-    use lagscope_model::AnomalyKind;
     let events = &events[events.len().saturating_sub(MAX_EVIDENCE_LINES)..];
     for anomaly in anomalies.iter_mut() {
-        let wanted = match anomaly.kind {
-            AnomalyKind::UntrustedState => LogEventKind::ObserverTooFarBehind,
-            AnomalyKind::ShardPressure | AnomalyKind::UnfairRejection => LogEventKind::IndexingRejected,
-            _ => continue,
-        };
+        let Some(wanted) = evidence_of(anomaly.kind) else { continue };
         let (start, end) = (anomaly.start_unix_nano, anomaly.end_unix_nano);
         let from = events.partition_point(|event| event.time_unix_nano < start);
         let matching: Vec<&LogEvent> = events[from..]

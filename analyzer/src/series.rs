@@ -1,9 +1,11 @@
 //! Metric samples grouped into series, for the detectors that read metrics.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
-use lagscope_model::{MetricKind, Sample};
+use lagscope_model::{MetricKind, Sample, SeriesKey};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 /// Where a series belongs: (cluster, namespace, node).
@@ -17,43 +19,130 @@ pub struct Scope {
 /// The points of one series, oldest first: (time, value).
 pub type Points = Vec<(i64, f64)>;
 
-/// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
-/// numeric points only, sorted by time. Delta counters are accumulated into running totals.
-pub fn series_of(samples: &[Sample], name: &str, extra_labels: &[&str]) -> BTreeMap<(Scope, Vec<String>), Points> {
-    // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the owned
-    // keys are): one owned key per series, not per sample. Whether a series is a delta
-    // counter is its last sample's say.
-    type Key<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, SmallVec<[&'a str; 2]>);
-    let mut grouped: BTreeMap<Key, (bool, Points)> = BTreeMap::new();
-    for sample in samples.iter().filter(|sample| sample.series.name == name) {
-        let Some(value) = sample.value.as_number() else { continue };
-        let labels = &sample.series;
-        let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
-        let (delta, points) =
-            grouped.entry((labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra)).or_default();
-        *delta = sample.meta.kind == MetricKind::DeltaCounter;
-        points.push((sample.time_unix_nano, value));
+/// A window's samples grouped once into their series: the detectors and `enrich` take the
+/// series of one metric at a time, a dozen times a pass over the same samples, and a scope's
+/// window holds some 25 000 of them (15 minutes of a few dozen series), while it has a few
+/// dozen series. Grouping by series first, each lookup touches the series of its metric only.
+#[derive(Debug, Default)]
+pub struct SeriesIndex {
+    series: Vec<Indexed>,
+}
+
+/// One series' samples, as the input gave them.
+#[derive(Debug)]
+struct Indexed {
+    key: Arc<SeriesKey>,
+    /// Its numeric samples, in the input's order: (time, value).
+    points: Points,
+    /// Each point's position in the input.
+    positions: Vec<usize>,
+    /// Whether its last numeric sample was of a delta counter.
+    delta: bool,
+    /// The latest time of any of its samples, numeric or not.
+    latest: i64,
+}
+
+impl SeriesIndex {
+    /// Groups `samples` by series (the `Arc` they share; copies of a key under another `Arc`
+    /// are grouped apart and merged by [`SeriesIndex::series_of`] like any two series).
+    pub fn of(samples: &[Sample]) -> Self {
+        let mut at: FxHashMap<*const SeriesKey, usize> = FxHashMap::default();
+        let mut series: Vec<Indexed> = Vec::new();
+        for (position, sample) in samples.iter().enumerate() {
+            let index = *at.entry(Arc::as_ptr(&sample.series)).or_insert_with(|| {
+                series.push(Indexed {
+                    key: sample.series.clone(),
+                    points: Points::new(),
+                    positions: Vec::new(),
+                    delta: false,
+                    latest: i64::MIN,
+                });
+                series.len() - 1
+            });
+            let indexed = &mut series[index];
+            indexed.latest = indexed.latest.max(sample.time_unix_nano);
+            let Some(value) = sample.value.as_number() else { continue };
+            indexed.points.push((sample.time_unix_nano, value));
+            indexed.positions.push(position);
+            indexed.delta = sample.meta.kind == MetricKind::DeltaCounter;
+        }
+        Self { series }
     }
-    grouped
-        .into_iter()
-        .map(|((cluster, namespace, node, extra), (delta, mut points))| {
-            points.sort_by_key(|(time, _)| *time);
-            points.dedup_by_key(|(time, _)| *time);
-            if delta {
-                let mut total = 0.0;
-                for point in points.iter_mut() {
-                    total += point.1;
-                    point.1 = total;
-                }
-            }
-            let scope = Scope {
-                cluster: cluster.map(str::to_string),
-                namespace: namespace.map(str::to_string),
-                node: node.map(str::to_string),
-            };
-            ((scope, extra.into_iter().map(str::to_string).collect()), points)
-        })
-        .collect()
+
+    /// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
+    /// numeric points only, sorted by time (of points at the same time, the first given).
+    /// Delta counters are accumulated into running totals. Series that share a key are one;
+    /// whether it is a delta counter is its last sample's say.
+    pub fn series_of(&self, name: &str, extra_labels: &[&str]) -> BTreeMap<(Scope, Vec<String>), Points> {
+        // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the
+        // owned keys are): one owned key per series.
+        let mut grouped: BTreeMap<BorrowedKey, SmallVec<[&Indexed; 1]>> = BTreeMap::new();
+        for series in self.series.iter().filter(|series| series.key.name == name && !series.points.is_empty()) {
+            let labels = &series.key;
+            let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
+            grouped
+                .entry((labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra))
+                .or_default()
+                .push(series);
+        }
+        grouped
+            .into_iter()
+            .map(|(key, members)| {
+                let (delta, points) = match members.as_slice() {
+                    [one] => (one.delta, one.points.clone()),
+                    many => {
+                        // Back in the input's order, so that the first of a time stays first.
+                        let mut merged: Vec<(usize, (i64, f64))> = many
+                            .iter()
+                            .flat_map(|series| series.positions.iter().copied().zip(series.points.iter().copied()))
+                            .collect();
+                        merged.sort_unstable_by_key(|(position, _)| *position);
+                        let last = many
+                            .iter()
+                            .max_by_key(|series| series.positions.last())
+                            .map_or(false, |series| series.delta);
+                        (last, merged.into_iter().map(|(_, point)| point).collect())
+                    }
+                };
+                finish(key, delta, points)
+            })
+            .collect()
+    }
+
+    /// Each series of metric `name` with its numeric points, in the input's order.
+    pub fn numeric(&self, name: &str) -> impl Iterator<Item = (&SeriesKey, &Points)> {
+        self.series.iter().filter(move |series| series.key.name == name).map(|series| (&*series.key, &series.points))
+    }
+
+    /// Each series with the latest time of its samples.
+    pub fn latest(&self) -> impl Iterator<Item = (&SeriesKey, i64)> {
+        self.series.iter().map(|series| (&*series.key, series.latest))
+    }
+}
+
+/// Series labels borrowed from its samples: cluster, namespace, node, the extra labels asked
+/// for (ordered as the owned keys are).
+type BorrowedKey<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, SmallVec<[&'a str; 2]>);
+
+/// A series' key owned, and its points (in the order given) sorted by time, the first of a
+/// time kept, a delta counter's summed into running totals.
+fn finish(key: BorrowedKey<'_>, delta: bool, mut points: Points) -> ((Scope, Vec<String>), Points) {
+    let (cluster, namespace, node, extra) = key;
+    points.sort_by_key(|(time, _)| *time);
+    points.dedup_by_key(|(time, _)| *time);
+    if delta {
+        let mut total = 0.0;
+        for point in points.iter_mut() {
+            total += point.1;
+            point.1 = total;
+        }
+    }
+    let scope = Scope {
+        cluster: cluster.map(str::to_string),
+        namespace: namespace.map(str::to_string),
+        node: node.map(str::to_string),
+    };
+    ((scope, extra.into_iter().map(str::to_string).collect()), points)
 }
 
 /// The latest value at or before `at`.
@@ -135,12 +224,38 @@ pub fn runs_through_dips(
 }
 
 #[cfg(test)]
+/// [`SeriesIndex::series_of`] as first written, sample by sample: the reference it must
+/// agree with. Every series of metric `name`, keyed by its scope plus the extra labels asked for,
+/// numeric points only, sorted by time. Delta counters are accumulated into running totals.
+pub(crate) fn series_of_samples(
+    samples: &[Sample],
+    name: &str,
+    extra_labels: &[&str],
+) -> BTreeMap<(Scope, Vec<String>), Points> {
+    // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the owned
+    // keys are): one owned key per series, not per sample. Whether a series is a delta
+    // counter is its last sample's say.
+    let mut grouped: BTreeMap<BorrowedKey, (bool, Points)> = BTreeMap::new();
+    for sample in samples.iter().filter(|sample| sample.series.name == name) {
+        let Some(value) = sample.value.as_number() else { continue };
+        let labels = &sample.series;
+        let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
+        let (delta, points) =
+            grouped.entry((labels.label(CLUSTER), labels.label(NAMESPACE), labels.label(NODE_ID), extra)).or_default();
+        *delta = sample.meta.kind == MetricKind::DeltaCounter;
+        points.push((sample.time_unix_nano, value));
+    }
+    grouped.into_iter().map(|(key, (delta, points))| finish(key, delta, points)).collect()
+}
+
+#[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use lagscope_model::{PointValue, SeriesKey, SeriesMeta};
 
     use super::*;
+    use crate::testing::Random;
 
     fn sample(name: &str, labels: &[(&str, &str)], kind: MetricKind, at: i64, value: PointValue) -> Sample {
         Sample {
@@ -189,11 +304,80 @@ mod tests {
             ((scope(Some("prod"), None, Some("nn-b")), labels(&["y"])), vec![(1, 1.0), (2, 6.0)]),
             ((scope(Some("prod"), Some("ns1"), Some("nn-a")), labels(&[""])), vec![(1, 10.0), (3, 30.0)]),
         ];
-        assert_eq!(series_of(&samples, "m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
+        let index = SeriesIndex::of(&samples);
+        assert_eq!(index.series_of("m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
+        assert_eq!(series_of_samples(&samples, "m", &["role"]).into_iter().collect::<Vec<_>>(), expected);
         // Without the extra label, nn-b's two series are one; its last sample, a gauge, says it is not summed.
-        let merged = series_of(&samples, "m", &[]);
+        let merged = index.series_of("m", &[]);
+        assert_eq!(merged, series_of_samples(&samples, "m", &[]));
         assert_eq!(merged.len(), 3);
         assert_eq!(merged[&(scope(Some("prod"), None, Some("nn-b")), Vec::new())], vec![(1, 1.0), (2, 5.0), (4, 4.0)]);
+    }
+
+    /// Grouped by series first, the series of a metric are what looking at every sample
+    /// finds: over series that share a key (labels the key leaves out, or the same labels under
+    /// another `Arc`), points at the same time, delta counters and gauges under one key,
+    /// values that are not numbers, and samples in any order.
+    #[test]
+    fn the_index_finds_what_every_sample_finds() {
+        use MetricKind::{DeltaCounter, Gauge};
+        let mut random = Random(0x9e37_79b9_7f4a_7c15);
+        let names = ["m", "n"];
+        let (clusters, nodes, roles, others) = (["c1", "c2"], ["a", "b", ""], ["x", "y", ""], ["1", "2"]);
+        for case in 0..300 {
+            // A pool of series, some keys under two `Arc`s.
+            let mut pool: Vec<(Arc<SeriesKey>, MetricKind)> = Vec::new();
+            for _ in 0..1 + random.below(12) {
+                let mut labels = Vec::new();
+                let mut add = |key: &'static str, values: &[&'static str], random: &mut Random| {
+                    let value = values[random.below(values.len() as u64) as usize];
+                    if !value.is_empty() {
+                        labels.push((key, value));
+                    }
+                };
+                add(CLUSTER, &clusters, &mut random);
+                add(NODE_ID, &nodes, &mut random);
+                add("role", &roles, &mut random);
+                add("other", &others, &mut random);
+                if random.below(2) == 0 {
+                    labels.push((NAMESPACE, "ns1"));
+                }
+                let name = names[random.below(2) as usize];
+                let kind = if random.below(3) == 0 { DeltaCounter } else { Gauge };
+                let key = sample(name, &labels, kind, 0, PointValue::Number(0.0)).series;
+                if random.below(4) == 0 {
+                    pool.push((Arc::new((*key).clone()), if random.below(2) == 0 { DeltaCounter } else { kind }));
+                }
+                pool.push((key, kind));
+            }
+            let samples: Vec<Sample> = (0..random.below(200))
+                .map(|_| {
+                    let (series, kind) = &pool[random.below(pool.len() as u64) as usize];
+                    let value = if random.below(20) == 0 {
+                        PointValue::Distribution(Default::default())
+                    } else {
+                        PointValue::Number(random.below(1000) as f64)
+                    };
+                    Sample {
+                        series: series.clone(),
+                        meta: Arc::new(SeriesMeta { kind: *kind, unit: None, description: None }),
+                        time_unix_nano: random.below(40) as i64,
+                        start_time_unix_nano: None,
+                        value,
+                    }
+                })
+                .collect();
+            let index = SeriesIndex::of(&samples);
+            for name in names {
+                for extra in [&[][..], &["role"][..], &["role", "other"][..]] {
+                    assert_eq!(
+                        index.series_of(name, extra),
+                        series_of_samples(&samples, name, extra),
+                        "case {case}, {name}, {extra:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -776,11 +776,12 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     }
     let rollups = read_rollups(&input, complete_from);
     let mut let_go = Vec::new();
+    let (analysed, samples) = input.into_parts();
     if let Spans::Held(held) = spans {
-        held.give_back(input.timelines);
+        held.give_back(analysed);
         let_go = settle(held, &anomalies, config);
     }
-    ScopeFound { anomalies, rollups, timelines, samples: input.samples, let_go }
+    ScopeFound { anomalies, rollups, timelines, samples, let_go }
 }
 
 /// `analyse` over every item, on up to `threads` threads (this one among them), the largest

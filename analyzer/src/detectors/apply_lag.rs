@@ -10,20 +10,21 @@ use lagscope_model::{Anomaly, AnomalyKind, Severity};
 use serde_json::json;
 
 use super::evidence::{NO_SPANS, evidence};
-use crate::series::{Points, Scope, series_of, value_at};
+use crate::series::{Points, Scope, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub(crate) const LEADER_ROLES: &[&str] = &["active", "leader", "primary"];
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.apply_lag;
-    let applied = series_of(&input.samples, METRIC_APPLIED_STATE, &[]);
+    let applied = input.series().series_of(METRIC_APPLIED_STATE, &[]);
     let committed = committed_by_namespace(input);
-    let roles = series_of(&input.samples, METRIC_ROLE, &[NODE_ROLE]);
+    let roles = input.series().series_of(METRIC_ROLE, &[NODE_ROLE]);
     let mut anomalies = Vec::new();
     for ((scope, _), points) in &applied {
         let Some(committed_points) = committed.get(&(scope.cluster.clone(), scope.namespace.clone())) else { continue };
-        let is_leader = |at: i64| role_at(&roles, scope, at).is_some_and(|role| LEADER_ROLES.contains(&role.as_str()));
+        let node_roles = roles_of(&roles, scope);
+        let is_leader = |at: i64| role_at(&node_roles, at).is_some_and(|role| LEADER_ROLES.contains(&role));
         let mut last_change: Option<(i64, f64)> = None;
         let mut open: Option<Episode> = None;
         for &(at, value) in points {
@@ -86,7 +87,7 @@ pub(crate) struct Episode {
 /// The namespace's committed state over time: the highest any node reported.
 fn committed_by_namespace(input: &AnalysisInput) -> BTreeMap<(Option<String>, Option<String>), Points> {
     let mut merged: BTreeMap<(Option<String>, Option<String>), Points> = BTreeMap::new();
-    for ((scope, _), points) in series_of(&input.samples, METRIC_COMMITTED_STATE, &[]) {
+    for ((scope, _), points) in input.series().series_of(METRIC_COMMITTED_STATE, &[]) {
         merged.entry((scope.cluster, scope.namespace)).or_default().extend(points);
     }
     for points in merged.values_mut() {
@@ -100,13 +101,22 @@ fn committed_by_namespace(input: &AnalysisInput) -> BTreeMap<(Option<String>, Op
     merged
 }
 
-fn role_at(roles: &BTreeMap<(Scope, Vec<String>), Points>, scope: &Scope, at: i64) -> Option<String> {
+/// The role series of `scope`'s node: each role's label with its points.
+fn roles_of<'a>(roles: &'a BTreeMap<(Scope, Vec<String>), Points>, scope: &Scope) -> Vec<(&'a str, &'a Points)> {
     roles
         .iter()
         .filter(|((role_scope, _), _)| role_scope.node == scope.node && role_scope.cluster == scope.cluster)
-        .filter_map(|((_, labels), points)| {
+        .map(|((_, labels), points)| (labels[0].as_str(), points))
+        .collect()
+}
+
+/// The role a node reported last at `at` (of two reported at the same time, the greater).
+fn role_at<'a>(roles: &[(&'a str, &Points)], at: i64) -> Option<&'a str> {
+    roles
+        .iter()
+        .filter_map(|(role, points)| {
             let index = points.partition_point(|(time, _)| *time <= at);
-            index.checked_sub(1).map(|index| (points[index].0, labels[0].clone()))
+            index.checked_sub(1).map(|index| (points[index].0, *role))
         })
         .max()
         .map(|(_, role)| role)

@@ -6,7 +6,6 @@ use lagscope_model::conventions::METRIC_PROBE_UP;
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, TimelineAttempt};
 
 use super::evidence::{evidence, span_ids};
-use crate::series::series_of;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub(crate) const SERVER_ADDRESS: &str = "server.address";
@@ -15,7 +14,7 @@ pub(crate) const CLIENT_ID: &str = "lagscope.client.id";
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.blind_failover_probe;
-    let probes = series_of(&input.samples, METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
+    let probes = input.series().series_of(METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
         let attempts: Vec<&TimelineAttempt> = timeline.calls.iter().flat_map(|call| &call.attempts).collect();

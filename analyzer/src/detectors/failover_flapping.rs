@@ -15,12 +15,11 @@ use lagscope_model::conventions::METRIC_PROBE_UP;
 use super::blind_failover_probe::{CLIENT_ID, PROBE_KIND, SERVER_ADDRESS};
 use super::evidence::{Spans, evidence};
 use crate::log_events::{LogEvent, LogEventKind};
-use crate::series::series_of;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-    let probes = series_of(&input.samples, METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
+    let probes = input.series().series_of(METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
     let logged = logged_switches(&input.log_events);
     for timeline in &input.timelines {

@@ -209,7 +209,7 @@ fn active_reported(
     start: i64,
     end: i64,
 ) -> Option<String> {
-    let from_metrics = input.samples.iter().find_map(|sample| {
+    let from_metrics = input.samples().iter().find_map(|sample| {
         let labels = &sample.series;
         (labels.name == METRIC_ROLE
             && labels.label(NODE_ROLE) == Some("active")

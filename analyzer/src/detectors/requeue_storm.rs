@@ -6,15 +6,15 @@ use lagscope_model::conventions::{METRIC_REQUEUE_CALLS, METRIC_RPC_PROCESSING_OP
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 
 use super::evidence::{NO_SPANS, evidence};
-use crate::series::{Scope, rates, runs_through_dips, series_of, value_at};
+use crate::series::{Scope, rates, runs_through_dips, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.requeue_storm;
-    let queue_ops = series_of(&input.samples, METRIC_RPC_QUEUE_OPS, &[]);
-    let processing_ops = series_of(&input.samples, METRIC_RPC_PROCESSING_OPS, &[]);
+    let queue_ops = input.series().series_of(METRIC_RPC_QUEUE_OPS, &[]);
+    let processing_ops = input.series().series_of(METRIC_RPC_PROCESSING_OPS, &[]);
     let mut anomalies = Vec::new();
-    for (key, points) in series_of(&input.samples, METRIC_REQUEUE_CALLS, &[]) {
+    for (key, points) in input.series().series_of(METRIC_REQUEUE_CALLS, &[]) {
         let requeue_rates = rates(&points);
         let processed_rates = processing_ops.get(&key).map(|points| rates(points)).unwrap_or_default();
         // High: many requeues per second, and many per call the server got through (short
@@ -22,7 +22,10 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         let (min_nanos, max_dip_nanos) =
             (settings.min_seconds * 1_000_000_000, settings.max_dip_seconds * 1_000_000_000);
         let storms = runs_through_dips(&requeue_rates, min_nanos, max_dip_nanos, |at, rate| {
-            let processed = processed_rates.iter().find(|(time, _)| *time == at).map_or(0.0, |(_, rate)| *rate);
+            // The rates' times rise strictly (a series' points, one per time).
+            let processed = processed_rates
+                .binary_search_by_key(&at, |(time, _)| *time)
+                .map_or(0.0, |index| processed_rates[index].1);
             rate >= settings.min_requeues_per_second
                 && rate >= settings.min_requeues_per_processed_call * processed.max(1.0)
         });

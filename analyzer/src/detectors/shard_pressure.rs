@@ -5,7 +5,7 @@ use lagscope_model::conventions::{METRIC_SHARD_INFLIGHT_BYTES, METRIC_SHARD_LIMI
 use lagscope_model::{Anomaly, AnomalyKind, Severity};
 
 use super::evidence::{NO_SPANS, evidence};
-use crate::series::{Points, Scope, runs, series_of, value_at};
+use crate::series::{Points, Scope, runs, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub const SHARD_ROLE: &str = "lagscope.shard.role";
@@ -23,9 +23,9 @@ pub fn ratios(inflight: &Points, limit: Option<&Points>) -> Points {
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.shard_pressure;
-    let limits = series_of(&input.samples, METRIC_SHARD_LIMIT_BYTES, &[SHARD_ROLE]);
+    let limits = input.series().series_of(METRIC_SHARD_LIMIT_BYTES, &[SHARD_ROLE]);
     let mut anomalies = Vec::new();
-    for (key, inflight) in series_of(&input.samples, METRIC_SHARD_INFLIGHT_BYTES, &[SHARD_ROLE]) {
+    for (key, inflight) in input.series().series_of(METRIC_SHARD_INFLIGHT_BYTES, &[SHARD_ROLE]) {
         let ratio_points = ratios(&inflight, limits.get(&key));
         let (scope, labels) = &key;
         let role = labels[0].as_str();

@@ -9,15 +9,15 @@ use lagscope_model::{Anomaly, AnomalyKind, Severity};
 
 use super::evidence::{NO_SPANS, evidence};
 use super::shard_pressure::{SHARD_ROLE, ratios};
-use crate::series::{Scope, interval_rates, peak_over, series_of, value_at};
+use crate::series::{Scope, interval_rates, peak_over, value_at};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.unfair_rejection;
-    let inflight = series_of(&input.samples, METRIC_SHARD_INFLIGHT_BYTES, &[SHARD_ROLE]);
-    let limits = series_of(&input.samples, METRIC_SHARD_LIMIT_BYTES, &[SHARD_ROLE]);
+    let inflight = input.series().series_of(METRIC_SHARD_INFLIGHT_BYTES, &[SHARD_ROLE]);
+    let limits = input.series().series_of(METRIC_SHARD_LIMIT_BYTES, &[SHARD_ROLE]);
     let mut anomalies = Vec::new();
-    for (key, rejections) in series_of(&input.samples, METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
+    for (key, rejections) in input.series().series_of(METRIC_SHARD_REJECTIONS, &[SHARD_ROLE]) {
         let (scope, labels) = &key;
         let own_ratio = ratios(inflight.get(&key).map_or(&Vec::new(), |points| points), limits.get(&key));
         // The node's other shards (same cluster, node and role).
