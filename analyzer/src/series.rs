@@ -97,10 +97,8 @@ impl SeriesIndex {
                             .flat_map(|series| series.positions.iter().copied().zip(series.points.iter().copied()))
                             .collect();
                         merged.sort_unstable_by_key(|(position, _)| *position);
-                        let last = many
-                            .iter()
-                            .max_by_key(|series| series.positions.last())
-                            .map_or(false, |series| series.delta);
+                        let last =
+                            many.iter().max_by_key(|series| series.positions.last()).is_some_and(|series| series.delta);
                         (last, merged.into_iter().map(|(_, point)| point).collect())
                     }
                 };
