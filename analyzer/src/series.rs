@@ -77,7 +77,7 @@ impl SeriesIndex {
         // Grouped by borrowed labels (cluster, namespace, node, extra labels; ordered as the
         // owned keys are): one owned key per series.
         let mut grouped: BTreeMap<BorrowedKey, SmallVec<[&Indexed; 1]>> = BTreeMap::new();
-        for series in self.series.iter().filter(|series| series.key.name == name && !series.points.is_empty()) {
+        for series in self.with_numbers(name) {
             let labels = &series.key;
             let extra = extra_labels.iter().map(|label| labels.label(label).unwrap_or_default()).collect();
             grouped
@@ -107,9 +107,14 @@ impl SeriesIndex {
             .collect()
     }
 
-    /// Each series of metric `name` with its numeric points, in the input's order.
+    /// Each series of metric `name` that has numeric points, with them, in the input's order.
     pub fn numeric(&self, name: &str) -> impl Iterator<Item = (&SeriesKey, &Points)> {
-        self.series.iter().filter(move |series| series.key.name == name).map(|series| (&*series.key, &series.points))
+        self.with_numbers(name).map(|series| (&*series.key, &series.points))
+    }
+
+    /// The series of metric `name` that have numeric points (those the others leave out).
+    fn with_numbers(&self, name: &str) -> impl Iterator<Item = &Indexed> {
+        self.series.iter().filter(move |series| series.key.name == name && !series.points.is_empty())
     }
 
     /// Each series with the latest time of its samples.
