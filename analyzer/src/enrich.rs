@@ -8,6 +8,7 @@ use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, 
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::committed::NamespaceKey;
 use crate::series::{Points, Scope, SeriesIndex, value_at};
@@ -23,7 +24,8 @@ pub fn enrich(timelines: &mut [ClientTimeline], samples: &[Sample]) {
     }
 }
 
-/// [`enrich`] from samples grouped by series already.
+/// [`enrich`] from samples grouped by series already: every field of every attempt's
+/// `reported` is written (`None` where the samples do not say), whatever it held before.
 pub(crate) fn enrich_from(timelines: &mut [ClientTimeline], samples: &SeriesIndex) {
     let applied = samples.series_of(METRIC_APPLIED_STATE, &[]);
     let roles = samples.series_of(METRIC_ROLE, &[NODE_ROLE]);
@@ -33,31 +35,59 @@ pub(crate) fn enrich_from(timelines: &mut [ClientTimeline], samples: &SeriesInde
     for timeline in timelines.iter_mut() {
         let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
         // The series of the node that served the attempt before (a client's attempts mostly
-        // go to a few nodes, one after another).
-        let mut last: Option<(String, &[NodeSeries<'_>], &[NodeSeries<'_>])> = None;
+        // go to a few nodes, one after another), its applied states those of the timeline's
+        // namespace or of none.
+        let mut last: Option<NodeAt<'_>> = None;
         for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
             let at = attempt.start_unix_nano;
-            attempt.reported.namespace_committed =
-                committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
-            let Some(node) = attempt.served_by.as_deref() else { continue };
-            let (node_applied, node_roles) = match &last {
-                Some((last_node, node_applied, node_roles)) if last_node == node => (*node_applied, *node_roles),
-                _ => {
-                    let key = (timeline.cluster.as_deref(), node);
-                    let node_applied = applied.get(&key).map_or(none, Vec::as_slice);
-                    let node_roles = roles.get(&key).map_or(none, Vec::as_slice);
-                    last = Some((node.to_string(), node_applied, node_roles));
-                    (node_applied, node_roles)
-                }
+            let reported = &mut attempt.reported;
+            reported.namespace_committed = committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
+            let Some(node) = attempt.served_by.as_deref() else {
+                (reported.node_applied, reported.node_role) = (None, None);
+                continue;
             };
-            (attempt.reported.node_applied, attempt.reported.node_role) =
-                node_reported(node_applied, node_roles, &timeline.namespace, at);
+            if last.as_ref().is_none_or(|(last_node, _, _)| last_node != node) {
+                let key = (timeline.cluster.as_deref(), node);
+                let node_applied = applied.get(&key).map_or(none, Vec::as_slice);
+                let of_namespace = node_applied
+                    .iter()
+                    .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == timeline.namespace)
+                    .map(|(_, _, points)| *points)
+                    .collect();
+                last = Some((node.to_string(), of_namespace, roles.get(&key).map_or(none, Vec::as_slice)));
+            }
+            let Some((_, node_applied, node_roles)) = &last else { continue };
+            reported.node_applied =
+                node_applied.iter().find_map(|points| value_at(points, at)).map(|value| value as i64);
+            // Held timelines keep what the last pass told them: the role is copied only when
+            // it changed.
+            match role_at(node_roles, at) {
+                Some(role) if reported.node_role.as_deref() != Some(role.as_str()) => {
+                    reported.node_role = Some(role.clone());
+                }
+                Some(_) => {}
+                None => reported.node_role = None,
+            }
         }
     }
 }
 
+/// The role a node's role series reported last at `at` (of two at one time, the greater).
+fn role_at<'a>(roles: &[NodeSeries<'a>], at: i64) -> Option<&'a String> {
+    roles
+        .iter()
+        .filter_map(|(_, labels, points)| {
+            let index = points.partition_point(|(time, _)| *time <= at);
+            index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
+        })
+        .max()
+        .map(|(_, role)| role)
+}
+
 /// What a node's series (`applied` states, `roles`) said at `at`: its applied state (from a
-/// series of `namespace` or of none), and the role it reported last.
+/// series of `namespace` or of none), and the role it reported last. (The reference the
+/// tests hold [`enrich_from`] to.)
+#[cfg(test)]
 fn node_reported(
     applied: &[NodeSeries<'_>],
     roles: &[NodeSeries<'_>],
@@ -69,15 +99,7 @@ fn node_reported(
         .filter(|(scope, _, _)| scope.namespace.is_none() || scope.namespace == *namespace)
         .find_map(|(_, _, points)| value_at(points, at))
         .map(|value| value as i64);
-    let role = roles
-        .iter()
-        .filter_map(|(_, labels, points)| {
-            let index = points.partition_point(|(time, _)| *time <= at);
-            index.checked_sub(1).map(|index| (points[index].0, &labels[0]))
-        })
-        .max()
-        .map(|(_, role)| role.clone());
-    (applied, role)
+    (applied, role_at(roles, at).cloned())
 }
 
 /// Each namespace's committed states, as every node of it reported them, in time order.
@@ -91,6 +113,9 @@ fn committed_by_namespace(samples: &SeriesIndex) -> BTreeMap<NamespaceKey, Point
     }
     committed
 }
+
+/// A node, its applied states of one namespace (or of none), and its role series.
+type NodeAt<'a> = (String, SmallVec<[&'a Points; 2]>, &'a [NodeSeries<'a>]);
 
 /// One series of a node: its scope, its extra labels, its points.
 type NodeSeries<'a> = (&'a Scope, &'a Vec<String>, &'a Points);
@@ -200,6 +225,7 @@ mod tests {
         let namespaces = ["ns1", "ns2", ""];
         let nodes = ["nn-a", "nn-b", "nn-c", "nn-d"];
         let mut told = 0;
+        let mut before: Vec<Sample> = Vec::new();
         for _ in 0..200 {
             let mut samples = Vec::new();
             for _ in 0..random.below(40) {
@@ -255,8 +281,36 @@ mod tests {
                 .collect();
             let mut expected = timelines.clone();
             enrich_one_by_one(&mut expected, &samples);
+            // Held timelines come back with what the last pass told them (here, of the last
+            // case's samples, every attempt served by some node): all of it is told anew.
+            let mut held = timelines.clone();
+            for attempt in held.iter_mut().flat_map(|timeline| &mut timeline.calls).flat_map(|call| &mut call.attempts)
+            {
+                let mut served = attempt.clone();
+                served.served_by = Some(random.pick(&nodes).to_string());
+                let mut timeline = ClientTimeline {
+                    client_id: String::new(),
+                    namespace: None,
+                    cluster: None,
+                    system: None,
+                    calls: vec![TimelineCall {
+                        call_id: None,
+                        op: None,
+                        rpc_method: None,
+                        start_unix_nano: served.start_unix_nano,
+                        end_unix_nano: served.end_unix_nano,
+                        attempts: vec![served],
+                        floor: None,
+                    }],
+                };
+                enrich_from(std::slice::from_mut(&mut timeline), &SeriesIndex::of(&before));
+                attempt.reported = timeline.calls.remove(0).attempts.remove(0).reported;
+            }
+            enrich_from(&mut held, &SeriesIndex::of(&samples));
+            assert_eq!(held, expected, "told again");
             enrich(&mut timelines, &samples);
             assert_eq!(timelines, expected);
+            before = samples;
             told += timelines
                 .iter()
                 .flat_map(|timeline| &timeline.calls)

@@ -20,6 +20,8 @@ pub mod stream;
 mod testing;
 mod timeline;
 
+use std::sync::Arc;
+
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span, UnixNanos};
 
 pub use config::{
@@ -43,7 +45,8 @@ pub struct AnalysisInput {
     /// `samples` grouped by series, once for every detector.
     series: series::SeriesIndex,
     /// The recognised log lines ([`log_events`]), in time order.
-    pub log_events: Vec<log_events::LogEvent>,
+    /// Shared: the live analyzer hands one cluster's lines to many passes.
+    pub log_events: Vec<Arc<log_events::LogEvent>>,
 }
 
 impl AnalysisInput {
@@ -59,12 +62,9 @@ impl AnalysisInput {
     }
 
     /// The input of timelines kept between passes ([`HeldTimelines::take_timelines`]): what
-    /// the metrics said at each attempt is filled in again from `samples`.
-    pub fn from_held_timelines(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
-        for attempt in timelines.iter_mut().flat_map(|timeline| &mut timeline.calls).flat_map(|call| &mut call.attempts)
-        {
-            attempt.reported = Default::default();
-        }
+    /// the metrics said at each attempt is filled in again from `samples` (every field of
+    /// `reported` written anew, [`enrich::enrich_from`]).
+    pub fn from_held_timelines(timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
         Self::of(timelines, samples)
     }
 
@@ -93,7 +93,7 @@ impl AnalysisInput {
     /// Adds the events of the log records that carry one; a line sent again
     /// ([`log_events::LogEvent::identity`]) is taken once.
     pub fn with_logs(mut self, logs: &[lagscope_model::LogRecord]) -> Self {
-        self.log_events.extend(logs.iter().filter_map(log_events::classify));
+        self.log_events.extend(logs.iter().filter_map(log_events::classify).map(Arc::new));
         log_events::take_once(&mut self.log_events);
         self.log_events.sort_by_key(|event| event.time_unix_nano);
         self
@@ -120,8 +120,8 @@ pub fn analyze_kinds(
     mark_open(input, &mut anomalies, config);
     // The evidence lines are gathered only when an anomaly that takes them was found.
     if anomalies.iter().any(|anomaly| log_events::evidence_of(anomaly.kind).is_some()) {
-        let evidence: Vec<log_events::LogEvent> =
-            input.log_events.iter().filter(|event| event.kind.is_evidence()).cloned().collect();
+        let evidence: Vec<&log_events::LogEvent> =
+            input.log_events.iter().map(Arc::as_ref).filter(|event| event.kind.is_evidence()).collect();
         log_events::attach_evidence(&mut anomalies, &evidence);
     }
     sort_anomalies(&mut anomalies);

@@ -136,14 +136,15 @@ pub fn evidence_of(kind: lagscope_model::AnomalyKind) -> Option<LogEventKind> {
 /// Attaches the evidence lines (`events`, in time order, at most [`MAX_EVIDENCE_LINES`] of
 /// them, the most recent) to the anomalies they bear on: `evidence.log_lines` = how many, the
 /// first and the last line. The same pass for the batch and the streaming analyzer.
-pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogEvent]) {
+pub fn attach_evidence<E: std::borrow::Borrow<LogEvent>>(anomalies: &mut [lagscope_model::Anomaly], events: &[E]) {
     let events = &events[events.len().saturating_sub(MAX_EVIDENCE_LINES)..];
     for anomaly in anomalies.iter_mut() {
         let Some(wanted) = evidence_of(anomaly.kind) else { continue };
         let (start, end) = (anomaly.start_unix_nano, anomaly.end_unix_nano);
-        let from = events.partition_point(|event| event.time_unix_nano < start);
+        let from = events.partition_point(|event| event.borrow().time_unix_nano < start);
         let matching: Vec<&LogEvent> = events[from..]
             .iter()
+            .map(std::borrow::Borrow::borrow)
             .take_while(|event| event.time_unix_nano <= end)
             .filter(|event| {
                 event.kind == wanted
@@ -175,9 +176,9 @@ pub fn attach_evidence(anomalies: &mut [lagscope_model::Anomaly], events: &[LogE
 
 /// Keeps the first of the events with one [`LogEvent::identity`]: the others are the same
 /// line sent again.
-pub fn take_once(events: &mut Vec<LogEvent>) {
+pub fn take_once<E: std::borrow::Borrow<LogEvent>>(events: &mut Vec<E>) {
     let mut seen = std::collections::HashSet::with_capacity(events.len());
-    events.retain(|event| seen.insert(event.identity()));
+    events.retain(|event| seen.insert(event.borrow().identity()));
 }
 
 /// The event a log record carries, if it is one of the recognised lines.

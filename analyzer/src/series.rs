@@ -46,19 +46,32 @@ impl SeriesIndex {
     /// Groups `samples` by series (the `Arc` they share; copies of a key under another `Arc`
     /// are grouped apart and merged by [`SeriesIndex::series_of`] like any two series).
     pub fn of(samples: &[Sample]) -> Self {
+        // Each sample's series first, counted: the points then go into vectors of their
+        // final size (grown sample by sample, their reallocations were most of the cost).
         let mut at: FxHashMap<*const SeriesKey, usize> = FxHashMap::default();
-        let mut series: Vec<Indexed> = Vec::new();
-        for (position, sample) in samples.iter().enumerate() {
-            let index = *at.entry(Arc::as_ptr(&sample.series)).or_insert_with(|| {
+        let mut counts: Vec<usize> = Vec::new();
+        let indexes: Vec<usize> = samples
+            .iter()
+            .map(|sample| {
+                let index = *at.entry(Arc::as_ptr(&sample.series)).or_insert_with(|| {
+                    counts.push(0);
+                    counts.len() - 1
+                });
+                counts[index] += 1;
+                index
+            })
+            .collect();
+        let mut series: Vec<Indexed> = Vec::with_capacity(counts.len());
+        for (position, (sample, index)) in samples.iter().zip(indexes).enumerate() {
+            if index == series.len() {
                 series.push(Indexed {
                     key: sample.series.clone(),
-                    points: Points::new(),
-                    positions: Vec::new(),
+                    points: Points::with_capacity(counts[index]),
+                    positions: Vec::with_capacity(counts[index]),
                     delta: false,
                     latest: i64::MIN,
                 });
-                series.len() - 1
-            });
+            }
             let indexed = &mut series[index];
             indexed.latest = indexed.latest.max(sample.time_unix_nano);
             let Some(value) = sample.value.as_number() else { continue };

@@ -13,6 +13,7 @@ pub mod dump;
 pub mod eval;
 pub mod export;
 mod held;
+mod line_cache;
 mod live;
 pub mod lscap;
 pub mod migrate;

@@ -7,6 +7,7 @@
 //! analyses the marks of its shards, whoever ingested them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,6 +21,7 @@ use tokio::sync::watch;
 
 use crate::Config;
 use crate::client_cache::{ClientCache, Loaded};
+use crate::line_cache::LineCache;
 use crate::sample_cache::SampleCache;
 use crate::scope_cache::{ScopeCache, Source};
 
@@ -326,10 +328,13 @@ impl WrittenRollups {
 /// the store's read, at most `max_logs_per_cluster` lines of the scope window per cluster.
 #[derive(Default)]
 struct RecognisedLines {
-    by_cluster: BTreeMap<Option<String>, Vec<LogEvent>>,
+    /// Shared (not copied) with every pass that reads them.
+    by_cluster: BTreeMap<Option<String>, Vec<Arc<LogEvent>>>,
     /// The lines that name a client (a Pulsar client's switches, an Ozone client's disabling
     /// of follower reads), by client: what each client pass reads.
-    by_client: HashMap<String, Vec<LogEvent>>,
+    by_client: HashMap<String, Vec<Arc<LogEvent>>>,
+    /// What the store fed (SQLite): each cluster's lines, read and classified once.
+    held: LineCache,
 }
 
 impl RecognisedLines {
@@ -337,7 +342,7 @@ impl RecognisedLines {
         self.by_client.clear();
         for event in self.by_cluster.values().flatten() {
             if let Some(client) = &event.client_id {
-                self.by_client.entry(client.clone()).or_default().push(event.clone());
+                self.by_client.entry(client.clone()).or_default().push(Arc::clone(event));
             }
         }
     }
@@ -362,14 +367,23 @@ async fn analysis_pass(
     // at again, and replace what the passes remember of the cluster's lines. (Passes of
     // clusters without new logs read none from the store: reading a busy cluster's logs on
     // every batch of spans would cost more than the spans.)
+    let logs_kept_from =
+        config.retention.durations().ok().and_then(|retention| retention[2]).map(|keep| now_unix_nano() - keep);
     for cluster in &pending.log_clusters {
-        let window = config.live.scope_window_seconds * 1_000_000_000;
-        // Only candidate lines (an index finds them) leave the store; classify decides.
-        let logs = store.recognised_logs(cluster.as_deref(), window, config.live.max_logs_per_cluster).await?;
-        let mut events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
-        // A line stored twice is one line: the store keeps a record sent again once, but not
-        // one line forwarded by two shippers (observed twice).
-        take_once(&mut events);
+        let (window, limit) = (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster);
+        let events = match store.span_feed() {
+            // Held between passes: only the lines committed since are read and classified.
+            Some(feed) => lines.held.read(feed, cluster, (window, limit), logs_kept_from).await?,
+            None => {
+                // Only candidate lines (an index finds them) leave the store; classify decides.
+                let logs = store.recognised_logs(cluster.as_deref(), window, limit).await?;
+                let mut events: Vec<Arc<LogEvent>> = logs.iter().filter_map(classify).map(Arc::new).collect();
+                // A line stored twice is one line: the store keeps a record sent again once,
+                // but not one line forwarded by two shippers (observed twice).
+                take_once(&mut events);
+                events
+            }
+        };
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
         lines.by_cluster.insert(cluster.clone(), events);
     }
@@ -561,7 +575,7 @@ async fn analysis_pass(
                         events
                             .iter()
                             .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
-                            .cloned()
+                            .map(Arc::clone)
                             .collect()
                     })
                     .unwrap_or_default();
@@ -664,14 +678,14 @@ struct ClientWork<'a> {
     client_id: &'a str,
     spans: Spans<'a>,
     probes: Vec<lagscope_model::Sample>,
-    log_events: Vec<LogEvent>,
+    log_events: Vec<Arc<LogEvent>>,
 }
 
 /// What one scope's analysis reads.
 struct ScopeWork<'a> {
     spans: Spans<'a>,
     samples: Vec<lagscope_model::Sample>,
-    log_events: Vec<LogEvent>,
+    log_events: Vec<Arc<LogEvent>>,
 }
 
 /// A client's or scope's spans: held with their timelines between passes, or read for this
@@ -888,10 +902,9 @@ async fn record(
     (found, written): (&mut NewAnomalies, &mut WrittenAnomalies),
     anomalies: &[lagscope_model::Anomaly],
 ) -> Result<(), lagscope_store::StoreError> {
-    let (anomalies, unchanged): (Vec<_>, Vec<_>) = anomalies
-        .iter()
-        .map(|anomaly| (anomaly, content_hash(anomaly)))
-        .partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
+    let hashed: Vec<_> = anomalies.iter().map(|anomaly| (anomaly, written.content_hash(anomaly))).collect();
+    let (anomalies, unchanged): (Vec<_>, Vec<_>) =
+        hashed.into_iter().partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
     metrics.anomalies_unchanged.add(unchanged.len() as u64);
     if anomalies.is_empty() {
         return Ok(());
@@ -921,6 +934,8 @@ async fn record(
 struct WrittenAnomalies {
     by_fingerprint: HashMap<String, (u64, u64)>,
     pass: u64,
+    /// Seeded at random per process: the text hashed comes from telemetry.
+    hasher: foldhash::quality::RandomState,
 }
 
 /// Passes after which [`WrittenAnomalies`] forgets an anomaly not found meanwhile.
@@ -949,14 +964,20 @@ impl WrittenAnomalies {
     fn wrote(&mut self, anomaly: &lagscope_model::Anomaly, hash: u64) {
         self.by_fingerprint.insert(anomaly.fingerprint.clone(), (hash, self.pass));
     }
+
+    fn content_hash(&self, anomaly: &lagscope_model::Anomaly) -> u64 {
+        content_hash(anomaly, self.hasher.build_hasher())
+    }
 }
 
 /// A hash of everything an anomaly says, field by field (the evidence as the JSON text its
 /// detector wrote: found again unchanged, it is written the same). Every field is named, so
 /// that a field added to `Anomaly` cannot be left out. (Serializing the whole anomaly to hash
-/// it cost a busy pass tens of milliseconds: every pass finds hundreds again.)
-fn content_hash(anomaly: &lagscope_model::Anomaly) -> u64 {
-    use std::hash::{Hash, Hasher};
+/// it cost a busy pass tens of milliseconds: every pass finds hundreds again. Hashed with
+/// SipHash, the hundreds cost a twentieth of a busy run's passes; foldhash takes a fraction
+/// of that.)
+fn content_hash(anomaly: &lagscope_model::Anomaly, mut hasher: impl std::hash::Hasher) -> u64 {
+    use std::hash::Hash;
     let lagscope_model::Anomaly {
         kind,
         severity,
@@ -972,7 +993,6 @@ fn content_hash(anomaly: &lagscope_model::Anomaly) -> u64 {
         fingerprint,
         open,
     } = anomaly;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (kind, severity, cluster, namespace, client_id, node_id, start_unix_nano, end_unix_nano).hash(&mut hasher);
     (summary, cause, evidence.as_json(), fingerprint, open).hash(&mut hasher);
     hasher.finish()
@@ -1048,10 +1068,10 @@ mod tests {
         };
         let mut written = WrittenAnomalies::default();
         written.next_pass();
-        let hash = content_hash(&anomaly);
+        let hash = written.content_hash(&anomaly);
         assert!(!written.seen(&anomaly, hash), "never written");
         written.wrote(&anomaly, hash);
-        assert!(written.seen(&anomaly, content_hash(&anomaly)));
+        assert!(written.seen(&anomaly, written.content_hash(&anomaly)));
         for change in [
             |anomaly: &mut lagscope_model::Anomaly| anomaly.open = false,
             |anomaly: &mut lagscope_model::Anomaly| anomaly.end_unix_nano = 30,
@@ -1064,14 +1084,14 @@ mod tests {
         ] {
             let mut changed = anomaly.clone();
             change(&mut changed);
-            assert!(!written.seen(&changed, content_hash(&changed)), "{changed:?}");
+            assert!(!written.seen(&changed, written.content_hash(&changed)), "{changed:?}");
         }
         anomaly.open = false;
-        written.wrote(&anomaly, content_hash(&anomaly));
+        written.wrote(&anomaly, written.content_hash(&anomaly));
         for _ in 0..2 * FORGET_AFTER_PASSES {
             written.next_pass();
         }
-        assert!(!written.seen(&anomaly, content_hash(&anomaly)), "forgotten after passes without it");
+        assert!(!written.seen(&anomaly, written.content_hash(&anomaly)), "forgotten after passes without it");
     }
 
     /// Every item is analysed once, on at most as many threads as asked (and items), and the

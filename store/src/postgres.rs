@@ -27,8 +27,8 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use self::copy::CopyRows;
 use crate::anomaly_query::Dialect;
 use crate::rows::{
-    AnomalyRow, BucketRow, LogColumns, LogRow, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow,
-    UnidentifiedLogRow, series_with_buckets, to_json_text,
+    AnomalyRow, BucketRow, LogColumns, LogRow, LogRowWithId, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow,
+    series_with_buckets, to_json_text,
 };
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
@@ -1144,10 +1144,9 @@ async fn identify_old_logs_batch(pool: &PgPool) -> Result<Option<(u64, u64)>> {
     const LOCK: i64 = 0x6c67_7363_6c6f_6769;
     let mut transaction = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(LOCK).execute(&mut *transaction).await?;
-    let rows: Vec<UnidentifiedLogRow> =
-        sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT 1000")
-            .fetch_all(&mut *transaction)
-            .await?;
+    let rows: Vec<LogRowWithId> = sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT 1000")
+        .fetch_all(&mut *transaction)
+        .await?;
     if rows.is_empty() {
         return Ok(None);
     }

@@ -415,16 +415,17 @@ impl LogFields<'_> {
     }
 }
 
-/// A log row stored before log records had an identity (SQLite migration 0013, PostgreSQL
-/// 0008), with its key, for the store to give it one.
+/// A log row with its key: for the store to give a row stored before log records had an
+/// identity (SQLite migration 0013, PostgreSQL 0008) one, and for the log feed
+/// ([`crate::SpanFeed::recognised_logs_after`]).
 #[derive(FromRow)]
-pub(crate) struct UnidentifiedLogRow {
+pub(crate) struct LogRowWithId {
     pub(crate) id: i64,
     #[sqlx(flatten)]
     pub(crate) row: LogRow,
 }
 
-impl UnidentifiedLogRow {
+impl LogRowWithId {
     /// The identity its insert would have given it (its columns are the text the insert wrote).
     pub(crate) fn identity(&self) -> i64 {
         let (row, resource) = (&self.row, &self.row.resource);

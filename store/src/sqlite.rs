@@ -549,6 +549,16 @@ impl SpanFeed for SqliteStore {
     ) -> Result<Vec<Span>> {
         spans::of_scopes_between(&self.reader, scopes, after, through, limit).await
     }
+
+    async fn recognised_logs_after(
+        &self,
+        cluster: Option<&str>,
+        window: i64,
+        after: i64,
+        limit: u32,
+    ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
+        logs::recognised_for_cluster_after(&self.reader, cluster, window, after, limit).await
+    }
 }
 
 /// Rows per multi-row INSERT: one statement per chunk instead of one per row (each statement

@@ -6,6 +6,7 @@
 //! service`), from those lines: a client that logs its switches is judged by them, which are
 //! its own decisions, rather than by where its calls happened to go.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAttempt};
@@ -82,9 +83,9 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 
 /// The switch lines of clients that name themselves (`lagscope.client.id`), per (cluster,
 /// client), in time order.
-pub(crate) fn logged_switches(events: &[LogEvent]) -> BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> {
+pub(crate) fn logged_switches<E: Borrow<LogEvent>>(events: &[E]) -> BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> {
     let mut logged: BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> = BTreeMap::new();
-    for event in events.iter().filter(|event| event.kind == LogEventKind::ClusterSwitch) {
+    for event in events.iter().map(Borrow::borrow).filter(|event| event.kind == LogEventKind::ClusterSwitch) {
         if let Some(client) = event.client_id.as_deref() {
             logged.entry((event.cluster.as_deref(), client)).or_default().push(event);
         }

@@ -3,6 +3,7 @@
 //! leader (HDDS-17548 MC-1: `disableFollowerRead` is client-wide and never reset).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Op, Outcome, Severity, TimelineAttempt, TimelineCall};
 
@@ -27,9 +28,9 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 
 /// The clients' `Disable OM follower read and retry OM leader directly` lines, per client:
 /// (time, the OM that answered OMNotLeaderException), in time order.
-fn logged_disables(events: &[LogEvent]) -> BTreeMap<&str, Vec<(i64, Option<&str>)>> {
+fn logged_disables(events: &[Arc<LogEvent>]) -> BTreeMap<&str, Vec<(i64, Option<&str>)>> {
     let mut logged: BTreeMap<&str, Vec<(i64, Option<&str>)>> = BTreeMap::new();
-    for event in events.iter().filter(|event| event.kind == LogEventKind::FollowerReadDisabled) {
+    for event in events.iter().map(Arc::as_ref).filter(|event| event.kind == LogEventKind::FollowerReadDisabled) {
         if let Some(client) = event.client_id.as_deref() {
             logged
                 .entry(client)

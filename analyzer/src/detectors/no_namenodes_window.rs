@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::conventions::{CLUSTER, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE};
 use lagscope_model::{Anomaly, AnomalyKind, Outcome, Severity};
+use rustc_hash::FxHashMap;
 
 use super::evidence::evidence;
 use crate::{AnalysisInput, AnalyzerConfig};
@@ -27,7 +28,8 @@ type Key<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.no_namenodes_window;
-    let mut answers: BTreeMap<Key<'_>, Vec<Answer<'_>>> = BTreeMap::new();
+    // Hashed while gathered (an entry per answer), ordered when judged.
+    let mut answers: FxHashMap<Key<'_>, Vec<Answer<'_>>> = FxHashMap::default();
     for timeline in &input.timelines {
         for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
             let Some(router) = attempt.router_node.as_deref() else { continue };
@@ -62,6 +64,9 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         });
     }
     let mut anomalies = Vec::new();
+    // Most routers answered every request: nothing to order or judge.
+    answers.retain(|_, list| list.iter().any(|answer| answer.no_namenodes));
+    let answers: BTreeMap<Key<'_>, Vec<Answer<'_>>> = answers.into_iter().collect();
     for ((cluster, namespace, router), mut list) in answers {
         list.sort_by_key(|answer| answer.start);
         let mut window: Vec<&Answer<'_>> = Vec::new();

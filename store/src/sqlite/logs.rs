@@ -4,7 +4,7 @@ use lagscope_model::LogRecord;
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::insert_rows;
-use crate::rows::{LogColumns, LogRow, UnidentifiedLogRow};
+use crate::rows::{LogColumns, LogRow, LogRowWithId};
 use crate::{Result, TimeRange};
 
 const INSERT_HEAD: &str = "INSERT INTO logs (
@@ -78,6 +78,41 @@ pub(super) async fn recognised_for_cluster(
     rows.into_iter().map(LogRow::into_record).collect()
 }
 
+/// [`crate::SpanFeed::recognised_logs_after`]: [`recognised_for_cluster`] of the rows with ids
+/// above `after`, with their ids, and the time the window ends at. In one read transaction, so
+/// that the window's end and the rows are of one snapshot.
+pub(super) async fn recognised_for_cluster_after(
+    pool: &SqlitePool,
+    cluster: Option<&str>,
+    window: i64,
+    after: i64,
+    limit: u32,
+) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
+    let mut transaction = pool.begin().await?;
+    let (latest,): (Option<i64>,) = sqlx::query_as("SELECT max(time_unix_nano) FROM logs WHERE cluster IS ?1")
+        .bind(cluster)
+        .fetch_one(&mut *transaction)
+        .await?;
+    let Some(latest) = latest else { return Ok((Vec::new(), None)) };
+    // The window's rows in the index (cluster, recognised, time), those above `after` kept.
+    let rows: Vec<LogRowWithId> = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT * FROM logs
+             WHERE cluster IS ?1 AND recognised = 1 AND time_unix_nano >= ?2 AND id > ?3
+             ORDER BY time_unix_nano DESC, id DESC LIMIT ?4
+         ) ORDER BY time_unix_nano, id",
+    )
+    .bind(cluster)
+    .bind(latest.saturating_sub(window))
+    .bind(after)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *transaction)
+    .await?;
+    transaction.commit().await?;
+    let records = rows.into_iter().map(|row| Ok((row.id, row.row.into_record()?))).collect::<Result<_>>()?;
+    Ok((records, Some(latest)))
+}
+
 /// Gives each log row stored before log records had an identity (migration 0013) the one its
 /// insert would give it now, and removes the rows that turn out to be copies of another (a
 /// record sent again, which the store kept twice then): afterwards a stored record is stored
@@ -89,11 +124,10 @@ pub(super) async fn identify_old_rows(pool: &SqlitePool) -> Result<(u64, u64)> {
     let (mut identified, mut removed, mut batches) = (0_u64, 0_u64, 0_u64);
     loop {
         let mut transaction = pool.begin().await?;
-        let rows: Vec<UnidentifiedLogRow> =
-            sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT ?1")
-                .bind(IDENTIFY_BATCH)
-                .fetch_all(&mut *transaction)
-                .await?;
+        let rows: Vec<LogRowWithId> = sqlx::query_as("SELECT * FROM logs WHERE identity IS NULL ORDER BY id LIMIT ?1")
+            .bind(IDENTIFY_BATCH)
+            .fetch_all(&mut *transaction)
+            .await?;
         if rows.is_empty() {
             return Ok((identified, removed));
         }

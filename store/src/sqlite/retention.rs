@@ -16,7 +16,9 @@ const SPANS: &str = "DELETE FROM spans WHERE id IN (
     SELECT id FROM spans WHERE start_unix_nano < ?1 AND id < (SELECT max(id) FROM spans) LIMIT ?2)";
 const SAMPLES: &str = "DELETE FROM samples WHERE (series_id, time_unix_nano) IN (
     SELECT series_id, time_unix_nano FROM samples WHERE time_unix_nano < ?1 LIMIT ?2)";
-const LOGS: &str = "DELETE FROM logs WHERE id IN (SELECT id FROM logs WHERE time_unix_nano < ?1 LIMIT ?2)";
+/// The newest log line stays likewise: the log feed relies on log ids never coming back.
+const LOGS: &str = "DELETE FROM logs WHERE id IN (
+    SELECT id FROM logs WHERE time_unix_nano < ?1 AND id < (SELECT max(id) FROM logs) LIMIT ?2)";
 const ANOMALIES: &str =
     "DELETE FROM anomalies WHERE id IN (SELECT id FROM anomalies WHERE open = 0 AND end_unix_nano < ?1 LIMIT ?2)";
 /// Rollups summarise spans: they go with the spans' cut-off.

@@ -1,0 +1,225 @@
+//! The recognised log lines the live analyzer's passes read, kept between passes.
+//!
+//! A pass whose batches brought log lines of a cluster needs what
+//! `Store::recognised_logs(cluster, window, limit)` returns: the cluster's recognised lines of
+//! the scope window, the newest `limit`. Read anew and classified on every such pass, those
+//! reads grew with the window to a tenth of the analyzer's time by minute 13 of a `mixed` run
+//! (BENCHMARKS.md, forty-sixth session). Here each cluster's lines are held, classified once,
+//! and a pass reads only the lines committed since ([`SpanFeed::recognised_logs_after`]).
+//!
+//! Invariant: a held cluster holds exactly what `Store::recognised_logs` returned as of its
+//! last read, each line with its id, in its order (time, then id), and the id of the last line
+//! committed then. Lines committed later have higher ids (one writer; retention keeps the
+//! newest) and are what the next read brings; merged in, the window cut at the cluster's latest
+//! time and the newest `limit` kept, the held lines are again what the store would return: a
+//! new line not brought (beyond `limit`) is older than `limit` lines that were.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lagscope_analyzer::log_events::{LogEvent, classify};
+use lagscope_model::UnixNanos;
+use lagscope_store::{SpanFeed, StoreError};
+
+#[derive(Debug, Default)]
+pub struct LineCache {
+    clusters: HashMap<Option<String>, Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// By time, then id.
+    lines: Vec<Line>,
+    /// The highest id read.
+    after: i64,
+}
+
+#[derive(Debug)]
+struct Line {
+    time: UnixNanos,
+    id: i64,
+    /// What the line says, and its identity ([`LogEvent::identity`]); `None`: the store's
+    /// filter took a line `classify` does not.
+    event: Option<(Arc<LogEvent>, (UnixNanos, u64))>,
+}
+
+impl LineCache {
+    /// The recognised lines of `cluster` ([`lagscope_store::Store::recognised_logs`]), each
+    /// line classified, in time order, a line sent again (the same identity) taken once, as a
+    /// pass takes them from a read of the store. Held lines older than `kept_from` (the logs'
+    /// retention cut-off) go, as the store's retention takes them.
+    pub async fn read(
+        &mut self,
+        feed: &dyn SpanFeed,
+        cluster: &Option<String>,
+        (window, limit): (i64, u32),
+        kept_from: Option<UnixNanos>,
+    ) -> Result<Vec<Arc<LogEvent>>, StoreError> {
+        let held = self.clusters.entry(cluster.clone()).or_default();
+        let (read, latest) = feed.recognised_logs_after(cluster.as_deref(), window, held.after, limit).await?;
+        let from = latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)));
+        held.merge(read, from, limit as usize);
+        Ok(held.events())
+    }
+
+    /// Lines held over all clusters.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.clusters.values().map(|held| held.lines.len()).sum()
+    }
+}
+
+impl Held {
+    /// Adds the lines `read`, and keeps the newest `limit` from time `from` on (`None`: the
+    /// cluster has no lines left).
+    fn merge(&mut self, read: Vec<(i64, lagscope_model::LogRecord)>, from: Option<UnixNanos>, limit: usize) {
+        let Some(from) = from else {
+            self.lines.clear();
+            return;
+        };
+        self.lines.retain(|line| line.time >= from);
+        for (id, record) in read {
+            self.after = self.after.max(id);
+            if record.time_unix_nano < from {
+                continue;
+            }
+            let event = classify(&record).map(|event| {
+                let identity = event.identity();
+                (Arc::new(event), identity)
+            });
+            self.lines.push(Line { time: record.time_unix_nano, id, event });
+        }
+        // Mostly in order already: the new lines are the newest.
+        self.lines.sort_by_key(|line| (line.time, line.id));
+        if self.lines.len() > limit {
+            self.lines.drain(..self.lines.len() - limit);
+        }
+    }
+
+    fn events(&self) -> Vec<Arc<LogEvent>> {
+        let mut seen = std::collections::HashSet::with_capacity(self.lines.len());
+        self.lines
+            .iter()
+            .filter_map(|line| line.event.as_ref())
+            .filter(|(_, identity)| seen.insert(*identity))
+            .map(|(event, _)| Arc::clone(event))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_analyzer::log_events::take_once;
+    use lagscope_model::{LogRecord, ResourceFields};
+    use lagscope_store::{IngestBatch, SqliteStore, Store};
+
+    use super::*;
+
+    const WINDOW: i64 = 60_000_000_000;
+
+    fn line(cluster: &str, node: &str, at: i64, body: &str) -> LogRecord {
+        LogRecord {
+            time_unix_nano: at,
+            observed_time_unix_nano: Some(at),
+            severity_number: 13,
+            severity_text: Some("WARN".to_string()),
+            body: serde_json::json!(body),
+            event_name: None,
+            trace_id: None,
+            span_id: None,
+            resource: ResourceFields {
+                cluster: Some(cluster.to_string()),
+                node_id: Some(node.to_string()),
+                ..ResourceFields::default()
+            },
+            scope_name: None,
+            scope_version: None,
+            attributes: serde_json::Map::new(),
+        }
+    }
+
+    /// What a pass took from a read of the store before the cache.
+    async fn read_anew(store: &SqliteStore, cluster: &Option<String>, limit: u32) -> Vec<LogEvent> {
+        let logs = store.recognised_logs(cluster.as_deref(), WINDOW, limit).await.expect("read");
+        let mut events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
+        take_once(&mut events);
+        events
+    }
+
+    /// Batches of lines (recognised and not, some sent again by a second shipper, some late,
+    /// the window moving past the oldest), read after each: the held lines are what a read of
+    /// the store returns, at several limits.
+    #[tokio::test]
+    async fn held_lines_are_what_the_store_returns() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open_file(&directory.path().join("store.db")).await.expect("open");
+        let clusters = [Some("c1".to_string()), Some("c2".to_string()), None];
+        let mut caches: Vec<(u32, LineCache)> =
+            [3_u32, 7, 1_000].into_iter().map(|limit| (limit, LineCache::default())).collect();
+        let second = 1_000_000_000_i64;
+        let mut random = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |bound: u64| {
+            random ^= random << 13;
+            random ^= random >> 7;
+            random ^= random << 17;
+            random % bound
+        };
+        let mut now = 1_700_000_000 * second;
+        for batch in 0..40 {
+            let mut logs = Vec::new();
+            for _ in 0..next(6) {
+                let cluster = ["c1", "c2"][next(2) as usize];
+                let node = ["r1", "r2", "nn1"][next(3) as usize];
+                // Late lines too: up to 20 s before the batch's time.
+                let at = now - (next(20) as i64) * second;
+                let body = match next(5) {
+                    0 => format!(
+                        "org.apache.hadoop.hdfs.server.federation.router.NoNamenodesAvailableException: No namenodes available under nameservice ns{}",
+                        next(2)
+                    ),
+                    1 => format!(
+                        "Encountered OMNotLeaderException from om{}. Disable OM follower read and retry OM leader directly.",
+                        next(3)
+                    ),
+                    2 => format!("an ordinary line {}", next(1_000)),
+                    // Recognised by the store's phrases, not by `classify`.
+                    3 => {
+                        "Failed to switch to service pulsar://b:6650, will switch to the service pulsar://b:6650 later"
+                            .to_string()
+                    }
+                    _ => format!(
+                        "Current Pulsar service is pulsar://a:6650, it has been down for {} ms, switch to the service pulsar://b:6650.",
+                        next(3)
+                    ),
+                };
+                let record = line(cluster, node, at, &body);
+                if next(5) == 0 {
+                    // The same line forwarded by a second shipper (observed again).
+                    let mut copy = record.clone();
+                    copy.observed_time_unix_nano = Some(at + 1);
+                    logs.push(copy);
+                }
+                logs.push(record);
+            }
+            store.ingest(&IngestBatch { logs, ..IngestBatch::default() }).await.expect("ingest");
+            for cluster in &clusters {
+                for (limit, cache) in &mut caches {
+                    let held: Vec<LogEvent> = cache
+                        .read(&store, cluster, (WINDOW, *limit), None)
+                        .await
+                        .expect("read")
+                        .iter()
+                        .map(|event| (**event).clone())
+                        .collect();
+                    assert_eq!(
+                        held,
+                        read_anew(&store, cluster, *limit).await,
+                        "batch {batch}, {cluster:?}, limit {limit}"
+                    );
+                }
+            }
+            now += (next(8) as i64) * second;
+        }
+        assert!(caches.iter().all(|(_, cache)| cache.held() > 0));
+    }
+}
