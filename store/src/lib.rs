@@ -595,10 +595,11 @@ pub trait SpanFeed: Send + Sync {
     ) -> Result<Vec<Span>>;
 
     /// The log lines are fed alike (one writer, ids in commit order, the newest line kept by
-    /// retention; a line sent again is not stored again). [`Store::recognised_logs`] of the lines with ids above `after` (0: all),
-    /// each with its id, and the time the window ends at (the cluster's latest log time;
-    /// `None` when it has no lines). A reader holding what it read before merges the new lines
-    /// in and keeps the newest `limit` of the window: what [`Store::recognised_logs`] returns.
+    /// retention; a line sent again is not stored again). [`Store::recognised_logs`] of the
+    /// lines with ids above `after` (0: all), each with its id, and the time the window ends
+    /// at (the cluster's latest log time; `None` when it has no lines). A reader holding what
+    /// it read before merges the new lines in and keeps the newest `limit` of the window: what
+    /// [`Store::recognised_logs`] returns.
     async fn recognised_logs_after(
         &self,
         cluster: Option<&str>,
