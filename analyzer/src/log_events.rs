@@ -177,8 +177,13 @@ pub fn attach_evidence<E: std::borrow::Borrow<LogEvent>>(anomalies: &mut [lagsco
 /// Keeps the first of the events with one [`LogEvent::identity`]: the others are the same
 /// line sent again.
 pub fn take_once<E: std::borrow::Borrow<LogEvent>>(events: &mut Vec<E>) {
-    let mut seen = std::collections::HashSet::with_capacity(events.len());
-    events.retain(|event| seen.insert(event.borrow().identity()));
+    take_once_by(events, |event| event.borrow().identity());
+}
+
+/// [`take_once`] of items whose identity is known already (`identity`: each item's).
+pub fn take_once_by<T>(items: &mut Vec<T>, identity: impl Fn(&T) -> (UnixNanos, u64)) {
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    items.retain(|item| seen.insert(identity(item)));
 }
 
 /// The event a log record carries, if it is one of the recognised lines.

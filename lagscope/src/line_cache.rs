@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use lagscope_analyzer::log_events::{LogEvent, classify};
+use lagscope_analyzer::log_events::{LogEvent, classify, take_once_by};
 use lagscope_model::UnixNanos;
 use lagscope_store::{SpanFeed, StoreError};
 
@@ -97,13 +97,10 @@ impl Held {
     }
 
     fn events(&self) -> Vec<Arc<LogEvent>> {
-        let mut seen = std::collections::HashSet::with_capacity(self.lines.len());
-        self.lines
-            .iter()
-            .filter_map(|line| line.event.as_ref())
-            .filter(|(_, identity)| seen.insert(*identity))
-            .map(|(event, _)| Arc::clone(event))
-            .collect()
+        let mut events: Vec<&(Arc<LogEvent>, (UnixNanos, u64))> =
+            self.lines.iter().filter_map(|line| line.event.as_ref()).collect();
+        take_once_by(&mut events, |(_, identity)| *identity);
+        events.into_iter().map(|(event, _)| Arc::clone(event)).collect()
     }
 }
 

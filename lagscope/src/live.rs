@@ -367,8 +367,10 @@ async fn analysis_pass(
     // at again, and replace what the passes remember of the cluster's lines. (Passes of
     // clusters without new logs read none from the store: reading a busy cluster's logs on
     // every batch of spans would cost more than the spans.)
-    let logs_kept_from =
-        config.retention.durations().ok().and_then(|retention| retention[2]).map(|keep| now_unix_nano() - keep);
+    // What the retention has cut (or is about to): held spans, samples and lines go with it.
+    let retention = config.retention.durations().ok().unwrap_or_default();
+    let [kept_from, samples_kept_from, logs_kept_from, _] =
+        retention.map(|keep| keep.map(|keep| now_unix_nano() - keep));
     for cluster in &pending.log_clusters {
         let (window, limit) = (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster);
         let events = match store.span_feed() {
@@ -394,10 +396,6 @@ async fn analysis_pass(
     let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
-    // What the span retention has cut (or is about to): held spans go with it.
-    let retention = config.retention.durations().ok().unwrap_or_default();
-    let kept_from = retention[0].map(|keep| now_unix_nano() - keep);
-    let samples_kept_from = retention[1].map(|keep| now_unix_nano() - keep);
     let client_limit = config.live.max_spans_per_client;
     times.logs_and_traces += lap.elapsed();
     lap = Instant::now();

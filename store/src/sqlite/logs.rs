@@ -55,32 +55,21 @@ pub(super) async fn range(pool: &SqlitePool, range: TimeRange, limit: u32) -> Re
     rows.into_iter().map(LogRow::into_record).collect()
 }
 
+/// The cluster's recognised lines of the window: those the feed reads from id 0.
 pub(super) async fn recognised_for_cluster(
     pool: &SqlitePool,
     cluster: Option<&str>,
     window: i64,
     limit: u32,
 ) -> Result<Vec<LogRecord>> {
-    // `recognised` is a generated column (migration 0007), indexed with the cluster and time.
-    let rows: Vec<LogRow> = sqlx::query_as(
-        "SELECT * FROM (
-             SELECT * FROM logs
-             WHERE cluster IS ?1 AND recognised = 1
-               AND time_unix_nano >= (SELECT max(time_unix_nano) FROM logs WHERE cluster IS ?1) - ?2
-             ORDER BY time_unix_nano DESC, id DESC LIMIT ?3
-         ) ORDER BY time_unix_nano, id",
-    )
-    .bind(cluster)
-    .bind(window)
-    .bind(i64::from(limit))
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter().map(LogRow::into_record).collect()
+    let (rows, _) = recognised_for_cluster_after(pool, cluster, window, 0, limit).await?;
+    Ok(rows.into_iter().map(|(_, record)| record).collect())
 }
 
-/// [`crate::SpanFeed::recognised_logs_after`]: [`recognised_for_cluster`] of the rows with ids
-/// above `after`, with their ids, and the time the window ends at. In one read transaction, so
-/// that the window's end and the rows are of one snapshot.
+/// [`crate::SpanFeed::recognised_logs_after`]: the cluster's recognised lines of the window
+/// (from its latest log time back), the newest `limit` of those with ids above `after`, with
+/// their ids, and the time the window ends at. In one read transaction, so that the window's
+/// end and the rows are of one snapshot.
 pub(super) async fn recognised_for_cluster_after(
     pool: &SqlitePool,
     cluster: Option<&str>,
@@ -94,7 +83,8 @@ pub(super) async fn recognised_for_cluster_after(
         .fetch_one(&mut *transaction)
         .await?;
     let Some(latest) = latest else { return Ok((Vec::new(), None)) };
-    // The window's rows in the index (cluster, recognised, time), those above `after` kept.
+    // `recognised` is a generated column (migration 0007), indexed with the cluster and time:
+    // the window's rows are read from the index, those above `after` kept.
     let rows: Vec<LogRowWithId> = sqlx::query_as(
         "SELECT * FROM (
              SELECT * FROM logs
