@@ -18,7 +18,7 @@ pub(crate) mod unfair_rejection;
 pub(crate) mod untrusted_state;
 pub(crate) mod view;
 
-use lagscope_model::{Anomaly, AnomalyKind};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, UnixNanos};
 
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -26,21 +26,39 @@ use crate::{AnalysisInput, AnalyzerConfig};
 pub struct Detector {
     pub kind: AnomalyKind,
     pub detect: fn(&AnalysisInput, &AnalyzerConfig) -> Vec<Anomaly>,
+    /// The same, one timeline's calls at a time, for a detector whose anomaly about a call
+    /// depends only on the timeline's client, namespace and cluster, that call, and the calls
+    /// that started before it (floors, states seen): none of the samples, log lines or other
+    /// timelines. Its anomalies are point anomalies that take no log lines. Held timelines
+    /// judge only the calls that changed with it ([`crate::analyze_held_kinds`]).
+    pub judge: Option<JudgeCalls>,
 }
 
+/// Finds the anomalies of a timeline's calls that start at or after the time given (judged
+/// against every call of the timeline), each passed with its call's start.
+pub type JudgeCalls = fn(&ClientTimeline, UnixNanos, &AnalyzerConfig, &mut dyn FnMut(UnixNanos, Anomaly));
+
 pub const REGISTRY: &[Detector] = &[
-    Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect },
-    Detector { kind: AnomalyKind::StaleRead, detect: stale_read_cross_client::detect },
-    Detector { kind: AnomalyKind::CarriedStateRegression, detect: carried_state_regression::detect },
-    Detector { kind: AnomalyKind::RouterStateDropped, detect: router_state_dropped::detect },
-    Detector { kind: AnomalyKind::UntrustedState, detect: untrusted_state::detect },
-    Detector { kind: AnomalyKind::PinnedRetry, detect: pinned_retry::detect },
-    Detector { kind: AnomalyKind::FollowerReadDisabled, detect: follower_read_disabled::detect },
-    Detector { kind: AnomalyKind::NoNamenodesWindow, detect: no_namenodes_window::detect },
-    Detector { kind: AnomalyKind::ApplyLag, detect: apply_lag::detect },
-    Detector { kind: AnomalyKind::RequeueStorm, detect: requeue_storm::detect },
-    Detector { kind: AnomalyKind::ShardPressure, detect: shard_pressure::detect },
-    Detector { kind: AnomalyKind::UnfairRejection, detect: unfair_rejection::detect },
-    Detector { kind: AnomalyKind::BlindFailoverProbe, detect: blind_failover_probe::detect },
-    Detector { kind: AnomalyKind::FailoverFlapping, detect: failover_flapping::detect },
+    Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect, judge: Some(stale_read::judge) },
+    Detector { kind: AnomalyKind::StaleRead, detect: stale_read_cross_client::detect, judge: None },
+    Detector {
+        kind: AnomalyKind::CarriedStateRegression,
+        detect: carried_state_regression::detect,
+        judge: Some(carried_state_regression::judge),
+    },
+    Detector {
+        kind: AnomalyKind::RouterStateDropped,
+        detect: router_state_dropped::detect,
+        judge: Some(router_state_dropped::judge),
+    },
+    Detector { kind: AnomalyKind::UntrustedState, detect: untrusted_state::detect, judge: None },
+    Detector { kind: AnomalyKind::PinnedRetry, detect: pinned_retry::detect, judge: None },
+    Detector { kind: AnomalyKind::FollowerReadDisabled, detect: follower_read_disabled::detect, judge: None },
+    Detector { kind: AnomalyKind::NoNamenodesWindow, detect: no_namenodes_window::detect, judge: None },
+    Detector { kind: AnomalyKind::ApplyLag, detect: apply_lag::detect, judge: None },
+    Detector { kind: AnomalyKind::RequeueStorm, detect: requeue_storm::detect, judge: None },
+    Detector { kind: AnomalyKind::ShardPressure, detect: shard_pressure::detect, judge: None },
+    Detector { kind: AnomalyKind::UnfairRejection, detect: unfair_rejection::detect, judge: None },
+    Detector { kind: AnomalyKind::BlindFailoverProbe, detect: blind_failover_probe::detect, judge: None },
+    Detector { kind: AnomalyKind::FailoverFlapping, detect: failover_flapping::detect, judge: None },
 ];

@@ -14,6 +14,7 @@
 //! order the caches hold spans in (start, then commit order).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use smallvec::SmallVec;
@@ -21,6 +22,7 @@ use smallvec::SmallVec;
 use lagscope_model::{Anomaly, ClientTimeline, Component, Span, TimelineCall, TimelineJoin, UnixNanos};
 
 use crate::AnalyzerConfig;
+use crate::detectors::JudgeCalls;
 
 use crate::detectors::follower_read_disabled::follower_history;
 use crate::floor::{floors, seen_before};
@@ -35,8 +37,8 @@ use crate::timeline::{
 /// its `min_seconds`), and per namespace, nothing after the earliest start of an anomaly that
 /// may still grow, one whose last evidence is within that reach (of the kinds found from spans:
 /// a lag, a storm or shard pressure grows with its samples, which are not held here).
-pub fn growing(
-    anomalies: &[Anomaly],
+pub fn growing<A: std::borrow::Borrow<Anomaly>>(
+    anomalies: &[A],
     before: UnixNanos,
     config: &AnalyzerConfig,
 ) -> impl Fn(Option<&str>) -> UnixNanos {
@@ -49,12 +51,69 @@ pub fn growing(
     let before = before.saturating_sub(reach);
     let mut from: BTreeMap<Option<&str>, UnixNanos> = BTreeMap::new();
     // Windows found from metrics alone grow with the samples, not the spans.
-    for anomaly in anomalies.iter().filter(|anomaly| anomaly.end_unix_nano >= before && !found_in_metrics(anomaly.kind))
+    let anomalies = anomalies.iter().map(std::borrow::Borrow::borrow);
+    for anomaly in
+        anomalies.filter(|anomaly: &&Anomaly| anomaly.end_unix_nano >= before && !found_in_metrics(anomaly.kind))
     {
         let earliest = from.entry(anomaly.namespace.as_deref()).or_insert(UnixNanos::MAX);
         *earliest = (*earliest).min(anomaly.start_unix_nano);
     }
     move |namespace| from.get(&namespace).copied().unwrap_or(UnixNanos::MAX).min(before)
+}
+
+/// What the per-call detectors ([`crate::detectors::Detector::judge`]) found in one held
+/// timeline, kept with it between passes ([`HeldTimelines::take_verdicts`],
+/// [`crate::analyze_held_kinds`]).
+///
+/// Invariant: `found` holds every anomaly those detectors find in the calls that start before
+/// `unchanged_before`, exactly as they would find it now. (Such an anomaly depends only on its
+/// call and the calls that started before it, none of which changed since it was found.)
+#[derive(Debug)]
+pub struct CallVerdicts {
+    /// The timeline's calls that start before this are as they were when `found` was found
+    /// (`UnixNanos::MIN`: none is known to be).
+    unchanged_before: UnixNanos,
+    /// The detectors whose anomalies `found` holds (bits of their places in the registry).
+    detectors: u64,
+    /// (detector's place, the start of the call, the anomaly), each detector's in call order.
+    found: Vec<(usize, UnixNanos, Arc<Anomaly>)>,
+}
+
+impl Default for CallVerdicts {
+    fn default() -> Self {
+        Self { unchanged_before: UnixNanos::MIN, detectors: 0, found: Vec::new() }
+    }
+}
+
+impl CallVerdicts {
+    /// Keeps what is about the calls that did not change, if `found` holds the anomalies of
+    /// `detectors` (and of no other); otherwise nothing.
+    pub(crate) fn keep_unchanged(&mut self, detectors: u64) {
+        if self.detectors != detectors {
+            (self.unchanged_before, self.detectors) = (UnixNanos::MIN, detectors);
+        }
+        let before = self.unchanged_before;
+        self.found.retain(|(_, start, _)| *start < before);
+    }
+
+    /// Judges the calls of `timeline` that changed with `judge`, the detector at `place`.
+    pub(crate) fn judge(
+        &mut self,
+        place: usize,
+        judge: JudgeCalls,
+        timeline: &ClientTimeline,
+        config: &AnalyzerConfig,
+    ) {
+        let found = &mut self.found;
+        judge(timeline, self.unchanged_before, config, &mut |start, anomaly| {
+            found.push((place, start, Arc::new(anomaly)));
+        });
+    }
+
+    /// The anomalies of the detector at `place`, in call order.
+    pub(crate) fn of(&self, place: usize) -> impl Iterator<Item = &Arc<Anomaly>> {
+        self.found.iter().filter(move |(of, _, _)| *of == place).map(|(_, _, anomaly)| anomaly)
+    }
 }
 
 /// A held span's place: its start, then the order it was added in.
@@ -137,6 +196,12 @@ struct Group {
     timeline: ClientTimeline,
     /// Each call's place in the timeline: (start, end, call key), as `timeline.calls`.
     order: Vec<(UnixNanos, UnixNanos, CallKey)>,
+    /// The earliest start of a call built again, added or taken out since the verdicts were
+    /// given back (`UnixNanos::MIN` when the timeline's cluster or system changed).
+    changed_from: UnixNanos,
+    /// What the per-call detectors found when the verdicts were given back; `None` while they
+    /// are taken, or never given.
+    verdicts: Option<CallVerdicts>,
 }
 
 /// A call key's attempts, and where the calls built of them are in `Group::order`.
@@ -470,6 +535,33 @@ impl HeldTimelines {
         self.lent = false;
     }
 
+    /// Each timeline's [`CallVerdicts`], in the order of [`HeldTimelines::take_timelines`] (call
+    /// [`HeldTimelines::refresh`] first), taken until [`HeldTimelines::give_back_verdicts`]:
+    /// what the per-call detectors found when they were last given back, and which calls did
+    /// not change since. A timeline whose verdicts were not given back has none.
+    pub fn take_verdicts(&mut self) -> Vec<CallVerdicts> {
+        self.groups
+            .values_mut()
+            .map(|group| match group.verdicts.take() {
+                Some(verdicts) => CallVerdicts { unchanged_before: group.changed_from, ..verdicts },
+                None => CallVerdicts::default(),
+            })
+            .collect()
+    }
+
+    /// Gives back what [`HeldTimelines::take_verdicts`] took, as the analysis of the timelines
+    /// (unchanged since they were taken) left them: from now on, a call built again, added or
+    /// taken out marks the verdicts about it and every later call as changed.
+    pub fn give_back_verdicts(&mut self, verdicts: Vec<CallVerdicts>) {
+        if verdicts.len() != self.groups.len() {
+            return;
+        }
+        for (group, verdicts) in self.groups.values_mut().zip(verdicts) {
+            group.verdicts = Some(verdicts);
+            group.changed_from = UnixNanos::MAX;
+        }
+    }
+
     fn span(&self, key: SpanKey) -> &Span {
         &self.spans[&key].span
     }
@@ -541,8 +633,15 @@ impl HeldTimelines {
                 }
                 group.dirty.insert(call_key);
             }
-            // Its hops join again (they are in its trace, or depend on its call).
-            self.attempt_hops.remove(&key);
+            // Its hops join again (they are in its trace, or depend on its call), as hops of no
+            // attempt: should it join again before they do (a copy that displaced it let go),
+            // they find it anew, and are its hops again.
+            for (hop, _) in self.attempt_hops.remove(&key).into_iter().flatten() {
+                if let Some(hop) = self.hops.get_mut(&hop) {
+                    hop.attempt = None;
+                }
+                self.unjoined.insert(hop);
+            }
         } else if is_hop(span) {
             if let Some(trace) = &span.trace_id {
                 remove_key(&mut self.trace_hops, hash_of(trace), key);
@@ -688,6 +787,8 @@ impl Group {
             dirty: BTreeSet::new(),
             timeline: empty_timeline(),
             order: Vec::new(),
+            changed_from: UnixNanos::MIN,
+            verdicts: None,
         }
     }
 
@@ -747,6 +848,9 @@ impl Group {
         }
         built.sort_by(|(left, _), (right, _)| left.cmp(right));
         removed.sort_unstable();
+        let changed =
+            removed.iter().map(|index| self.order[*index].0).chain(built.iter().map(|((start, _, _), _)| *start));
+        self.changed_from = changed.fold(self.changed_from, UnixNanos::min);
         // The calls from the first place that changed are merged with the built ones.
         let first_built =
             built.first().map_or(self.order.len(), |(place, _)| self.order.partition_point(|p| p < place));
@@ -784,8 +888,16 @@ impl Group {
         let first = self.attempts.first().map(span);
         self.timeline.client_id.clone_from(client_id);
         self.timeline.namespace.clone_from(namespace);
-        self.timeline.cluster = first.and_then(|span| span.resource.cluster.clone());
-        self.timeline.system = first.and_then(|span| span.resource.system.clone());
+        let (cluster, system) = (
+            first.and_then(|span| span.resource.cluster.as_ref()),
+            first.and_then(|span| span.resource.system.as_ref()),
+        );
+        if self.timeline.cluster.as_ref() != cluster || self.timeline.system.as_ref() != system {
+            // Every anomaly names the timeline's cluster.
+            self.changed_from = UnixNanos::MIN;
+            self.timeline.cluster = cluster.cloned();
+            self.timeline.system = system.cloned();
+        }
         let call_floors = floors(&self.timeline.calls);
         for (call, floor) in self.timeline.calls.iter_mut().zip(call_floors) {
             call.floor = floor.highest().map(|contribution| contribution.state);
@@ -936,7 +1048,12 @@ mod tests {
         }
         let mut spans = vec![attempt_span.clone()];
         let hop_call = CallFields {
-            state: StateFields { served: state(numbers), returned: state(numbers), ..StateFields::default() },
+            state: StateFields {
+                carried: state(numbers),
+                served: state(numbers),
+                returned: state(numbers),
+                ..StateFields::default()
+            },
             ..call
         };
         let mut parent = attempt_span.span_id.clone();
@@ -1021,9 +1138,57 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_that_leaves_and_joins_again_before_a_refresh_keeps_its_hops() {
+        // A copy of an attempt read with an earlier order than the attempt (a store's ids read
+        // late) displaces it from the join; the copy let go before the next refresh, the
+        // attempt joins again, and its router hop with it.
+        let mut attempt = span(SpanKind::Client, Component::Client, 10);
+        attempt.end_unix_nano = 40;
+        attempt.trace_id = Some("t1".to_string());
+        attempt.span_id = Some("a1".to_string());
+        attempt.call = CallFields {
+            client_id: Some("client-1".to_string()),
+            call_id: Some("call-1".to_string()),
+            attempt: Some(0),
+            namespace: Some("ns1".to_string()),
+            op: Some(Op::Read),
+            outcome: Some(Outcome::Ok),
+            ..CallFields::default()
+        };
+        let mut router = span(SpanKind::Server, Component::Router, 12);
+        router.trace_id = Some("t1".to_string());
+        router.span_id = Some("r1".to_string());
+        router.parent_span_id = Some("a1".to_string());
+        router.resource.node_id = Some("router-1".to_string());
+        router.call = attempt.call.clone();
+        let mut held = HeldTimelines::new(1_000);
+        held.insert_at(20, attempt.clone());
+        held.insert_at(30, router);
+        held.refresh();
+        let before = held.take_timelines();
+        assert_eq!(before[0].calls[0].attempts[0].router_node.as_deref(), Some("router-1"));
+        held.give_back(before.clone());
+        held.insert_at(5, attempt);
+        held.remove((10, 5));
+        held.refresh();
+        let spans: Vec<Span> = held.spans().cloned().collect();
+        assert_eq!(held.take_timelines(), build_timelines(&spans, 1_000));
+        assert_eq!(build_timelines(&spans, 1_000), before);
+    }
+
+    #[test]
     fn held_timelines_are_what_the_join_builds_from_scratch() {
+        let config = crate::AnalyzerConfig::default();
+        let mut kept = 0;
+        let mut found_of_kinds = [
+            (lagscope_model::AnomalyKind::StaleRead, 0),
+            (lagscope_model::AnomalyKind::CarriedStateRegression, 0),
+            (lagscope_model::AnomalyKind::RouterStateDropped, 0),
+        ];
         for seed in 0..60 {
             let mut numbers = Numbers(seed * 7_919 + 1);
+            // (Apart: the spans made are those of the test before verdicts were kept.)
+            let mut verdict_numbers = Numbers(seed + 17);
             let horizon = [1_000, 30][numbers.below(2) as usize];
             let mut held = HeldTimelines::new(horizon);
             let by_order = seed % 2 == 1;
@@ -1075,10 +1240,40 @@ mod tests {
                 let expected = build_timelines(&spans, horizon);
                 let timelines = held.take_timelines();
                 assert_eq!(timelines, expected, "seed {seed}, round {round}");
+                // The verdicts kept about the calls that did not change, and the calls that
+                // did judged again: what judging every call finds.
+                let mut input = crate::AnalysisInput::from_held_timelines(timelines, Vec::new());
+                input.verdicts = held.take_verdicts();
+                kept += input
+                    .verdicts
+                    .iter()
+                    .map(|verdicts| {
+                        verdicts.found.iter().filter(|(_, start, _)| *start < verdicts.unchanged_before).count()
+                    })
+                    .sum::<usize>();
+                let found = crate::analyze_held_kinds(&mut input, &config, |_| true);
+                let all = crate::analyze(&input, &config);
+                assert_eq!(
+                    found.iter().map(|anomaly| &**anomaly).collect::<Vec<_>>(),
+                    all.iter().collect::<Vec<_>>(),
+                    "seed {seed}, round {round}"
+                );
+                for (kind, count) in &mut found_of_kinds {
+                    *count += all.iter().filter(|anomaly| anomaly.kind == *kind).count();
+                }
+                let (timelines, verdicts) = (input.timelines, input.verdicts);
                 if numbers.chance(90) {
                     held.give_back(timelines);
                 }
+                if verdict_numbers.chance(90) {
+                    held.give_back_verdicts(verdicts);
+                }
             }
         }
+        // Each kind judged from verdicts was found, and often; many were kept from a pass before.
+        for (kind, count) in found_of_kinds {
+            assert!(count > 100, "{kind:?}: {count}");
+        }
+        assert!(kept > 1_000, "{kept} kept");
     }
 }

@@ -31,7 +31,7 @@ pub use config::{
 };
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
-pub use held::{HeldTimelines, SpanKey, growing};
+pub use held::{CallVerdicts, HeldTimelines, SpanKey, growing};
 pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_rollups};
 pub use timeline::build_timelines;
 
@@ -47,6 +47,10 @@ pub struct AnalysisInput {
     /// The recognised log lines ([`log_events`]), in time order.
     /// Shared: the live analyzer hands one cluster's lines to many passes.
     pub log_events: Vec<Arc<log_events::LogEvent>>,
+    /// Per timeline (in order), what the per-call detectors found in the calls that did not
+    /// change since an earlier pass ([`HeldTimelines::take_verdicts`]), for
+    /// [`analyze_held_kinds`]; empty: every call is judged.
+    pub verdicts: Vec<CallVerdicts>,
 }
 
 impl AnalysisInput {
@@ -72,7 +76,7 @@ impl AnalysisInput {
     fn of(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
         let series = series::SeriesIndex::of(&samples);
         enrich::enrich_from(&mut timelines, &series);
-        Self { timelines, samples, series, log_events: Vec::new() }
+        Self { timelines, samples, series, log_events: Vec::new(), verdicts: Vec::new() }
     }
 
     /// The metric samples it was given.
@@ -117,20 +121,76 @@ pub fn analyze_kinds(
         .filter(|detector| wanted(detector.kind))
         .flat_map(|detector| (detector.detect)(input, config))
         .collect();
-    mark_open(input, &mut anomalies, config);
-    // The evidence lines are gathered only when an anomaly that takes them was found.
-    if anomalies.iter().any(|anomaly| log_events::evidence_of(anomaly.kind).is_some()) {
-        let evidence: Vec<&log_events::LogEvent> =
-            input.log_events.iter().map(Arc::as_ref).filter(|event| event.kind.is_evidence()).collect();
-        log_events::attach_evidence(&mut anomalies, &evidence);
-    }
+    finish(input, &mut anomalies, config);
     sort_anomalies(&mut anomalies);
     anomalies
 }
 
+/// [`analyze_kinds`] over held timelines, with what earlier passes found in them
+/// (`input.verdicts`): the per-call detectors ([`detectors::Detector::judge`]) judge only the
+/// calls that changed since, and take the anomalies of the others from the verdicts, which
+/// are left holding this pass's. The same anomalies as [`analyze_kinds`], in the same order;
+/// those taken from the verdicts shared, not copied.
+pub fn analyze_held_kinds(
+    input: &mut AnalysisInput,
+    config: &AnalyzerConfig,
+    wanted: impl Fn(AnomalyKind) -> bool,
+) -> Vec<Arc<Anomaly>> {
+    let judged: u64 = detectors::REGISTRY
+        .iter()
+        .enumerate()
+        .filter(|(_, detector)| detector.judge.is_some() && wanted(detector.kind))
+        .fold(0, |bits, (place, _)| bits | 1 << place);
+    let mut verdicts = std::mem::take(&mut input.verdicts);
+    if verdicts.len() != input.timelines.len() {
+        verdicts = input.timelines.iter().map(|_| CallVerdicts::default()).collect();
+    }
+    for verdicts in &mut verdicts {
+        verdicts.keep_unchanged(judged);
+    }
+    // In the order `analyze_kinds` finds them in (detector, timeline, call): a stable sort of
+    // the same anomalies then gives the same order.
+    // (`None`: the next of the other detectors' anomalies.)
+    let (mut others, mut found): (Vec<Anomaly>, Vec<Option<Arc<Anomaly>>>) = (Vec::new(), Vec::new());
+    for (place, detector) in detectors::REGISTRY.iter().enumerate().filter(|(_, detector)| wanted(detector.kind)) {
+        let Some(judge) = detector.judge else {
+            let anomalies = (detector.detect)(input, config);
+            found.extend(std::iter::repeat_n(None, anomalies.len()));
+            others.extend(anomalies);
+            continue;
+        };
+        for (timeline, verdicts) in input.timelines.iter().zip(&mut verdicts) {
+            verdicts.judge(place, judge, timeline, config);
+            found.extend(verdicts.of(place).map(|anomaly| Some(Arc::clone(anomaly))));
+        }
+    }
+    finish(input, &mut others, config);
+    let mut others = others.into_iter();
+    let mut anomalies: Vec<Arc<Anomaly>> = found
+        .into_iter()
+        .map(|anomaly| anomaly.unwrap_or_else(|| Arc::new(others.next().expect("one for each place"))))
+        .collect();
+    sort_anomalies(&mut anomalies);
+    input.verdicts = verdicts;
+    anomalies
+}
+
+/// What every pass does to the anomalies its detectors found: windows marked open or
+/// resolved, log lines attached as evidence.
+fn finish(input: &AnalysisInput, anomalies: &mut [Anomaly], config: &AnalyzerConfig) {
+    mark_open(input, anomalies, config);
+    // The evidence lines are gathered only when an anomaly that takes them was found.
+    if anomalies.iter().any(|anomaly| log_events::evidence_of(anomaly.kind).is_some()) {
+        let evidence: Vec<&log_events::LogEvent> =
+            input.log_events.iter().map(Arc::as_ref).filter(|event| event.kind.is_evidence()).collect();
+        log_events::attach_evidence(anomalies, &evidence);
+    }
+}
+
 /// The order anomalies are reported in: start time, then kind, then fingerprint.
-pub fn sort_anomalies(anomalies: &mut [Anomaly]) {
+pub fn sort_anomalies<A: std::borrow::Borrow<Anomaly>>(anomalies: &mut [A]) {
     anomalies.sort_by(|left, right| {
+        let (left, right) = (left.borrow(), right.borrow());
         (left.start_unix_nano, left.kind, &left.fingerprint).cmp(&(
             right.start_unix_nano,
             right.kind,

@@ -6,13 +6,16 @@
 //! split into shards held under leases ([`lagscope_store::Coordinator`]), and each instance
 //! analyses the marks of its shards, whoever ingested them.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
-use lagscope_analyzer::{AnalysisInput, HeldTimelines, SpanKey, analyze_kinds, growing, read_rollups};
+use lagscope_analyzer::{
+    AnalysisInput, HeldTimelines, SpanKey, analyze_held_kinds, analyze_kinds, growing, read_rollups,
+};
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
@@ -457,7 +460,10 @@ async fn analysis_pass(
             let mut input = match &mut spans {
                 Spans::Held(held) => {
                     held.refresh();
-                    AnalysisInput::from_held_timelines(held.take_timelines(), work.probes)
+                    let mut input = AnalysisInput::from_held_timelines(held.take_timelines(), work.probes);
+                    // Calls judged by an earlier pass and unchanged since are not judged again.
+                    input.verdicts = held.take_verdicts();
+                    input
                 }
                 Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.probes, horizon),
             };
@@ -465,19 +471,21 @@ async fn analysis_pass(
             // Spans of shared traces bring in fragments of other clients' timelines: each
             // client's anomalies come from its own, complete pass.
             // (Kinds that name no client would be dropped below: they are not run.)
-            let found = analyze_kinds(&input, &config.analyzer, AnomalyKind::names_client)
+            let found = analyze_held_kinds(&mut input, &config.analyzer, AnomalyKind::names_client)
                 .into_iter()
                 .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id) && !spans.settled(anomaly))
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
             if let Spans::Held(held) = spans {
-                held.give_back(input.timelines);
+                let (timelines, verdicts) = (input.timelines, input.verdicts);
+                held.give_back(timelines);
+                held.give_back_verdicts(verdicts);
                 let_go = settle(held, &found, config);
             }
             (found, let_go)
         },
     );
-    let mut anomalies: Vec<lagscope_model::Anomaly> = Vec::new();
+    let mut anomalies: Vec<Arc<lagscope_model::Anomaly>> = Vec::new();
     for (client_id, (found, let_go)) in clients.iter().zip(found_of_clients) {
         client_cache.settled(client_id, let_go);
         anomalies.extend(found);
@@ -735,9 +743,9 @@ struct ScopeFound {
 /// Settles a held window ([`HeldTimelines::settle`], `live.settle_seconds`) after its pass,
 /// with the anomalies the pass found holding what they may still grow over: at most once per
 /// half of that time of telemetry. Returns the spans let go, for the cache's count.
-fn settle(
+fn settle<A: Borrow<lagscope_model::Anomaly>>(
     held: &mut HeldTimelines,
-    found: &[lagscope_model::Anomaly],
+    found: &[A],
     config: &Config,
 ) -> Vec<(SpanKey, lagscope_model::Span)> {
     let after = config.live.settle_seconds.saturating_mul(1_000_000_000);
@@ -894,13 +902,14 @@ fn is_cluster_kind(kind: AnomalyKind) -> bool {
     kind == AnomalyKind::UnfairRejection
 }
 
-async fn record(
+async fn record<A: Borrow<lagscope_model::Anomaly>>(
     store: &dyn Store,
     metrics: &SelfMetrics,
     (found, written): (&mut NewAnomalies, &mut WrittenAnomalies),
-    anomalies: &[lagscope_model::Anomaly],
+    anomalies: &[A],
 ) -> Result<(), lagscope_store::StoreError> {
-    let hashed: Vec<_> = anomalies.iter().map(|anomaly| (anomaly, written.content_hash(anomaly))).collect();
+    let anomalies = anomalies.iter().map(Borrow::borrow);
+    let hashed: Vec<_> = anomalies.map(|anomaly| (anomaly, written.content_hash(anomaly))).collect();
     let (anomalies, unchanged): (Vec<_>, Vec<_>) =
         hashed.into_iter().partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
     metrics.anomalies_unchanged.add(unchanged.len() as u64);

@@ -2,7 +2,7 @@
 //! that namespace. Latent: raised whether or not the read was served high enough, because
 //! the next read on a lagging observer will be stale.
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, UnixNanos};
 
 use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
 use super::view::{AttemptView, CallView};
@@ -15,20 +15,31 @@ pub(crate) const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
-        for (call_index, (call, seen)) in timeline.calls.iter().zip(seen_before(&timeline.calls)).enumerate() {
-            let Some(seen) = seen else { continue };
-            for attempt in &call.attempts {
-                let Some(carried) = attempt.carried else { continue };
-                if seen.state.saturating_sub(carried) < config.carried_state_regression.min_states_behind.max(1) {
-                    continue;
-                }
-                let seen_call = &timeline.calls[seen.call_index];
-                let overwritten_by = overwritten_by(timeline.calls[..call_index].iter().rev(), attempt, carried, &seen);
-                anomalies.push(regression(timeline, call, attempt, carried, &seen, seen_call, overwritten_by));
-            }
-        }
+        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
     }
     anomalies
+}
+
+/// The regressions in `timeline`'s calls that start at or after `from` (what was seen before
+/// each from every call), each with its call's start ([`super::JudgeCalls`]).
+pub(crate) fn judge(
+    timeline: &ClientTimeline,
+    from: UnixNanos,
+    config: &AnalyzerConfig,
+    found: &mut dyn FnMut(UnixNanos, Anomaly),
+) {
+    for (call_index, (call, seen)) in timeline.calls.iter().zip(seen_before(&timeline.calls)).enumerate() {
+        let Some(seen) = seen.filter(|_| call.start_unix_nano >= from) else { continue };
+        for attempt in &call.attempts {
+            let Some(carried) = attempt.carried else { continue };
+            if seen.state.saturating_sub(carried) < config.carried_state_regression.min_states_behind.max(1) {
+                continue;
+            }
+            let seen_call = &timeline.calls[seen.call_index];
+            let overwritten_by = overwritten_by(timeline.calls[..call_index].iter().rev(), attempt, carried, &seen);
+            found(call.start_unix_nano, regression(timeline, call, attempt, carried, &seen, seen_call, overwritten_by));
+        }
+    }
 }
 
 /// The anomaly for `attempt` of `call` carrying `carried` below `seen`, which `seen_call`

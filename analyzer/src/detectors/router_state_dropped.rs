@@ -1,7 +1,7 @@
 //! `router_state_dropped`: the router's request to a server carried less than the client's
 //! request did (HDFS-16826: a connection pool not advanced by the client's state).
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, UnixNanos};
 
 use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
 use super::view::{AttemptView, CallView};
@@ -10,17 +10,28 @@ use crate::{AnalysisInput, AnalyzerConfig};
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
-        for call in &timeline.calls {
-            for attempt in &call.attempts {
-                let (Some(carried), Some(forwarded)) = (attempt.carried, attempt.router_carried) else { continue };
-                if carried.saturating_sub(forwarded) < config.router_state_dropped.min_states_behind.max(1) {
-                    continue;
-                }
-                anomalies.push(dropped(timeline, call, attempt, carried, forwarded));
-            }
-        }
+        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
     }
     anomalies
+}
+
+/// The dropped states in `timeline`'s calls that start at or after `from`, each with its
+/// call's start ([`super::JudgeCalls`]).
+pub(crate) fn judge(
+    timeline: &ClientTimeline,
+    from: UnixNanos,
+    config: &AnalyzerConfig,
+    found: &mut dyn FnMut(UnixNanos, Anomaly),
+) {
+    for call in timeline.calls.iter().filter(|call| call.start_unix_nano >= from) {
+        for attempt in &call.attempts {
+            let (Some(carried), Some(forwarded)) = (attempt.carried, attempt.router_carried) else { continue };
+            if carried.saturating_sub(forwarded) < config.router_state_dropped.min_states_behind.max(1) {
+                continue;
+            }
+            found(call.start_unix_nano, dropped(timeline, call, attempt, carried, forwarded));
+        }
+    }
 }
 
 /// The anomaly for `attempt` of `call`: the client carried `carried`, the router forwarded

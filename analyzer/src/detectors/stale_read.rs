@@ -5,7 +5,7 @@
 //! The cause is found by walking the read's states from client to server: the first hop
 //! where the state fell below the floor is where the guarantee broke.
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, UnixNanos};
 
 use super::evidence::{Spans, attempt_fingerprint, evidence, method, operation};
 use super::view::{AttemptView, CallView};
@@ -21,17 +21,31 @@ pub(crate) fn exempt(consistency: Option<&str>, config: &AnalyzerConfig) -> bool
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
-        for read in served_reads(&timeline.calls) {
-            if exempt(read.attempt.consistency.as_deref(), config) {
-                continue;
-            }
-            if let Some(floor) = read.broken_floor(config.stale_read.min_states_behind) {
-                let floor_call = &timeline.calls[floor.call_index];
-                anomalies.push(stale_read(timeline, read.call, read.attempt, read.served, &floor, floor_call));
-            }
-        }
+        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
     }
     anomalies
+}
+
+/// The stale reads among `timeline`'s calls that start at or after `from` (their floors from
+/// every call), each with its call's start ([`super::JudgeCalls`]).
+pub(crate) fn judge(
+    timeline: &ClientTimeline,
+    from: UnixNanos,
+    config: &AnalyzerConfig,
+    found: &mut dyn FnMut(UnixNanos, Anomaly),
+) {
+    for read in served_reads(&timeline.calls) {
+        if read.call.start_unix_nano < from || exempt(read.attempt.consistency.as_deref(), config) {
+            continue;
+        }
+        if let Some(floor) = read.broken_floor(config.stale_read.min_states_behind) {
+            let floor_call = &timeline.calls[floor.call_index];
+            found(
+                read.call.start_unix_nano,
+                stale_read(timeline, read.call, read.attempt, read.served, &floor, floor_call),
+            );
+        }
+    }
 }
 
 /// The anomaly for `attempt` of `call`, served at `served` below `floor`, which
