@@ -30,16 +30,68 @@ pub(crate) fn enrich_from(timelines: &mut [ClientTimeline], samples: &SeriesInde
     let applied = samples.series_of(METRIC_APPLIED_STATE, &[]);
     let roles = samples.series_of(METRIC_ROLE, &[NODE_ROLE]);
     let committed = committed_by_namespace(samples);
-    let (applied, roles) = (by_node(&applied), by_node(&roles));
+    tell(timelines, (&applied, &roles, &committed), |_, _, _| true);
+}
+
+/// [`enrich_from`] for timelines told by an earlier call of it (held between passes): only
+/// the attempts whose `reported` may differ from what they hold are told, those of the calls
+/// that start at or after their timeline's `unenriched_from` (built again since, holding
+/// nothing), and those that start where a series the attempts are told from says something
+/// else than it did at the last call (`told` remembers them, and is brought up to date).
+/// Returns how many attempts were told.
+///
+/// Invariant (tested against [`enrich_from`]): every attempt of a call that starts before
+/// `unenriched_from` holds what `enrich_from` told it from the series `told` remembers.
+pub(crate) fn enrich_changed(
+    timelines: &mut [ClientTimeline],
+    unenriched_from: &[i64],
+    samples: &SeriesIndex,
+    told: &mut Told,
+) -> usize {
+    let applied = samples.series_of(METRIC_APPLIED_STATE, &[]);
+    let roles = samples.series_of(METRIC_ROLE, &[NODE_ROLE]);
+    let committed = committed_by_namespace(samples);
+    let changed = told.update(&applied, &roles, &committed);
+    let whole = unenriched_from.len() != timelines.len();
+    let mut count = 0;
+    tell(timelines, (&applied, &roles, &committed), |timeline, call_start, at| {
+        let wanted = whole || call_start >= unenriched_from[timeline] || changed.contains(at);
+        count += usize::from(wanted);
+        wanted
+    });
+    count
+}
+
+/// The series attempts are told from: applied states, roles, each namespace's committed states.
+type Told3<'a> = (
+    &'a BTreeMap<(Scope, Vec<String>), Points>,
+    &'a BTreeMap<(Scope, Vec<String>), Points>,
+    &'a BTreeMap<NamespaceKey, Points>,
+);
+
+/// Tells the attempts `wanted` (timeline's place, its call's start, its start) takes.
+fn tell(
+    timelines: &mut [ClientTimeline],
+    (applied, roles, committed): Told3<'_>,
+    mut wanted: impl FnMut(usize, i64, i64) -> bool,
+) {
+    let (applied, roles) = (by_node(applied), by_node(roles));
     let none: &[NodeSeries<'_>] = &[];
-    for timeline in timelines.iter_mut() {
+    for (place, timeline) in timelines.iter_mut().enumerate() {
         let committed = committed.get(&(timeline.cluster.clone(), timeline.namespace.clone()));
         // The series of the node that served the attempt before (a client's attempts mostly
         // go to a few nodes, one after another), its applied states those of the timeline's
         // namespace or of none.
         let mut last: Option<NodeAt<'_>> = None;
-        for attempt in timeline.calls.iter_mut().flat_map(|call| call.attempts.iter_mut()) {
+        let attempts = timeline.calls.iter_mut().flat_map(|call| {
+            let start = call.start_unix_nano;
+            call.attempts.iter_mut().map(move |attempt| (start, attempt))
+        });
+        for (call_start, attempt) in attempts {
             let at = attempt.start_unix_nano;
+            if !wanted(place, call_start, at) {
+                continue;
+            }
             let reported = &mut attempt.reported;
             reported.namespace_committed = committed.and_then(|points| value_at(points, at)).map(|value| value as i64);
             let Some(node) = attempt.served_by.as_deref() else {
@@ -100,6 +152,118 @@ fn node_reported(
         .find_map(|(_, _, points)| value_at(points, at))
         .map(|value| value as i64);
     (applied, role_at(roles, at).cloned())
+}
+
+/// The series [`enrich_changed`] last told attempts from, each with its points.
+#[derive(Debug, Default)]
+pub struct Told {
+    series: Vec<(ToldKey, Points)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum ToldKey {
+    Applied(Scope, Vec<String>),
+    Role(Scope, Vec<String>),
+    Committed(NamespaceKey),
+}
+
+impl Told {
+    /// Remembers the series given, and returns where what they say differs from what the
+    /// series remembered said (a series not there says nothing).
+    fn update(
+        &mut self,
+        applied: &BTreeMap<(Scope, Vec<String>), Points>,
+        roles: &BTreeMap<(Scope, Vec<String>), Points>,
+        committed: &BTreeMap<NamespaceKey, Points>,
+    ) -> Ranges {
+        // In key order, as the variants and the maps order them.
+        let applied =
+            applied.iter().map(|((scope, labels), points)| (ToldKey::Applied(scope.clone(), labels.clone()), points));
+        let roles =
+            roles.iter().map(|((scope, labels), points)| (ToldKey::Role(scope.clone(), labels.clone()), points));
+        let committed = committed.iter().map(|(key, points)| (ToldKey::Committed(key.clone()), points));
+        let now: Vec<(ToldKey, &Points)> = applied.chain(roles).chain(committed).collect();
+        let mut differ = Vec::new();
+        let (mut old, mut new) = (self.series.iter().peekable(), now.iter().peekable());
+        loop {
+            match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some((old_key, old_points)), Some((new_key, new_points))) if old_key == new_key => {
+                    differences(old_points, new_points, &mut differ);
+                    old.next();
+                    new.next();
+                }
+                (Some((old_key, old_points)), next) if next.is_none_or(|(new_key, _)| old_key < new_key) => {
+                    differences(old_points, &[], &mut differ);
+                    old.next();
+                }
+                (_, Some((_, new_points))) => {
+                    differences(&[], new_points, &mut differ);
+                    new.next();
+                }
+                (_, None) => unreachable!("an old series left is taken above"),
+            }
+        }
+        self.series = now.into_iter().map(|(key, points)| (key, points.clone())).collect();
+        Ranges::of(differ)
+    }
+}
+
+/// Times in half-open ranges, sorted and apart (`i64::MAX` as an end: no end).
+#[derive(Debug, PartialEq)]
+struct Ranges(Vec<(i64, i64)>);
+
+impl Ranges {
+    fn of(mut ranges: Vec<(i64, i64)>) -> Self {
+        ranges.sort_unstable();
+        let mut merged: Vec<(i64, i64)> = Vec::with_capacity(ranges.len());
+        for (from, until) in ranges {
+            match merged.last_mut() {
+                Some(last) if from <= last.1 => last.1 = last.1.max(until),
+                _ => merged.push((from, until)),
+            }
+        }
+        Self(merged)
+    }
+
+    fn contains(&self, at: i64) -> bool {
+        let index = self.0.partition_point(|(from, _)| *from <= at);
+        index.checked_sub(1).is_some_and(|index| at < self.0[index].1 || self.0[index].1 == i64::MAX)
+    }
+}
+
+/// Adds to `differ` the times at which [`value_at`] of `old` and of `new` differ (both sorted
+/// by time; of points at one time the last counts), as half-open ranges.
+fn differences(old: &[(i64, f64)], new: &[(i64, f64)], differ: &mut Vec<(i64, i64)>) {
+    let (mut i, mut j) = (0, 0);
+    let (mut old_value, mut new_value): (Option<u64>, Option<u64>) = (None, None);
+    let mut open: Option<i64> = None;
+    loop {
+        let next = match (old.get(i), new.get(j)) {
+            (None, None) => break,
+            (Some(point), None) | (None, Some(point)) => point.0,
+            (Some(old), Some(new)) => old.0.min(new.0),
+        };
+        while let Some(point) = old.get(i).filter(|point| point.0 == next) {
+            old_value = Some(point.1.to_bits());
+            i += 1;
+        }
+        while let Some(point) = new.get(j).filter(|point| point.0 == next) {
+            new_value = Some(point.1.to_bits());
+            j += 1;
+        }
+        match (open, old_value != new_value) {
+            (None, true) => open = Some(next),
+            (Some(from), false) => {
+                differ.push((from, next));
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = open {
+        differ.push((from, i64::MAX));
+    }
 }
 
 /// Each namespace's committed states, as every node of it reported them, in time order.
@@ -320,5 +484,125 @@ mod tests {
         }
         // The cases reach the lookups (not only attempts no series speaks of).
         assert!(told > 500, "only {told} attempts were told a node's applied state or role");
+    }
+
+    /// Held timelines told pass after pass while their calls are built again from some start
+    /// on (holding nothing, served by other nodes) and new ones come, and while the series
+    /// move (points added, the oldest cut, a value changed anywhere, series coming and going,
+    /// a node's role changing): telling only the attempts that may have changed
+    /// (`enrich_changed`) tells every attempt what telling all of them (`enrich_from`) does.
+    #[test]
+    fn telling_only_what_changed_tells_what_telling_all_does() {
+        let mut random = Random(0x2545_f491_4f6c_dd1d);
+        let nodes = ["nn-a", "nn-b", "nn-c"];
+        let namespaces = ["ns1", "ns2", ""];
+        let roles = ["active", "observer", "standby"];
+        let (mut told_in_all, mut attempts_in_all) = (0, 0);
+        for case in 0..40 {
+            // (metric, node, namespace, role): each series' samples are in `samples`.
+            let mut series: Vec<(usize, &str, &str, &str)> = Vec::new();
+            let mut samples: Vec<Sample> = Vec::new();
+            let mut timelines: Vec<ClientTimeline> = (0..1 + random.below(3))
+                .map(|index| ClientTimeline {
+                    client_id: format!("client-{index}"),
+                    namespace: Some(random.pick(&namespaces))
+                        .filter(|namespace| !namespace.is_empty())
+                        .map(str::to_string),
+                    cluster: (random.below(4) != 0).then(|| "c1".to_string()),
+                    system: None,
+                    calls: Vec::new(),
+                })
+                .collect();
+            let mut unenriched = vec![i64::MIN; timelines.len()];
+            let mut told = Told::default();
+            for pass in 0..30_i64 {
+                let now = pass * 10;
+                // The series move.
+                if series.is_empty() || random.below(4) == 0 {
+                    let role = if random.below(3) == 0 { random.pick(&roles) } else { "" };
+                    series.push((random.below(3) as usize, random.pick(&nodes), random.pick(&namespaces), role));
+                }
+                if random.below(8) == 0 {
+                    let gone = series.swap_remove(random.below(series.len() as u64) as usize);
+                    samples.retain(|sample| sample.series.name != metric(gone.0) || !same(sample, gone));
+                }
+                for &(kind, node, namespace, role) in &series {
+                    for _ in 0..random.below(3) {
+                        let mut labels = vec![(NODE_ID, node), (CLUSTER, "c1")];
+                        if !namespace.is_empty() {
+                            labels.push((NAMESPACE, namespace));
+                        }
+                        let role = if kind == 1 { if role.is_empty() { "active" } else { role } } else { "" };
+                        if kind == 1 {
+                            labels.push((NODE_ROLE, role));
+                        }
+                        let at = now + random.below(12) as i64 - 2;
+                        samples.push(gauge(metric(kind), &labels, at, (now + random.below(50) as i64) as f64));
+                    }
+                }
+                samples.retain(|sample| sample.time_unix_nano >= now - 60);
+                if !samples.is_empty() && random.below(5) == 0 {
+                    let changed = random.below(samples.len() as u64) as usize;
+                    samples[changed].value = PointValue::Number(random.below(1000) as f64);
+                }
+                samples.sort_by_key(|sample| sample.time_unix_nano);
+                // Calls built again from some start on, and new ones.
+                for (place, timeline) in timelines.iter_mut().enumerate() {
+                    if random.below(3) == 0 {
+                        let from = random.below(now as u64 + 20) as i64;
+                        for call in timeline.calls.iter_mut().filter(|call| call.start_unix_nano >= from) {
+                            for attempt in &mut call.attempts {
+                                attempt.reported = Default::default();
+                                attempt.served_by = (random.below(5) != 0).then(|| random.pick(&nodes).to_string());
+                            }
+                        }
+                        unenriched[place] = unenriched[place].min(from);
+                    }
+                    for _ in 0..random.below(4) {
+                        let start = now + random.below(10) as i64;
+                        let attempts: Vec<TimelineAttempt> = (0..1 + random.below(3))
+                            .map(|retry| {
+                                let node = (random.below(5) != 0).then(|| random.pick(&nodes));
+                                attempt(start + 3 * retry as i64, node)
+                            })
+                            .collect();
+                        timeline.calls.push(TimelineCall {
+                            call_id: None,
+                            op: None,
+                            rpc_method: None,
+                            start_unix_nano: start,
+                            end_unix_nano: start + 10,
+                            attempts,
+                            floor: None,
+                        });
+                        unenriched[place] = unenriched[place].min(start);
+                    }
+                }
+                let index = SeriesIndex::of(&samples);
+                told_in_all += enrich_changed(&mut timelines, &unenriched, &index, &mut told);
+                let mut expected = timelines.clone();
+                enrich_from(&mut expected, &index);
+                assert_eq!(timelines, expected, "case {case}, pass {pass}");
+                unenriched.fill(i64::MAX);
+                attempts_in_all += timelines
+                    .iter()
+                    .flat_map(|timeline| &timeline.calls)
+                    .map(|call| call.attempts.len())
+                    .sum::<usize>();
+            }
+        }
+        // Most attempts were left as they were.
+        assert!(told_in_all * 3 < attempts_in_all, "told {told_in_all} of {attempts_in_all}");
+    }
+
+    fn metric(kind: usize) -> &'static str {
+        [METRIC_APPLIED_STATE, METRIC_ROLE, METRIC_COMMITTED_STATE][kind]
+    }
+
+    fn same(sample: &Sample, (_, node, namespace, role): (usize, &str, &str, &str)) -> bool {
+        let labels = &sample.series;
+        labels.label(NODE_ID) == Some(node)
+            && labels.label(NAMESPACE).unwrap_or("") == namespace
+            && (role.is_empty() || labels.label(NODE_ROLE) == Some(role))
     }
 }

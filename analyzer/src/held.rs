@@ -160,6 +160,8 @@ pub struct HeldTimelines {
     namespace_cuts: BTreeMap<Option<String>, UnixNanos>,
     /// The `before` of the last [`HeldTimelines::settle`].
     last_settle: UnixNanos,
+    /// The series the timelines were last told what the metrics said from.
+    pub(crate) told: crate::enrich::Told,
 }
 
 #[derive(Debug)]
@@ -197,8 +199,11 @@ struct Group {
     /// Each call's place in the timeline: (start, end, call key), as `timeline.calls`.
     order: Vec<(UnixNanos, UnixNanos, CallKey)>,
     /// The earliest start of a call built again, added or taken out since the verdicts were
-    /// given back (`UnixNanos::MIN` when the timeline's cluster or system changed).
+    /// given back.
     changed_from: UnixNanos,
+    /// The same since the timeline was last given back ([`HeldTimelines::give_back`]), told
+    /// what the metrics said ([`crate::AnalysisInput::from_held`]).
+    unenriched_from: UnixNanos,
     /// What the per-call detectors found when the verdicts were given back; `None` while they
     /// are taken, or never given.
     verdicts: Option<CallVerdicts>,
@@ -233,6 +238,7 @@ impl HeldTimelines {
             settled: BTreeMap::new(),
             namespace_cuts: BTreeMap::new(),
             last_settle: UnixNanos::MIN,
+            told: crate::enrich::Told::default(),
         }
     }
 
@@ -493,6 +499,8 @@ impl HeldTimelines {
                 group.calls.values_mut().for_each(|entry| entry.places.clear());
                 group.timeline.calls.clear();
                 group.dirty.extend(group.calls.keys().cloned());
+                // What was let go meanwhile is no longer known: all of it changed.
+                (group.changed_from, group.unenriched_from) = (UnixNanos::MIN, UnixNanos::MIN);
             }
         }
         let mut hops: BTreeSet<SpanKey> = std::mem::take(&mut self.unjoined);
@@ -531,8 +539,15 @@ impl HeldTimelines {
         }
         for (group, timeline) in self.groups.values_mut().zip(timelines) {
             group.timeline = timeline;
+            group.unenriched_from = UnixNanos::MAX;
         }
         self.lent = false;
+    }
+
+    /// Per timeline, in the order of [`HeldTimelines::take_timelines`], the earliest start of
+    /// a call built again since the timelines were last given back (`UnixNanos::MAX`: none).
+    pub(crate) fn unenriched_from(&self) -> Vec<UnixNanos> {
+        self.groups.values().map(|group| group.unenriched_from).collect()
     }
 
     /// Each timeline's [`CallVerdicts`], in the order of [`HeldTimelines::take_timelines`] (call
@@ -788,6 +803,7 @@ impl Group {
             timeline: empty_timeline(),
             order: Vec::new(),
             changed_from: UnixNanos::MIN,
+            unenriched_from: UnixNanos::MIN,
             verdicts: None,
         }
     }
@@ -850,7 +866,9 @@ impl Group {
         removed.sort_unstable();
         let changed =
             removed.iter().map(|index| self.order[*index].0).chain(built.iter().map(|((start, _, _), _)| *start));
-        self.changed_from = changed.fold(self.changed_from, UnixNanos::min);
+        let changed = changed.min().unwrap_or(UnixNanos::MAX);
+        self.changed_from = self.changed_from.min(changed);
+        self.unenriched_from = self.unenriched_from.min(changed);
         // The calls from the first place that changed are merged with the built ones.
         let first_built =
             built.first().map_or(self.order.len(), |(place, _)| self.order.partition_point(|p| p < place));
@@ -888,16 +906,10 @@ impl Group {
         let first = self.attempts.first().map(span);
         self.timeline.client_id.clone_from(client_id);
         self.timeline.namespace.clone_from(namespace);
-        let (cluster, system) = (
-            first.and_then(|span| span.resource.cluster.as_ref()),
-            first.and_then(|span| span.resource.system.as_ref()),
-        );
-        if self.timeline.cluster.as_ref() != cluster || self.timeline.system.as_ref() != system {
-            // Every anomaly names the timeline's cluster.
-            self.changed_from = UnixNanos::MIN;
-            self.timeline.cluster = cluster.cloned();
-            self.timeline.system = system.cloned();
-        }
+        // (A first attempt that changed is one of a call built again or let go that starts
+        // first: every call is marked changed, and told what its new cluster's metrics say.)
+        self.timeline.cluster = first.and_then(|span| span.resource.cluster.clone());
+        self.timeline.system = first.and_then(|span| span.resource.system.clone());
         let call_floors = floors(&self.timeline.calls);
         for (call, floor) in self.timeline.calls.iter_mut().zip(call_floors) {
             call.floor = floor.highest().map(|contribution| contribution.state);
@@ -1086,6 +1098,44 @@ mod tests {
         spans
     }
 
+    /// A sample of a node's applied or committed state, or of its role, at about `now`.
+    fn node_sample(numbers: &mut Numbers, now: UnixNanos) -> lagscope_model::Sample {
+        use lagscope_model::conventions::{
+            CLUSTER, METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE,
+        };
+        let (node, cluster, namespace) = (
+            format!("node-{}", numbers.below(3)),
+            format!("cluster-{}", numbers.below(2)),
+            format!("ns{}", numbers.below(2)),
+        );
+        let mut labels = vec![(NODE_ID.to_string(), node), (CLUSTER.to_string(), cluster)];
+        if numbers.chance(70) {
+            labels.push((NAMESPACE.to_string(), namespace));
+        }
+        let name = match numbers.below(3) {
+            0 => METRIC_APPLIED_STATE,
+            1 => {
+                labels.push((NODE_ROLE.to_string(), ["active", "observer"][numbers.below(2) as usize].to_string()));
+                METRIC_ROLE
+            }
+            _ => METRIC_COMMITTED_STATE,
+        };
+        lagscope_model::Sample {
+            series: std::sync::Arc::new(lagscope_model::SeriesKey {
+                name: name.to_string(),
+                labels: labels.into_iter().collect(),
+            }),
+            meta: std::sync::Arc::new(lagscope_model::SeriesMeta {
+                kind: lagscope_model::MetricKind::Gauge,
+                unit: None,
+                description: None,
+            }),
+            time_unix_nano: now + numbers.below(40) as i64 - 10,
+            start_time_unix_nano: None,
+            value: lagscope_model::PointValue::Number(numbers.below(50) as f64),
+        }
+    }
+
     /// Random rounds of spans added (new ones, copies sent again, a span's ids at another
     /// start), the oldest let go and spans removed anywhere: after every refresh the held
     /// timelines are exactly those built from scratch.
@@ -1135,6 +1185,62 @@ mod tests {
         assert!(held.spans().any(|span| span.start_unix_nano == 0), "the write that set the floor stays");
         assert_eq!(last_read(&mut held), before);
         assert_eq!(held.settled_from("client-1", Some("ns1")), 240 * SECOND);
+    }
+
+    #[test]
+    fn a_timeline_whose_cluster_changes_is_told_again_whole() {
+        // Call c1's attempts are numbered out of time order: the call starts at its attempt 0
+        // (50), after c2 (10). The timeline's cluster is its first attempt's (5, in a); that
+        // one let go, it is c2's (b), and every call's committed state is b's.
+        let attempt = |at: i64, call: &str, number: i64, cluster: &str| {
+            let mut span = span(SpanKind::Client, Component::Client, at);
+            span.resource.cluster = Some(cluster.to_string());
+            span.call = CallFields {
+                client_id: Some("client-1".to_string()),
+                call_id: Some(call.to_string()),
+                attempt: Some(number),
+                namespace: Some("ns1".to_string()),
+                op: Some(Op::Read),
+                outcome: Some(Outcome::Ok),
+                ..CallFields::default()
+            };
+            span
+        };
+        let committed = |cluster: &str, value: f64| {
+            use lagscope_model::conventions::{CLUSTER, METRIC_COMMITTED_STATE, NAMESPACE, NODE_ID};
+            let labels = [(CLUSTER, cluster), (NAMESPACE, "ns1"), (NODE_ID, "nn-1")];
+            lagscope_model::Sample {
+                series: std::sync::Arc::new(lagscope_model::SeriesKey {
+                    name: METRIC_COMMITTED_STATE.to_string(),
+                    labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+                }),
+                meta: std::sync::Arc::new(lagscope_model::SeriesMeta {
+                    kind: lagscope_model::MetricKind::Gauge,
+                    unit: None,
+                    description: None,
+                }),
+                time_unix_nano: 0,
+                start_time_unix_nano: None,
+                value: lagscope_model::PointValue::Number(value),
+            }
+        };
+        let samples = vec![committed("a", 100.0), committed("b", 200.0)];
+        let mut held = HeldTimelines::new(1_000);
+        let first = held.insert(attempt(5, "c1", 1, "a"));
+        held.insert(attempt(50, "c1", 0, "a"));
+        held.insert(attempt(10, "c2", 0, "b"));
+        held.refresh();
+        let input = crate::AnalysisInput::from_held(&mut held, samples.clone());
+        assert_eq!(input.timelines[0].cluster.as_deref(), Some("a"));
+        held.give_back(input.timelines);
+        held.remove(first);
+        held.refresh();
+        let input = crate::AnalysisInput::from_held(&mut held, samples.clone());
+        let spans: Vec<Span> = held.spans().cloned().collect();
+        let mut expected = build_timelines(&spans, 1_000);
+        crate::enrich(&mut expected, &samples);
+        assert_eq!(expected[0].cluster.as_deref(), Some("b"));
+        assert_eq!(input.timelines, expected);
     }
 
     #[test]
@@ -1189,6 +1295,7 @@ mod tests {
             let mut numbers = Numbers(seed * 7_919 + 1);
             // (Apart: the spans made are those of the test before verdicts were kept.)
             let mut verdict_numbers = Numbers(seed + 17);
+            let mut samples: Vec<lagscope_model::Sample> = Vec::new();
             let horizon = [1_000, 30][numbers.below(2) as usize];
             let mut held = HeldTimelines::new(horizon);
             let by_order = seed % 2 == 1;
@@ -1235,14 +1342,22 @@ mod tests {
                     assert!(let_go.iter().all(|(key, _)| !held.contains(*key)), "seed {seed}, round {round}");
                 }
                 keys.retain(|key| held.contains(*key));
+                // The metrics of the nodes move too (apart: the spans made are those of the
+                // test before they were told).
+                samples.retain(|sample| sample.time_unix_nano >= now - 60);
+                for _ in 0..verdict_numbers.below(8) {
+                    samples.push(node_sample(&mut verdict_numbers, now));
+                }
+                samples.sort_by_key(|sample| sample.time_unix_nano);
                 held.refresh();
                 let spans: Vec<Span> = held.spans().cloned().collect();
-                let expected = build_timelines(&spans, horizon);
-                let timelines = held.take_timelines();
-                assert_eq!(timelines, expected, "seed {seed}, round {round}");
+                let mut expected = build_timelines(&spans, horizon);
+                crate::enrich(&mut expected, &samples);
+                // Told what the metrics said where that may have changed: as told all of it.
+                let mut input = crate::AnalysisInput::from_held(&mut held, samples.clone());
+                assert_eq!(input.timelines, expected, "seed {seed}, round {round}");
                 // The verdicts kept about the calls that did not change, and the calls that
                 // did judged again: what judging every call finds.
-                let mut input = crate::AnalysisInput::from_held_timelines(timelines, Vec::new());
                 input.verdicts = held.take_verdicts();
                 kept += input
                     .verdicts

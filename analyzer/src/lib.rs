@@ -72,6 +72,19 @@ impl AnalysisInput {
         Self::of(timelines, samples)
     }
 
+    /// The input of `held`'s timelines, taken ([`HeldTimelines::take_timelines`]; refresh
+    /// them first): as [`AnalysisInput::from_held_timelines`], but only the attempts what the
+    /// metrics said may have changed for since the last pass are told again
+    /// ([`enrich::enrich_changed`]). Give the timelines back to `held` as the analysis leaves
+    /// them.
+    pub fn from_held(held: &mut HeldTimelines, samples: Vec<Sample>) -> Self {
+        let unenriched_from = held.unenriched_from();
+        let mut timelines = held.take_timelines();
+        let series = series::SeriesIndex::of(&samples);
+        enrich::enrich_changed(&mut timelines, &unenriched_from, &series, &mut held.told);
+        Self { timelines, samples, series, log_events: Vec::new(), verdicts: Vec::new() }
+    }
+
     /// `timelines` filled in from `samples` ([`enrich`]).
     fn of(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
         let series = series::SeriesIndex::of(&samples);

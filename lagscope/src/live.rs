@@ -460,7 +460,7 @@ async fn analysis_pass(
             let mut input = match &mut spans {
                 Spans::Held(held) => {
                     held.refresh();
-                    let mut input = AnalysisInput::from_held_timelines(held.take_timelines(), work.probes);
+                    let mut input = AnalysisInput::from_held(held, work.probes);
                     // Calls judged by an earlier pass and unchanged since are not judged again.
                     input.verdicts = held.take_verdicts();
                     input
@@ -766,7 +766,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
         // Joins what changed since the last pass; the timelines are lent to the analysis.
         Spans::Held(held) => {
             held.refresh();
-            AnalysisInput::from_held_timelines(held.take_timelines(), work.samples)
+            AnalysisInput::from_held(held, work.samples)
         }
         Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.samples, config.analyzer.stream.horizon()),
     };
