@@ -62,3 +62,20 @@ pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::BlindFailoverProbe, detect: blind_failover_probe::detect, judge: None },
     Detector { kind: AnomalyKind::FailoverFlapping, detect: failover_flapping::detect, judge: None },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `analyze_held_kinds` takes from verdicts is what `analyze_kinds` would build: a
+    /// detector that judges calls one timeline at a time finds point anomalies (never open)
+    /// that take no log lines, and each detector has a bit of its own.
+    #[test]
+    fn detectors_judged_call_by_call_find_what_passes_leave_as_found() {
+        assert!(REGISTRY.len() <= 64);
+        for detector in REGISTRY.iter().filter(|detector| detector.judge.is_some()) {
+            assert!(!detector.kind.is_window(), "{:?}", detector.kind);
+            assert!(crate::log_events::evidence_of(detector.kind).is_none(), "{:?}", detector.kind);
+        }
+    }
+}
