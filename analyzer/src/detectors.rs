@@ -38,6 +38,16 @@ pub struct Detector {
 /// against every call of the timeline), each passed with its call's start.
 pub type JudgeCalls = fn(&ClientTimeline, UnixNanos, &AnalyzerConfig, &mut dyn FnMut(UnixNanos, Anomaly));
 
+/// What `judge` finds in every call of every timeline of `input`: the `detect` of a detector
+/// that judges calls.
+fn every_call(input: &AnalysisInput, config: &AnalyzerConfig, judge: JudgeCalls) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    for timeline in &input.timelines {
+        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
+    }
+    anomalies
+}
+
 pub const REGISTRY: &[Detector] = &[
     Detector { kind: AnomalyKind::StaleRead, detect: stale_read::detect, judge: Some(stale_read::judge) },
     Detector { kind: AnomalyKind::StaleRead, detect: stale_read_cross_client::detect, judge: None },

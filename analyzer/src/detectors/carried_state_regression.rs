@@ -13,11 +13,7 @@ use crate::{AnalysisInput, AnalyzerConfig};
 pub(crate) const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut anomalies = Vec::new();
-    for timeline in &input.timelines {
-        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
-    }
-    anomalies
+    super::every_call(input, config, judge)
 }
 
 /// The regressions in `timeline`'s calls that start at or after `from` (what was seen before

@@ -8,11 +8,7 @@ use super::view::{AttemptView, CallView};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut anomalies = Vec::new();
-    for timeline in &input.timelines {
-        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
-    }
-    anomalies
+    super::every_call(input, config, judge)
 }
 
 /// The dropped states in `timeline`'s calls that start at or after `from`, each with its

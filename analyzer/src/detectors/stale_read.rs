@@ -19,11 +19,7 @@ pub(crate) fn exempt(consistency: Option<&str>, config: &AnalyzerConfig) -> bool
 }
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut anomalies = Vec::new();
-    for timeline in &input.timelines {
-        judge(timeline, UnixNanos::MIN, config, &mut |_, anomaly| anomalies.push(anomaly));
-    }
-    anomalies
+    super::every_call(input, config, judge)
 }
 
 /// The stale reads among `timeline`'s calls that start at or after `from` (their floors from
