@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lagscope_model::conventions::{CLUSTER, METRIC_ROLE, NAMESPACE, NODE_ID, NODE_ROLE};
-use lagscope_model::{Anomaly, AnomalyKind, Outcome, Severity};
-use rustc_hash::FxHashMap;
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::evidence::evidence;
 use crate::{AnalysisInput, AnalyzerConfig};
@@ -28,44 +28,26 @@ type Key<'a> = (Option<&'a str>, Option<&'a str>, &'a str);
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.no_namenodes_window;
+    // Most routers answered every request: only the answers of those that answered
+    // NoNamenodesAvailable at least once are gathered (a scope pass's timelines hold a few
+    // hundred thousand attempts, nearly all answered).
+    let failing: FxHashSet<Key<'_>> =
+        router_answers(input, |_| true).filter(|(_, answer)| answer.no_namenodes).map(|(key, _)| key).collect();
+    if failing.is_empty() {
+        return Vec::new();
+    }
+    let namespaces: FxHashSet<(Option<&str>, Option<&str>)> =
+        failing.iter().map(|(cluster, namespace, _)| (*cluster, *namespace)).collect();
     // Hashed while gathered (an entry per answer), ordered when judged.
     let mut answers: FxHashMap<Key<'_>, Vec<Answer<'_>>> = FxHashMap::default();
-    for timeline in &input.timelines {
-        for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
-            let Some(router) = attempt.router_node.as_deref() else { continue };
-            let no_namenodes = attempt.error_type.as_deref().is_some_and(|error| error.ends_with(NO_NAMENODES));
-            if !no_namenodes && attempt.outcome != Some(Outcome::Ok) {
-                continue;
-            }
-            answers.entry((timeline.cluster.as_deref(), timeline.namespace.as_deref(), router)).or_default().push(
-                Answer {
-                    start: attempt.start_unix_nano,
-                    end: attempt.end_unix_nano,
-                    no_namenodes,
-                    client: &timeline.client_id,
-                    tried: attempt.served_by.as_deref(),
-                    logged: false,
-                },
-            );
+    for (key, answer) in router_answers(input, |timeline| {
+        namespaces.contains(&(timeline.cluster.as_deref(), timeline.namespace.as_deref()))
+    }) {
+        if failing.contains(&key) {
+            answers.entry(key).or_default().push(answer);
         }
     }
-    // Routers that log the answer without tracing it (log lines with trace context belong to a
-    // router span counted above). A router may do both: then its lines and its spans tell of
-    // the same answers, and each window counts them once ([`raise`]).
-    for event in &input.log_events {
-        let Some(router) = event.router_answer() else { continue };
-        answers.entry((event.cluster.as_deref(), event.namespace.as_deref(), router)).or_default().push(Answer {
-            start: event.time_unix_nano,
-            end: event.time_unix_nano,
-            no_namenodes: true,
-            client: "",
-            tried: event.fields.get("namenode").map(String::as_str),
-            logged: true,
-        });
-    }
     let mut anomalies = Vec::new();
-    // Most routers answered every request: nothing to order or judge.
-    answers.retain(|_, list| list.iter().any(|answer| answer.no_namenodes));
     let answers: BTreeMap<Key<'_>, Vec<Answer<'_>>> = answers.into_iter().collect();
     for ((cluster, namespace, router), mut list) in answers {
         list.sort_by_key(|answer| answer.start);
@@ -91,6 +73,49 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         flush(&mut window);
     }
     anomalies
+}
+
+/// Every router answer for a namespace, keyed by (cluster, namespace, router): the traced
+/// attempts of the timelines `wanted` accepts (a router answers with a NoNamenodesAvailable
+/// error or a success), then the lines of routers that log the answer without tracing it (log
+/// lines with trace context belong to a router span counted above). A router may do both:
+/// then its lines and its spans tell of the same answers, and each window counts them once
+/// ([`raise`]).
+fn router_answers<'a>(
+    input: &'a AnalysisInput,
+    wanted: impl Fn(&ClientTimeline) -> bool,
+) -> impl Iterator<Item = (Key<'a>, Answer<'a>)> {
+    let traced = input.timelines.iter().filter(move |timeline| wanted(timeline)).flat_map(|timeline| {
+        timeline.calls.iter().flat_map(|call| &call.attempts).filter_map(move |attempt| {
+            let router = attempt.router_node.as_deref()?;
+            let no_namenodes = attempt.error_type.as_deref().is_some_and(|error| error.ends_with(NO_NAMENODES));
+            if !no_namenodes && attempt.outcome != Some(Outcome::Ok) {
+                return None;
+            }
+            let answer = Answer {
+                start: attempt.start_unix_nano,
+                end: attempt.end_unix_nano,
+                no_namenodes,
+                client: &timeline.client_id,
+                tried: attempt.served_by.as_deref(),
+                logged: false,
+            };
+            Some(((timeline.cluster.as_deref(), timeline.namespace.as_deref(), router), answer))
+        })
+    });
+    let logged = input.log_events.iter().filter_map(|event| {
+        let router = event.router_answer()?;
+        let answer = Answer {
+            start: event.time_unix_nano,
+            end: event.time_unix_nano,
+            no_namenodes: true,
+            client: "",
+            tried: event.fields.get("namenode").map(String::as_str),
+            logged: true,
+        };
+        Some(((event.cluster.as_deref(), event.namespace.as_deref(), router), answer))
+    });
+    traced.chain(logged)
 }
 
 fn raise(
