@@ -14,7 +14,7 @@ use lagscope_model::{ClientTimeline, ReadRollup, TimelineAttempt, rollup_step_of
 use serde::Serialize;
 
 use crate::AnalysisInput;
-use crate::committed::{NamespaceKey, committed_reports, first_seen};
+use crate::committed::NamespaceKey;
 use crate::detectors::shard_pressure::SHARD_ROLE;
 use crate::floor::served_of;
 use crate::series::increases;
@@ -75,10 +75,10 @@ pub struct LagRows {
 pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup> {
     // (minute, cluster, namespace, node)
     type Key<'a> = (i64, &'a Option<String>, &'a Option<String>, Option<&'a String>);
-    let committed = first_seen(committed_reports(input));
+    let committed = input.committed();
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
     for timeline in &input.timelines {
-        for read in served_reads_of(timeline, &committed).filter(|read| read.at >= complete_from) {
+        for read in served_reads_of(timeline, committed).filter(|read| read.at >= complete_from) {
             let minute = rollup_step_of(read.at);
             let rollup =
                 rollups.entry((minute, &timeline.cluster, &timeline.namespace, read.node())).or_insert_with(|| {
@@ -106,8 +106,8 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
 }
 
 pub fn lag_rows(input: &AnalysisInput) -> LagRows {
-    let committed = first_seen(committed_reports(input));
-    LagRows { reads: read_lags(input, &committed), apply: apply_lags(input, &committed), rejections: rejections(input) }
+    let committed = input.committed();
+    LagRows { reads: read_lags(input, committed), apply: apply_lags(input, committed), rejections: rejections(input) }
 }
 
 fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {

@@ -33,17 +33,18 @@ pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use held::{CallVerdicts, HeldTimelines, SpanKey, growing};
 pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, lag_rows, read_rollups};
+pub use series::IndexedSamples;
 pub use timeline::build_timelines;
 
 /// What the detectors look at.
 #[derive(Debug, Default)]
 pub struct AnalysisInput {
-    pub timelines: Vec<ClientTimeline>,
-    /// The metric samples; not to be changed once given ([`AnalysisInput::samples`]), as
-    /// `series` is built from them.
-    samples: Vec<Sample>,
-    /// `samples` grouped by series, once for every detector.
-    series: series::SeriesIndex,
+    /// Not to be changed once built ([`AnalysisInput::timelines`]): what the detectors share
+    /// is derived from them once ([`AnalysisInput::committed`]).
+    pub(crate) timelines: Vec<ClientTimeline>,
+    /// The metric samples, grouped by series once for every detector; not to be changed
+    /// once given ([`AnalysisInput::samples`]).
+    samples: IndexedSamples,
     /// The recognised log lines ([`log_events`]), in time order.
     /// Shared: the live analyzer hands one cluster's lines to many passes.
     pub log_events: Vec<Arc<log_events::LogEvent>>,
@@ -51,24 +52,28 @@ pub struct AnalysisInput {
     /// change since an earlier pass ([`HeldTimelines::take_verdicts`]), for
     /// [`analyze_held_kinds`]; empty: every call is judged.
     pub verdicts: Vec<CallVerdicts>,
+    /// Per namespace, when each committed state was first reported, on the timelines'
+    /// attempts and in the samples: taken by several detectors and the read rollups,
+    /// gathered on first use.
+    committed: std::sync::OnceLock<committed::CommittedReports>,
 }
 
 impl AnalysisInput {
     /// Builds the timelines of every client in `spans`, a call id naming one call for
     /// `horizon` ([`StreamConfig::horizon`], see [`build_timelines`]).
-    pub fn from_telemetry(spans: &[Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
+    pub fn from_telemetry(spans: &[Span], samples: impl Into<IndexedSamples>, horizon: UnixNanos) -> Self {
         Self::of(build_timelines(spans, horizon), samples)
     }
 
     /// [`AnalysisInput::from_telemetry`] of spans held elsewhere (the live analyzer's caches).
-    pub fn from_span_refs(spans: &[&Span], samples: Vec<Sample>, horizon: UnixNanos) -> Self {
+    pub fn from_span_refs(spans: &[&Span], samples: impl Into<IndexedSamples>, horizon: UnixNanos) -> Self {
         Self::of(timeline::build_timelines_of(spans, horizon), samples)
     }
 
     /// The input of timelines kept between passes ([`HeldTimelines::take_timelines`]): what
     /// the metrics said at each attempt is filled in again from `samples` (every field of
     /// `reported` written anew, [`enrich::enrich_from`]).
-    pub fn from_held_timelines(timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
+    pub fn from_held_timelines(timelines: Vec<ClientTimeline>, samples: impl Into<IndexedSamples>) -> Self {
         Self::of(timelines, samples)
     }
 
@@ -77,34 +82,45 @@ impl AnalysisInput {
     /// metrics said may have changed for since the last pass are told again
     /// ([`enrich::enrich_changed`]). Give the timelines back to `held` as the analysis leaves
     /// them.
-    pub fn from_held(held: &mut HeldTimelines, samples: Vec<Sample>) -> Self {
+    pub fn from_held(held: &mut HeldTimelines, samples: impl Into<IndexedSamples>) -> Self {
+        let samples = samples.into();
         let unenriched_from = held.unenriched_from();
         let mut timelines = held.take_timelines();
-        let series = series::SeriesIndex::of(&samples);
-        enrich::enrich_changed(&mut timelines, &unenriched_from, &series, &mut held.told);
-        Self { timelines, samples, series, log_events: Vec::new(), verdicts: Vec::new() }
+        enrich::enrich_changed(&mut timelines, &unenriched_from, samples.index(), &mut held.told);
+        Self { timelines, samples, ..Self::default() }
     }
 
     /// `timelines` filled in from `samples` ([`enrich`]).
-    fn of(mut timelines: Vec<ClientTimeline>, samples: Vec<Sample>) -> Self {
-        let series = series::SeriesIndex::of(&samples);
-        enrich::enrich_from(&mut timelines, &series);
-        Self { timelines, samples, series, log_events: Vec::new(), verdicts: Vec::new() }
+    fn of(mut timelines: Vec<ClientTimeline>, samples: impl Into<IndexedSamples>) -> Self {
+        let samples = samples.into();
+        enrich::enrich_from(&mut timelines, samples.index());
+        Self { timelines, samples, ..Self::default() }
+    }
+
+    /// The timelines the detectors look at.
+    pub fn timelines(&self) -> &[ClientTimeline] {
+        &self.timelines
+    }
+
+    /// Per namespace, when each committed state was first reported ([`committed::first_seen`]
+    /// of [`committed::committed_reports`]).
+    pub(crate) fn committed(&self) -> &committed::CommittedReports {
+        self.committed.get_or_init(|| committed::first_seen(committed::committed_reports(self)))
     }
 
     /// The metric samples it was given.
     pub fn samples(&self) -> &[Sample] {
-        &self.samples
+        self.samples.samples()
     }
 
-    /// Its timelines and samples, given back.
-    pub fn into_parts(self) -> (Vec<ClientTimeline>, Vec<Sample>) {
+    /// Its timelines and samples (with their index, to be kept for a later pass), given back.
+    pub fn into_parts(self) -> (Vec<ClientTimeline>, IndexedSamples) {
         (self.timelines, self.samples)
     }
 
     /// The samples grouped by series.
     pub(crate) fn series(&self) -> &series::SeriesIndex {
-        &self.series
+        self.samples.index()
     }
 
     /// Adds the events of the log records that carry one; a line sent again
@@ -223,7 +239,7 @@ fn mark_open(input: &AnalysisInput, anomalies: &mut [Anomaly], config: &Analyzer
             ends.call_or_line(timeline.cluster.as_deref(), end);
         }
     }
-    for (series, latest) in input.series.latest() {
+    for (series, latest) in input.series().latest() {
         ends.sample(series.label(CLUSTER), series.label(NODE_ID).map(Some), latest);
     }
     for event in &input.log_events {

@@ -23,63 +23,216 @@ pub type Points = Vec<(i64, f64)>;
 /// series of one metric at a time, a dozen times a pass over the same samples, and a scope's
 /// window holds some 25 000 of them (15 minutes of a few dozen series), while it has a few
 /// dozen series. Grouping by series first, each lookup touches the series of its metric only.
+///
+/// An index can follow its samples as they change at either end ([`IndexedSamples`]): the
+/// live analyzer's held scopes drop their oldest samples and take new ones every pass, and
+/// grouping the whole window again each pass was a fifth of a scope pass.
+///
+/// Invariant: an index of samples equals [`SeriesIndex::of`] those samples, however it came
+/// to be (`==` compares what the index tells, its series in the order of their first sample).
 #[derive(Debug, Default)]
 pub struct SeriesIndex {
+    /// In the order of their first sample.
     series: Vec<Indexed>,
+    /// Each series' place in `series`, by its key's address (the `Arc` its samples share).
+    at: FxHashMap<usize, usize>,
+    /// Positions are kept as given (`offset` plus the sample's place when it was indexed),
+    /// so that letting the oldest samples go renumbers none: a sample's place now is its
+    /// position minus `offset`.
+    offset: usize,
+    /// How many samples are indexed.
+    len: usize,
 }
 
 /// One series' samples, as the input gave them.
 #[derive(Debug)]
 struct Indexed {
     key: Arc<SeriesKey>,
-    /// Its numeric samples, in the input's order: (time, value).
+    /// Its numeric samples, in the input's order: (time, value); those before `first_point`
+    /// were let go.
     points: Points,
-    /// Each point's position in the input.
-    positions: Vec<usize>,
+    /// Each point's position, and whether its sample was of a delta counter.
+    point_at: Vec<(usize, bool)>,
+    first_point: usize,
+    /// Every sample's position and time, numeric or not; those before `first` were let go.
+    every: Vec<(usize, i64)>,
+    first: usize,
+    /// The times in `every` never went down (its latest is its last).
+    in_time_order: bool,
+}
+
+impl Indexed {
+    fn points(&self) -> &[(i64, f64)] {
+        &self.points[self.first_point..]
+    }
+
+    fn point_at(&self) -> &[(usize, bool)] {
+        &self.point_at[self.first_point..]
+    }
+
+    fn every(&self) -> &[(usize, i64)] {
+        &self.every[self.first..]
+    }
+
     /// Whether its last numeric sample was of a delta counter.
-    delta: bool,
+    fn delta(&self) -> bool {
+        self.point_at().last().is_some_and(|(_, delta)| *delta)
+    }
+
     /// The latest time of any of its samples, numeric or not.
-    latest: i64,
+    fn latest(&self) -> i64 {
+        match self.every() {
+            [.., (_, last)] if self.in_time_order => *last,
+            every => every.iter().map(|(_, time)| *time).max().unwrap_or(i64::MIN),
+        }
+    }
+
+    /// Keeps the samples before position `end`.
+    fn truncate(&mut self, end: usize) {
+        let kept = self.first + self.every().partition_point(|(position, _)| *position < end);
+        self.every.truncate(kept);
+        let kept = self.first_point + self.point_at().partition_point(|(position, _)| *position < end);
+        self.points.truncate(kept);
+        self.point_at.truncate(kept);
+    }
+
+    /// Lets the samples before position `start` go (moved out only once they are half of
+    /// what is kept, so that letting a few go each pass does not move the rest each time).
+    fn let_go_before(&mut self, start: usize) {
+        self.first += self.every().partition_point(|(position, _)| *position < start);
+        self.first_point += self.point_at().partition_point(|(position, _)| *position < start);
+        if self.first * 2 > self.every.len() {
+            self.every.drain(..self.first);
+            self.first = 0;
+        }
+        if self.first_point * 2 > self.points.len() {
+            self.points.drain(..self.first_point);
+            self.point_at.drain(..self.first_point);
+            self.first_point = 0;
+        }
+    }
+
+    /// What it tells, positions as places counted from `offset`.
+    #[allow(clippy::type_complexity)]
+    fn told(&self, offset: usize) -> (&Arc<SeriesKey>, &[(i64, f64)], Vec<(usize, bool)>, Vec<(usize, i64)>) {
+        let point_at = self.point_at().iter().map(|(position, delta)| (position - offset, *delta)).collect();
+        let every = self.every().iter().map(|(position, time)| (position - offset, *time)).collect();
+        (&self.key, self.points(), point_at, every)
+    }
+}
+
+impl PartialEq for SeriesIndex {
+    /// The same series (the same `Arc`s) in the same order, with the same samples at the same
+    /// places. (Points that are not a number are equal to nothing, as in `Sample`'s `==`.)
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len
+            && self.series.len() == other.series.len()
+            && self.series.iter().zip(&other.series).all(|(left, right)| {
+                let (left, right) = (left.told(self.offset), right.told(other.offset));
+                Arc::ptr_eq(left.0, right.0) && left.1 == right.1 && left.2 == right.2 && left.3 == right.3
+            })
+    }
 }
 
 impl SeriesIndex {
     /// Groups `samples` by series (the `Arc` they share; copies of a key under another `Arc`
     /// are grouped apart and merged by [`SeriesIndex::series_of`] like any two series).
     pub fn of(samples: &[Sample]) -> Self {
-        // Each sample's series first, counted: the points then go into vectors of their
-        // final size (grown sample by sample, their reallocations were most of the cost).
-        let mut at: FxHashMap<*const SeriesKey, usize> = FxHashMap::default();
-        let mut counts: Vec<usize> = Vec::new();
-        let indexes: Vec<usize> = samples
+        let mut index = Self::default();
+        index.extend(samples);
+        index
+    }
+
+    /// Indexes `samples`, which follow the samples indexed.
+    fn extend(&mut self, samples: &[Sample]) {
+        // Each sample's series first, counted: the points then go into vectors grown once to
+        // their final size (grown sample by sample, their reallocations were most of the cost).
+        let mut counts: Vec<(usize, usize)> = vec![(0, 0); self.series.len()];
+        let places: Vec<usize> = samples
             .iter()
             .map(|sample| {
-                let index = *at.entry(Arc::as_ptr(&sample.series)).or_insert_with(|| {
-                    counts.push(0);
-                    counts.len() - 1
+                let place = *self.at.entry(Arc::as_ptr(&sample.series) as usize).or_insert_with(|| {
+                    self.series.push(Indexed {
+                        key: sample.series.clone(),
+                        points: Points::new(),
+                        point_at: Vec::new(),
+                        first_point: 0,
+                        every: Vec::new(),
+                        first: 0,
+                        in_time_order: true,
+                    });
+                    counts.push((0, 0));
+                    self.series.len() - 1
                 });
-                counts[index] += 1;
-                index
+                counts[place].0 += 1;
+                counts[place].1 += usize::from(sample.value.as_number().is_some());
+                place
             })
             .collect();
-        let mut series: Vec<Indexed> = Vec::with_capacity(counts.len());
-        for (position, (sample, index)) in samples.iter().zip(indexes).enumerate() {
-            if index == series.len() {
-                series.push(Indexed {
-                    key: sample.series.clone(),
-                    points: Points::with_capacity(counts[index]),
-                    positions: Vec::with_capacity(counts[index]),
-                    delta: false,
-                    latest: i64::MIN,
-                });
-            }
-            let indexed = &mut series[index];
-            indexed.latest = indexed.latest.max(sample.time_unix_nano);
-            let Some(value) = sample.value.as_number() else { continue };
-            indexed.points.push((sample.time_unix_nano, value));
-            indexed.positions.push(position);
-            indexed.delta = sample.meta.kind == MetricKind::DeltaCounter;
+        for (series, (every, numbers)) in self.series.iter_mut().zip(counts) {
+            series.every.reserve(every);
+            series.points.reserve(numbers);
+            series.point_at.reserve(numbers);
         }
-        Self { series }
+        let start = self.offset + self.len;
+        for (position, (sample, place)) in (start..).zip(samples.iter().zip(places)) {
+            let series = &mut self.series[place];
+            let time = sample.time_unix_nano;
+            if series.every.last().is_some_and(|(_, last)| *last > time) {
+                series.in_time_order = false;
+            }
+            series.every.push((position, time));
+            let Some(value) = sample.value.as_number() else { continue };
+            series.points.push((time, value));
+            series.point_at.push((position, sample.meta.kind == MetricKind::DeltaCounter));
+        }
+        self.len += samples.len();
+    }
+
+    /// Keeps the first `len` samples indexed.
+    fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let end = self.offset + len;
+        for series in &mut self.series {
+            series.truncate(end);
+        }
+        self.len = len;
+        self.forget_empty_series();
+    }
+
+    /// Lets the first `count` samples indexed go.
+    fn let_go_first(&mut self, count: usize) {
+        let count = count.min(self.len);
+        if count == 0 {
+            return;
+        }
+        self.offset += count;
+        self.len -= count;
+        for series in &mut self.series {
+            series.let_go_before(self.offset);
+        }
+        self.forget_empty_series();
+        // A series comes where its first sample now is.
+        if !self.series.is_sorted_by_key(|series| series.every()[0].0) {
+            self.series.sort_by_key(|series| series.every()[0].0);
+            self.place_series();
+        }
+    }
+
+    /// Drops the series with no sample left.
+    fn forget_empty_series(&mut self) {
+        if self.series.iter().any(|series| series.every().is_empty()) {
+            self.series.retain(|series| !series.every().is_empty());
+            self.place_series();
+        }
+    }
+
+    /// Notes where each series is.
+    fn place_series(&mut self) {
+        self.at =
+            self.series.iter().enumerate().map(|(place, series)| (Arc::as_ptr(&series.key) as usize, place)).collect();
     }
 
     /// Every series of metric `name`, keyed by its scope plus the extra labels asked for,
@@ -102,16 +255,24 @@ impl SeriesIndex {
             .into_iter()
             .map(|(key, members)| {
                 let (delta, points) = match members.as_slice() {
-                    [one] => (one.delta, one.points.clone()),
+                    [one] => (one.delta(), one.points().to_vec()),
                     many => {
                         // Back in the input's order, so that the first of a time stays first.
                         let mut merged: Vec<(usize, (i64, f64))> = many
                             .iter()
-                            .flat_map(|series| series.positions.iter().copied().zip(series.points.iter().copied()))
+                            .flat_map(|series| {
+                                series
+                                    .point_at()
+                                    .iter()
+                                    .map(|(position, _)| *position)
+                                    .zip(series.points().iter().copied())
+                            })
                             .collect();
                         merged.sort_unstable_by_key(|(position, _)| *position);
-                        let last =
-                            many.iter().max_by_key(|series| series.positions.last()).is_some_and(|series| series.delta);
+                        let last = many
+                            .iter()
+                            .max_by_key(|series| series.point_at().last().map(|(position, _)| *position))
+                            .is_some_and(|series| series.delta());
                         (last, merged.into_iter().map(|(_, point)| point).collect())
                     }
                 };
@@ -121,18 +282,83 @@ impl SeriesIndex {
     }
 
     /// Each series of metric `name` that has numeric points, with them, in the input's order.
-    pub fn numeric(&self, name: &str) -> impl Iterator<Item = (&SeriesKey, &Points)> {
-        self.with_numbers(name).map(|series| (&*series.key, &series.points))
+    pub fn numeric(&self, name: &str) -> impl Iterator<Item = (&SeriesKey, &[(i64, f64)])> {
+        self.with_numbers(name).map(|series| (&*series.key, series.points()))
     }
 
     /// The series of metric `name` that have numeric points (those the others leave out).
     fn with_numbers(&self, name: &str) -> impl Iterator<Item = &Indexed> {
-        self.series.iter().filter(move |series| series.key.name == name && !series.points.is_empty())
+        self.series.iter().filter(move |series| series.key.name == name && !series.points().is_empty())
     }
 
     /// Each series with the latest time of its samples.
     pub fn latest(&self) -> impl Iterator<Item = (&SeriesKey, i64)> {
-        self.series.iter().map(|series| (&*series.key, series.latest))
+        self.series.iter().map(|series| (&*series.key, series.latest()))
+    }
+}
+
+/// Samples and their [`SeriesIndex`], kept together: changed only at either end, through
+/// methods that change the index as they change the samples, so that it stays what
+/// [`SeriesIndex::of`] the samples would build.
+#[derive(Debug, Default, PartialEq)]
+pub struct IndexedSamples {
+    samples: Vec<Sample>,
+    index: SeriesIndex,
+}
+
+impl From<Vec<Sample>> for IndexedSamples {
+    fn from(samples: Vec<Sample>) -> Self {
+        let index = SeriesIndex::of(&samples);
+        Self { samples, index }
+    }
+}
+
+impl IndexedSamples {
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    pub(crate) fn index(&self) -> &SeriesIndex {
+        &self.index
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Keeps the first `len` samples.
+    pub fn truncate(&mut self, len: usize) {
+        self.samples.truncate(len);
+        self.index.truncate(len);
+    }
+
+    /// Adds `samples` after the others.
+    pub fn extend(&mut self, samples: impl IntoIterator<Item = Sample>) {
+        let from = self.samples.len();
+        self.samples.extend(samples);
+        self.index.extend(&self.samples[from..]);
+    }
+
+    /// Lets the first `count` samples go.
+    pub fn let_go_first(&mut self, count: usize) {
+        let count = count.min(self.samples.len());
+        self.samples.drain(..count);
+        self.index.let_go_first(count);
+    }
+
+    /// Changes the samples in place as `edit` does (their series, their values), then
+    /// indexes them again whole.
+    pub fn rewrite(&mut self, edit: impl FnOnce(&mut [Sample])) {
+        edit(&mut self.samples);
+        self.index = SeriesIndex::of(&self.samples);
+    }
+
+    pub fn into_samples(self) -> Vec<Sample> {
+        self.samples
     }
 }
 
@@ -394,6 +620,111 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An index that follows its samples as they change at either end (the oldest let go,
+    /// the newest replaced, more added, some rewritten in place) is at every step what
+    /// indexing the samples anew builds, and finds the same series: over series that vanish
+    /// and come back, keys under two `Arc`s, values that are not numbers, delta counters and
+    /// gauges under one key, and times mostly but not always in order.
+    #[test]
+    fn an_index_that_follows_its_samples_is_their_index() {
+        use MetricKind::{DeltaCounter, Gauge};
+        let mut random = Random(0x2545_f491_4f6c_dd1d);
+        let (mut steps, mut let_go, mut truncated, mut unsorted) = (0, 0, 0, 0);
+        for case in 0..200 {
+            let mut pool: Vec<(Arc<SeriesKey>, MetricKind)> = Vec::new();
+            for series in 0..1 + random.below(8) {
+                let node = ["a", "b", "c"][random.below(3) as usize];
+                let name = ["m", "n"][random.below(2) as usize];
+                let kind = if random.below(3) == 0 { DeltaCounter } else { Gauge };
+                let labels = [
+                    (CLUSTER, "c1"),
+                    (NODE_ID, node),
+                    ("n", ["1", "2", "3", "4", "5", "6", "7", "8"][series as usize]),
+                ];
+                let key = sample(name, &labels, kind, 0, PointValue::Number(0.0)).series;
+                if random.below(4) == 0 {
+                    // The same key under another `Arc`; as often a gauge as its twin's kind.
+                    pool.push((Arc::new((*key).clone()), if random.below(2) == 0 { Gauge } else { kind }));
+                }
+                pool.push((key, kind));
+            }
+            let mut time = 0_i64;
+            let mut next = |random: &mut Random| {
+                let (series, kind) = &pool[random.below(pool.len() as u64) as usize];
+                time += random.below(3) as i64;
+                let at = if random.below(15) == 0 { time - random.below(10) as i64 } else { time };
+                let value = if random.below(15) == 0 {
+                    PointValue::Distribution(Default::default())
+                } else {
+                    PointValue::Number(random.below(1000) as f64)
+                };
+                let kind = if random.below(20) == 0 { Gauge } else { *kind };
+                Sample {
+                    series: series.clone(),
+                    meta: Arc::new(SeriesMeta { kind, unit: None, description: None }),
+                    time_unix_nano: at,
+                    start_time_unix_nano: None,
+                    value,
+                }
+            };
+            let mut indexed = IndexedSamples::default();
+            for step in 0..60 {
+                match random.below(8) {
+                    0 | 1 => {
+                        let count = random.below(indexed.len() as u64 / 2 + 2) as usize;
+                        let_go += usize::from(count > 0 && !indexed.is_empty());
+                        indexed.let_go_first(count);
+                    }
+                    2 => {
+                        let len = indexed.len().saturating_sub(random.below(8) as usize);
+                        truncated += usize::from(len < indexed.len());
+                        indexed.truncate(len);
+                    }
+                    3 if !indexed.is_empty() => {
+                        let at = random.below(indexed.len() as u64) as usize;
+                        let replacement = next(&mut random);
+                        indexed.rewrite(|samples| samples[at].series = replacement.series);
+                    }
+                    _ => {
+                        let added: Vec<Sample> = (0..random.below(30)).map(|_| next(&mut random)).collect();
+                        indexed.extend(added);
+                    }
+                }
+                steps += 1;
+                let anew = IndexedSamples::from(indexed.samples().to_vec());
+                assert!(indexed == anew, "case {case}, step {step}: {:#?}\nagainst {:#?}", indexed.index, anew.index);
+                unsorted += usize::from(indexed.index.series.iter().any(|series| !series.in_time_order));
+                for name in ["m", "n"] {
+                    for extra in [&[][..], &["n"][..]] {
+                        assert_eq!(
+                            indexed.index.series_of(name, extra),
+                            series_of_samples(indexed.samples(), name, extra)
+                        );
+                    }
+                    let numeric: Vec<_> = indexed.index.numeric(name).collect();
+                    assert_eq!(numeric, anew.index.numeric(name).collect::<Vec<_>>());
+                }
+                // Each series' latest time, sample by sample, in the order of its first sample.
+                let mut expected: Vec<(&SeriesKey, i64)> = Vec::new();
+                let mut places: Vec<*const SeriesKey> = Vec::new();
+                for sample in indexed.samples() {
+                    match places.iter().position(|place| *place == Arc::as_ptr(&sample.series)) {
+                        Some(place) => expected[place].1 = expected[place].1.max(sample.time_unix_nano),
+                        None => {
+                            places.push(Arc::as_ptr(&sample.series));
+                            expected.push((&sample.series, sample.time_unix_nano));
+                        }
+                    }
+                }
+                assert_eq!(indexed.index.latest().collect::<Vec<_>>(), expected, "case {case}, step {step}");
+            }
+        }
+        assert!(
+            let_go > 1_000 && truncated > 1_000 && unsorted > 1_000,
+            "{let_go} let go, {truncated} truncated, {unsorted} unsorted of {steps}"
+        );
     }
 
     #[test]

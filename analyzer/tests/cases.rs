@@ -206,7 +206,7 @@ fn parse_span(line: &str) -> Result<Span, String> {
 fn render(spans: &[Span], samples: Vec<Sample>) -> String {
     let input = AnalysisInput::from_telemetry(spans, samples, AnalyzerConfig::default().stream.horizon());
     let mut out = String::new();
-    for timeline in &input.timelines {
+    for timeline in input.timelines() {
         let _ = writeln!(
             out,
             "timeline client={} ns={} cluster={}",

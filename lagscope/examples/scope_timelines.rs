@@ -82,7 +82,7 @@ fn main() -> anyhow::Result<()> {
         for spans in scopes.values() {
             let refs: Vec<&Span> = spans.iter().collect();
             let input = AnalysisInput::from_span_refs(&refs, Vec::new(), HORIZON);
-            calls += input.timelines.iter().map(|timeline| timeline.calls.len()).sum::<usize>();
+            calls += input.timelines().iter().map(|timeline| timeline.calls.len()).sum::<usize>();
         }
         let elapsed = started.elapsed().as_secs_f64();
         eprintln!("run {run}: {calls} calls in {elapsed:.3} s");

@@ -477,7 +477,8 @@ async fn analysis_pass(
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
             if let Spans::Held(held) = spans {
-                let (timelines, verdicts) = (input.timelines, input.verdicts);
+                let verdicts = std::mem::take(&mut input.verdicts);
+                let (timelines, _) = input.into_parts();
                 held.give_back(timelines);
                 held.give_back_verdicts(verdicts);
                 let_go = settle(held, &found, config);
@@ -527,7 +528,7 @@ async fn analysis_pass(
             }
         });
         let reads = futures::future::try_join_all(reads.collect::<Vec<_>>()).await?;
-        let samples: Vec<Vec<lagscope_model::Sample>> = chunk
+        let samples: Vec<lagscope_analyzer::IndexedSamples> = chunk
             .iter()
             .zip(reads)
             .map(|(scope, read)| sample_cache.take(scope, read, window, samples_kept_from, now))
@@ -690,7 +691,7 @@ struct ClientWork<'a> {
 /// What one scope's analysis reads.
 struct ScopeWork<'a> {
     spans: Spans<'a>,
-    samples: Vec<lagscope_model::Sample>,
+    samples: lagscope_analyzer::IndexedSamples,
     log_events: Vec<Arc<LogEvent>>,
 }
 
@@ -735,7 +736,7 @@ struct ScopeFound {
     rollups: Vec<ReadRollup>,
     timelines: Duration,
     /// The scope's samples, to give back to the sample cache.
-    samples: Vec<lagscope_model::Sample>,
+    samples: lagscope_analyzer::IndexedSamples,
     /// The spans its settling let go of ([`settle`]).
     let_go: Vec<(SpanKey, lagscope_model::Span)>,
 }

@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use lagscope_analyzer::IndexedSamples;
 use lagscope_model::{Sample, SeriesKey, SeriesMeta};
 
 use crate::held;
@@ -40,8 +41,9 @@ pub struct SampleCache {
 
 #[derive(Debug)]
 struct Held {
-    /// By time, then series id; empty while lent out ([`SampleCache::take`]).
-    samples: Vec<Sample>,
+    /// By time, then series id, grouped by series (the index follows the samples as they
+    /// change: it is not built again each pass); empty while lent out ([`SampleCache::take`]).
+    samples: IndexedSamples,
     /// Each sample's series id (kept while the samples are lent).
     ids: Vec<i64>,
     /// Each series' identity and description, shared by its samples.
@@ -112,7 +114,7 @@ impl SampleCache {
         window: i64,
         kept_from: Option<i64>,
         now: Instant,
-    ) -> Vec<Sample> {
+    ) -> IndexedSamples {
         let cached = self.scopes.get(scope).is_some_and(|held| !held.lent);
         let held = match (self.scopes.get_mut(scope), read) {
             (Some(held), read) if cached => {
@@ -125,10 +127,10 @@ impl SampleCache {
                 let read = read.unwrap_or_default();
                 self.scopes.remove(scope);
                 if self.budget == 0 || self.held() + read.len() > self.budget {
-                    return read.into_iter().map(|(_, sample)| sample).collect();
+                    return read.into_iter().map(|(_, sample)| sample).collect::<Vec<_>>().into();
                 }
                 let held = Held {
-                    samples: Vec::new(),
+                    samples: IndexedSamples::default(),
                     ids: Vec::new(),
                     series: HashMap::new(),
                     stale_from: None,
@@ -149,7 +151,7 @@ impl SampleCache {
     }
 
     /// Gives back what [`SampleCache::take`] lent (the analysis's input).
-    pub fn give_back(&mut self, scope: &ScopeKey, samples: Vec<Sample>) {
+    pub fn give_back(&mut self, scope: &ScopeKey, samples: IndexedSamples) {
         if let Some(held) = self.scopes.get_mut(scope)
             && held.lent
             && samples.len() == held.ids.len()
@@ -166,10 +168,11 @@ impl Held {
     /// or description (the store keeps the newest) takes it in the samples held too.
     fn merge(&mut self, read: Vec<(i64, Sample)>) {
         let from = self.stale_from.unwrap_or(i64::MIN);
-        let keep = self.samples.partition_point(|sample| sample.time_unix_nano < from);
+        let keep = self.samples.samples().partition_point(|sample| sample.time_unix_nano < from);
         self.samples.truncate(keep);
         self.ids.truncate(keep);
         let mut changed: Vec<i64> = Vec::new();
+        let mut added: Vec<Sample> = Vec::with_capacity(read.len());
         for (id, mut sample) in read {
             let (key, meta) = self.series.entry(id).or_insert_with(|| (sample.series.clone(), sample.meta.clone()));
             if *key != sample.series || *meta != sample.meta {
@@ -177,31 +180,35 @@ impl Held {
                 changed.push(id);
             }
             (sample.series, sample.meta) = (key.clone(), meta.clone());
-            self.samples.push(sample);
+            added.push(sample);
             self.ids.push(id);
         }
+        self.samples.extend(added);
         if !changed.is_empty() {
-            for (sample, id) in self.samples[..keep].iter_mut().zip(&self.ids) {
-                if changed.contains(id)
-                    && let Some((key, meta)) = self.series.get(id)
-                {
-                    (sample.series, sample.meta) = (key.clone(), meta.clone());
+            let (ids, series) = (&self.ids, &self.series);
+            self.samples.rewrite(|samples| {
+                for (sample, id) in samples[..keep].iter_mut().zip(ids) {
+                    if changed.contains(id)
+                        && let Some((key, meta)) = series.get(id)
+                    {
+                        (sample.series, sample.meta) = (key.clone(), meta.clone());
+                    }
                 }
-            }
+            });
         }
     }
 
     /// Keeps the window before the latest sample, and what retention keeps; forgets the
     /// series with no sample left.
     fn keep(&mut self, window: i64, kept_from: Option<i64>) {
-        let Some(latest) = self.samples.last().map(|sample| sample.time_unix_nano) else {
+        let Some(latest) = self.samples.samples().last().map(|sample| sample.time_unix_nano) else {
             self.series.clear();
             return;
         };
         let from = latest.saturating_sub(window).max(kept_from.unwrap_or(i64::MIN));
-        let cut = self.samples.partition_point(|sample| sample.time_unix_nano < from);
+        let cut = self.samples.samples().partition_point(|sample| sample.time_unix_nano < from);
         if cut > 0 {
-            self.samples.drain(..cut);
+            self.samples.let_go_first(cut);
             self.ids.drain(..cut);
             let ids: std::collections::HashSet<i64> = self.ids.iter().copied().collect();
             self.series.retain(|id, _| ids.contains(id));
@@ -313,7 +320,12 @@ mod tests {
                     let samples = cache.take(scope, read, WINDOW, None, now);
                     let stored = store.scope_samples(cluster, namespace, WINDOW).await.expect("store");
                     samples_passed += stored.len();
-                    assert_eq!(texts(&samples), texts(&stored), "budget {budget}, round {round}, {scope:?}");
+                    assert_eq!(texts(samples.samples()), texts(&stored), "budget {budget}, round {round}, {scope:?}");
+                    // The index kept with them is what indexing them anew builds.
+                    assert!(
+                        samples == IndexedSamples::from(samples.samples().to_vec()),
+                        "budget {budget}, round {round}, {scope:?}: the index differs from the samples'"
+                    );
                     if numbers.below(8) != 0 {
                         cache.give_back(scope, samples);
                     }
@@ -364,7 +376,7 @@ mod tests {
         let from = cache.read_from(scope, start);
         assert_eq!(from, Some(i64::MIN), "not held: read in full");
         let samples = cache.take(scope, read(from).await, WINDOW, Some(250), start);
-        assert_eq!(samples.iter().map(|sample| sample.time_unix_nano).collect::<Vec<_>>(), [300, 400, 500]);
+        assert_eq!(samples.samples().iter().map(|sample| sample.time_unix_nano).collect::<Vec<_>>(), [300, 400, 500]);
         cache.give_back(scope, samples);
         assert_eq!(cache.held(), 3);
         assert_eq!(cache.read_from(scope, start), None, "held, nothing committed since");

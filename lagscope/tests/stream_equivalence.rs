@@ -570,7 +570,7 @@ fn live_passes(
             .into_iter()
             .filter(|anomaly| !held.is_settled(anomaly))
             .collect();
-        held.give_back(input.timelines);
+        held.give_back(input.into_parts().0);
         if let Some(settle_after) = settle_after {
             let newest = held.spans().map(|span| span.start_unix_nano).max().unwrap_or_default();
             let before = newest - settle_after;

@@ -8,7 +8,6 @@
 use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Guarantee, Severity, TimelineAttempt, TimelineCall};
 
 use super::evidence::{attempt_fingerprint, evidence, method, operation, span_ids};
-use crate::committed::{committed_reports, first_seen};
 use crate::floor::served_reads;
 use crate::{AnalysisInput, AnalyzerConfig};
 
@@ -17,7 +16,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     if bounds.is_empty() {
         return Vec::new();
     }
-    let committed = first_seen(committed_reports(input));
+    let committed = input.committed();
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
         let Some(bound) = timeline.system.as_deref().and_then(|system| bounds.get(system)).copied() else { continue };

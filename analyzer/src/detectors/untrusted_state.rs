@@ -9,13 +9,12 @@ use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAtt
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, evidence, span_ids};
-use crate::committed::{committed_reports, first_seen};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     // Each new highest state when first reported: the highest known at a time is the last of
     // these before it (a search, not a scan of every report before it for every attempt).
-    let reports = first_seen(committed_reports(input));
+    let reports = input.committed();
     let margin = config.untrusted_state.margin_states;
     let mut anomalies = Vec::new();
     for timeline in &input.timelines {
