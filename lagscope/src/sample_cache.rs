@@ -16,7 +16,8 @@
 //! returned when it was last read, with everything from its `stale_from` on read again: the
 //! samples older than `stale_from` have not changed since (a commit that wrote one would have
 //! marked an older time), and those from it on are replaced by the store's. Samples are
-//! ordered by time, then series id, as the store orders them. Marks from the database
+//! ordered by time, then series id, as the store orders them, and held with their series
+//! index ([`IndexedSamples`]), which follows them as they change: the pass takes both. Marks from the database
 //! (several instances on PostgreSQL) do not carry sample times: that path holds none
 //! (budget 0).
 //!
