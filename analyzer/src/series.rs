@@ -356,10 +356,6 @@ impl IndexedSamples {
         edit(&mut self.samples);
         self.index = SeriesIndex::of(&self.samples);
     }
-
-    pub fn into_samples(self) -> Vec<Sample> {
-        self.samples
-    }
 }
 
 /// Series labels borrowed from its samples: cluster, namespace, node, the extra labels asked
