@@ -57,3 +57,71 @@ pub fn first_seen(mut reports: CommittedReports) -> CommittedReports {
     }
     reports
 }
+
+/// How many of a namespace's reports (sorted by time) are at or before a time, for times
+/// that mostly rise, as a timeline's attempts do: from where the last answer left off,
+/// searching the whole list only when the time jumps back or far ahead.
+pub(crate) struct ReportsThrough<'a> {
+    reports: &'a [(i64, i64)],
+    last: usize,
+}
+
+impl<'a> ReportsThrough<'a> {
+    pub(crate) fn new(reports: &'a [(i64, i64)]) -> Self {
+        Self { reports, last: 0 }
+    }
+
+    /// `reports.partition_point(|(time, _)| *time <= at)`.
+    pub(crate) fn at(&mut self, at: i64) -> usize {
+        const STEPS: usize = 4;
+        let reports = self.reports;
+        if self.last == 0 || reports[self.last - 1].0 <= at {
+            let mut through = self.last;
+            for _ in 0..STEPS {
+                if through < reports.len() && reports[through].0 <= at {
+                    through += 1;
+                } else {
+                    break;
+                }
+            }
+            if reports.get(through).is_none_or(|(time, _)| *time > at) {
+                self.last = through;
+                return through;
+            }
+        }
+        self.last = reports.partition_point(|(time, _)| *time <= at);
+        self.last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReportsThrough;
+
+    #[test]
+    fn reports_through_a_time_are_what_a_search_finds_in_any_order_of_times() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound
+        };
+        for _ in 0..200 {
+            // Times with repeats (two reports at one time), a few or none.
+            let mut reports: Vec<(i64, i64)> = (0..next(40)).map(|_| (next(60) as i64, next(1000) as i64)).collect();
+            reports.sort_unstable();
+            let mut through = ReportsThrough::new(&reports);
+            let mut at = next(70) as i64 - 5;
+            for _ in 0..100 {
+                // Mostly rising by a little, sometimes back or far ahead.
+                at += match next(10) {
+                    0 => -(next(30) as i64),
+                    1 => next(40) as i64,
+                    _ => next(3) as i64,
+                };
+                assert_eq!(through.at(at), reports.partition_point(|(time, _)| *time <= at), "at {at} in {reports:?}");
+            }
+        }
+    }
+}

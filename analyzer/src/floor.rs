@@ -155,21 +155,24 @@ fn sweep<T: Copy>(
 
 /// What a completed call adds to the floor: a write's returned state, a read's served state.
 fn contribution(call_index: usize, call: &TimelineCall) -> Option<FloorContribution> {
-    let (source, states): (FloorSource, Vec<(usize, Option<StateId>, UnixNanos)>) = match call.op.as_ref()? {
-        Op::Write => (
-            FloorSource::Write,
-            successful(call).map(|(index, attempt)| (index, attempt.returned, attempt.end_unix_nano)).collect(),
-        ),
-        Op::Read => (
-            FloorSource::Read,
-            successful(call).map(|(index, attempt)| (index, attempt.served, attempt.end_unix_nano)).collect(),
-        ),
+    let source = match call.op.as_ref()? {
+        Op::Write => FloorSource::Write,
+        Op::Read => FloorSource::Read,
         _ => return None,
     };
-    states
-        .into_iter()
-        .filter_map(|(attempt_index, state, completed)| {
-            Some(FloorContribution { state: state?, call_index, attempt_index, source, completed_unix_nano: completed })
+    successful(call)
+        .filter_map(|(attempt_index, attempt)| {
+            let state = match source {
+                FloorSource::Write => attempt.returned,
+                FloorSource::Read => attempt.served,
+            };
+            Some(FloorContribution {
+                state: state?,
+                call_index,
+                attempt_index,
+                source,
+                completed_unix_nano: attempt.end_unix_nano,
+            })
         })
         .max_by_key(|contribution| contribution.state)
 }

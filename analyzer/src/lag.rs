@@ -14,7 +14,7 @@ use lagscope_model::{ClientTimeline, ReadRollup, TimelineAttempt, rollup_step_of
 use serde::Serialize;
 
 use crate::AnalysisInput;
-use crate::committed::NamespaceKey;
+use crate::committed::{NamespaceKey, ReportsThrough};
 use crate::detectors::shard_pressure::SHARD_ROLE;
 use crate::floor::served_of;
 use crate::series::increases;
@@ -78,6 +78,7 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
     let committed = input.committed();
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
     for timeline in &input.timelines {
+        let mut through = None;
         for read in served_reads_of(timeline, committed).filter(|read| read.at >= complete_from) {
             let minute = rollup_step_of(read.at);
             let rollup =
@@ -91,7 +92,8 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
                     }
                 });
             rollup.reads += 1;
-            let Some((_, states, seconds)) = read.behind() else { continue };
+            let through = through.get_or_insert_with(|| ReportsThrough::new(read.committed));
+            let Some((_, states, seconds)) = read.behind_through(through) else { continue };
             rollup.compared += 1;
             if states > 0 {
                 rollup.behind_reads += 1;
@@ -161,6 +163,12 @@ impl<'a> LagRead<'a> {
     fn behind(&self) -> Option<(i64, i64, f64)> {
         behind(self.committed, self.at, self.served)
     }
+
+    /// [`LagRead::behind`], for the reads of one timeline in turn (`through` of its
+    /// `committed`).
+    fn behind_through(&self, through: &mut ReportsThrough<'_>) -> Option<(i64, i64, f64)> {
+        behind_of(self.committed, through.at(self.at), self.at, self.served)
+    }
 }
 
 /// The timeline's served reads, with its namespace's first-seen committed states.
@@ -183,9 +191,12 @@ fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepo
     for ((scope, _), points) in input.series().series_of(METRIC_APPLIED_STATE, &[]) {
         let key: NamespaceKey = (scope.cluster.clone(), scope.namespace.clone());
         let Some(known) = committed.get(&key) else { continue };
+        let mut through = ReportsThrough::new(known);
         for (at, applied) in points {
             let applied = applied as i64;
-            let Some((committed, behind_states, behind_seconds)) = behind(known, at, applied) else { continue };
+            let Some((committed, behind_states, behind_seconds)) = behind_of(known, through.at(at), at, applied) else {
+                continue;
+            };
             rows.push(ApplyLagPoint {
                 cluster: scope.cluster.clone(),
                 namespace: scope.namespace.clone(),
@@ -223,7 +234,11 @@ fn rejections(input: &AnalysisInput) -> Vec<RejectionCount> {
 /// Against the first-seen committed states of a namespace (sorted by time, rising): the
 /// committed state known at `at`, and how far `state` was behind it in states and seconds.
 fn behind(first_seen: &[(i64, i64)], at: i64, state: i64) -> Option<(i64, i64, f64)> {
-    let known = first_seen.partition_point(|(time, _)| *time <= at);
+    behind_of(first_seen, first_seen.partition_point(|(time, _)| *time <= at), at, state)
+}
+
+/// [`behind`], given how many of `first_seen` are at or before `at`.
+fn behind_of(first_seen: &[(i64, i64)], known: usize, at: i64, state: i64) -> Option<(i64, i64, f64)> {
     let (_, committed) = *first_seen.get(known.checked_sub(1)?)?;
     if committed <= state {
         return Some((committed, 0, 0.0));

@@ -162,6 +162,11 @@ enum Command {
         /// Pace the telemetry in real time (for demos) instead of as fast as possible.
         #[arg(long)]
         realtime: bool,
+        /// OTLP export requests sent at once (1: each waits for the one before it to be
+        /// answered). More keep a paced run at real time when the receiver answers slowly, as
+        /// a collector's several senders do; requests may then arrive out of order.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+        in_flight: u16,
         /// Also serve what the simulated nodes expose natively (Hadoop /jmx, Ozone OMMetrics,
         /// Elasticsearch/OpenSearch node stats, Prometheus /metrics) on this address; keeps
         /// serving after the run until Ctrl-C.
@@ -586,7 +591,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Table => write_table(&mut stdout, &report.anomalies),
             }
         }
-        Command::Sim { list, scenario, run, out, otlp_http, otlp_grpc, truth, realtime, serve_native, progress } => {
+        Command::Sim {
+            list,
+            scenario,
+            run,
+            out,
+            otlp_http,
+            otlp_grpc,
+            truth,
+            realtime,
+            in_flight,
+            serve_native,
+            progress,
+        } => {
             if list {
                 for info in lagscope_sim::scenarios() {
                     println!("{:<36} {:<10} {}", info.name, info.system, info.summary);
@@ -614,8 +631,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => None,
             };
             let started = std::time::Instant::now();
-            let (run_truth, requests) =
-                sim_cmd::run_with_native(&config, &target, realtime, native, progress.progress()?)?;
+            let (run_truth, requests) = sim_cmd::run_with_native(
+                &config,
+                &target,
+                realtime,
+                usize::from(in_flight),
+                native,
+                progress.progress()?,
+            )?;
             eprintln!(
                 "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
                 config.scenario,

@@ -166,15 +166,17 @@ pub type NativeHandle = Arc<Mutex<NativeState>>;
 
 /// Runs the scenario into `target`; returns its truth and how many requests were sent.
 pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Result<(Truth, u64)> {
-    run_with_native(config, target, realtime, None, Progress::Off)
+    run_with_native(config, target, realtime, 1, None, Progress::Off)
 }
 
-/// [`run`], also keeping `native` up to date for the native endpoints, and reporting how far
-/// it is as `progress` says.
+/// [`run`], with up to `in_flight` OTLP requests sent at once (1: each waits for the one
+/// before it to be answered), also keeping `native` up to date for the native endpoints, and
+/// reporting how far it is as `progress` says.
 pub fn run_with_native(
     config: &SimConfig,
     target: &Target,
     realtime: bool,
+    in_flight: usize,
     native: Option<NativeHandle>,
     progress: Progress,
 ) -> anyhow::Result<(Truth, u64)> {
@@ -222,7 +224,12 @@ pub fn run_with_native(
             let grpc = matches!(target, Target::OtlpGrpc(_));
             let url = url.trim_end_matches('/').to_string();
             let sending = runtime.spawn(async move {
-                if grpc { send_grpc(url, receiver, realtime).await } else { send_http(url, receiver, realtime).await }
+                let in_flight = InFlight::new(in_flight);
+                if grpc {
+                    send_grpc(url, receiver, realtime, in_flight).await
+                } else {
+                    send_http(url, receiver, realtime, in_flight).await
+                }
             });
             let config = config.clone();
             let simulated = std::thread::spawn(move || {
@@ -256,6 +263,7 @@ async fn send_http(
     base: String,
     mut receiver: tokio::sync::mpsc::Receiver<(Nanos, Request)>,
     realtime: bool,
+    mut in_flight: InFlight,
 ) -> anyhow::Result<u64> {
     let base =
         base.trim_end_matches("/v1/traces").trim_end_matches("/v1/metrics").trim_end_matches("/v1/logs").to_string();
@@ -265,44 +273,86 @@ async fn send_http(
     while let Some((at, request)) = receiver.recv().await {
         pace(started, at, realtime).await;
         let (path, body) = otlp_http_body(&request);
-        let url = format!("{base}{path}");
-        let mut attempt = 0;
-        loop {
-            let response = client
-                .post(&url)
-                .header("content-type", "application/x-protobuf")
-                .body(body.clone())
-                .send()
-                .await
-                .with_context(|| format!("cannot reach {url}"))?;
-            let status = response.status();
-            if status.is_success() {
-                break;
-            }
-            // OTLP/HTTP: only 429, 502, 503 and 504 may be retried, after Retry-After.
-            let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
-            if !retryable || attempt >= 8 {
-                let text = response.text().await.unwrap_or_default();
-                bail!("{url} answered {status}: {text}");
-            }
-            let wait = response
-                .headers()
-                .get("retry-after")
-                .and_then(|value| value.to_str().ok())
-                .and_then(|text| text.parse::<u64>().ok())
-                .map_or(Duration::from_millis(100 << attempt), Duration::from_secs);
-            tokio::time::sleep(wait).await;
-            attempt += 1;
-        }
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        in_flight.send(post(client, url, body)).await?;
         sent += 1;
     }
+    in_flight.finish().await?;
     Ok(sent)
+}
+
+/// One OTLP/HTTP export, retried as the specification allows.
+async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Result<()> {
+    let mut attempt = 0;
+    loop {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/x-protobuf")
+            .body(body.clone())
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        // OTLP/HTTP: only 429, 502, 503 and 504 may be retried, after Retry-After.
+        let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
+        if !retryable || attempt >= 8 {
+            let text = response.text().await.unwrap_or_default();
+            bail!("{url} answered {status}: {text}");
+        }
+        let wait = response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse::<u64>().ok())
+            .map_or(Duration::from_millis(100 << attempt), Duration::from_secs);
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    }
+}
+
+/// Exports sent at once, at most `limit`: the next one waits for a place, and the first
+/// failure is returned by the send that finds it (or by [`InFlight::finish`]).
+struct InFlight {
+    limit: usize,
+    sending: tokio::task::JoinSet<anyhow::Result<()>>,
+}
+
+impl InFlight {
+    fn new(limit: usize) -> Self {
+        Self { limit: limit.max(1), sending: tokio::task::JoinSet::new() }
+    }
+
+    async fn send(&mut self, export: impl Future<Output = anyhow::Result<()>> + Send + 'static) -> anyhow::Result<()> {
+        while self.sending.len() >= self.limit {
+            Self::answered(self.sending.join_next().await)?;
+        }
+        self.sending.spawn(export);
+        Ok(())
+    }
+
+    async fn finish(mut self) -> anyhow::Result<()> {
+        while let Some(done) = self.sending.join_next().await {
+            Self::answered(Some(done))?;
+        }
+        Ok(())
+    }
+
+    fn answered(done: Option<Result<anyhow::Result<()>, tokio::task::JoinError>>) -> anyhow::Result<()> {
+        match done {
+            Some(done) => done.context("an export task failed")?,
+            None => Ok(()),
+        }
+    }
 }
 
 async fn send_grpc(
     endpoint: String,
     mut receiver: tokio::sync::mpsc::Receiver<(Nanos, Request)>,
     realtime: bool,
+    mut in_flight: InFlight,
 ) -> anyhow::Result<u64> {
     use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
     use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
@@ -313,21 +363,29 @@ async fn send_grpc(
         .connect()
         .await
         .with_context(|| format!("cannot connect to {endpoint}"))?;
-    let mut traces = TraceServiceClient::new(channel.clone());
-    let mut metrics = MetricsServiceClient::new(channel.clone());
-    let mut logs = LogsServiceClient::new(channel);
+    let traces = TraceServiceClient::new(channel.clone());
+    let metrics = MetricsServiceClient::new(channel.clone());
+    let logs = LogsServiceClient::new(channel);
     let started = Instant::now();
     let mut sent = 0;
     while let Some((at, request)) = receiver.recv().await {
         pace(started, at, realtime).await;
-        let result = match request {
-            Request::Traces(request) => traces.export(request).await.map(|_| ()),
-            Request::Metrics(request) => metrics.export(request).await.map(|_| ()),
-            Request::Logs(request) => logs.export(request).await.map(|_| ()),
-        };
-        result.map_err(|status| anyhow::anyhow!("{endpoint} refused an export: {status}"))?;
+        // (The clients are cheap to clone: they share the channel.)
+        let (mut traces, mut metrics, mut logs, endpoint) =
+            (traces.clone(), metrics.clone(), logs.clone(), endpoint.clone());
+        in_flight
+            .send(async move {
+                let result = match request {
+                    Request::Traces(request) => traces.export(request).await.map(|_| ()),
+                    Request::Metrics(request) => metrics.export(request).await.map(|_| ()),
+                    Request::Logs(request) => logs.export(request).await.map(|_| ()),
+                };
+                result.map_err(|status| anyhow::anyhow!("{endpoint} refused an export: {status}"))
+            })
+            .await?;
         sent += 1;
     }
+    in_flight.finish().await?;
     Ok(sent)
 }
 

@@ -6,7 +6,8 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use lagscope::sim_cmd::{Target, run};
+use lagscope::progress::Progress;
+use lagscope::sim_cmd::{Target, run, run_with_native};
 use lagscope_sim::{SECOND, SimConfig, Truth};
 use support::{get_json, start_server, wait_until_analyzed};
 
@@ -18,19 +19,29 @@ fn short(scenario: &str) -> SimConfig {
 
 /// Runs the simulator on its own thread (it drives its own runtime for the network).
 fn simulate(config: SimConfig, target: Target) -> (Truth, u64) {
-    std::thread::spawn(move || run(&config, &target, false)).join().expect("sim thread").expect("sim delivers")
+    simulate_in_flight(config, target, 1)
+}
+
+/// [`simulate`], with up to `in_flight` export requests sent at once.
+fn simulate_in_flight(config: SimConfig, target: Target, in_flight: usize) -> (Truth, u64) {
+    std::thread::spawn(move || run_with_native(&config, &target, false, in_flight, None, Progress::Off))
+        .join()
+        .expect("sim thread")
+        .expect("sim delivers")
 }
 
 fn spans_of(truth: &Truth) -> u64 {
     truth.figures["spans"].as_u64().expect("span count")
 }
 
-async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target) {
+async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target, in_flight: usize) {
     let directory = tempfile::tempdir().expect("temp dir");
     let server = start_server(directory.path()).await;
     let target = target_of(&server);
     let (truth, requests) =
-        tokio::task::spawn_blocking(move || simulate(short("hdfs-pool-not-advanced"), target)).await.expect("join");
+        tokio::task::spawn_blocking(move || simulate_in_flight(short("hdfs-pool-not-advanced"), target, in_flight))
+            .await
+            .expect("join");
     assert!(requests > 0);
     wait_until_analyzed(&server).await;
     let (_, health) = get_json(&server, "/api/v1/health").await;
@@ -63,12 +74,24 @@ async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_otlp_http_everything_arrives_and_is_analyzed() {
-    delivered(|server| Target::OtlpHttp(format!("http://{}", server.otlp_http_addr))).await;
+    delivered(|server| Target::OtlpHttp(format!("http://{}", server.otlp_http_addr)), 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_otlp_grpc_everything_arrives_and_is_analyzed() {
-    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr))).await;
+    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr)), 1).await;
+}
+
+// Several exports at once, as a collector's senders send them: requests answered out of
+// order lose nothing, and the live analysis finds what the truth says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_http_with_exports_in_flight_everything_arrives_and_is_analyzed() {
+    delivered(|server| Target::OtlpHttp(format!("http://{}", server.otlp_http_addr)), 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_grpc_with_exports_in_flight_everything_arrives_and_is_analyzed() {
+    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr)), 8).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

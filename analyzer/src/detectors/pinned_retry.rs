@@ -12,43 +12,58 @@ use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Outcome, Severity, Ti
 use super::evidence::{Spans, attempt_fingerprint, evidence, method};
 use crate::{AnalysisInput, AnalyzerConfig};
 
+/// (cluster, namespace).
+type NamespaceOf<'a> = (Option<&'a str>, Option<&'a str>);
+
 /// (cluster, namespace) → (time, node) of every successful answer.
-type Served<'a> = BTreeMap<(Option<&'a str>, Option<&'a str>), Vec<(i64, &'a str)>>;
+type Served<'a> = BTreeMap<NamespaceOf<'a>, Vec<(i64, &'a str)>>;
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let served = served_answers(input);
+    // The pinned runs first: usually there are none, and then no answer need be gathered.
+    let runs: Vec<(&ClientTimeline, &TimelineCall, Vec<&TimelineAttempt>)> = input
+        .timelines
+        .iter()
+        .flat_map(|timeline| timeline.calls.iter().map(move |call| (timeline, call)))
+        .flat_map(|(timeline, call)| {
+            pinned_runs(call, config.pinned_retry.min_attempts).into_iter().map(move |run| (timeline, call, run))
+        })
+        .collect();
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    let wanted: BTreeSet<NamespaceOf> =
+        runs.iter().map(|(timeline, _, _)| (timeline.cluster.as_deref(), timeline.namespace.as_deref())).collect();
+    let served = served_answers(input, &wanted);
     let mut anomalies = Vec::new();
-    for timeline in &input.timelines {
+    for (timeline, call, run) in runs {
         let key = (timeline.cluster.as_deref(), timeline.namespace.as_deref());
-        for call in &timeline.calls {
-            for run in pinned_runs(call, config.pinned_retry.min_attempts) {
-                let node = run[0].served_by.as_deref().unwrap_or_default();
-                let (start, end) = (run[0].start_unix_nano, run[run.len() - 1].end_unix_nano);
-                let others: BTreeSet<&str> = served
-                    .get(&key)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(at, other)| *other != node && (start..=end).contains(at))
-                    .map(|(_, other)| *other)
-                    .collect();
-                if !others.is_empty() {
-                    anomalies.push(pinned(timeline, call, &run, node, &others));
-                }
-            }
+        let node = run[0].served_by.as_deref().unwrap_or_default();
+        let (start, end) = (run[0].start_unix_nano, run[run.len() - 1].end_unix_nano);
+        let others: BTreeSet<&str> = served
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter(|(at, other)| *other != node && (start..=end).contains(at))
+            .map(|(_, other)| *other)
+            .collect();
+        if !others.is_empty() {
+            anomalies.push(pinned(timeline, call, &run, node, &others));
         }
     }
     anomalies
 }
 
-fn served_answers(input: &AnalysisInput) -> Served<'_> {
+/// The successful answers of the `wanted` namespaces.
+fn served_answers<'a>(input: &'a AnalysisInput, wanted: &BTreeSet<NamespaceOf<'a>>) -> Served<'a> {
     let mut served = Served::new();
     for timeline in &input.timelines {
+        let key = (timeline.cluster.as_deref(), timeline.namespace.as_deref());
+        if !wanted.contains(&key) {
+            continue;
+        }
         for attempt in timeline.calls.iter().flat_map(|call| &call.attempts) {
             if let (Some(Outcome::Ok), Some(node)) = (&attempt.outcome, attempt.served_by.as_deref()) {
-                served
-                    .entry((timeline.cluster.as_deref(), timeline.namespace.as_deref()))
-                    .or_default()
-                    .push((attempt.end_unix_nano, node));
+                served.entry(key).or_default().push((attempt.end_unix_nano, node));
             }
         }
     }

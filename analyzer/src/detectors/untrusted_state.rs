@@ -9,6 +9,7 @@ use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Severity, TimelineAtt
 use serde_json::json;
 
 use super::evidence::{attempt_fingerprint, evidence, span_ids};
+use crate::committed::ReportsThrough;
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -20,10 +21,8 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     for timeline in &input.timelines {
         let key = (timeline.cluster.clone(), timeline.namespace.clone());
         let Some(known) = reports.get(&key) else { continue };
-        let highest_known = |at: i64| {
-            let index = known.partition_point(|(time, _)| *time <= at);
-            index.checked_sub(1).map(|last| known[last].1)
-        };
+        let mut through = ReportsThrough::new(known);
+        let mut highest_known = |at: i64| through.at(at).checked_sub(1).map(|last| known[last].1);
         let offending: Vec<(&TimelineCall, &TimelineAttempt, i64)> = timeline
             .calls
             .iter()
