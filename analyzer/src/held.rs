@@ -476,6 +476,11 @@ impl HeldTimelines {
     /// called no more since keeps its own calls, while the others' of that time were let go.
     /// An anomaly that ended that long ago (the cut-off is the detectors' reach behind the
     /// newest span) is found anew only from telemetry that arrived later than that.
+    /// So is one of no client, found from spans or lines, that started before that cut (a
+    /// router's window): [`growing`] held every cut at or before the start of any such anomaly
+    /// that could still grow, so this one had stopped and was judged whole before the cut let
+    /// its first calls go. Found again from what is left (later calls, and log lines, which are
+    /// not let go with the spans) it would start later: another anomaly, of the same window.
     pub fn is_settled(&self, anomaly: &Anomaly) -> bool {
         let Some(&in_namespace) = self.namespace_cuts.get(&anomaly.namespace) else { return false };
         // Most anomalies a pass finds start after every cut of their namespace, and so after
@@ -483,10 +488,11 @@ impl HeldTimelines {
         if anomaly.start_unix_nano >= in_namespace {
             return false;
         }
-        anomaly.end_unix_nano < in_namespace
-            || anomaly.client_id.as_deref().is_some_and(|client_id| {
-                anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref())
-            })
+        match anomaly.client_id.as_deref() {
+            _ if anomaly.end_unix_nano < in_namespace => true,
+            None => !found_in_metrics(anomaly.kind),
+            Some(client_id) => anomaly.start_unix_nano < self.settled_from(client_id, anomaly.namespace.as_deref()),
+        }
     }
 
     /// Joins again what changed since the last refresh.

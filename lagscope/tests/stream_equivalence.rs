@@ -4,7 +4,7 @@
 
 use lagscope_analyzer::stream::{Engine, Interner, SpanRec, codec};
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze};
-use lagscope_collector::otlp::{samples_from_request, spans_from_request};
+use lagscope_collector::otlp::{logs_from_request, samples_from_request, spans_from_request};
 use lagscope_model::{Anomaly, AnomalyKind, PointValue, Sample, Span};
 use lagscope_sim::{Request, SimConfig, scenarios};
 
@@ -541,13 +541,37 @@ fn with_traces_moved_back(mut anomaly: Anomaly, moved: &std::collections::HashMa
     anomaly
 }
 
+/// A scenario's telemetry as [`records_of`], and its log records, each with how many records
+/// had been exported before it.
+fn records_and_logs(config: &SimConfig) -> (Vec<Record>, Vec<(usize, lagscope_model::LogRecord)>) {
+    let mut requests: Vec<Request> = Vec::new();
+    lagscope_sim::run(config, &mut requests).expect("scenario runs");
+    let (mut records, mut logs) = (Vec::new(), Vec::new());
+    for request in &requests {
+        match request {
+            Request::Traces(request) => records.extend(spans_from_request(request).items.into_iter().map(Record::Span)),
+            Request::Metrics(request) => {
+                records.extend(samples_from_request(request).items.into_iter().map(Record::Sample))
+            }
+            Request::Logs(request) => {
+                let at = records.len();
+                logs.extend(logs_from_request(request).items.into_iter().map(|log| (at, log)));
+            }
+        }
+    }
+    (records, logs)
+}
+
 /// The anomalies live passes find over `records` (a pass every `per_pass` of them, the latest
 /// version of each by fingerprint), holding the spans between passes as the live analyzer's
-/// caches do; with `settle_after`, each pass then lets go of the calls settled that long
-/// before the newest span (and the detectors' reach before that; anomalies still growing hold
-/// their namespace), as `live.settle_seconds` does. Returns them and the spans let go.
+/// caches do, with every log line exported so far (the live analyzer holds a cluster's lines
+/// for its whole window, not settled with the spans); with `settle_after`, each pass then
+/// lets go of the calls settled that long before the newest span (and the detectors' reach
+/// before that; anomalies still growing hold their namespace), as `live.settle_seconds` does.
+/// Returns them and the spans let go.
 fn live_passes(
     records: &[Record],
+    logs: &[(usize, lagscope_model::LogRecord)],
     config: &AnalyzerConfig,
     per_pass: usize,
     settle_after: Option<i64>,
@@ -555,7 +579,17 @@ fn live_passes(
     let mut held = lagscope_analyzer::HeldTimelines::new(config.stream.horizon());
     let mut samples = Vec::new();
     let (mut found, mut let_go) = (std::collections::BTreeMap::new(), 0);
-    for pass in records.chunks(per_pass) {
+    let mut lines: Vec<std::sync::Arc<lagscope_analyzer::log_events::LogEvent>> = Vec::new();
+    let mut next_log = 0;
+    let passes = records.len().div_ceil(per_pass);
+    for (index, pass) in records.chunks(per_pass).enumerate() {
+        // (The last pass takes the lines exported after the last record.)
+        let exported = if index + 1 == passes { usize::MAX } else { index * per_pass + pass.len() };
+        while let Some((_, log)) = logs.get(next_log).filter(|(at, _)| *at <= exported) {
+            lines.extend(lagscope_analyzer::log_events::classify(log).map(std::sync::Arc::new));
+            next_log += 1;
+        }
+        lines.sort_by_key(|line| line.time_unix_nano);
         for record in pass {
             match record {
                 Record::Span(span) => {
@@ -565,7 +599,8 @@ fn live_passes(
             }
         }
         held.refresh();
-        let input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
+        let mut input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
+        input.log_events.clone_from(&lines);
         let anomalies: Vec<Anomaly> = lagscope_analyzer::analyze_kinds(&input, config, |_| true)
             .into_iter()
             .filter(|anomaly| !held.is_settled(anomaly))
@@ -608,15 +643,15 @@ fn live_windows_that_let_settled_calls_go_find_what_whole_histories_find() {
         })
         .chain(LONG_RUNS.iter().map(|name| (long(name), true)));
     for (sim, clients) in runs {
-        let mut records = records_of(&sim);
+        let (mut records, logs) = records_and_logs(&sim);
         if !clients {
             records.retain(|record| {
                 !matches!(record, Record::Span(span) if span.component() == Some(lagscope_model::Component::Client))
             });
         }
         spans += records.iter().filter(|record| matches!(record, Record::Span(_))).count();
-        let (whole, _) = live_passes(&records, &config, 400, None);
-        let (settled, went) = live_passes(&records, &config, 400, Some(1_000_000_000));
+        let (whole, _) = live_passes(&records, &logs, &config, 400, None);
+        let (settled, went) = live_passes(&records, &logs, &config, 400, Some(1_000_000_000));
         compared += whole.len();
         let_go += went;
         let whole: Vec<Anomaly> = whole.into_values().collect();
