@@ -77,20 +77,21 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
     type Key<'a> = (i64, &'a Option<String>, &'a Option<String>, Option<&'a String>);
     let committed = input.committed();
     let mut rollups: BTreeMap<Key, ReadRollup> = BTreeMap::new();
+    // A timeline's reads are summed apart first, per (minute, node), then added to the map:
+    // a lookup per read in the map compared the cluster's and namespace's names every time.
+    let mut of_timeline: Vec<(i64, Option<&String>, ReadRollup)> = Vec::new();
     for timeline in &input.timelines {
         let mut through = None;
         for read in served_reads_of(timeline, committed).filter(|read| read.at >= complete_from) {
-            let minute = rollup_step_of(read.at);
-            let rollup =
-                rollups.entry((minute, &timeline.cluster, &timeline.namespace, read.node())).or_insert_with(|| {
-                    ReadRollup {
-                        cluster: timeline.cluster.clone(),
-                        namespace: timeline.namespace.clone(),
-                        node: read.node().cloned(),
-                        minute_unix_nano: minute,
-                        ..ReadRollup::default()
-                    }
-                });
+            let (minute, node) = (rollup_step_of(read.at), read.node());
+            let place = match of_timeline.iter().rposition(|(at, of, _)| *at == minute && *of == node) {
+                Some(place) => place,
+                None => {
+                    of_timeline.push((minute, node, ReadRollup::default()));
+                    of_timeline.len() - 1
+                }
+            };
+            let rollup = &mut of_timeline[place].2;
             rollup.reads += 1;
             let through = through.get_or_insert_with(|| ReportsThrough::new(read.committed));
             let Some((_, states, seconds)) = read.behind_through(through) else { continue };
@@ -102,6 +103,18 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
             rollup.behind_millis.record((seconds.max(0.0) * 1e3).round() as u64);
             rollup.max_behind_states = rollup.max_behind_states.max(Some(states));
             rollup.max_behind_seconds = Some(rollup.max_behind_seconds.map_or(seconds, |max| max.max(seconds)));
+        }
+        for (minute, node, summed) in of_timeline.drain(..) {
+            rollups
+                .entry((minute, &timeline.cluster, &timeline.namespace, node))
+                .or_insert_with(|| ReadRollup {
+                    cluster: timeline.cluster.clone(),
+                    namespace: timeline.namespace.clone(),
+                    node: node.cloned(),
+                    minute_unix_nano: minute,
+                    ..ReadRollup::default()
+                })
+                .merge(&summed);
         }
     }
     rollups.into_values().collect()
