@@ -97,16 +97,12 @@ impl<'a> ReportsThrough<'a> {
 #[cfg(test)]
 mod tests {
     use super::ReportsThrough;
+    use crate::testing::Random;
 
     #[test]
     fn reports_through_a_time_are_what_a_search_finds_in_any_order_of_times() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % bound
-        };
+        let mut random = Random(0x9e37_79b9_7f4a_7c15);
+        let mut next = move |bound: u64| random.below(bound);
         for _ in 0..200 {
             // Times with repeats (two reports at one time), a few or none.
             let mut reports: Vec<(i64, i64)> = (0..next(40)).map(|_| (next(60) as i64, next(1000) as i64)).collect();
