@@ -616,6 +616,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(lagscope_sim::DEFAULT_START_UNIX_NANO, |now| now.as_nanos() as i64);
             }
+            if in_flight > 1 && out.is_some() {
+                anyhow::bail!(
+                    "--in-flight {in_flight} applies to exports sent with --otlp-http or --otlp-grpc, not to a file"
+                );
+            }
             let target = match (out, otlp_http, otlp_grpc) {
                 (Some(path), _, _) if lagscope::lscap::is_lscap(&path) => sim_cmd::Target::Lscap(path),
                 (Some(path), _, _) => sim_cmd::Target::JsonLines(path),

@@ -244,3 +244,26 @@ async fn live_finds_what_other_clients_and_shards_show() {
         server.shutdown().await.expect("clean shutdown");
     }
 }
+
+#[test]
+fn exports_in_flight_are_refused_where_nothing_is_sent() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let out = directory.path().join("run.jsonl");
+    let sim = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["sim", "--scenario", "hdfs-publish-race", "--duration", "5s"])
+            .args(args)
+            .output()
+            .expect("lagscope runs");
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let path = out.to_str().expect("utf-8 path");
+    let (ok, stderr) = sim(&["--out", path, "--in-flight", "4"]);
+    assert!(!ok && stderr.contains("--in-flight 4 applies to exports sent with --otlp-http"), "{stderr}");
+    assert!(!out.exists(), "nothing written");
+    let (ok, stderr) = sim(&["--out", path, "--in-flight", "0"]);
+    assert!(!ok && stderr.contains("--in-flight"), "{stderr}");
+    // One at a time is what a file gets anyway.
+    let (ok, stderr) = sim(&["--out", path, "--in-flight", "1"]);
+    assert!(ok && out.exists(), "{stderr}");
+}
