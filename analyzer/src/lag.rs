@@ -94,7 +94,7 @@ pub fn read_rollups(input: &AnalysisInput, complete_from: i64) -> Vec<ReadRollup
             let rollup = &mut of_timeline[place].2;
             rollup.reads += 1;
             let through = through.get_or_insert_with(|| ReportsThrough::new(read.committed));
-            let Some((_, states, seconds)) = read.behind_through(through) else { continue };
+            let Some((_, states, seconds)) = read.behind(through) else { continue };
             rollup.compared += 1;
             if states > 0 {
                 rollup.behind_reads += 1;
@@ -128,8 +128,10 @@ pub fn lag_rows(input: &AnalysisInput) -> LagRows {
 fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {
     let mut rows = Vec::new();
     for timeline in &input.timelines {
+        let mut through = None;
         for read in served_reads_of(timeline, committed) {
-            let (committed, behind_states, behind_seconds) = match read.behind() {
+            let through = through.get_or_insert_with(|| ReportsThrough::new(read.committed));
+            let (committed, behind_states, behind_seconds) = match read.behind(through) {
                 Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
                 None => (None, None, None),
             };
@@ -172,15 +174,10 @@ impl<'a> LagRead<'a> {
     }
 
     /// The committed state when it was served, and how far behind it the read was, in states
-    /// and seconds ([`behind`]); none before any report.
-    fn behind(&self) -> Option<(i64, i64, f64)> {
-        behind(self.committed, self.at, self.served)
-    }
-
-    /// [`LagRead::behind`], for the reads of one timeline in turn (`through` of its
-    /// `committed`).
-    fn behind_through(&self, through: &mut ReportsThrough<'_>) -> Option<(i64, i64, f64)> {
-        behind_of(self.committed, through.at(self.at), self.at, self.served)
+    /// and seconds ([`behind`]); none before any report. For the reads of one timeline in
+    /// turn: `through` is of its `committed`.
+    fn behind(&self, through: &mut ReportsThrough<'_>) -> Option<(i64, i64, f64)> {
+        behind(self.committed, through.at(self.at), self.at, self.served)
     }
 }
 
@@ -207,7 +204,7 @@ fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepo
         let mut through = ReportsThrough::new(known);
         for (at, applied) in points {
             let applied = applied as i64;
-            let Some((committed, behind_states, behind_seconds)) = behind_of(known, through.at(at), at, applied) else {
+            let Some((committed, behind_states, behind_seconds)) = behind(known, through.at(at), at, applied) else {
                 continue;
             };
             rows.push(ApplyLagPoint {
@@ -244,14 +241,10 @@ fn rejections(input: &AnalysisInput) -> Vec<RejectionCount> {
     rows
 }
 
-/// Against the first-seen committed states of a namespace (sorted by time, rising): the
-/// committed state known at `at`, and how far `state` was behind it in states and seconds.
-fn behind(first_seen: &[(i64, i64)], at: i64, state: i64) -> Option<(i64, i64, f64)> {
-    behind_of(first_seen, first_seen.partition_point(|(time, _)| *time <= at), at, state)
-}
-
-/// [`behind`], given how many of `first_seen` are at or before `at`.
-fn behind_of(first_seen: &[(i64, i64)], known: usize, at: i64, state: i64) -> Option<(i64, i64, f64)> {
+/// Against the first-seen committed states of a namespace (sorted by time, rising), of which
+/// `known` are at or before `at` ([`ReportsThrough`]): the committed state known at `at`, and
+/// how far `state` was behind it in states and seconds.
+fn behind(first_seen: &[(i64, i64)], known: usize, at: i64, state: i64) -> Option<(i64, i64, f64)> {
     let (_, committed) = *first_seen.get(known.checked_sub(1)?)?;
     if committed <= state {
         return Some((committed, 0, 0.0));
@@ -264,7 +257,10 @@ fn behind_of(first_seen: &[(i64, i64)], known: usize, at: i64, state: i64) -> Op
 
 #[cfg(test)]
 mod tests {
-    use super::behind;
+    /// [`super::behind`] at `at`, its reports counted by a search.
+    fn behind(first_seen: &[(i64, i64)], at: i64, state: i64) -> Option<(i64, i64, f64)> {
+        super::behind(first_seen, first_seen.partition_point(|(time, _)| *time <= at), at, state)
+    }
 
     #[test]
     fn behind_measures_states_and_time_since_the_first_missed_commit() {

@@ -327,7 +327,9 @@ impl InFlight {
 
     async fn send(&mut self, export: impl Future<Output = anyhow::Result<()>> + Send + 'static) -> anyhow::Result<()> {
         while self.sending.len() >= self.limit {
-            Self::answered(self.sending.join_next().await)?;
+            if let Some(done) = self.sending.join_next().await {
+                Self::answered(done)?;
+            }
         }
         self.sending.spawn(export);
         Ok(())
@@ -335,16 +337,13 @@ impl InFlight {
 
     async fn finish(mut self) -> anyhow::Result<()> {
         while let Some(done) = self.sending.join_next().await {
-            Self::answered(Some(done))?;
+            Self::answered(done)?;
         }
         Ok(())
     }
 
-    fn answered(done: Option<Result<anyhow::Result<()>, tokio::task::JoinError>>) -> anyhow::Result<()> {
-        match done {
-            Some(done) => done.context("an export task failed")?,
-            None => Ok(()),
-        }
+    fn answered(done: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
+        done.context("an export task failed")?
     }
 }
 

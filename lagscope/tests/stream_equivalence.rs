@@ -22,19 +22,31 @@ fn records_of(config: &SimConfig) -> Vec<Record> {
 /// A scenario's telemetry in the order it was exported, of the requests `delivered` keeps (by
 /// their index in the run).
 fn records_delivered(config: &SimConfig, delivered: impl Fn(usize) -> bool) -> Vec<Record> {
+    records_and_logs_delivered(config, delivered).0
+}
+
+/// [`records_delivered`], and the log records of those requests, each with how many records
+/// had been exported before it.
+fn records_and_logs_delivered(
+    config: &SimConfig,
+    delivered: impl Fn(usize) -> bool,
+) -> (Vec<Record>, Vec<(usize, lagscope_model::LogRecord)>) {
     let mut requests: Vec<Request> = Vec::new();
     lagscope_sim::run(config, &mut requests).expect("scenario runs");
-    let mut records = Vec::new();
+    let (mut records, mut logs) = (Vec::new(), Vec::new());
     for (_, request) in requests.iter().enumerate().filter(|(index, _)| delivered(*index)) {
         match request {
             Request::Traces(request) => records.extend(spans_from_request(request).items.into_iter().map(Record::Span)),
             Request::Metrics(request) => {
                 records.extend(samples_from_request(request).items.into_iter().map(Record::Sample))
             }
-            Request::Logs(_) => {}
+            Request::Logs(request) => {
+                let at = records.len();
+                logs.extend(logs_from_request(request).items.into_iter().map(|log| (at, log)));
+            }
         }
     }
-    records
+    (records, logs)
 }
 
 fn batch(records: &[Record], config: &AnalyzerConfig) -> Vec<Anomaly> {
@@ -541,27 +553,6 @@ fn with_traces_moved_back(mut anomaly: Anomaly, moved: &std::collections::HashMa
     anomaly
 }
 
-/// A scenario's telemetry as [`records_of`], and its log records, each with how many records
-/// had been exported before it.
-fn records_and_logs(config: &SimConfig) -> (Vec<Record>, Vec<(usize, lagscope_model::LogRecord)>) {
-    let mut requests: Vec<Request> = Vec::new();
-    lagscope_sim::run(config, &mut requests).expect("scenario runs");
-    let (mut records, mut logs) = (Vec::new(), Vec::new());
-    for request in &requests {
-        match request {
-            Request::Traces(request) => records.extend(spans_from_request(request).items.into_iter().map(Record::Span)),
-            Request::Metrics(request) => {
-                records.extend(samples_from_request(request).items.into_iter().map(Record::Sample))
-            }
-            Request::Logs(request) => {
-                let at = records.len();
-                logs.extend(logs_from_request(request).items.into_iter().map(|log| (at, log)));
-            }
-        }
-    }
-    (records, logs)
-}
-
 /// The anomalies live passes find over `records` (a pass every `per_pass` of them, the latest
 /// version of each by fingerprint), holding the spans between passes as the live analyzer's
 /// caches do, with every log line exported so far (the live analyzer holds a cluster's lines
@@ -643,7 +634,7 @@ fn live_windows_that_let_settled_calls_go_find_what_whole_histories_find() {
         })
         .chain(LONG_RUNS.iter().map(|name| (long(name), true)));
     for (sim, clients) in runs {
-        let (mut records, logs) = records_and_logs(&sim);
+        let (mut records, logs) = records_and_logs_delivered(&sim, |_| true);
         if !clients {
             records.retain(|record| {
                 !matches!(record, Record::Span(span) if span.component() == Some(lagscope_model::Component::Client))
