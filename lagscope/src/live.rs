@@ -48,20 +48,70 @@ pub async fn run_live_analyzer(
     let mut shutdown = shutdown;
     // The marks of this process's commits carry their sample times: scopes' samples are held.
     let mut kept = Kept::new(&config, config.live.scope_cache_samples);
+    // Each pass's findings are stored while the next pass analyses: most of a write is the
+    // wait for the store's one writer (ingest holds it) and the log's sync, time in which the
+    // next pass would otherwise stand still. At most one pass's findings wait to be written;
+    // they are written in pass order.
+    let (to_writer, passes) = tokio::sync::mpsc::channel(1);
+    let writer = tokio::spawn(write_passes(Arc::clone(&store), Arc::clone(&metrics), passes));
     loop {
         let pending = tokio::select! {
             pending = dirty.take() => pending,
-            // What the last passes found is logged even when nothing more arrives.
-            () = tokio::time::sleep(NEW_ANOMALIES_LOG_INTERVAL), if kept.found.count > 0 => {
-                kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
-                continue;
-            }
-            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            _ = shutdown.wait_for(|stop| *stop) => break,
         };
         let started = Instant::now();
         let (through_batch, first_queued) = (pending.through_batch, pending.first_queued);
-        let outcome = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending).await;
-        kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+        let findings = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending).await;
+        let analysed = Analysed { findings, started, analysed: started.elapsed(), first_queued, through_batch };
+        if to_writer.send(analysed).await.is_err() {
+            break;
+        }
+    }
+    // What the last passes found is stored before the analyzer stops.
+    drop(to_writer);
+    writer.await?;
+    Ok(())
+}
+
+/// One pass's findings on their way to the store, and when the pass ran.
+struct Analysed {
+    /// `Err`: the pass failed; nothing to store.
+    findings: Result<Findings, lagscope_store::StoreError>,
+    started: Instant,
+    /// The pass's analysis, without its write.
+    analysed: Duration,
+    first_queued: Option<Instant>,
+    through_batch: u64,
+}
+
+/// Stores each pass's findings in pass order; a pass's batches count as analysed (and its
+/// delay is measured) once its findings are stored.
+async fn write_passes(
+    store: Arc<dyn Store>,
+    metrics: Arc<SelfMetrics>,
+    mut passes: tokio::sync::mpsc::Receiver<Analysed>,
+) {
+    let mut recorder = Recorder::default();
+    loop {
+        let analysed = tokio::select! {
+            analysed = passes.recv() => match analysed {
+                Some(analysed) => analysed,
+                None => break,
+            },
+            // What the last passes found is logged even when nothing more arrives.
+            () = tokio::time::sleep(NEW_ANOMALIES_LOG_INTERVAL), if recorder.found.count > 0 => {
+                recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+                continue;
+            }
+        };
+        let waited = analysed.started.elapsed().saturating_sub(analysed.analysed);
+        let writing = Instant::now();
+        let outcome = match analysed.findings {
+            Ok(findings) => recorder.store(store.as_ref(), &metrics, findings).await,
+            Err(error) => Err(error),
+        };
+        let writes = writing.elapsed();
+        recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
         match outcome {
             Ok(()) => metrics.analysis_passes.add(1),
             Err(error) => {
@@ -70,12 +120,21 @@ pub async fn run_live_analyzer(
                 tracing::error!(%error, "live analysis pass failed");
             }
         }
-        metrics.analysis_latency.observe(started.elapsed());
-        if let Some(queued) = first_queued {
-            metrics.analysis_delay.observe(queued.elapsed());
+        metrics.analysis_latency.observe(analysed.started.elapsed());
+        let delay = analysed.first_queued.map(|queued| queued.elapsed());
+        if let Some(delay) = delay {
+            metrics.analysis_delay.observe(delay);
         }
-        metrics.batches_analyzed.raise_to(through_batch);
+        metrics.batches_analyzed.raise_to(analysed.through_batch);
+        tracing::debug!(
+            // From the pass's end to its write's start: the write of the pass before.
+            waited_ms = waited.as_millis(),
+            writes_ms = writes.as_millis(),
+            delay_ms = delay.unwrap_or_default().as_millis(),
+            "pass findings stored"
+        );
     }
+    recorder.found.log_every(Duration::ZERO);
 }
 
 /// The live analyzer on a database several instances share: a lease keeper renews and
@@ -164,6 +223,7 @@ async fn analyze_marks(
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
     // Marks from the database do not say when their samples were: no samples held.
     let mut kept = Kept::new(config, 0);
+    let mut recorder = Recorder::default();
     loop {
         let shards = leases.borrow_and_update().shards.clone();
         // Batches committed here before the marks are read: analysed once the marks are.
@@ -175,8 +235,9 @@ async fn analyze_marks(
                 return Ok(true);
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            analysis_pass(store, metrics, config, &mut kept, pass).await?;
-            kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+            let findings = analysis_pass(store, metrics, config, &mut kept, pass).await?;
+            recorder.store(store, metrics, findings).await?;
+            recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
             Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
         }
@@ -189,7 +250,7 @@ async fn analyze_marks(
                 if !shards.is_empty() {
                     metrics.batches_analyzed.raise_to(marked);
                 }
-                kept.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
+                recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
                 tokio::select! {
                     _ = dirty.take() => {}
                     _ = leases.changed() => {}
@@ -260,10 +321,7 @@ async fn resolve_marks(
 
 /// What the live analyzer keeps from one pass to the next.
 struct Kept {
-    rollups: WrittenRollups,
     lines: RecognisedLines,
-    found: NewAnomalies,
-    written: WrittenAnomalies,
     scope_spans: ScopeCache,
     client_spans: ClientCache,
     samples: SampleCache,
@@ -274,10 +332,7 @@ impl Kept {
     fn new(config: &Config, samples: usize) -> Self {
         let horizon = config.analyzer.stream.horizon();
         Self {
-            rollups: WrittenRollups::default(),
             lines: RecognisedLines::default(),
-            found: NewAnomalies::default(),
-            written: WrittenAnomalies::default(),
             scope_spans: ScopeCache::new(config.live.scope_cache_spans, horizon),
             client_spans: ClientCache::new(config.live.client_cache_spans, horizon),
             samples: SampleCache::new(samples),
@@ -296,15 +351,11 @@ struct WrittenRollups {
 type ScopeKey = (Option<String>, Option<String>);
 
 impl WrittenRollups {
-    /// Stores the scopes' read rollups (from the minute their reads are complete) that differ
-    /// from what was written before, in one transaction.
-    async fn write(
-        &mut self,
-        store: &dyn Store,
-        rollups_of_scopes: Vec<(ScopeKey, Vec<ReadRollup>)>,
-    ) -> Result<(), lagscope_store::StoreError> {
+    /// Of the scopes' read rollups (from the minute their reads are complete), those that
+    /// differ from what was written before.
+    fn changed(&self, rollups_of_scopes: &[(ScopeKey, Vec<ReadRollup>)]) -> Vec<ReadRollup> {
         let mut changed: Vec<ReadRollup> = Vec::new();
-        for (scope, rollups) in &rollups_of_scopes {
+        for (scope, rollups) in rollups_of_scopes {
             let written = self.by_scope.get(scope);
             changed.extend(
                 rollups
@@ -316,10 +367,65 @@ impl WrittenRollups {
                     .cloned(),
             );
         }
-        store.upsert_read_rollups(&changed).await?;
+        changed
+    }
+
+    /// The scopes' rollups are stored: each scope's replace what was held of it.
+    fn wrote(&mut self, rollups_of_scopes: Vec<(ScopeKey, Vec<ReadRollup>)>) {
         for (scope, rollups) in rollups_of_scopes {
             let written = rollups.into_iter().map(|rollup| ((rollup.minute_unix_nano, rollup.node.clone()), rollup));
             self.by_scope.insert(scope, written.collect());
+        }
+    }
+}
+
+/// What one pass found, stored in one write ([`Recorder::store`]): every anomaly of its
+/// clients, scopes and clusters, and its scopes' read rollups.
+#[derive(Default)]
+struct Findings {
+    anomalies: Vec<Arc<lagscope_model::Anomaly>>,
+    rollups: Vec<(ScopeKey, Vec<ReadRollup>)>,
+}
+
+/// What the passes' writes keep from one to the next: what was written (not written again
+/// unchanged), and the new anomalies not logged yet.
+#[derive(Default)]
+struct Recorder {
+    rollups: WrittenRollups,
+    found: NewAnomalies,
+    written: WrittenAnomalies,
+}
+
+impl Recorder {
+    /// Stores what the pass found that was not written before as it is now, anomalies and
+    /// rollups in one transaction ([`Store::upsert_findings`]).
+    async fn store(
+        &mut self,
+        store: &dyn Store,
+        metrics: &SelfMetrics,
+        findings: Findings,
+    ) -> Result<(), lagscope_store::StoreError> {
+        let Recorder { rollups, found, written } = self;
+        written.next_pass();
+        let hashed: Vec<_> =
+            findings.anomalies.iter().map(|anomaly| (anomaly, written.content_hash(anomaly))).collect();
+        let (anomalies, unchanged): (Vec<_>, Vec<_>) =
+            hashed.into_iter().partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
+        metrics.anomalies_unchanged.add(unchanged.len() as u64);
+        let changed_rollups = rollups.changed(&findings.rollups);
+        let upsert: Vec<lagscope_model::Anomaly> =
+            anomalies.iter().map(|(anomaly, _)| lagscope_model::Anomaly::clone(anomaly)).collect();
+        let outcome = store.upsert_findings(&upsert, &changed_rollups, now_unix_nano()).await?;
+        for (anomaly, hash) in anomalies {
+            written.wrote(anomaly, hash);
+        }
+        rollups.wrote(findings.rollups);
+        metrics.anomalies_new.add(outcome.inserted.len() as u64);
+        metrics.anomalies_changed.add(outcome.updated);
+        metrics.anomalies_unchanged.add(outcome.unchanged);
+        for &id in &outcome.inserted {
+            tracing::debug!(anomaly_id = id, "new anomaly");
+            found.add(id);
         }
         Ok(())
     }
@@ -357,13 +463,12 @@ async fn analysis_pass(
     config: &Config,
     kept: &mut Kept,
     pending: Pending,
-) -> Result<(), lagscope_store::StoreError> {
-    let Kept { rollups, lines, found, written, scope_spans: cache, client_spans: client_cache, samples: sample_cache } =
-        kept;
+) -> Result<Findings, lagscope_store::StoreError> {
+    let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache } = kept;
     // Before any read: every commit the marks name is visible to this pass's reads.
     sample_cache.committed(&pending.sample_times, Instant::now());
     let mut scopes = pending.scopes;
-    written.next_pass();
+    let mut findings = Findings::default();
     let mut times = PassTimes::default();
     let mut lap = Instant::now();
     // The recognised lines of each cluster with new log records: they name the scopes to look
@@ -486,18 +591,12 @@ async fn analysis_pass(
             (found, let_go)
         },
     );
-    let mut anomalies: Vec<Arc<lagscope_model::Anomaly>> = Vec::new();
     for (client_id, (found, let_go)) in clients.iter().zip(found_of_clients) {
         client_cache.settled(client_id, let_go);
-        anomalies.extend(found);
+        findings.anomalies.extend(found);
     }
-    times.client_analysis += lap.elapsed();
-    lap = Instant::now();
-    // In one transaction: the store's one writer is shared with ingest, and a transaction per
-    // client waited for it as many times.
-    record(store, metrics, (found, written), &anomalies).await?;
     drop(not_held);
-    times.writes += lap.elapsed();
+    times.client_analysis += lap.elapsed();
     // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
     // client's spans and the metrics of the scope: one pass per touched scope.
     // (The clusters of these scopes get the per-cluster pass below.)
@@ -594,19 +693,13 @@ async fn analysis_pass(
         let found_of_scopes =
             on_threads(work, threads, |work| work.spans.len(), |work| scope_analysis(work, limit, config));
         times.scope_analysis += lap.elapsed();
-        lap = Instant::now();
-        let (mut anomalies, mut rollups_of_scopes) = (Vec::new(), Vec::new());
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
             sample_cache.give_back(scope, found_of_scope.samples);
             cache.settled(scope, found_of_scope.let_go);
             times.scope_timelines += found_of_scope.timelines;
-            anomalies.extend(found_of_scope.anomalies);
-            rollups_of_scopes.push((scope.clone(), found_of_scope.rollups));
+            findings.anomalies.extend(found_of_scope.anomalies.into_iter().map(Arc::new));
+            findings.rollups.push((scope.clone(), found_of_scope.rollups));
         }
-        // The chunk's anomalies in one transaction, its rollups in another.
-        record(store, metrics, (found, written), &anomalies).await?;
-        rollups.write(store, rollups_of_scopes).await?;
-        times.writes += lap.elapsed();
     }
     metrics.scope_spans_cached.set(cache.held() as u64);
     metrics.scope_samples_cached.set(sample_cache.held() as u64);
@@ -620,8 +713,7 @@ async fn analysis_pass(
             continue;
         }
         let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
-        let anomalies = analyze_kinds(&input, &config.analyzer, is_cluster_kind);
-        record(store, metrics, (found, written), &anomalies).await?;
+        findings.anomalies.extend(analyze_kinds(&input, &config.analyzer, is_cluster_kind).into_iter().map(Arc::new));
     }
     times.clusters += lap.elapsed();
     tracing::debug!(
@@ -639,12 +731,11 @@ async fn analysis_pass(
         scope_catch_up_ms = times.scope_catch_up.as_millis(),
         scope_analysis_ms = times.scope_analysis.as_millis(),
         scope_timelines_ms = times.scope_timelines.as_millis(),
-        writes_ms = times.writes.as_millis(),
         clusters_ms = times.clusters.as_millis(),
         threads,
         "analysis pass"
     );
-    Ok(())
+    Ok(findings)
 }
 
 /// Where a pass's time went, for its debug line (`LAGSCOPE_LOG=lagscope::live=debug`).
@@ -669,8 +760,6 @@ struct PassTimes {
     scope_timelines: Duration,
     /// The client and scope analyses, from the first thread's start to the last one's end.
     scope_analysis: Duration,
-    /// Storing anomalies and read rollups.
-    writes: Duration,
     /// The per-cluster pass.
     clusters: Duration,
 }
@@ -903,35 +992,6 @@ fn is_cluster_kind(kind: AnomalyKind) -> bool {
     kind == AnomalyKind::UnfairRejection
 }
 
-async fn record<A: Borrow<lagscope_model::Anomaly>>(
-    store: &dyn Store,
-    metrics: &SelfMetrics,
-    (found, written): (&mut NewAnomalies, &mut WrittenAnomalies),
-    anomalies: &[A],
-) -> Result<(), lagscope_store::StoreError> {
-    let anomalies = anomalies.iter().map(Borrow::borrow);
-    let hashed: Vec<_> = anomalies.map(|anomaly| (anomaly, written.content_hash(anomaly))).collect();
-    let (anomalies, unchanged): (Vec<_>, Vec<_>) =
-        hashed.into_iter().partition(|(anomaly, hash)| !written.seen(anomaly, *hash));
-    metrics.anomalies_unchanged.add(unchanged.len() as u64);
-    if anomalies.is_empty() {
-        return Ok(());
-    }
-    let upsert: Vec<lagscope_model::Anomaly> = anomalies.iter().map(|(anomaly, _)| (*anomaly).clone()).collect();
-    let outcome = store.upsert_anomalies(&upsert, now_unix_nano()).await?;
-    for (anomaly, hash) in anomalies {
-        written.wrote(anomaly, hash);
-    }
-    metrics.anomalies_new.add(outcome.inserted.len() as u64);
-    metrics.anomalies_changed.add(outcome.updated);
-    metrics.anomalies_unchanged.add(outcome.unchanged);
-    for &id in &outcome.inserted {
-        tracing::debug!(anomaly_id = id, "new anomaly");
-        found.add(id);
-    }
-    Ok(())
-}
-
 /// What this analyzer last stored of each anomaly (by fingerprint, a hash of all of it): an
 /// anomaly found again exactly as it was written is not sent to the store at all. (The store
 /// would leave it unchanged too, but in a transaction of its own per client and scope: most
@@ -1054,6 +1114,87 @@ pub fn now_unix_nano() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writer stores each pass's findings in pass order (a later pass's version of an
+    /// anomaly or rollup wins), and counts a pass's batches as analysed only once its findings
+    /// are in the store; a failed pass counts as an error and still lets its batches go.
+    #[tokio::test]
+    async fn pass_findings_are_stored_in_pass_order_before_their_batches_count_as_analysed() {
+        use lagscope_store::{AnomalyFilter, SqliteStore, StoreError};
+        let directory = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(directory.path()).await.expect("store"));
+        let metrics = Arc::new(SelfMetrics::default());
+        let (to_writer, passes) = tokio::sync::mpsc::channel(1);
+        let writer = tokio::spawn(write_passes(Arc::clone(&store), Arc::clone(&metrics), passes));
+        let anomaly = |end: i64| {
+            Arc::new(lagscope_model::Anomaly {
+                kind: AnomalyKind::ApplyLag,
+                severity: lagscope_model::Severity::Warning,
+                cluster: Some("prod".to_string()),
+                namespace: Some("ns1".to_string()),
+                client_id: None,
+                node_id: Some("nn-obs1".to_string()),
+                start_unix_nano: 10,
+                end_unix_nano: end,
+                summary: "observer nn-obs1 is behind".to_string(),
+                cause: "apply lag".to_string(),
+                evidence: Default::default(),
+                fingerprint: "f1".to_string(),
+                open: true,
+            })
+        };
+        let scope: ScopeKey = (Some("prod".to_string()), Some("ns1".to_string()));
+        let rollup = |reads: u64| ReadRollup {
+            cluster: scope.0.clone(),
+            namespace: scope.1.clone(),
+            node: Some("nn-obs1".to_string()),
+            minute_unix_nano: 60_000_000_000,
+            reads,
+            compared: reads,
+            ..ReadRollup::default()
+        };
+        let pass = |findings, through_batch| Analysed {
+            findings,
+            started: Instant::now(),
+            analysed: Duration::ZERO,
+            first_queued: Some(Instant::now()),
+            through_batch,
+        };
+        let stored = |store: Arc<dyn Store>| async move {
+            let anomalies = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await;
+            let ends: Vec<i64> = anomalies.expect("anomalies").iter().map(|a| a.anomaly.end_unix_nano).collect();
+            let rollups = store.read_rollups(TimeRange::ALL, 10).await.expect("rollups");
+            (ends, rollups.iter().map(|rollup| rollup.reads).collect::<Vec<_>>())
+        };
+        let analysed_through = |batch: u64| {
+            let metrics = Arc::clone(&metrics);
+            async move {
+                // Looked at as soon as the writer yields: a count raised before the write
+                // ended would be seen before its findings are.
+                while metrics.batches_analyzed.get() < batch {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+
+        let first = Findings { anomalies: vec![anomaly(20)], rollups: vec![(scope.clone(), vec![rollup(3)])] };
+        to_writer.send(pass(Ok(first), 1)).await.expect("sent");
+        analysed_through(1).await;
+        assert_eq!(stored(Arc::clone(&store)).await, (vec![20], vec![3]), "stored when counted");
+        // Two passes queued at once: the later one's findings win.
+        let grown = Findings { anomalies: vec![anomaly(30)], rollups: vec![(scope.clone(), vec![rollup(4)])] };
+        let again = Findings { anomalies: vec![anomaly(40)], rollups: vec![(scope.clone(), vec![rollup(5)])] };
+        to_writer.send(pass(Ok(grown), 2)).await.expect("sent");
+        to_writer.send(pass(Ok(again), 3)).await.expect("sent");
+        let failed = StoreError::Corrupt { what: "pass", detail: "failed on purpose".to_string() };
+        to_writer.send(pass(Err(failed), 4)).await.expect("sent");
+        drop(to_writer);
+        writer.await.expect("writer");
+        assert_eq!(stored(Arc::clone(&store)).await, (vec![40], vec![5]));
+        assert_eq!(metrics.batches_analyzed.get(), 4, "a failed pass's batches are let go too");
+        assert_eq!((metrics.analysis_passes.get(), metrics.analysis_errors.get()), (3, 1));
+        assert_eq!((metrics.anomalies_new.get(), metrics.anomalies_changed.get()), (1, 2));
+    }
 
     /// An anomaly found again as written is not written again; changed, it is; one not found
     /// for a while is forgotten (and so compared by the store again).

@@ -198,9 +198,10 @@ pub struct SelfMetrics {
     pub alert_retries: Counter,
     pub alerts_failed: Counter,
     pub alert_errors: Counter,
+    /// From the start of a live pass to its findings stored.
     pub analysis_latency: LatencyHistogram,
-    /// From the queueing of the first batch a live pass took (before its commit) to the end of
-    /// that pass.
+    /// From the queueing of the first batch a live pass took (before its commit) to that
+    /// pass's findings stored.
     pub analysis_delay: LatencyHistogram,
     pub anomalies_new: Counter,
     /// Anomalies stored before, found again changed and written.
@@ -355,10 +356,14 @@ impl SelfMetrics {
                 "Time to commit one group of received requests to the store.",
                 &self.store_ingest_latency,
             ),
-            ("lagscope_analysis_seconds", "Time of one live analysis pass.", &self.analysis_latency),
+            (
+                "lagscope_analysis_seconds",
+                "Time of one live analysis pass, from its start to its findings stored.",
+                &self.analysis_latency,
+            ),
             (
                 "lagscope_analysis_delay_seconds",
-                "From the queueing for commit of the first batch a live pass took to the end of that pass: the longest its telemetry waited to be analysed.",
+                "From the queueing for commit of the first batch a live pass took to that pass's findings stored: the longest its telemetry waited to be analysed.",
                 &self.analysis_delay,
             ),
         ];

@@ -452,6 +452,25 @@ pub trait Store: Send + Sync + 'static {
     /// analysis pass has seen more of the minute).
     async fn upsert_read_rollups(&self, rollups: &[ReadRollup]) -> Result<()>;
 
+    /// What one live analysis pass found: [`Store::upsert_anomalies`] and then
+    /// [`Store::upsert_read_rollups`], nothing written when both are empty. SQLite writes both
+    /// in one transaction (its one writer is shared with ingest: each transaction waits for it
+    /// and syncs the log once); by default, each in its own.
+    async fn upsert_findings(
+        &self,
+        anomalies: &[Anomaly],
+        rollups: &[ReadRollup],
+        seen_at: UnixNanos,
+    ) -> Result<UpsertOutcome> {
+        let outcome = if anomalies.is_empty() {
+            UpsertOutcome::default()
+        } else {
+            self.upsert_anomalies(anomalies, seen_at).await?
+        };
+        self.upsert_read_rollups(rollups).await?;
+        Ok(outcome)
+    }
+
     /// The read rollups of the minutes starting in `range`, in (minute, scope) order, at most
     /// `limit`.
     async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>>;

@@ -236,34 +236,25 @@ impl Store for SqliteStore {
             return Ok(());
         }
         let mut transaction = self.writer.begin().await?;
-        for rollup in rollups {
-            let row = RollupRow::from_rollup(rollup);
-            sqlx::query(
-                "INSERT INTO read_rollups (minute_unix_nano, cluster, namespace, node_id, reads, compared,
-                     behind_reads, behind_states, behind_millis, max_behind_states, max_behind_seconds)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT (minute_unix_nano, cluster, namespace, node_id) DO UPDATE SET
-                     reads = excluded.reads, compared = excluded.compared, behind_reads = excluded.behind_reads,
-                     behind_states = excluded.behind_states, behind_millis = excluded.behind_millis,
-                     max_behind_states = excluded.max_behind_states,
-                     max_behind_seconds = excluded.max_behind_seconds",
-            )
-            .bind(row.minute_unix_nano)
-            .bind(row.cluster)
-            .bind(row.namespace)
-            .bind(row.node_id)
-            .bind(row.reads)
-            .bind(row.compared)
-            .bind(row.behind_reads)
-            .bind(row.behind_states)
-            .bind(row.behind_millis)
-            .bind(row.max_behind_states)
-            .bind(row.max_behind_seconds)
-            .execute(&mut *transaction)
-            .await?;
-        }
+        upsert_rollups(&mut transaction, rollups).await?;
         transaction.commit().await?;
         Ok(())
+    }
+
+    async fn upsert_findings(
+        &self,
+        anomalies: &[Anomaly],
+        rollups: &[ReadRollup],
+        seen_at: UnixNanos,
+    ) -> Result<UpsertOutcome> {
+        if anomalies.is_empty() && rollups.is_empty() {
+            return Ok(UpsertOutcome::default());
+        }
+        let mut transaction = self.writer.begin().await?;
+        let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        upsert_rollups(&mut transaction, rollups).await?;
+        transaction.commit().await?;
+        Ok(outcome)
     }
 
     async fn read_rollups(&self, range: TimeRange, limit: u32) -> Result<Vec<ReadRollup>> {
@@ -583,4 +574,35 @@ pub(super) async fn insert_rows<T: Sync>(
         written += builder.build().execute(&mut **transaction).await?.rows_affected();
     }
     Ok(written)
+}
+
+/// Each rollup replaces the stored one of its minute and scope.
+async fn upsert_rollups(transaction: &mut sqlx::Transaction<'_, sqlx::Sqlite>, rollups: &[ReadRollup]) -> Result<()> {
+    for rollup in rollups {
+        let row = RollupRow::from_rollup(rollup);
+        sqlx::query(
+            "INSERT INTO read_rollups (minute_unix_nano, cluster, namespace, node_id, reads, compared,
+                     behind_reads, behind_states, behind_millis, max_behind_states, max_behind_seconds)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT (minute_unix_nano, cluster, namespace, node_id) DO UPDATE SET
+                     reads = excluded.reads, compared = excluded.compared, behind_reads = excluded.behind_reads,
+                     behind_states = excluded.behind_states, behind_millis = excluded.behind_millis,
+                     max_behind_states = excluded.max_behind_states,
+                     max_behind_seconds = excluded.max_behind_seconds",
+        )
+        .bind(row.minute_unix_nano)
+        .bind(row.cluster)
+        .bind(row.namespace)
+        .bind(row.node_id)
+        .bind(row.reads)
+        .bind(row.compared)
+        .bind(row.behind_reads)
+        .bind(row.behind_states)
+        .bind(row.behind_millis)
+        .bind(row.max_behind_states)
+        .bind(row.max_behind_seconds)
+        .execute(&mut **transaction)
+        .await?;
+    }
+    Ok(())
 }

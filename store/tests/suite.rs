@@ -51,6 +51,7 @@ macro_rules! store_suite {
             case!(series_buckets_reduce_each_slice_of_the_range);
             case!(anomaly_filters_combine_and_can_leave_evidence_out);
             case!(read_rollups_replace_their_minute_and_scope);
+            case!(a_pass_findings_store_anomalies_and_rollups_together);
             case!(alert_changes_incidents_and_outbox_survive_and_record_delivery);
         }
     };
@@ -482,6 +483,41 @@ async fn read_rollups_replace_their_minute_and_scope(store: &dyn Store) {
         .expect("retention");
     assert_eq!(report.rollups, 2);
     assert_eq!(store.read_rollups(TimeRange::ALL, 100).await.expect("after").len(), 2);
+}
+
+/// A pass's findings: its anomalies upserted as `upsert_anomalies` does (new, changed and
+/// unchanged told apart) and its rollups as `upsert_read_rollups` does; either may be empty.
+async fn a_pass_findings_store_anomalies_and_rollups_together(store: &dyn Store) {
+    let rollup = |minute: i64, reads: u64| lagscope_model::ReadRollup {
+        cluster: Some("prod".to_string()),
+        namespace: Some("ns1".to_string()),
+        node: Some("nn-obs1".to_string()),
+        minute_unix_nano: T0 + minute * 60 * SECOND,
+        reads,
+        compared: reads,
+        ..lagscope_model::ReadRollup::default()
+    };
+    let nothing = store.upsert_findings(&[], &[], T0).await.expect("nothing");
+    assert_eq!((nothing.inserted.len(), nothing.updated, nothing.unchanged), (0, 0, 0));
+    let first = store
+        .upsert_findings(&[anomaly("a", "c1", T0), anomaly("b", "c2", T0)], &[rollup(0, 3)], T0)
+        .await
+        .expect("first");
+    assert_eq!(first.inserted.len(), 2);
+    let grown = Anomaly { end_unix_nano: T0 + 5 * SECOND, ..anomaly("a", "c1", T0) };
+    let again = store
+        .upsert_findings(&[grown.clone(), anomaly("b", "c2", T0)], &[rollup(0, 4), rollup(1, 1)], T0 + SECOND)
+        .await
+        .expect("again");
+    assert_eq!((again.inserted.len(), again.updated, again.unchanged), (0, 1, 1));
+    let only_rollups = store.upsert_findings(&[], &[rollup(1, 2)], T0 + 2 * SECOND).await.expect("rollups");
+    assert!(only_rollups.inserted.is_empty());
+    let stored = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("anomalies");
+    let a = stored.iter().find(|stored| stored.anomaly.fingerprint == "a").expect("a");
+    assert_eq!(a.anomaly.end_unix_nano, grown.end_unix_nano);
+    assert_eq!(stored.len(), 2);
+    let rollups = store.read_rollups(TimeRange::ALL, 10).await.expect("rollups");
+    assert_eq!(rollups, [rollup(0, 4), rollup(1, 2)]);
 }
 
 /// The alerter's feed gives each change once in order; its cursor, incidents and messages
