@@ -561,7 +561,9 @@ async fn analysis_pass(
         threads,
         |work| work.spans.len(),
         |work| {
+            let started = Instant::now();
             let mut spans = work.spans;
+            let span_count = spans.len();
             let mut input = match &mut spans {
                 Spans::Held(held) => {
                     held.refresh();
@@ -581,6 +583,7 @@ async fn analysis_pass(
                 .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id) && !spans.settled(anomaly))
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
+            let analysed = started.elapsed();
             if let Spans::Held(held) = spans {
                 let verdicts = std::mem::take(&mut input.verdicts);
                 let (timelines, _) = input.into_parts();
@@ -588,6 +591,9 @@ async fn analysis_pass(
                 held.give_back_verdicts(verdicts);
                 let_go = settle(held, &found, config);
             }
+            let took =
+                Took { analysed, settled: started.elapsed() - analysed, spans: span_count, let_go: let_go.len() };
+            took.log_if_slow("client", || work.client_id.to_string());
             (found, let_go)
         },
     );
@@ -694,6 +700,9 @@ async fn analysis_pass(
             on_threads(work, threads, |work| work.spans.len(), |work| scope_analysis(work, limit, config));
         times.scope_analysis += lap.elapsed();
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
+            found_of_scope.took.log_if_slow("scope", || {
+                format!("{}/{}", scope.0.as_deref().unwrap_or("-"), scope.1.as_deref().unwrap_or("-"))
+            });
             sample_cache.give_back(scope, found_of_scope.samples);
             cache.settled(scope, found_of_scope.let_go);
             times.scope_timelines += found_of_scope.timelines;
@@ -828,6 +837,7 @@ struct ScopeFound {
     samples: lagscope_analyzer::IndexedSamples,
     /// The spans its settling let go of ([`settle`]).
     let_go: Vec<(SpanKey, lagscope_model::Span)>,
+    took: Took,
 }
 
 /// Settles a held window ([`HeldTimelines::settle`], `live.settle_seconds`) after its pass,
@@ -852,6 +862,7 @@ fn settle<A: Borrow<lagscope_model::Anomaly>>(
 fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFound {
     let started = Instant::now();
     let mut spans = work.spans;
+    let span_count = spans.len();
     let mut input = match &mut spans {
         // Joins what changed since the last pass; the timelines are lent to the analysis.
         Spans::Held(held) => {
@@ -886,12 +897,51 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     }
     let rollups = read_rollups(&input, complete_from);
     let mut let_go = Vec::new();
-    let (analysed, samples) = input.into_parts();
+    let (timelines_analysed, samples) = input.into_parts();
+    let analysed = started.elapsed();
     if let Spans::Held(held) = spans {
-        held.give_back(analysed);
+        held.give_back(timelines_analysed);
         let_go = settle(held, &anomalies, config);
     }
-    ScopeFound { anomalies, rollups, timelines, samples, let_go }
+    let took = Took { analysed, settled: started.elapsed() - analysed, spans: span_count, let_go: let_go.len() };
+    ScopeFound { anomalies, rollups, timelines, samples, let_go, took }
+}
+
+/// A client's or scope's analysis that took at least this long says so at debug level.
+const SLOW_ANALYSIS: Duration = Duration::from_millis(100);
+
+/// What one client's or scope's analysis took: the analysis, then the settling.
+#[derive(Debug)]
+struct Took {
+    analysed: Duration,
+    settled: Duration,
+    /// The spans it analysed, and those its settling let go of.
+    spans: usize,
+    let_go: usize,
+}
+
+impl Took {
+    /// Took [`SLOW_ANALYSIS`] or longer, its settling included.
+    fn is_slow(&self) -> bool {
+        self.analysed + self.settled >= SLOW_ANALYSIS
+    }
+
+    /// A debug line naming the client or scope when it took [`SLOW_ANALYSIS`] or longer: the
+    /// longest passes under load are often one such, and the pass's line does not say which.
+    fn log_if_slow(&self, what: &str, name: impl FnOnce() -> String) {
+        // (The name is built only when the line is written: debug level enabled.)
+        if self.is_slow() {
+            tracing::debug!(
+                what,
+                name = name(),
+                spans = self.spans,
+                analysis_ms = self.analysed.as_millis(),
+                settle_ms = self.settled.as_millis(),
+                let_go = self.let_go,
+                "slow analysis"
+            );
+        }
+    }
 }
 
 /// `analyse` over every item, on up to `threads` threads (this one among them), the largest
@@ -1194,6 +1244,20 @@ mod tests {
         assert_eq!(metrics.batches_analyzed.get(), 4, "a failed pass's batches are let go too");
         assert_eq!((metrics.analysis_passes.get(), metrics.analysis_errors.get()), (3, 1));
         assert_eq!((metrics.anomalies_new.get(), metrics.anomalies_changed.get()), (1, 2));
+    }
+
+    /// Only an analysis that took `SLOW_ANALYSIS` or longer, its settling included, is slow.
+    #[test]
+    fn an_analysis_is_slow_from_a_tenth_of_a_second_with_its_settling() {
+        let took = |analysed: u64, settled: u64| Took {
+            analysed: Duration::from_millis(analysed),
+            settled: Duration::from_millis(settled),
+            spans: 10,
+            let_go: 0,
+        };
+        assert!(!took(60, 39).is_slow());
+        assert!(took(60, 40).is_slow(), "the settling counts");
+        assert!(took(250, 0).is_slow());
     }
 
     /// An anomaly found again as written is not written again; changed, it is; one not found
