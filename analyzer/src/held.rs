@@ -362,9 +362,10 @@ impl HeldTimelines {
     /// the cut at its call.
     /// Spans of no call (hops that joined none, other spans) that ended before `before` go too.
     ///
-    /// A timeline cut before moves at most [`SETTLE_STEP`] further per settle: a backlog (the
-    /// calls an anomaly held while it grew, minutes of a bulk client's spans) is let go over
-    /// a few settles rather than in one, which took 0.1-0.2 s for 18 000 spans under load.
+    /// A timeline's cut moves at most [`SETTLE_STEP`] past its last cut (its first call's start
+    /// when it was never cut) per settle: a backlog (the calls an anomaly held while it grew,
+    /// minutes of a bulk client's spans) is let go over a few settles rather than in one,
+    /// which took 0.1-0.2 s for 18 000 spans under load.
     ///
     /// Anomalies about attempts before a timeline's cut ([`HeldTimelines::settled_from`]), and
     /// those that ended before a cut of their namespace, were judged with the whole history by
@@ -377,12 +378,12 @@ impl HeldTimelines {
         let mut kept_attempts: HashSet<SpanKey> = HashSet::default();
         let mut cuts: Vec<(GroupKey, UnixNanos)> = Vec::new();
         for (key, group) in &self.groups {
-            let target = before.min(hold(key.1.as_deref()));
-            let target = match self.settled.get(key) {
-                Some(&cut) if cut > UnixNanos::MIN => target.min(cut.saturating_add(SETTLE_STEP)),
-                _ => target,
-            };
             let calls = &group.timeline.calls;
+            let Some(first) = calls.first() else { continue };
+            // From the last cut, or from the first call when there was none: a timeline whose
+            // cut a growing anomaly held from its first call has minutes to let go too.
+            let from = self.settled.get(key).copied().unwrap_or(first.start_unix_nano);
+            let target = before.min(hold(key.1.as_deref())).min(from.saturating_add(SETTLE_STEP));
             let (_, rejection) = follower_history(calls);
             let target = rejection.map_or(target, |index| target.min(calls[index].start_unix_nano));
             // The latest start no earlier call is still running at.
@@ -1197,11 +1198,22 @@ mod tests {
         };
         let before = read_at(&mut held, 299);
         assert_eq!(before.len(), 1, "{before:?}");
-        let let_go = held.settle(240 * SECOND, |_| i64::MAX);
-        assert!(let_go.len() > 200, "the settled reads go: {}", let_go.len());
+        // Never cut before, the timeline is cut a step past its first call, then a step at a
+        // time: four minutes of reads go over twelve settles.
+        let mut let_go = 0;
+        let mut cuts = Vec::new();
+        for _ in 0..14 {
+            let step = held.settle(240 * SECOND, |_| i64::MAX);
+            assert!(step.len() <= 20, "a step's reads at most: {}", step.len());
+            let_go += step.len();
+            cuts.push(held.settled_from("client-1", Some("ns1")));
+        }
+        assert_eq!(cuts[0], SETTLE_STEP);
+        assert!(cuts.windows(2).all(|pair| pair[1] - pair[0] <= SETTLE_STEP), "{cuts:?}");
+        assert_eq!(cuts.last(), Some(&(240 * SECOND)));
+        assert!(let_go > 200, "the settled reads go: {let_go}");
         assert!(held.spans().any(|span| span.start_unix_nano == 0), "the write that set the floor stays");
         assert_eq!(read_at(&mut held, 299), before);
-        assert_eq!(held.settled_from("client-1", Some("ns1")), 240 * SECOND);
 
         // Five more minutes of reads, settled as late as they allow at once (as when an
         // anomaly that held the cut ends): the cut moves on a step at a time, and the last
