@@ -591,8 +591,7 @@ async fn analysis_pass(
                 held.give_back_verdicts(verdicts);
                 let_go = settle(held, &found, config);
             }
-            let took =
-                Took { analysed, settled: started.elapsed() - analysed, spans: span_count, let_go: let_go.len() };
+            let took = Took::since(started, analysed, span_count, let_go.len());
             took.log_if_slow("client", || work.client_id.to_string());
             (found, let_go)
         },
@@ -903,7 +902,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
         held.give_back(timelines_analysed);
         let_go = settle(held, &anomalies, config);
     }
-    let took = Took { analysed, settled: started.elapsed() - analysed, spans: span_count, let_go: let_go.len() };
+    let took = Took::since(started, analysed, span_count, let_go.len());
     ScopeFound { anomalies, rollups, timelines, samples, let_go, took }
 }
 
@@ -921,6 +920,11 @@ struct Took {
 }
 
 impl Took {
+    /// An analysis that began at `started` and took `analysed`, settled since.
+    fn since(started: Instant, analysed: Duration, spans: usize, let_go: usize) -> Self {
+        Self { analysed, settled: started.elapsed().saturating_sub(analysed), spans, let_go }
+    }
+
     /// Took [`SLOW_ANALYSIS`] or longer, its settling included.
     fn is_slow(&self) -> bool {
         self.analysed + self.settled >= SLOW_ANALYSIS
@@ -1165,6 +1169,25 @@ pub fn now_unix_nano() -> i64 {
 mod tests {
     use super::*;
 
+    /// An `apply_lag` anomaly of observer nn-obs1 in prod/ns1, from 10 to `end`.
+    fn apply_lag(end: i64, summary: &str) -> lagscope_model::Anomaly {
+        lagscope_model::Anomaly {
+            kind: AnomalyKind::ApplyLag,
+            severity: lagscope_model::Severity::Warning,
+            cluster: Some("prod".to_string()),
+            namespace: Some("ns1".to_string()),
+            client_id: None,
+            node_id: Some("nn-obs1".to_string()),
+            start_unix_nano: 10,
+            end_unix_nano: end,
+            summary: summary.to_string(),
+            cause: "apply lag".to_string(),
+            evidence: Default::default(),
+            fingerprint: "f1".to_string(),
+            open: true,
+        }
+    }
+
     /// The writer stores each pass's findings in pass order (a later pass's version of an
     /// anomaly or rollup wins), and counts a pass's batches as analysed only once its findings
     /// are in the store; a failed pass counts as an error and still lets its batches go.
@@ -1176,23 +1199,7 @@ mod tests {
         let metrics = Arc::new(SelfMetrics::default());
         let (to_writer, passes) = tokio::sync::mpsc::channel(1);
         let writer = tokio::spawn(write_passes(Arc::clone(&store), Arc::clone(&metrics), passes));
-        let anomaly = |end: i64| {
-            Arc::new(lagscope_model::Anomaly {
-                kind: AnomalyKind::ApplyLag,
-                severity: lagscope_model::Severity::Warning,
-                cluster: Some("prod".to_string()),
-                namespace: Some("ns1".to_string()),
-                client_id: None,
-                node_id: Some("nn-obs1".to_string()),
-                start_unix_nano: 10,
-                end_unix_nano: end,
-                summary: "observer nn-obs1 is behind".to_string(),
-                cause: "apply lag".to_string(),
-                evidence: Default::default(),
-                fingerprint: "f1".to_string(),
-                open: true,
-            })
-        };
+        let anomaly = |end: i64| Arc::new(apply_lag(end, "observer nn-obs1 is behind"));
         let scope: ScopeKey = (Some("prod".to_string()), Some("ns1".to_string()));
         let rollup = |reads: u64| ReadRollup {
             cluster: scope.0.clone(),
@@ -1264,21 +1271,7 @@ mod tests {
     /// for a while is forgotten (and so compared by the store again).
     #[test]
     fn anomalies_written_before_are_not_written_again_unless_changed() {
-        let mut anomaly = lagscope_model::Anomaly {
-            kind: AnomalyKind::ApplyLag,
-            severity: lagscope_model::Severity::Warning,
-            cluster: Some("prod".to_string()),
-            namespace: Some("ns1".to_string()),
-            client_id: None,
-            node_id: Some("nn-obs1".to_string()),
-            start_unix_nano: 10,
-            end_unix_nano: 20,
-            summary: "observer nn-obs1 is 12 000 states behind".to_string(),
-            cause: "apply lag".to_string(),
-            evidence: Default::default(),
-            fingerprint: "f1".to_string(),
-            open: true,
-        };
+        let mut anomaly = apply_lag(20, "observer nn-obs1 is 12 000 states behind");
         let mut written = WrittenAnomalies::default();
         written.next_pass();
         let hash = written.content_hash(&anomaly);
