@@ -215,11 +215,6 @@ struct Group {
     /// The same since the timeline was last given back ([`HeldTimelines::give_back`]), told
     /// what the metrics said ([`crate::AnalysisInput::from_held`]).
     unenriched_from: UnixNanos,
-    /// Set by [`HeldTimelines::settle`] until its rebuild: the calls that start before this
-    /// were let go (or kept as witnesses), which changes neither what the per-call detectors
-    /// find in the calls after them nor what the metrics tell those, unless the timeline's
-    /// cluster or system changes with its first attempt.
-    let_go_before: UnixNanos,
     /// What the per-call detectors found when the verdicts were given back; `None` while they
     /// are taken, or never given.
     verdicts: Option<CallVerdicts>,
@@ -422,7 +417,6 @@ impl HeldTimelines {
             cuts.push((key.clone(), at));
             // What was found about the calls before the cut is reported no more; what was
             // found about the later ones stays found (`CallVerdicts`).
-            group.let_go_before = at;
             if let Some(verdicts) = &mut group.verdicts {
                 verdicts.found.retain(|(_, start, _)| *start >= at);
             }
@@ -473,11 +467,8 @@ impl HeldTimelines {
                 let_go.push((key, span));
             }
         }
-        // Joined again now, while the groups know what was let go by the settle.
-        self.refresh();
-        for group in self.groups.values_mut() {
-            group.let_go_before = UnixNanos::MIN;
-        }
+        // Joined again now, knowing which calls the settle let go.
+        self.join_again(&cuts.iter().cloned().collect());
         for (key, at) in cuts {
             let in_namespace = self.namespace_cuts.entry(key.1.clone()).or_insert(UnixNanos::MIN);
             *in_namespace = (*in_namespace).max(at);
@@ -535,6 +526,14 @@ impl HeldTimelines {
 
     /// Joins again what changed since the last refresh.
     pub fn refresh(&mut self) {
+        self.join_again(&BTreeMap::new());
+    }
+
+    /// [`HeldTimelines::refresh`], where per timeline the calls that start before its entry
+    /// in `settled` were let go by a settle (or kept as witnesses): that changes neither what
+    /// the per-call detectors find in the calls after them nor what the metrics tell those,
+    /// unless the timeline's first attempt is of another cluster or system.
+    fn join_again(&mut self, settled: &BTreeMap<GroupKey, UnixNanos>) {
         if self.lent {
             // Lent and not given back (the analysis panicked): every call is built again.
             self.lent = false;
@@ -562,7 +561,8 @@ impl HeldTimelines {
         let attempt_hops = &self.attempt_hops;
         self.groups.retain(|key, group| {
             if !group.dirty.is_empty() {
-                group.rebuild(key, spans, attempt_hops, horizon);
+                let let_go_before = settled.get(key).copied().unwrap_or(UnixNanos::MIN);
+                group.rebuild(key, spans, attempt_hops, horizon, let_go_before);
             }
             !group.attempts.is_empty()
         });
@@ -877,19 +877,21 @@ impl Group {
             order: Vec::new(),
             changed_from: UnixNanos::MIN,
             unenriched_from: UnixNanos::MIN,
-            let_go_before: UnixNanos::MIN,
             verdicts: None,
         }
     }
 
     /// Builds the dirty calls again, puts them in their places, and the floors. Only the
-    /// calls from the first one that changed on are moved (most changes are at the end).
+    /// calls from the first one that changed on are moved (most changes are at the end). Calls
+    /// taken out that start before `let_go_before` were let go by a settle: no change to the
+    /// later ones ([`HeldTimelines::join_again`]).
     fn rebuild(
         &mut self,
         (client_id, namespace): &GroupKey,
         spans: &BTreeMap<SpanKey, Box<Held>>,
         attempt_hops: &HashMap<SpanKey, SmallVec<[(SpanKey, TimelineJoin); 2]>>,
         horizon: UnixNanos,
+        let_go_before: UnixNanos,
     ) {
         let span = |key: &SpanKey| &spans[key].span;
         let mut removed: Vec<usize> = Vec::new();
@@ -943,7 +945,6 @@ impl Group {
         let first = self.attempts.first().map(span);
         let (cluster, system) =
             (first.and_then(|span| span.resource.cluster.clone()), first.and_then(|span| span.resource.system.clone()));
-        let let_go_before = std::mem::replace(&mut self.let_go_before, UnixNanos::MIN);
         let changed = removed
             .iter()
             .map(|index| self.order[*index].0)

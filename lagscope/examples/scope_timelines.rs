@@ -21,46 +21,27 @@
 //! bring them), keeping the newest 50 000, and joining what changed. The first run checks
 //! that the held timelines are those a new join builds.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use lagscope_analyzer::{AnalysisInput, HeldTimelines, build_timelines};
 use lagscope_model::Span;
-use lagscope_sim::emit::Request;
+
+mod replay;
+use replay::{HORIZON, SCOPE_LIMIT, number, spans_by_scope};
 
 // The allocator `lagscope serve` runs with: the join allocates many small strings.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `live.max_spans_per_scope`'s default.
-const SCOPE_LIMIT: usize = 50_000;
-/// `analyzer.stream.horizon_seconds`' default.
-const HORIZON: i64 = 90_000_000_000;
-
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let scenario = args.next().unwrap_or_else(|| "mixed".to_string());
-    let number = |text: Option<String>, default: i64, what: &str| -> anyhow::Result<i64> {
-        text.map_or(Ok(default), |text| text.parse().map_err(|error| anyhow::anyhow!("{what} {text:?}: {error}")))
-    };
     let seconds = number(args.next(), 120, "SECONDS")?;
     let runs = number(args.next(), 5, "RUNS")?.max(1);
     let step = number(args.next(), 1_000, "STEP_MS")? * 1_000_000;
 
     let simulating = Instant::now();
-    let mut config = lagscope_sim::SimConfig::new(&scenario);
-    config.duration = Some(seconds * lagscope_sim::SECOND);
-    let mut requests: Vec<Request> = Vec::new();
-    lagscope_sim::run(&config, &mut requests).map_err(|error| anyhow::anyhow!("simulating {scenario}: {error}"))?;
-    let mut scopes: BTreeMap<(Option<String>, Option<String>), Vec<Span>> = BTreeMap::new();
-    for request in &requests {
-        if let Request::Traces(request) = request {
-            for span in lagscope_collector::otlp::spans_from_request(request).items {
-                scopes.entry((span.resource.cluster.clone(), span.call.namespace.clone())).or_default().push(span);
-            }
-        }
-    }
-    drop(requests);
+    let mut scopes = spans_by_scope(&scenario, seconds)?;
     let mut total = 0;
     for spans in scopes.values_mut() {
         spans.sort_by_key(|span| span.start_unix_nano);

@@ -21,21 +21,18 @@
 //! enrichment, judging), those right after a settle apart. It prints the medians of the runs'
 //! sums, and the slowest settle.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, HeldTimelines, analyze_held_kinds};
-use lagscope_model::{AnomalyKind, Sample, Span};
-use lagscope_sim::emit::Request;
+use lagscope_model::{AnomalyKind, Sample};
+
+mod replay;
+use replay::{HORIZON, SCOPE_LIMIT, number, spans_by_scope};
 
 // The allocator `lagscope serve` runs with.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `live.max_spans_per_scope`'s default.
-const SCOPE_LIMIT: usize = 50_000;
-/// `analyzer.stream.horizon_seconds`' default.
-const HORIZON: i64 = 90_000_000_000;
 const SECOND: i64 = 1_000_000_000;
 /// `live.settle_seconds`' default: a window settles this far behind its newest span, once
 /// per half of it.
@@ -44,27 +41,12 @@ const SETTLE_AFTER: i64 = 10 * SECOND;
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let scenario = args.next().unwrap_or_else(|| "mixed".to_string());
-    let number = |text: Option<String>, default: i64, what: &str| -> anyhow::Result<i64> {
-        text.map_or(Ok(default), |text| text.parse().map_err(|error| anyhow::anyhow!("{what} {text:?}: {error}")))
-    };
     let seconds = number(args.next(), 300, "SECONDS")?;
     let runs = number(args.next(), 3, "RUNS")?.max(1);
     let held_back = number(args.next(), 60, "HELD_SECONDS")?.max(0) * SECOND;
 
     let simulating = Instant::now();
-    let mut config = lagscope_sim::SimConfig::new(&scenario);
-    config.duration = Some(seconds * lagscope_sim::SECOND);
-    let mut requests: Vec<Request> = Vec::new();
-    lagscope_sim::run(&config, &mut requests).map_err(|error| anyhow::anyhow!("simulating {scenario}: {error}"))?;
-    let mut scopes: BTreeMap<(Option<String>, Option<String>), Vec<Span>> = BTreeMap::new();
-    for request in &requests {
-        if let Request::Traces(request) = request {
-            for span in lagscope_collector::otlp::spans_from_request(request).items {
-                scopes.entry((span.resource.cluster.clone(), span.call.namespace.clone())).or_default().push(span);
-            }
-        }
-    }
-    drop(requests);
+    let mut scopes = spans_by_scope(&scenario, seconds)?;
     let total: usize = scopes.values().map(Vec::len).sum();
     for spans in scopes.values_mut() {
         spans.sort_by_key(|span| span.end_unix_nano);
