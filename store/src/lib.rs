@@ -549,8 +549,8 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Spans in the order they were committed, where the backend can tell that order
-    /// (SQLite); `None` otherwise (PostgreSQL).
+    /// Spans in the order they were committed, where the backend can tell that order (SQLite
+    /// by its row ids, PostgreSQL by ids it has settled); `None` otherwise.
     fn span_feed(&self) -> Option<&dyn SpanFeed> {
         None
     }
@@ -567,11 +567,12 @@ pub trait Store: Send + Sync + 'static {
 /// Spans in the order they were committed, for a reader that keeps a scope's spans between
 /// reads and adds only what was committed since (the live analyzer's scope passes).
 ///
-/// Offered by a store whose span ids grow in commit order and are never handed out again:
-/// SQLite, where one writer commits at a time and retention never deletes the newest span
-/// (SQLite gives a new row the largest id plus one). Not PostgreSQL, where concurrent
-/// transactions take ids from a sequence and may commit in another order, so a reader that
-/// has seen id 10 may later find 9.
+/// Offered by a store whose span ids, as the feed answers them, grow in commit order and are
+/// never handed out again. SQLite: one writer commits at a time and retention never deletes
+/// the newest span (SQLite gives a new row the largest id plus one). PostgreSQL: concurrent
+/// ingests take ids from a sequence and may commit in another order (a reader that has seen
+/// id 10 may later find 9), so its feed answers an id only once every ingest that could
+/// still write a row at or below it has ended (`postgres/feed.rs`).
 #[async_trait]
 pub trait SpanFeed: Send + Sync {
     /// The newest span's id (0 for a store without spans). Every span with this id or a lower

@@ -13,6 +13,7 @@
 
 mod coordination;
 mod copy;
+mod feed;
 mod partitions;
 
 use std::collections::BTreeMap;
@@ -32,8 +33,8 @@ use crate::rows::{
 };
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
-    NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, Store, StoreError,
-    StoreStats, StoredAnomaly, TimeRange, UpsertOutcome, bucket_width,
+    NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, SpanFeed, Store,
+    StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome, bucket_width,
 };
 
 pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
@@ -58,6 +59,191 @@ struct IdentifiedSpanRow {
     id: i64,
     #[sqlx(flatten)]
     span: SpanRow,
+}
+
+/// A client's newest entries ($4 + 1 of them, and those sharing the last one's start) in
+/// $2..$3, from the (client, start) index alone ([`PgStore::client_rows`]); `_THROUGH`: among
+/// the rows with ids up to $5.
+const CLIENT_ENTRIES: &str = "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
+     WHERE client_id = $1 AND start_unix_nano < $3
+       AND start_unix_nano >= COALESCE(
+           (SELECT start_unix_nano FROM spans
+            WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
+            ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
+           $2)";
+const CLIENT_ENTRIES_THROUGH: &str = "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
+     WHERE client_id = $1 AND start_unix_nano < $3 AND id <= $5
+       AND start_unix_nano >= COALESCE(
+           (SELECT start_unix_nano FROM spans
+            WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3 AND id <= $5
+            ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
+           $2)";
+/// The client's rows from $2 on, before $3 (`_THROUGH`: with ids up to $4).
+const CLIENT_OWN: &str = "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3";
+const CLIENT_OWN_THROUGH: &str =
+    "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3 AND id <= $4";
+/// The spans with both ids of the traces $1 starting in $2..=$3 (`_THROUGH`: with ids up to $4).
+const TRACE_HOPS: &str =
+    "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
+       AND trace_id IS NOT NULL AND span_id IS NOT NULL";
+const TRACE_HOPS_THROUGH: &str =
+    "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
+       AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $4";
+
+/// Reads by id range, bounded by what [`feed::Settled::through`] answered.
+#[async_trait]
+impl SpanFeed for PgStore {
+    async fn latest_span_id(&self) -> Result<i64> {
+        self.settled.through(&self.pool, feed::Fed::Spans).await
+    }
+
+    async fn scope_spans_through(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        let rows: Vec<SpanRow> = scoped(
+            sqlx::query_as(
+                "SELECT * FROM (
+                 SELECT * FROM spans
+                 WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
+                   AND start_unix_nano >= $3 AND start_unix_nano < $4 AND id <= $6
+                 ORDER BY start_unix_nano DESC LIMIT $5
+             ) AS recent ORDER BY start_unix_nano, id",
+            ),
+            cluster,
+            namespace,
+            TimeRange::ALL,
+            limit,
+        )
+        .bind(through)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        if after >= through {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM spans WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3
+             ) AS gained ORDER BY start_unix_nano, id",
+        )
+        .bind(after)
+        .bind(through)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+    }
+
+    async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        let rows = self.client_rows(client_id, TimeRange::ALL, limit, Some(through)).await?;
+        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+    }
+
+    async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
+        if trace_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM spans
+             WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $2
+             ORDER BY start_unix_nano, id",
+        )
+        .bind(trace_ids)
+        .bind(through)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+    }
+
+    async fn scope_spans_between(
+        &self,
+        scopes: &[(Option<String>, Option<String>)],
+        after: i64,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        if scopes.is_empty() || after >= through {
+            return Ok(Vec::new());
+        }
+        let (clusters, namespaces): (Vec<Option<&str>>, Vec<Option<&str>>) =
+            scopes.iter().map(|(cluster, namespace)| (cluster.as_deref(), namespace.as_deref())).unzip();
+        let rows: Vec<SpanRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM spans
+                 WHERE id > $1 AND id <= $2
+                   AND EXISTS (
+                       SELECT 1 FROM unnest($3::text[], $4::text[]) AS scope(cluster, namespace)
+                       WHERE scope.cluster IS NOT DISTINCT FROM spans.cluster
+                         AND scope.namespace IS NOT DISTINCT FROM spans.namespace
+                   )
+                 ORDER BY id LIMIT $5
+             ) AS gained ORDER BY start_unix_nano, id",
+        )
+        .bind(after)
+        .bind(through)
+        .bind(clusters)
+        .bind(namespaces)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn recognised_logs_after(
+        &self,
+        cluster: Option<&str>,
+        window: i64,
+        after: i64,
+        limit: u32,
+    ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
+        let through = self.settled.through(&self.pool, feed::Fed::Logs).await?;
+        // The window's end and its rows from one snapshot.
+        let mut transaction = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *transaction).await?;
+        let (latest,): (Option<i64>,) =
+            sqlx::query_as("SELECT max(time_unix_nano) FROM logs WHERE cluster IS NOT DISTINCT FROM $1 AND id <= $2")
+                .bind(cluster)
+                .bind(through)
+                .fetch_one(&mut *transaction)
+                .await?;
+        let Some(latest) = latest else { return Ok((Vec::new(), None)) };
+        let rows: Vec<LogRowWithId> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM logs
+                 WHERE cluster IS NOT DISTINCT FROM $1 AND recognised
+                   AND time_unix_nano >= $2 AND id > $3 AND id <= $5
+                 ORDER BY time_unix_nano DESC, id DESC LIMIT $4
+             ) AS recent ORDER BY time_unix_nano, id",
+        )
+        .bind(cluster)
+        .bind(latest.saturating_sub(window))
+        .bind(after)
+        .bind(i64::from(limit))
+        .bind(through)
+        .fetch_all(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        let records = rows.into_iter().map(|row| Ok((row.id, row.row.into_record()?))).collect::<Result<_>>()?;
+        Ok((records, Some(latest)))
+    }
+}
+
+/// `query` with the id bound of a `_THROUGH` statement, when there is one.
+fn bound<'q, O>(
+    query: sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments>,
+    through: Option<i64>,
+) -> sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments> {
+    match through {
+        Some(through) => query.bind(through),
+        None => query,
+    }
 }
 
 /// A client's timeline reads its traces' spans in parts of about this many traces, each on
@@ -90,6 +276,8 @@ pub struct PgStore {
     /// with [`PREFETCHING_BITMAP_SCANS`]), apart from ingest's.
     reads: PgPool,
     partitions: std::sync::Arc<partitions::Partitions>,
+    /// What the span feed settled last ([`feed`]).
+    settled: std::sync::Arc<feed::Settled>,
 }
 
 impl PgStore {
@@ -107,6 +295,95 @@ impl PgStore {
         .bind(to_json_text(&matcher_object))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// [`Store::client_spans`]'s rows with their ids, among those with ids up to `through`
+    /// when given (the span feed's reads, [`feed`]).
+    async fn client_rows(
+        &self,
+        client_id: &str,
+        range: TimeRange,
+        limit: u32,
+        through: Option<i64>,
+    ) -> Result<Vec<IdentifiedSpanRow>> {
+        // What a timeline costs once the table is larger than memory is random page reads
+        // (BENCHMARKS.md, "A client's timeline from PostgreSQL"): a client's spans lie on as
+        // many heap pages as it has spans, and its router and server hops (which name no
+        // client) on as many more, behind one trace-index descent per trace. So:
+        // 1. the client's newest `limit` entries (and those sharing the last one's start) from
+        //    the (client, start) index alone, which carries each span's trace and end: an
+        //    index-only scan of adjacent entries once vacuum has marked the pages visible, so
+        //    the traces are known before any row is read, and the limit stays bounded
+        //    however long the history;
+        // 2. at the same time, the client's rows and its traces' spans near them in time, by
+        //    bitmap scans (heap pages read in block order and prefetched), the traces split in
+        //    time order over several connections so that their index descents, which are
+        //    synchronous, wait side by side, each part in the partitions of its time only;
+        // 3. the client's rows cut to the limit by (start, row id) through ties, and each
+        //    trace's spans kept within its window around the rows kept.
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::from(limit);
+        // Bounded by `through`, a read needs each row's id, which the index does not carry:
+        // only the feed's reads pay for that.
+        let (entries_sql, own_sql, traces_sql) = match through {
+            None => (CLIENT_ENTRIES, CLIENT_OWN, TRACE_HOPS),
+            Some(_) => (CLIENT_ENTRIES_THROUGH, CLIENT_OWN_THROUGH, TRACE_HOPS_THROUGH),
+        };
+        let entries: Vec<(i64, i64, Option<String>)> =
+            bound(sqlx::query_as(entries_sql).bind(client_id).bind(range.from).bind(range.to).bind(limit - 1), through)
+                .fetch_all(&self.pool)
+                .await?;
+        let Some(from) = entries.iter().map(|(start, _, _)| *start).min() else {
+            return Ok(Vec::new());
+        };
+        let windows = trace_windows(entries.iter().map(|(start, end, trace)| (trace.as_deref(), *start, *end)));
+        let own =
+            bound(sqlx::query_as::<_, IdentifiedSpanRow>(own_sql).bind(client_id).bind(from).bind(range.to), through)
+                .fetch_all(&self.reads);
+        // Read in time order, a part's traces share a day or two: PostgreSQL prunes the
+        // partitions outside the part's window instead of descending the trace index of every
+        // day kept. Each part takes a connection only when it starts.
+        let mut traces: Vec<(&str, (i64, i64))> = windows.iter().map(|(trace, window)| (*trace, *window)).collect();
+        traces.sort_unstable_by_key(|(_, (earliest, _))| *earliest);
+        let parts = traces.len().div_ceil(TRACES_PER_READ).clamp(1, MAX_PARALLEL_TRACE_READS);
+        let chunk = traces.len().div_ceil(parts).max(1);
+        let reads = traces.chunks(chunk).map(|part| {
+            let ids: Vec<&str> = part.iter().map(|(trace, _)| *trace).collect();
+            let earliest = part.iter().map(|(_, (earliest, _))| *earliest).min().unwrap_or(i64::MIN);
+            let latest = part.iter().map(|(_, (_, latest))| *latest).max().unwrap_or(i64::MAX);
+            bound(sqlx::query_as::<_, IdentifiedSpanRow>(traces_sql).bind(ids).bind(earliest).bind(latest), through)
+                .fetch_all(&self.reads)
+        });
+        let (mut rows, parts) = futures::future::try_join(own, futures::future::try_join_all(reads)).await?;
+        // Spans sharing the cut-off start: the newest `limit` by (start, row id).
+        if rows.len() as i64 > limit {
+            rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
+            rows.truncate(limit as usize);
+        }
+        // Each trace's window around the client's rows kept: a trace's spans belong to the
+        // timeline when they start within TRACE_WINDOW_NANOS of them.
+        let kept = trace_windows(
+            rows.iter().map(|row| (row.span.trace_id.as_deref(), row.span.start_unix_nano, row.span.end_unix_nano)),
+        );
+        let hops: Vec<IdentifiedSpanRow> = parts
+            .into_iter()
+            .flatten()
+            .filter(|hop| {
+                hop.span
+                    .trace_id
+                    .as_deref()
+                    .and_then(|trace| kept.get(trace))
+                    .is_some_and(|(earliest, latest)| (*earliest..=*latest).contains(&hop.span.start_unix_nano))
+            })
+            .collect();
+        rows.extend(hops);
+        // The client's own spans come back with their traces: each stored row once, in
+        // (start, row id) order.
+        rows.sort_unstable_by_key(|row| (row.span.start_unix_nano, row.id));
+        rows.dedup_by_key(|row| row.id);
+        Ok(rows)
     }
 
     /// Connects to `url` (`postgres://user@host:port/database`), applies the migrations
@@ -141,7 +418,7 @@ impl PgStore {
                 })
             })
             .connect_lazy_with(options);
-        let store = Self { pool, reads, partitions: Default::default() };
+        let store = Self { pool, reads, partitions: Default::default(), settled: Default::default() };
         store.partitions.ensure_around_now(&store.pool).await?;
         Ok(store)
     }
@@ -302,6 +579,8 @@ impl Store for PgStore {
             .chain(batch.logs.iter().map(|record| record.time_unix_nano));
         self.partitions.ensure_for(&self.pool, times).await;
         let mut transaction = self.pool.begin().await?;
+        // Before any id is drawn: the span feed waits for this transaction ([`feed`]).
+        feed::mark_ingest(&mut transaction).await?;
         let spans_written = insert_spans(&mut transaction, &batch.spans).await?;
         let samples_written = insert_samples(&mut transaction, &batch.samples).await?;
         let logs_written = insert_logs(&mut transaction, &batch.logs).await?;
@@ -314,98 +593,7 @@ impl Store for PgStore {
     }
 
     async fn client_spans(&self, client_id: &str, range: TimeRange, limit: u32) -> Result<Vec<Span>> {
-        // What a timeline costs once the table is larger than memory is random page reads
-        // (BENCHMARKS.md, "A client's timeline from PostgreSQL"): a client's spans lie on as
-        // many heap pages as it has spans, and its router and server hops (which name no
-        // client) on as many more, behind one trace-index descent per trace. So:
-        // 1. the client's newest `limit` entries (and those sharing the last one's start) from
-        //    the (client, start) index alone, which carries each span's trace and end: an
-        //    index-only scan of adjacent entries once vacuum has marked the pages visible, so
-        //    the traces are known before any row is read, and the limit stays bounded
-        //    however long the history;
-        // 2. at the same time, the client's rows and its traces' spans near them in time, by
-        //    bitmap scans (heap pages read in block order and prefetched), the traces split in
-        //    time order over several connections so that their index descents, which are
-        //    synchronous, wait side by side, each part in the partitions of its time only;
-        // 3. the client's rows cut to the limit by (start, row id) through ties, and each
-        //    trace's spans kept within its window around the rows kept.
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let limit = i64::from(limit);
-        let entries: Vec<(i64, i64, Option<String>)> = sqlx::query_as(
-            "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
-             WHERE client_id = $1 AND start_unix_nano < $3
-               AND start_unix_nano >= COALESCE(
-                   (SELECT start_unix_nano FROM spans
-                    WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
-                    ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
-                   $2)",
-        )
-        .bind(client_id)
-        .bind(range.from)
-        .bind(range.to)
-        .bind(limit - 1)
-        .fetch_all(&self.pool)
-        .await?;
-        let Some(from) = entries.iter().map(|(start, _, _)| *start).min() else {
-            return Ok(Vec::new());
-        };
-        let windows = trace_windows(entries.iter().map(|(start, end, trace)| (trace.as_deref(), *start, *end)));
-        let own = sqlx::query_as::<_, IdentifiedSpanRow>(
-            "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3",
-        )
-        .bind(client_id)
-        .bind(from)
-        .bind(range.to)
-        .fetch_all(&self.reads);
-        // Read in time order, a part's traces share a day or two: PostgreSQL prunes the
-        // partitions outside the part's window instead of descending the trace index of every
-        // day kept. Each part takes a connection only when it starts.
-        let mut traces: Vec<(&str, (i64, i64))> = windows.iter().map(|(trace, window)| (*trace, *window)).collect();
-        traces.sort_unstable_by_key(|(_, (earliest, _))| *earliest);
-        let parts = traces.len().div_ceil(TRACES_PER_READ).clamp(1, MAX_PARALLEL_TRACE_READS);
-        let chunk = traces.len().div_ceil(parts).max(1);
-        let reads = traces.chunks(chunk).map(|part| {
-            let ids: Vec<&str> = part.iter().map(|(trace, _)| *trace).collect();
-            let earliest = part.iter().map(|(_, (earliest, _))| *earliest).min().unwrap_or(i64::MIN);
-            let latest = part.iter().map(|(_, (_, latest))| *latest).max().unwrap_or(i64::MAX);
-            sqlx::query_as::<_, IdentifiedSpanRow>(
-                "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
-                   AND trace_id IS NOT NULL AND span_id IS NOT NULL",
-            )
-            .bind(ids)
-            .bind(earliest)
-            .bind(latest)
-            .fetch_all(&self.reads)
-        });
-        let (mut rows, parts) = futures::future::try_join(own, futures::future::try_join_all(reads)).await?;
-        // Spans sharing the cut-off start: the newest `limit` by (start, row id).
-        if rows.len() as i64 > limit {
-            rows.sort_unstable_by_key(|row| std::cmp::Reverse((row.span.start_unix_nano, row.id)));
-            rows.truncate(limit as usize);
-        }
-        // Each trace's window around the client's rows kept: a trace's spans belong to the
-        // timeline when they start within TRACE_WINDOW_NANOS of them.
-        let kept = trace_windows(
-            rows.iter().map(|row| (row.span.trace_id.as_deref(), row.span.start_unix_nano, row.span.end_unix_nano)),
-        );
-        let hops: Vec<IdentifiedSpanRow> = parts
-            .into_iter()
-            .flatten()
-            .filter(|hop| {
-                hop.span
-                    .trace_id
-                    .as_deref()
-                    .and_then(|trace| kept.get(trace))
-                    .is_some_and(|(earliest, latest)| (*earliest..=*latest).contains(&hop.span.start_unix_nano))
-            })
-            .collect();
-        rows.extend(hops);
-        // The client's own spans come back with their traces: each stored row once, in
-        // (start, row id) order.
-        rows.sort_unstable_by_key(|row| (row.span.start_unix_nano, row.id));
-        rows.dedup_by_key(|row| row.id);
+        let rows = self.client_rows(client_id, range, limit, None).await?;
         rows.into_iter().map(|row| row.span.into_span()).collect()
     }
 
@@ -961,6 +1149,11 @@ impl Store for PgStore {
     }
 
     fn coordinator(&self) -> Option<&dyn crate::Coordinator> {
+        Some(self)
+    }
+
+    /// Ids settled rather than the newest ([`feed`]): PostgreSQL's commits do not follow them.
+    fn span_feed(&self) -> Option<&dyn SpanFeed> {
         Some(self)
     }
 

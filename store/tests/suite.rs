@@ -53,6 +53,7 @@ macro_rules! store_suite {
             case!(read_rollups_replace_their_minute_and_scope);
             case!(a_pass_findings_store_anomalies_and_rollups_together);
             case!(alert_changes_incidents_and_outbox_survive_and_record_delivery);
+            case!(the_span_feed_reads_as_of_an_id_and_what_was_committed_since);
         }
     };
 }
@@ -1514,4 +1515,129 @@ async fn postgres_gives_log_rows_stored_before_identities_theirs() {
     };
     let reopen = async || PgStore::connect(&url).await.expect("store connects again");
     log_rows_stored_before_identities_get_theirs(store, raw, reopen).await;
+}
+
+/// Every read of the span feed agrees with the store's own read as it was at an id, and what
+/// was committed since is found by id, whatever its start time (a late span of the past, a
+/// span sent again stored once). On both backends: the live analyzer holds clients and scopes
+/// on either.
+async fn the_span_feed_reads_as_of_an_id_and_what_was_committed_since(store: &dyn Store) {
+    let feed = store.span_feed().expect("the store offers a span feed");
+    assert_eq!(feed.latest_span_id().await.expect("empty"), 0);
+    let in_scope = |mut span: Span, cluster: &str, namespace: &str| {
+        span.resource.cluster = Some(cluster.to_string());
+        span.call.namespace = Some(namespace.to_string());
+        span
+    };
+    let first_batch = vec![
+        in_scope(span(Some("c1"), Component::Client, 1, 1, None, T0), "prod", "ns1"),
+        in_scope(span(None, Component::Router, 1, 2, Some(1), T0 + 1), "prod", "ns1"),
+        in_scope(span(Some("c1"), Component::Client, 2, 3, None, T0 + 20 * SECOND), "prod", "ns1"),
+        in_scope(span(Some("c2"), Component::Client, 3, 4, None, T0 + 5 * SECOND), "prod", "ns2"),
+    ];
+    store.ingest(&IngestBatch { spans: first_batch, ..IngestBatch::default() }).await.expect("ingest");
+    let logs = |time: i64| {
+        let mut record = log(time, "Cannot get available namenode for ns1 a:1 error: x");
+        record.resource.cluster = Some("prod".to_string());
+        record
+    };
+    store.ingest(&IngestBatch { logs: vec![logs(T0)], ..IngestBatch::default() }).await.expect("logs");
+    let first = feed.latest_span_id().await.expect("latest");
+    assert!(first > 0);
+    let client_then = store.client_spans("c1", TimeRange::ALL, 10).await.expect("client");
+    let scope_then = store.scope_spans(Some("prod"), Some("ns1"), TimeRange::ALL, 10).await.expect("scope");
+    let (lines, latest) = feed.recognised_logs_after(Some("prod"), 60 * SECOND, 0, 10).await.expect("lines");
+    assert_eq!((lines.len(), latest), (1, Some(T0)));
+    let after_line = lines[0].0;
+
+    // Committed later: a span of the past in a trace of before, a new call, a span sent again
+    // (not stored again), a span of another scope; and a second line.
+    let resent = in_scope(span(Some("c1"), Component::Client, 2, 3, None, T0 + 20 * SECOND), "prod", "ns1");
+    let second_batch = vec![
+        in_scope(span(None, Component::Server, 1, 5, Some(2), T0 + 2), "prod", "ns1"),
+        in_scope(span(Some("c1"), Component::Client, 4, 6, None, T0 + 30 * SECOND), "prod", "ns1"),
+        resent,
+        in_scope(span(Some("c2"), Component::Client, 5, 7, None, T0 + 31 * SECOND), "prod", "ns2"),
+    ];
+    store.ingest(&IngestBatch { spans: second_batch, ..IngestBatch::default() }).await.expect("ingest");
+    store.ingest(&IngestBatch { logs: vec![logs(T0 + SECOND)], ..IngestBatch::default() }).await.expect("logs");
+    let second = feed.latest_span_id().await.expect("latest");
+    assert!(second > first, "{second} after {first}");
+
+    // As of `first`: what the store's reads returned then.
+    let client_through = feed.client_spans_through("c1", first, 10).await.expect("client through");
+    assert_eq!(client_through.iter().map(|(_, span)| span.clone()).collect::<Vec<_>>(), client_then);
+    assert!(client_through.iter().all(|(id, _)| *id <= first));
+    assert_eq!(feed.scope_spans_through(Some("prod"), Some("ns1"), first, 10).await.expect("scope"), scope_then);
+    let trace_then = feed.trace_spans_through(&[&format!("{:032x}", 1)], first).await.expect("trace then");
+    assert_eq!(trace_then.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(), [T0, T0 + 1]);
+    // As of `second`: the store's reads now.
+    let client_now = feed.client_spans_through("c1", second, 10).await.expect("client now");
+    let client_now: Vec<Span> = client_now.into_iter().map(|(_, span)| span).collect();
+    assert_eq!(client_now, store.client_spans("c1", TimeRange::ALL, 10).await.expect("client"));
+    assert_eq!(client_now.len(), 5, "the server span of the past joined its trace");
+    // Everything committed between the two, by start time, the span sent again not in it.
+    let gained = feed.spans_between(first, second, 100).await.expect("between");
+    assert_eq!(
+        gained.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(),
+        [T0 + 2, T0 + 30 * SECOND, T0 + 31 * SECOND]
+    );
+    assert!(gained.iter().all(|(id, _)| (first + 1..=second).contains(id)));
+    assert_eq!(feed.spans_between(first, second, 1).await.expect("limit").len(), 1);
+    assert!(feed.spans_between(second, second, 100).await.expect("nothing").is_empty());
+    let scopes = [(Some("prod".to_string()), Some("ns1".to_string())), (Some("prod".to_string()), None)];
+    let scope_gained = feed.scope_spans_between(&scopes, first, second, 100).await.expect("scope between");
+    assert_eq!(scope_gained.iter().map(|span| span.start_unix_nano).collect::<Vec<_>>(), [T0 + 2, T0 + 30 * SECOND]);
+    assert!(feed.scope_spans_between(&[], first, second, 100).await.expect("no scopes").is_empty());
+    // Scope text is bound, never spliced.
+    let hostile = [(Some("prod' OR '1'='1".to_string()), Some("ns1".to_string()))];
+    assert!(feed.scope_spans_between(&hostile, 0, second, 100).await.expect("hostile").is_empty());
+    // The lines after the one read before: only the new one.
+    let (lines, latest) = feed.recognised_logs_after(Some("prod"), 60 * SECOND, after_line, 10).await.expect("lines");
+    assert_eq!(lines.iter().map(|(_, line)| line.time_unix_nano).collect::<Vec<_>>(), [T0 + SECOND]);
+    assert_eq!(latest, Some(T0 + SECOND));
+}
+
+/// On PostgreSQL two ingests run at once and the one with the later ids may commit first: the
+/// feed must not answer an id past rows still being written, or a reader that has read past
+/// them never reads them. An ingest that has drawn ids and not committed holds the feed back;
+/// once it commits, the feed answers past both, and the rows of both are read between.
+#[tokio::test]
+async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
+    let (store, ()) = open_postgres().await;
+    let feed = store.span_feed().expect("PostgreSQL offers the span feed");
+    // An ingest in flight, as `PgStore::ingest` starts one: the feed's lock and a transaction
+    // id, then rows with ids drawn from the sequence.
+    let mut in_flight = store.pool().begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id()")
+        .execute(&mut *in_flight)
+        .await
+        .expect("the ingest lock");
+    let (early,): (i64,) = sqlx::query_as(
+        "INSERT INTO spans (trace_id, span_id, name, kind, start_unix_nano, end_unix_nano, status_code, client_id)
+         VALUES ($1, $2, 'getFileInfo', 3, $3, $3 + 1, 0, 'c1') RETURNING id",
+    )
+    .bind(format!("{:032x}", 9))
+    .bind(format!("{:016x}", 9))
+    .bind(T0)
+    .fetch_one(&mut *in_flight)
+    .await
+    .expect("a row in flight");
+    // A later ingest draws higher ids and commits first.
+    let later = span(Some("c1"), Component::Client, 1, 1, None, T0 + SECOND);
+    store.ingest(&IngestBatch { spans: vec![later], ..IngestBatch::default() }).await.expect("ingest");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.span_feed().expect("feed").latest_span_id().await.expect("latest") }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the feed answered past an ingest still in flight");
+    in_flight.commit().await.expect("commit");
+    let latest = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the feed answers once the ingest commits")
+        .expect("task");
+    assert!(latest > early, "{latest} past {early}");
+    let read = feed.spans_between(0, latest, 100).await.expect("between");
+    assert_eq!(read.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(), [T0, T0 + SECOND]);
 }
