@@ -8,7 +8,6 @@ use std::sync::mpsc::{self, Sender};
 use std::time::{Duration, Instant};
 
 use lagscope_model::Span;
-use lagscope_store::{SpanFeed, StoreError};
 
 /// The most spans one catch-up reads; when more were committed since the last one, every
 /// held entry is let go instead (and read anew when next passed): a stall longer than that
@@ -19,7 +18,7 @@ pub const CATCH_UP_LIMIT: usize = 100_000;
 /// telemetry, so it has gone quiet).
 pub const IDLE_AFTER: Duration = Duration::from_secs(120);
 
-/// Everything committed between two span ids, as one catch-up read it ([`SpanFeed::spans_between`],
+/// Everything committed between two span ids, as one catch-up read it ([`lagscope_store::SpanFeed::spans_between`],
 /// the client cache's): the scope cache's catch-up takes its part of it from here instead of
 /// reading and decoding those spans again.
 #[derive(Debug)]
@@ -37,23 +36,22 @@ pub trait Held {
     fn last_passed(&self) -> Instant;
 }
 
-/// The first step of a catch-up: lets go of entries not passed for [`IDLE_AFTER`], and of
-/// every entry if span ids went back below `through` (they do not come back, [`SpanFeed`];
-/// a store replaced underneath would break that). Returns the store's latest span id.
-pub async fn start_catch_up<K: Send + 'static, V: Held + Send + 'static>(
+/// The first step of a catch-up to `latest` (a [`lagscope_store::SpanFeed::latest_span_id`] the pass read once
+/// for both caches): lets go of entries not passed for [`IDLE_AFTER`], and of every entry if
+/// span ids went back below `through` (they do not come back, [`lagscope_store::SpanFeed`]; a store replaced
+/// underneath would break that).
+pub fn start_catch_up<K: Send + 'static, V: Held + Send + 'static>(
     entries: &mut HashMap<K, V>,
     through: i64,
-    feed: &dyn SpanFeed,
+    latest: i64,
     now: Instant,
     cache: &str,
-) -> Result<i64, StoreError> {
+) {
     let_go_idle(entries, now);
-    let latest = feed.latest_span_id().await?;
     if latest < through {
         tracing::warn!(latest, through, cache, "span ids went back; the cache starts again");
         let_go_all(entries);
     }
-    Ok(latest)
 }
 
 /// Lets go of every entry (a cache starting again).

@@ -229,22 +229,27 @@ async fn analyze_marks(
         // Batches committed here before the marks are read: analysed once the marks are.
         let marked = metrics.batches_marked.get();
         let started = Instant::now();
+        // Whether a pass ran, and whether it took every mark waiting.
         let outcome = async {
             let marks = coordinator.pending_marks(&shards, MARKS_PER_PASS).await?;
             if marks.is_empty() {
-                return Ok(true);
+                return Ok((false, true));
             }
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
             let findings = analysis_pass(store, metrics, config, &mut kept, pass).await?;
             recorder.store(store, metrics, findings).await?;
             recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
-            Ok::<bool, lagscope_store::StoreError>(marks.len() < MARKS_PER_PASS as usize)
+            Ok::<_, lagscope_store::StoreError>((true, marks.len() < MARKS_PER_PASS as usize))
         }
         .await;
+        if let Ok((true, _)) = outcome {
+            metrics.analysis_passes.add(1);
+            metrics.analysis_latency.observe(started.elapsed());
+        }
         match outcome {
             // Nothing more waiting: sleep until woken.
-            Ok(true) => {
+            Ok((_, true)) => {
                 // (Once shards are held: batches whose marks fall in shards held elsewhere are
                 // those instances' to analyse; /api/v1/cluster counts what waits anywhere.)
                 if !shards.is_empty() {
@@ -259,7 +264,7 @@ async fn analyze_marks(
                 }
                 continue;
             }
-            Ok(false) => {}
+            Ok((_, false)) => {}
             Err(error) => {
                 metrics.analysis_errors.add(1);
                 tracing::error!(%error, "live analysis pass failed; its marks stay for the next one");
@@ -270,8 +275,6 @@ async fn analyze_marks(
                 continue;
             }
         }
-        metrics.analysis_passes.add(1);
-        metrics.analysis_latency.observe(started.elapsed());
         if *shutdown.borrow() {
             return;
         }
@@ -506,21 +509,43 @@ async fn analysis_pass(
     clients.extend(store.clients_of_traces(&traces).await?);
     let client_limit = config.live.max_spans_per_client;
     times.logs_and_traces += lap.elapsed();
+    // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
+    // client's spans and the metrics of the scope: one pass per touched scope, a few scopes at
+    // a time (their samples and spans are held together while analysed).
+    // (The clusters of these scopes get the per-cluster pass below.)
+    let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
+    let scope_count = scopes.len();
+    let window = config.live.scope_window_seconds * 1_000_000_000;
+    let scopes: Vec<ScopeKey> = scopes.into_iter().collect();
+    let scope_chunk = SCOPES_AT_ONCE.max(config.live.threads());
+    // The first few scopes' samples before the span feed is read: their spans can then come
+    // from the clients' read of the feed (on PostgreSQL each read waits for the ingests in
+    // flight), and still not from before their samples (see the scope loop).
     lap = Instant::now();
+    let mut first_samples = match scopes.chunks(scope_chunk).next() {
+        Some(chunk) => Some(read_samples(store, sample_cache, chunk, window, samples_kept_from).await?),
+        None => None,
+    };
+    times.scope_samples += lap.elapsed();
+    lap = Instant::now();
+    let feed = store.span_feed();
+    let latest = match feed {
+        Some(feed) if !clients.is_empty() || !scopes.is_empty() => Some(feed.latest_span_id().await?),
+        _ => None,
+    };
     // What the client cache's catch-up read of everything committed since its last one: the
     // scope cache's first catch-up of the pass takes its part of it from memory.
     let mut committed = None;
-    if let Some(feed) = store.span_feed()
+    if let (Some(feed), Some(latest)) = (feed, latest)
         && !clients.is_empty()
     {
-        committed = client_cache.catch_up(feed, client_limit, Instant::now()).await?;
+        committed = client_cache.catch_up(feed, latest, client_limit, Instant::now()).await?;
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
     let threads = config.live.threads();
     // Every client's spans first (the cache's, or read), then its analysis, on the pass's
     // threads: the analysis is pure, and most of a busy pass.
-    let feed = store.span_feed();
     let mut not_held: HashMap<&str, Vec<lagscope_model::Span>> = HashMap::new();
     for client_id in &clients {
         match feed {
@@ -602,48 +627,28 @@ async fn analysis_pass(
     }
     drop(not_held);
     times.client_analysis += lap.elapsed();
-    // Node- and namespace-level detectors (lags, storms, windows, pressure) need every
-    // client's spans and the metrics of the scope: one pass per touched scope.
-    // (The clusters of these scopes get the per-cluster pass below.)
-    let clusters: BTreeSet<Option<String>> = scopes.iter().map(|(cluster, _)| cluster.clone()).collect();
     let limit = config.live.max_spans_per_scope;
-    let scope_count = scopes.len();
-    let window = config.live.scope_window_seconds * 1_000_000_000;
-    let scopes: Vec<ScopeKey> = scopes.into_iter().collect();
-    // A few scopes at a time: their samples and spans are held together while analysed.
-    for chunk in scopes.chunks(SCOPES_AT_ONCE.max(threads)) {
-        lap = Instant::now();
+    for (index, chunk) in scopes.chunks(scope_chunk).enumerate() {
         // The samples first: what is committed meanwhile adds to the spans, and metrics read
         // after the spans would run ahead of them and close a window whose spans are still
-        // arriving (the window ends where its cluster's telemetry has moved past it).
-        // Read at once: the store reads them on several connections (SQLite: a thread each).
-        // Held scopes read only what was committed to them since (the sample cache).
-        let now = Instant::now();
-        let reads = chunk.iter().map(|scope| {
-            let from = sample_cache.read_from(scope, now);
-            let (cluster, namespace) = scope;
-            async move {
-                match from {
-                    Some(from) => {
-                        store.scope_samples_from(cluster.as_deref(), namespace.as_deref(), window, from).await.map(Some)
-                    }
-                    None => Ok(None),
-                }
-            }
-        });
-        let reads = futures::future::try_join_all(reads.collect::<Vec<_>>()).await?;
-        let samples: Vec<lagscope_analyzer::IndexedSamples> = chunk
-            .iter()
-            .zip(reads)
-            .map(|(scope, read)| sample_cache.take(scope, read, window, samples_kept_from, now))
-            .collect();
+        // arriving (the window ends where its cluster's telemetry has moved past it). The
+        // first chunk's were read before the clients' read of the feed.
+        lap = Instant::now();
+        let samples = match first_samples.take() {
+            Some(samples) if index == 0 => samples,
+            _ => read_samples(store, sample_cache, chunk, window, samples_kept_from).await?,
+        };
         times.scope_samples += lap.elapsed();
-        // From the scope cache where the store can say what was committed since it last
-        // looked (SQLite), brought up to date now, after the samples.
+        // From the scope cache, brought up to date after the samples: to the id the clients'
+        // catch-up read for the first chunk, to a newer one for the others.
         let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
         let now = Instant::now();
         if let Some(feed) = feed {
-            cache.catch_up(feed, limit, kept_from, now, committed.take().as_ref()).await?;
+            let latest = match latest {
+                Some(latest) if index == 0 => latest,
+                _ => feed.latest_span_id().await?,
+            };
+            cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
             times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {
@@ -744,6 +749,37 @@ async fn analysis_pass(
         "analysis pass"
     );
     Ok(findings)
+}
+
+/// The samples of `chunk`'s scopes, read at once (the store reads them on several
+/// connections; SQLite: a thread each); held scopes read only what was committed to them
+/// since (the sample cache).
+async fn read_samples(
+    store: &dyn Store,
+    sample_cache: &mut SampleCache,
+    chunk: &[ScopeKey],
+    window: i64,
+    samples_kept_from: Option<i64>,
+) -> Result<Vec<lagscope_analyzer::IndexedSamples>, lagscope_store::StoreError> {
+    let now = Instant::now();
+    let reads = chunk.iter().map(|scope| {
+        let from = sample_cache.read_from(scope, now);
+        let (cluster, namespace) = scope;
+        async move {
+            match from {
+                Some(from) => {
+                    store.scope_samples_from(cluster.as_deref(), namespace.as_deref(), window, from).await.map(Some)
+                }
+                None => Ok(None),
+            }
+        }
+    });
+    let reads = futures::future::try_join_all(reads.collect::<Vec<_>>()).await?;
+    Ok(chunk
+        .iter()
+        .zip(reads)
+        .map(|(scope, read)| sample_cache.take(scope, read, window, samples_kept_from, now))
+        .collect())
 }
 
 /// Where a pass's time went, for its debug line (`LAGSCOPE_LOG=lagscope::live=debug`).

@@ -68,7 +68,7 @@ impl ScopeCache {
         self.held
     }
 
-    /// Brings every held scope up to the store's newest span: reads what they gained since the
+    /// Brings every held scope up to span id `latest`: reads what they gained since the
     /// last catch-up (one read for all of them; none when nothing was committed), and keeps
     /// the newest `limit` of each scope that gained (what is older than `kept_from`, the span
     /// retention's cut-off, goes too; the store drops it as well). What `committed` (the
@@ -78,12 +78,13 @@ impl ScopeCache {
     pub async fn catch_up(
         &mut self,
         feed: &dyn SpanFeed,
+        latest: i64,
         limit: u32,
         kept_from: Option<i64>,
         now: Instant,
         committed: Option<&Committed>,
     ) -> Result<(), StoreError> {
-        let latest = start_catch_up(&mut self.scopes, self.through, feed, now, "scope").await?;
+        start_catch_up(&mut self.scopes, self.through, latest, now, "scope");
         if !self.scopes.is_empty() && latest > self.through {
             let most = self.budget.min(CATCH_UP_LIMIT);
             // Spans with lower ids first: of one start, the scope holds them in id order.
@@ -313,7 +314,8 @@ mod tests {
                 }
                 store.ingest(&IngestBatch { spans: later, ..IngestBatch::default() }).await.expect("ingest");
                 for scope in scopes().iter().filter(|_| numbers.below(4) != 0) {
-                    cache.catch_up(feed, limit, None, now, committed.take().as_ref()).await.expect("catch up");
+                    let latest = feed.latest_span_id().await.expect("latest");
+                    cache.catch_up(feed, latest, limit, None, now, committed.take().as_ref()).await.expect("catch up");
                     let (spans, source) = cache.spans(feed, scope, limit, None, now).await.expect("spans");
                     sources.push(source);
                     let stored = store
@@ -355,14 +357,20 @@ mod tests {
         ingest((1..=4).map(|id| span(&one, id, id as i64 * 100)).chain([span(&two, 5, 50)]).collect()).await;
         let mut cache = ScopeCache::new(6, 90_000_000_000);
         let start = Instant::now();
-        cache.catch_up(feed, 100, None, start, None).await.expect("catch up");
+        cache
+            .catch_up(feed, feed.latest_span_id().await.expect("latest"), 100, None, start, None)
+            .await
+            .expect("catch up");
         assert_eq!(cache.spans(feed, &one, 100, None, start).await.expect("one").1, Source::Store);
         assert_eq!(cache.spans(feed, &two, 100, None, start).await.expect("two").1, Source::Store);
         assert_eq!(cache.held(), 5);
 
         // Seven spans since: more than the budget holds.
         ingest((6..=12).map(|id| span(&one, id, id as i64 * 100)).collect()).await;
-        cache.catch_up(feed, 100, None, start, None).await.expect("stall");
+        cache
+            .catch_up(feed, feed.latest_span_id().await.expect("latest"), 100, None, start, None)
+            .await
+            .expect("stall");
         assert_eq!(cache.held(), 0);
         let (spans, source) = cache.spans(feed, &one, 100, None, start).await.expect("anew");
         assert_eq!((spans.len(), source), (11, Source::Store), "over the budget: read, not held");
@@ -372,7 +380,7 @@ mod tests {
 
         // Passed again within the idle time: held; not passed for it: let go.
         let later = start + IDLE_AFTER;
-        cache.catch_up(feed, 100, None, later, None).await.expect("idle");
+        cache.catch_up(feed, feed.latest_span_id().await.expect("latest"), 100, None, later, None).await.expect("idle");
         assert_eq!(cache.spans(feed, &two, 100, None, later).await.expect("let go").1, Source::Store);
 
         // Retention's cut-off: what starts before it goes, held or read.

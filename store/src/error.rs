@@ -10,4 +10,9 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("stored {what} is corrupt: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    #[error(
+        "{running} ingest(s) still running after {waited:?}: what they write is not yet known to be committed in order, \
+         so the span feed cannot answer yet"
+    )]
+    Unsettled { running: usize, waited: std::time::Duration },
 }

@@ -90,11 +90,11 @@ const TRACE_HOPS_THROUGH: &str =
     "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
        AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $4";
 
-/// Reads by id range, bounded by what [`feed::Settled::through`] answered.
+/// Reads by id range, bounded by what [`feed::settled`] answered.
 #[async_trait]
 impl SpanFeed for PgStore {
     async fn latest_span_id(&self) -> Result<i64> {
-        self.settled.through(&self.pool, feed::Fed::Spans).await
+        feed::settled(&self.pool, feed::Fed::Spans).await
     }
 
     async fn scope_spans_through(
@@ -203,7 +203,7 @@ impl SpanFeed for PgStore {
         after: i64,
         limit: u32,
     ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
-        let through = self.settled.through(&self.pool, feed::Fed::Logs).await?;
+        let through = feed::settled(&self.pool, feed::Fed::Logs).await?;
         // The window's end and its rows from one snapshot.
         let mut transaction = self.pool.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *transaction).await?;
@@ -276,8 +276,6 @@ pub struct PgStore {
     /// with [`PREFETCHING_BITMAP_SCANS`]), apart from ingest's.
     reads: PgPool,
     partitions: std::sync::Arc<partitions::Partitions>,
-    /// What the span feed settled last ([`feed`]).
-    settled: std::sync::Arc<feed::Settled>,
 }
 
 impl PgStore {
@@ -418,7 +416,7 @@ impl PgStore {
                 })
             })
             .connect_lazy_with(options);
-        let store = Self { pool, reads, partitions: Default::default(), settled: Default::default() };
+        let store = Self { pool, reads, partitions: Default::default() };
         store.partitions.ensure_around_now(&store.pool).await?;
         Ok(store)
     }

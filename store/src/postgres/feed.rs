@@ -18,15 +18,15 @@
 //!
 //! Only ingests are waited for, never other sessions' transactions: a pass waits at most for
 //! the ingests in flight when it asked (two at a time, each a COPY and a commit). An ingest
-//! still running after [`SETTLE_WAIT`] makes the feed answer the last id it settled before
-//! (nothing newer is seen until the ingest ends; a warning says so).
+//! still running after [`SETTLE_WAIT`] makes the read fail ([`StoreError::Unsettled`]): the
+//! live pass that asked fails and its marks stay for the next one, rather than the pass
+//! reading less than its marks stand for.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::Result;
+use crate::{Result, StoreError};
 
 /// The advisory lock every ingest transaction holds shared: (`'lags'`, 1), two int4 keys.
 pub(super) const INGEST_LOCK: (i32, i32) = (0x6c61_6773, 1);
@@ -44,21 +44,6 @@ pub(super) enum Fed {
     Logs,
 }
 
-impl Fed {
-    fn index(self) -> usize {
-        match self {
-            Fed::Spans => 0,
-            Fed::Logs => 1,
-        }
-    }
-}
-
-/// The ids settled so far, answered again when the ingests in flight do not end in time.
-#[derive(Debug, Default)]
-pub(super) struct Settled {
-    last: Mutex<[i64; 2]>,
-}
-
 /// Marks the transaction as an ingest the feed waits for: its shared lock and its transaction
 /// id, before any row is written (and so before any id is drawn).
 pub(super) async fn mark_ingest(connection: &mut PgConnection) -> Result<()> {
@@ -70,56 +55,44 @@ pub(super) async fn mark_ingest(connection: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
-impl Settled {
-    /// The highest id of `fed`'s table such that every row with an id up to it is committed,
-    /// and a row committed later has a higher one (see the module documentation).
-    pub(super) async fn through(&self, pool: &PgPool, fed: Fed) -> Result<i64> {
-        // 1. The last id handed out (0: none yet), read before the ingests are listed.
-        let sequence = match fed {
-            Fed::Spans => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('spans', 'id')::regclass), 0)",
-            Fed::Logs => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('logs', 'id')::regclass), 0)",
-        };
-        let (last,): (i64,) = sqlx::query_as(sequence).fetch_one(pool).await?;
-        // 2. The ingests running now: any that drew an id up to `last` is among them or ended.
-        let running: Vec<String> = sqlx::query_scalar(
-            "SELECT held.transactionid::text FROM pg_locks AS ingest
+/// The highest id of `fed`'s table such that every row with an id up to it is committed, and a
+/// row committed later has a higher one (see the module documentation).
+pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
+    // 1. The last id handed out (0: none yet), read before the ingests are listed.
+    let sequence = match fed {
+        Fed::Spans => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('spans', 'id')::regclass), 0)",
+        Fed::Logs => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('logs', 'id')::regclass), 0)",
+    };
+    let (last,): (i64,) = sqlx::query_as(sequence).fetch_one(pool).await?;
+    // 2. The ingests running now: any that drew an id up to `last` is among them or ended.
+    let running: Vec<String> = sqlx::query_scalar(
+        "SELECT held.transactionid::text FROM pg_locks AS ingest
              JOIN pg_locks AS held
                ON held.virtualtransaction = ingest.virtualtransaction AND held.locktype = 'transactionid'
                   AND held.granted
              WHERE ingest.locktype = 'advisory' AND ingest.granted
                AND ingest.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND ingest.classid::bigint = $1 AND ingest.objid::bigint = $2 AND ingest.objsubid = 2",
+    )
+    .bind(i64::from(INGEST_LOCK.0))
+    .bind(i64::from(INGEST_LOCK.1))
+    .fetch_all(pool)
+    .await?;
+    // 3. Until they have ended (their commits visible to every read that follows).
+    let started = Instant::now();
+    let mut waiting = running;
+    while !waiting.is_empty() {
+        if started.elapsed() >= SETTLE_WAIT {
+            return Err(StoreError::Unsettled { running: waiting.len(), waited: SETTLE_WAIT });
+        }
+        tokio::time::sleep(POLL).await;
+        waiting = sqlx::query_scalar(
+            "SELECT transactionid::text FROM pg_locks
+                 WHERE locktype = 'transactionid' AND granted AND transactionid::text = ANY($1)",
         )
-        .bind(i64::from(INGEST_LOCK.0))
-        .bind(i64::from(INGEST_LOCK.1))
+        .bind(&waiting)
         .fetch_all(pool)
         .await?;
-        // 3. Until they have ended (their commits visible to every read that follows).
-        let started = Instant::now();
-        let mut waiting = running;
-        while !waiting.is_empty() {
-            if started.elapsed() >= SETTLE_WAIT {
-                let settled = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[fed.index()];
-                tracing::warn!(
-                    ?fed,
-                    last,
-                    settled,
-                    running = waiting.len(),
-                    "ingests still running after {SETTLE_WAIT:?}: the live analyzer reads only what was settled before"
-                );
-                return Ok(settled);
-            }
-            tokio::time::sleep(POLL).await;
-            waiting = sqlx::query_scalar(
-                "SELECT transactionid::text FROM pg_locks
-                 WHERE locktype = 'transactionid' AND granted AND transactionid::text = ANY($1)",
-            )
-            .bind(&waiting)
-            .fetch_all(pool)
-            .await?;
-        }
-        let mut settled = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        settled[fed.index()] = settled[fed.index()].max(last);
-        Ok(last)
     }
+    Ok(last)
 }
