@@ -1601,7 +1601,9 @@ async fn the_span_feed_reads_as_of_an_id_and_what_was_committed_since(store: &dy
 /// On PostgreSQL two ingests run at once and the one with the later ids may commit first: the
 /// feed must not answer an id past rows still being written, or a reader that has read past
 /// them never reads them. An ingest that has drawn ids and not committed holds the feed back;
-/// once it commits, the feed answers past both, and the rows of both are read between.
+/// once it commits, the feed answers past both, and the rows of both are read between. So
+/// does the newest transaction of all (which a snapshot's list of transactions in progress
+/// leaves out: waiting on that list alone lost most stale reads of a live PostgreSQL test).
 #[tokio::test]
 async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     let (store, ()) = open_postgres().await;
@@ -1640,4 +1642,34 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     assert!(latest > early, "{latest} past {early}");
     let read = feed.spans_between(0, latest, 100).await.expect("between");
     assert_eq!(read.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(), [T0, T0 + SECOND]);
+
+    // The newest transaction of all in flight, none after it: a snapshot lists no transaction
+    // from its `xmax` on as in progress, so that list alone would take it for ended.
+    let mut newest = store.pool().begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id()")
+        .execute(&mut *newest)
+        .await
+        .expect("the ingest lock");
+    let (last,): (i64,) = sqlx::query_as(
+        "INSERT INTO spans (trace_id, span_id, name, kind, start_unix_nano, end_unix_nano, status_code, client_id)
+         VALUES ($1, $2, 'getFileInfo', 3, $3, $3 + 1, 0, 'c1') RETURNING id",
+    )
+    .bind(format!("{:032x}", 10))
+    .bind(format!("{:016x}", 10))
+    .bind(T0 + 2 * SECOND)
+    .fetch_one(&mut *newest)
+    .await
+    .expect("a row in flight");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.span_feed().expect("feed").latest_span_id().await.expect("latest") }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the feed answered past the newest ingest, still in flight");
+    newest.commit().await.expect("commit");
+    let settled = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the feed answers once the ingest commits")
+        .expect("task");
+    assert!(settled >= last, "{settled} reaches {last}");
 }

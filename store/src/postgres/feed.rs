@@ -13,9 +13,8 @@
 //! 2. the reader reads the sequence's last id handed out, *then* lists the transaction ids of
 //!    the ingests holding that lock: an ingest that drew an id up to that last one held the
 //!    lock before the sequence was read, so it is either listed or already ended;
-//! 3. the reader waits until none of the listed transactions is in progress in a new
-//!    snapshot (its commit is then visible to every read that follows), then answers that
-//!    last id.
+//! 3. the reader waits until none of the listed transactions is running (a transaction's id
+//!    lock is released after its commit became visible), then answers that last id.
 //!
 //! Only ingests are waited for, never other sessions' transactions: a pass waits at most for
 //! the ingests in flight when it asked (two at a time, each a COPY and a commit). An ingest
@@ -65,28 +64,21 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
         Fed::Logs => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('logs', 'id')::regclass), 0)",
     };
     let (last,): (i64,) = sqlx::query_as(sequence).fetch_one(pool).await?;
-    // 2. The ingests running now (from the lock table, once): any that drew an id up to `last`
-    //    is among them or has ended. Their 64-bit transaction ids, as a snapshot's list of the
-    //    transactions in progress names them.
+    // 2. The ingests running now: any that drew an id up to `last` is among them or ended.
     let running: Vec<String> = sqlx::query_scalar(
-        "SELECT running::text FROM pg_snapshot_xip(pg_current_snapshot()) AS running
-         WHERE (running::text::numeric % 4294967296)::bigint IN (
-             SELECT held.transactionid::text::bigint FROM pg_locks AS ingest
+        "SELECT held.transactionid::text FROM pg_locks AS ingest
              JOIN pg_locks AS held
                ON held.virtualtransaction = ingest.virtualtransaction AND held.locktype = 'transactionid'
                   AND held.granted
              WHERE ingest.locktype = 'advisory' AND ingest.granted
                AND ingest.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND ingest.classid::bigint = $1 AND ingest.objid::bigint = $2 AND ingest.objsubid = 2
-         )",
+               AND ingest.classid::bigint = $1 AND ingest.objid::bigint = $2 AND ingest.objsubid = 2",
     )
     .bind(i64::from(INGEST_LOCK.0))
     .bind(i64::from(INGEST_LOCK.1))
     .fetch_all(pool)
     .await?;
-    // 3. Until they have ended (their commits visible to every read that follows), looked up
-    //    in each new snapshot's list of the transactions in progress: unlike the lock table,
-    //    which every lock request of every backend shares, that list costs next to nothing.
+    // 3. Until they have ended (their commits visible to every read that follows).
     let started = Instant::now();
     let mut waiting = running;
     while !waiting.is_empty() {
@@ -95,8 +87,8 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
         }
         tokio::time::sleep(POLL).await;
         waiting = sqlx::query_scalar(
-            "SELECT running::text FROM pg_snapshot_xip(pg_current_snapshot()) AS running
-             WHERE running::text = ANY($1)",
+            "SELECT transactionid::text FROM pg_locks
+                 WHERE locktype = 'transactionid' AND granted AND transactionid::text = ANY($1)",
         )
         .bind(&waiting)
         .fetch_all(pool)
