@@ -239,19 +239,19 @@ pub struct LiveConfig {
     /// The most spans the scope passes keep in memory between passes, over all scopes (about
     /// 3.5 KB each, with the timelines they join into): a held scope's pass reads and joins
     /// only what was committed since the last one.
-    /// Scopes beyond it are read in full each pass; 0 holds none. SQLite only (PostgreSQL's
-    /// span ids do not follow commit order).
+    /// Scopes beyond it are read in full each pass; 0 holds none. (On PostgreSQL, whose
+    /// commits do not follow span ids, up to the id the span feed settled.)
     pub scope_cache_spans: usize,
     /// The most spans the client passes keep in memory between passes, over all clients
     /// (their own spans and their traces' hops, about 3.5 KB each with their timelines): a held
     /// client's pass reads and joins only what was committed since the last one. Clients beyond it are read in full each
-    /// pass; 0 holds none. SQLite only.
+    /// pass; 0 holds none.
     pub client_cache_spans: usize,
     /// The most metric samples the scope passes keep in memory between passes, over all
     /// scopes (about 200 bytes each; a series' labels are shared by its samples): a held
     /// scope's pass reads only the samples from the oldest time committed to it since the last
-    /// one. Scopes beyond it are read in full each pass; 0 holds none. One instance only (with
-    /// several on PostgreSQL, passes read every scope's samples).
+    /// one. Scopes beyond it are read in full each pass; 0 holds none. SQLite only (on PostgreSQL
+    /// the marks come from the database without sample times: passes read every scope's samples).
     pub scope_cache_samples: usize,
     /// Held calls this long before a client's or scope's newest span (and the detectors'
     /// reach before that: the longest of the switch-back delay, the blind probe's and the
