@@ -61,6 +61,21 @@ struct IdentifiedSpanRow {
     span: SpanRow,
 }
 
+/// A scope's newest $5 spans starting in $3..$4 (cluster $1 and namespace $2, either may be
+/// NULL), oldest first (`_THROUGH`: among the rows with ids up to $6).
+const SCOPE_NEWEST: &str = "SELECT * FROM (
+         SELECT * FROM spans
+         WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
+           AND start_unix_nano >= $3 AND start_unix_nano < $4
+         ORDER BY start_unix_nano DESC LIMIT $5
+     ) AS recent ORDER BY start_unix_nano, id";
+const SCOPE_NEWEST_THROUGH: &str = "SELECT * FROM (
+         SELECT * FROM spans
+         WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
+           AND start_unix_nano >= $3 AND start_unix_nano < $4 AND id <= $6
+         ORDER BY start_unix_nano DESC LIMIT $5
+     ) AS recent ORDER BY start_unix_nano, id";
+
 /// A client's newest entries ($4 + 1 of them, and those sharing the last one's start) in
 /// $2..$3, from the (client, start) index alone ([`PgStore::client_rows`]); `_THROUGH`: among
 /// the rows with ids up to $5.
@@ -104,24 +119,7 @@ impl SpanFeed for PgStore {
         through: i64,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = scoped(
-            sqlx::query_as(
-                "SELECT * FROM (
-                 SELECT * FROM spans
-                 WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
-                   AND start_unix_nano >= $3 AND start_unix_nano < $4 AND id <= $6
-                 ORDER BY start_unix_nano DESC LIMIT $5
-             ) AS recent ORDER BY start_unix_nano, id",
-            ),
-            cluster,
-            namespace,
-            TimeRange::ALL,
-            limit,
-        )
-        .bind(through)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter().map(SpanRow::into_span).collect()
+        self.scope_rows(cluster, namespace, TimeRange::ALL, limit, Some(through)).await
     }
 
     async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
@@ -293,6 +291,22 @@ impl PgStore {
         .bind(to_json_text(&matcher_object))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// [`Store::scope_spans`], among the rows with ids up to `through` when given (the span
+    /// feed's reads, [`feed`]).
+    async fn scope_rows(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        range: TimeRange,
+        limit: u32,
+        through: Option<i64>,
+    ) -> Result<Vec<Span>> {
+        let sql = if through.is_some() { SCOPE_NEWEST_THROUGH } else { SCOPE_NEWEST };
+        let rows: Vec<SpanRow> =
+            bound(scoped(sqlx::query_as(sql), cluster, namespace, range, limit), through).fetch_all(&self.pool).await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
     }
 
     /// [`Store::client_spans`]'s rows with their ids, among those with ids up to `through`
@@ -602,23 +616,7 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = scoped(
-            sqlx::query_as(
-                "SELECT * FROM (
-                 SELECT * FROM spans
-                 WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
-                   AND start_unix_nano >= $3 AND start_unix_nano < $4
-                 ORDER BY start_unix_nano DESC LIMIT $5
-             ) AS recent ORDER BY start_unix_nano, id",
-            ),
-            cluster,
-            namespace,
-            range,
-            limit,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter().map(SpanRow::into_span).collect()
+        self.scope_rows(cluster, namespace, range, limit, None).await
     }
 
     async fn scope_samples_from(

@@ -1610,24 +1610,47 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     let feed = store.span_feed().expect("PostgreSQL offers the span feed");
     // An ingest in flight, as `PgStore::ingest` starts one: the feed's lock and a transaction
     // id, then rows with ids drawn from the sequence.
-    let mut in_flight = store.pool().begin().await.expect("begin");
-    sqlx::query("SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id()")
-        .execute(&mut *in_flight)
-        .await
-        .expect("the ingest lock");
-    let (early,): (i64,) = sqlx::query_as(
-        "INSERT INTO spans (trace_id, span_id, name, kind, start_unix_nano, end_unix_nano, status_code, client_id)
-         VALUES ($1, $2, 'getFileInfo', 3, $3, $3 + 1, 0, 'c1') RETURNING id",
-    )
-    .bind(format!("{:032x}", 9))
-    .bind(format!("{:016x}", 9))
-    .bind(T0)
-    .fetch_one(&mut *in_flight)
-    .await
-    .expect("a row in flight");
+    let (in_flight, early) = ingest_in_flight(&store, 9, T0).await;
     // A later ingest draws higher ids and commits first.
     let later = span(Some("c1"), Component::Client, 1, 1, None, T0 + SECOND);
     store.ingest(&IngestBatch { spans: vec![later], ..IngestBatch::default() }).await.expect("ingest");
+    let latest = answered_once_committed(&store, in_flight).await;
+    assert!(latest > early, "{latest} past {early}");
+    let read = feed.spans_between(0, latest, 100).await.expect("between");
+    assert_eq!(read.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(), [T0, T0 + SECOND]);
+
+    // The newest transaction of all in flight, none after it: a snapshot lists no transaction
+    // from its `xmax` on as in progress, so that list alone would take it for ended.
+    let (newest, last) = ingest_in_flight(&store, 10, T0 + 2 * SECOND).await;
+    let settled = answered_once_committed(&store, newest).await;
+    assert!(settled >= last, "{settled} reaches {last}");
+}
+
+/// An ingest in flight, as `PgStore::ingest` starts one: the feed's lock and a transaction id,
+/// then a client span (trace and span id `n`, starting at `start`) with an id drawn from the
+/// sequence, not committed; the transaction and that id.
+async fn ingest_in_flight(store: &PgStore, n: u32, start: i64) -> (sqlx::Transaction<'static, sqlx::Postgres>, i64) {
+    let mut transaction = store.pool().begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id()")
+        .execute(&mut *transaction)
+        .await
+        .expect("the ingest lock");
+    let (id,): (i64,) = sqlx::query_as(
+        "INSERT INTO spans (trace_id, span_id, name, kind, start_unix_nano, end_unix_nano, status_code, client_id)
+         VALUES ($1, $2, 'getFileInfo', 3, $3, $3 + 1, 0, 'c1') RETURNING id",
+    )
+    .bind(format!("{n:032x}"))
+    .bind(format!("{n:016x}"))
+    .bind(start)
+    .fetch_one(&mut *transaction)
+    .await
+    .expect("a row in flight");
+    (transaction, id)
+}
+
+/// What the feed answers when asked while `in_flight` runs: nothing for 300 ms, then, once it
+/// commits, within 5 s.
+async fn answered_once_committed(store: &PgStore, in_flight: sqlx::Transaction<'static, sqlx::Postgres>) -> i64 {
     let waiting = tokio::spawn({
         let store = store.clone();
         async move { store.span_feed().expect("feed").latest_span_id().await.expect("latest") }
@@ -1635,41 +1658,8 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "the feed answered past an ingest still in flight");
     in_flight.commit().await.expect("commit");
-    let latest = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+    tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
         .await
         .expect("the feed answers once the ingest commits")
-        .expect("task");
-    assert!(latest > early, "{latest} past {early}");
-    let read = feed.spans_between(0, latest, 100).await.expect("between");
-    assert_eq!(read.iter().map(|(_, span)| span.start_unix_nano).collect::<Vec<_>>(), [T0, T0 + SECOND]);
-
-    // The newest transaction of all in flight, none after it: a snapshot lists no transaction
-    // from its `xmax` on as in progress, so that list alone would take it for ended.
-    let mut newest = store.pool().begin().await.expect("begin");
-    sqlx::query("SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id()")
-        .execute(&mut *newest)
-        .await
-        .expect("the ingest lock");
-    let (last,): (i64,) = sqlx::query_as(
-        "INSERT INTO spans (trace_id, span_id, name, kind, start_unix_nano, end_unix_nano, status_code, client_id)
-         VALUES ($1, $2, 'getFileInfo', 3, $3, $3 + 1, 0, 'c1') RETURNING id",
-    )
-    .bind(format!("{:032x}", 10))
-    .bind(format!("{:016x}", 10))
-    .bind(T0 + 2 * SECOND)
-    .fetch_one(&mut *newest)
-    .await
-    .expect("a row in flight");
-    let waiting = tokio::spawn({
-        let store = store.clone();
-        async move { store.span_feed().expect("feed").latest_span_id().await.expect("latest") }
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the feed answered past the newest ingest, still in flight");
-    newest.commit().await.expect("commit");
-    let settled = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
-        .await
-        .expect("the feed answers once the ingest commits")
-        .expect("task");
-    assert!(settled >= last, "{settled} reaches {last}");
+        .expect("task")
 }
