@@ -517,7 +517,8 @@ async fn analysis_pass(
     let scope_count = scopes.len();
     let window = config.live.scope_window_seconds * 1_000_000_000;
     let scopes: Vec<ScopeKey> = scopes.into_iter().collect();
-    let scope_chunk = SCOPES_AT_ONCE.max(config.live.threads());
+    let threads = config.live.threads();
+    let scope_chunk = SCOPES_AT_ONCE.max(threads);
     // The first few scopes' samples before the span feed is read: their spans can then come
     // from the clients' read of the feed (on PostgreSQL each read waits for the ingests in
     // flight), and still not from before their samples (see the scope loop).
@@ -529,7 +530,7 @@ async fn analysis_pass(
     times.scope_samples += lap.elapsed();
     lap = Instant::now();
     let feed = store.span_feed();
-    let latest = match feed {
+    let mut latest = match feed {
         Some(feed) if !clients.is_empty() || !scopes.is_empty() => Some(feed.latest_span_id().await?),
         _ => None,
     };
@@ -543,7 +544,6 @@ async fn analysis_pass(
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
-    let threads = config.live.threads();
     // Every client's spans first (the cache's, or read), then its analysis, on the pass's
     // threads: the analysis is pure, and most of a busy pass.
     let mut not_held: HashMap<&str, Vec<lagscope_model::Span>> = HashMap::new();
@@ -628,15 +628,15 @@ async fn analysis_pass(
     drop(not_held);
     times.client_analysis += lap.elapsed();
     let limit = config.live.max_spans_per_scope;
-    for (index, chunk) in scopes.chunks(scope_chunk).enumerate() {
+    for chunk in scopes.chunks(scope_chunk) {
         // The samples first: what is committed meanwhile adds to the spans, and metrics read
         // after the spans would run ahead of them and close a window whose spans are still
         // arriving (the window ends where its cluster's telemetry has moved past it). The
         // first chunk's were read before the clients' read of the feed.
         lap = Instant::now();
         let samples = match first_samples.take() {
-            Some(samples) if index == 0 => samples,
-            _ => read_samples(store, sample_cache, chunk, window, samples_kept_from).await?,
+            Some(samples) => samples,
+            None => read_samples(store, sample_cache, chunk, window, samples_kept_from).await?,
         };
         times.scope_samples += lap.elapsed();
         // From the scope cache, brought up to date after the samples: to the id the clients'
@@ -644,9 +644,9 @@ async fn analysis_pass(
         let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
         let now = Instant::now();
         if let Some(feed) = feed {
-            let latest = match latest {
-                Some(latest) if index == 0 => latest,
-                _ => feed.latest_span_id().await?,
+            let latest = match latest.take() {
+                Some(latest) => latest,
+                None => feed.latest_span_id().await?,
             };
             cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
             times.scope_catch_up += now.elapsed();

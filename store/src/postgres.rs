@@ -61,49 +61,72 @@ struct IdentifiedSpanRow {
     span: SpanRow,
 }
 
-/// A scope's newest $5 spans starting in $3..$4 (cluster $1 and namespace $2, either may be
-/// NULL), oldest first (`_THROUGH`: among the rows with ids up to $6).
-const SCOPE_NEWEST: &str = "SELECT * FROM (
-         SELECT * FROM spans
-         WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
-           AND start_unix_nano >= $3 AND start_unix_nano < $4
-         ORDER BY start_unix_nano DESC LIMIT $5
-     ) AS recent ORDER BY start_unix_nano, id";
-const SCOPE_NEWEST_THROUGH: &str = "SELECT * FROM (
-         SELECT * FROM spans
-         WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
-           AND start_unix_nano >= $3 AND start_unix_nano < $4 AND id <= $6
-         ORDER BY start_unix_nano DESC LIMIT $5
-     ) AS recent ORDER BY start_unix_nano, id";
+impl IdentifiedSpanRow {
+    /// Each row's span with its id, as the span feed hands them out.
+    fn with_ids(rows: Vec<Self>) -> Result<Vec<(i64, Span)>> {
+        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+    }
+}
 
-/// A client's newest entries ($4 + 1 of them, and those sharing the last one's start) in
-/// $2..$3, from the (client, start) index alone ([`PgStore::client_rows`]); `_THROUGH`: among
-/// the rows with ids up to $5.
-const CLIENT_ENTRIES: &str = "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
-     WHERE client_id = $1 AND start_unix_nano < $3
+/// Two statements made of the same pieces: `$plain` joins them, `$bounded` puts `$bound` (an
+/// id bound, `AND id <= $n`) between each two, for the span feed's reads ([`feed`]).
+macro_rules! with_id_bound {
+    ($(#[$doc:meta])* $plain:ident, $bounded:ident, $bound:literal, $first:literal $(, $rest:literal)* $(,)?) => {
+        $(#[$doc])*
+        const $plain: &str = concat!($first $(, $rest)*);
+        const $bounded: &str = concat!($first $(, $bound, $rest)*);
+    };
+}
+
+with_id_bound!(
+    /// A scope's newest $5 spans starting in $3..$4 (cluster $1 and namespace $2, either may
+    /// be NULL), oldest first (`_THROUGH`: among the rows with ids up to $6).
+    SCOPE_NEWEST,
+    SCOPE_NEWEST_THROUGH,
+    " AND id <= $6",
+    "SELECT * FROM (
+         SELECT * FROM spans
+         WHERE cluster IS NOT DISTINCT FROM $1 AND namespace IS NOT DISTINCT FROM $2
+           AND start_unix_nano >= $3 AND start_unix_nano < $4",
+    "
+         ORDER BY start_unix_nano DESC LIMIT $5
+     ) AS recent ORDER BY start_unix_nano, id",
+);
+with_id_bound!(
+    /// A client's newest entries ($4 + 1 of them, and those sharing the last one's start) in
+    /// $2..$3, from the (client, start) index alone ([`PgStore::client_rows`]); `_THROUGH`:
+    /// among the rows with ids up to $5.
+    CLIENT_ENTRIES,
+    CLIENT_ENTRIES_THROUGH,
+    " AND id <= $5",
+    "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
+     WHERE client_id = $1 AND start_unix_nano < $3",
+    "
        AND start_unix_nano >= COALESCE(
            (SELECT start_unix_nano FROM spans
-            WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3
+            WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3",
+    "
             ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
-           $2)";
-const CLIENT_ENTRIES_THROUGH: &str = "SELECT start_unix_nano, end_unix_nano, trace_id FROM spans
-     WHERE client_id = $1 AND start_unix_nano < $3 AND id <= $5
-       AND start_unix_nano >= COALESCE(
-           (SELECT start_unix_nano FROM spans
-            WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3 AND id <= $5
-            ORDER BY start_unix_nano DESC OFFSET $4 LIMIT 1),
-           $2)";
-/// The client's rows from $2 on, before $3 (`_THROUGH`: with ids up to $4).
-const CLIENT_OWN: &str = "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3";
-const CLIENT_OWN_THROUGH: &str =
-    "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3 AND id <= $4";
-/// The spans with both ids of the traces $1 starting in $2..=$3 (`_THROUGH`: with ids up to $4).
-const TRACE_HOPS: &str =
+           $2)",
+);
+with_id_bound!(
+    /// The client's rows from $2 on, before $3 (`_THROUGH`: with ids up to $4).
+    CLIENT_OWN,
+    CLIENT_OWN_THROUGH,
+    " AND id <= $4",
+    "SELECT * FROM spans WHERE client_id = $1 AND start_unix_nano >= $2 AND start_unix_nano < $3",
+    "",
+);
+with_id_bound!(
+    /// The spans with both ids of the traces $1 starting in $2..=$3 (`_THROUGH`: with ids up
+    /// to $4).
+    TRACE_HOPS,
+    TRACE_HOPS_THROUGH,
+    " AND id <= $4",
     "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
-       AND trace_id IS NOT NULL AND span_id IS NOT NULL";
-const TRACE_HOPS_THROUGH: &str =
-    "SELECT * FROM spans WHERE trace_id = ANY($1) AND start_unix_nano >= $2 AND start_unix_nano <= $3
-       AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $4";
+       AND trace_id IS NOT NULL AND span_id IS NOT NULL",
+    "",
+);
 
 /// Reads by id range, bounded by what [`feed::settled`] answered.
 #[async_trait]
@@ -136,12 +159,11 @@ impl SpanFeed for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+        IdentifiedSpanRow::with_ids(rows)
     }
 
     async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
-        let rows = self.client_rows(client_id, TimeRange::ALL, limit, Some(through)).await?;
-        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+        IdentifiedSpanRow::with_ids(self.client_rows(client_id, TimeRange::ALL, limit, Some(through)).await?)
     }
 
     async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
@@ -157,7 +179,7 @@ impl SpanFeed for PgStore {
         .bind(through)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter().map(|row| Ok((row.id, row.span.into_span()?))).collect()
+        IdentifiedSpanRow::with_ids(rows)
     }
 
     async fn scope_spans_between(
