@@ -5,7 +5,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use lagscope_model::conventions::{CLUSTER, NAMESPACE};
 use lagscope_model::{LogRecord, Sample, Span};
 use lagscope_store::Mark;
 use tokio::sync::Notify;
@@ -75,12 +74,7 @@ impl DirtyClients {
     pub fn mark_queued(&self, spans: &[Span], samples: &[Sample], logs: &[LogRecord], queued: Instant) {
         let marks = Mark::of_batch(spans, samples, logs);
         // A batch's samples mostly share a few scopes: the oldest time of each, then merged.
-        let mut sample_times: BTreeMap<(Option<&str>, Option<&str>), i64> = BTreeMap::new();
-        for sample in samples {
-            let scope = (sample.series.label(CLUSTER), sample.series.label(NAMESPACE));
-            let oldest = sample_times.entry(scope).or_insert(sample.time_unix_nano);
-            *oldest = (*oldest).min(sample.time_unix_nano);
-        }
+        let sample_times = Mark::sample_times(samples);
         {
             let mut pending = self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             self.batches.fetch_add(1, Ordering::Relaxed);
@@ -136,6 +130,7 @@ impl DirtyClients {
 mod tests {
     use std::collections::BTreeMap;
 
+    use lagscope_model::conventions::{CLUSTER, NAMESPACE};
     use lagscope_model::{MetricKind, PointValue, SeriesKey, SeriesMeta};
 
     use super::*;

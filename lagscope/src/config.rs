@@ -250,8 +250,9 @@ pub struct LiveConfig {
     /// The most metric samples the scope passes keep in memory between passes, over all
     /// scopes (about 200 bytes each; a series' labels are shared by its samples): a held
     /// scope's pass reads only the samples from the oldest time committed to it since the last
-    /// one. Scopes beyond it are read in full each pass; 0 holds none. SQLite only (on PostgreSQL
-    /// the marks come from the database without sample times: passes read every scope's samples).
+    /// one. Scopes beyond it are read in full each pass; 0 holds none. On PostgreSQL the scope
+    /// marks in the database carry the sample times; a scope is held there only while this
+    /// instance holds the shards of its marks (`live::hold_samples`).
     pub scope_cache_samples: usize,
     /// Held calls this long before a client's or scope's newest span (and the detectors'
     /// reach before that: the longest of the switch-back delay, the blind probe's and the

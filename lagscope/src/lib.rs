@@ -28,5 +28,10 @@ pub mod sim_cmd;
 mod stored;
 pub mod tenants;
 
+/// A throwaway PostgreSQL for the unit tests that need one (the store's test harness).
+#[cfg(test)]
+#[path = "../../store/tests/support/postgres.rs"]
+mod postgres_support;
+
 pub use config::Config;
 pub use server::Server;

@@ -19,7 +19,7 @@ use lagscope_analyzer::{
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
-use lagscope_store::{Coordinator, Leases, Mark, Store, TimeRange};
+use lagscope_store::{Coordinator, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
@@ -150,7 +150,7 @@ async fn run_coordinated(
     let instance = config.cluster.instance_id();
     let lease = Duration::from_secs(config.cluster.lease_seconds);
     tracing::info!(%instance, lease_seconds = config.cluster.lease_seconds, "live analysis shared through database leases");
-    let (leases_tx, leases_rx) = watch::channel(Leases::default());
+    let (leases_tx, leases_rx) = watch::channel(HeldShards::default());
     let keeper = keep_leases(coordinator, &instance, lease, &metrics, leases_tx, shutdown.clone());
     let analyzer = analyze_marks(store.as_ref(), coordinator, &dirty, &metrics, &config, leases_rx, shutdown);
     let ((), ()) = tokio::join!(keeper, analyzer);
@@ -161,6 +161,16 @@ async fn run_coordinated(
     Ok(())
 }
 
+/// The shards this instance holds, as the lease keeper last published them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct HeldShards {
+    /// Ascending.
+    shards: Vec<i32>,
+    /// Balancing rounds so far that took shards: the marks of a shard taken may have been
+    /// analysed elsewhere since this instance last held it (so what it kept of them is stale).
+    claims: u64,
+}
+
 /// Balances every third of the lease and publishes the shards held. A round that fails keeps
 /// the shards known to be held until their leases would have run out.
 async fn keep_leases(
@@ -168,10 +178,11 @@ async fn keep_leases(
     instance: &str,
     lease: Duration,
     metrics: &SelfMetrics,
-    leases_tx: watch::Sender<Leases>,
+    leases_tx: watch::Sender<HeldShards>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut held_until = Instant::now();
+    let mut claims = 0;
     loop {
         let round_started = Instant::now();
         match coordinator.balance(instance, lease).await {
@@ -190,14 +201,15 @@ async fn keep_leases(
                 metrics.cluster_shards_held.set(leases.shards.len() as u64);
                 metrics.cluster_live_instances.set(u64::from(leases.live_instances));
                 held_until = round_started + lease;
-                leases_tx.send_replace(leases);
+                claims += u64::from(!leases.claimed.is_empty());
+                leases_tx.send_replace(HeldShards { shards: leases.shards, claims });
             }
             Err(error) => {
                 metrics.cluster_lease_failures.add(1);
                 tracing::error!(%error, %instance, "lease balancing round failed");
                 if Instant::now() >= held_until {
                     metrics.cluster_shards_held.set(0);
-                    leases_tx.send_replace(Leases::default());
+                    leases_tx.send_replace(HeldShards { shards: Vec::new(), claims });
                 }
             }
         }
@@ -217,15 +229,18 @@ async fn analyze_marks(
     dirty: &DirtyClients,
     metrics: &SelfMetrics,
     config: &Config,
-    mut leases: watch::Receiver<Leases>,
+    mut leases: watch::Receiver<HeldShards>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
-    // Marks from the database do not say when their samples were: no samples held.
-    let mut kept = Kept::new(config, 0);
+    // Scope marks carry the oldest time of the samples committed to the scope: scopes'
+    // samples are held, with the care `hold_samples` takes.
+    let mut kept = Kept::new(config, config.live.scope_cache_samples);
+    let mut claims = 0;
     let mut recorder = Recorder::default();
     loop {
-        let shards = leases.borrow_and_update().shards.clone();
+        let held = leases.borrow_and_update().clone();
+        let shards = held.shards;
         // Batches committed here before the marks are read: analysed once the marks are.
         let marked = metrics.batches_marked.get();
         let started = Instant::now();
@@ -235,6 +250,8 @@ async fn analyze_marks(
             if marks.is_empty() {
                 return Ok((false, true));
             }
+            let claimed = std::mem::replace(&mut claims, held.claims) != held.claims;
+            hold_samples(&mut kept.samples, &shards, claimed, marks.len() < MARKS_PER_PASS as usize);
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
             let findings = analysis_pass(store, metrics, config, &mut kept, pass).await?;
             recorder.store(store, metrics, findings).await?;
@@ -281,10 +298,33 @@ async fn analyze_marks(
     }
 }
 
+/// Which scopes' samples the sample cache may hold for a pass (on a database several instances
+/// share), so that what it holds plus what the pass's marks say was committed since is what
+/// the store holds, as on SQLite, where the marks are this process's own:
+/// - nothing held survives a round that took shards (`claimed`): their marks may have been
+///   analysed, and removed, by another instance meanwhile;
+/// - nor a pass that leaves marks of its shards waiting (it took as many as a pass takes, not
+///   `every_mark_taken`): what they stand for is already visible to the pass's reads, but
+///   their sample times are not known yet;
+/// - a scope is held only while this instance holds the shards of its own mark and of its
+///   cluster's samples of no namespace (read with it, marked under `(cluster, None)`); and not
+///   without a cluster, whose samples mark no scope.
+pub(crate) fn hold_samples(cache: &mut SampleCache, shards: &[i32], claimed: bool, every_mark_taken: bool) {
+    if claimed || !every_mark_taken {
+        cache.clear();
+    }
+    let held: HashSet<i32> = shards.iter().copied().collect();
+    cache.hold_only(Box::new(move |(cluster, namespace): &ScopeKey| {
+        cluster.is_some()
+            && held.contains(&Mark::Scope(cluster.clone(), namespace.clone()).shard())
+            && held.contains(&Mark::Scope(cluster.clone(), None).shard())
+    }));
+}
+
 /// What a set of marks asks for, as one pass: the clients of marked traces (their spans are
 /// committed now) join the pass when their shard is held here and are marked for their own
 /// shard's holder otherwise.
-async fn resolve_marks(
+pub(crate) async fn resolve_marks(
     store: &dyn Store,
     coordinator: &dyn Coordinator,
     shards: &[i32],
@@ -300,7 +340,12 @@ async fn resolve_marks(
             }
             Mark::Trace(trace_id) => traces.push(trace_id.clone()),
             Mark::Scope(cluster, namespace) => {
-                pass.scopes.insert((cluster.clone(), namespace.clone()));
+                let scope = (cluster.clone(), namespace.clone());
+                if let Some(time) = pending.samples_from {
+                    let oldest = pass.sample_times.entry(scope.clone()).or_insert(time);
+                    *oldest = (*oldest).min(time);
+                }
+                pass.scopes.insert(scope);
             }
             Mark::LogCluster(cluster) => {
                 pass.log_clusters.insert(cluster.clone());

@@ -17,9 +17,14 @@
 //! samples older than `stale_from` have not changed since (a commit that wrote one would have
 //! marked an older time), and those from it on are replaced by the store's. Samples are
 //! ordered by time, then series id, as the store orders them, and held with their series
-//! index ([`IndexedSamples`]), which follows them as they change: the pass takes both. Marks from the database
-//! (several instances on PostgreSQL) do not carry sample times: that path holds none
-//! (budget 0).
+//! index ([`IndexedSamples`]), which follows them as they change: the pass takes both.
+//!
+//! On PostgreSQL the marks come from the database (`analysis_marks`): a scope's mark carries
+//! the oldest sample time committed to it since it was last finished, and the invariant holds
+//! for the scopes `live::hold_samples` lets the cache hold: not across a round that took
+//! shards (another instance may have finished their marks), nor through a pass that left marks
+//! of its shards waiting, nor for a scope whose cluster's samples of no namespace are marked in
+//! a shard held elsewhere (tested in `on_postgresql_a_held_scope_takes_exactly_what_the_store_reads`).
 //!
 //! [`Pending::sample_times`]: lagscope_collector::Pending::sample_times
 
@@ -33,11 +38,26 @@ use lagscope_model::{Sample, SeriesKey, SeriesMeta};
 use crate::held;
 use crate::scope_cache::ScopeKey;
 
-#[derive(Debug)]
 pub struct SampleCache {
     /// The most samples held over all scopes; 0 holds none.
     budget: usize,
     scopes: HashMap<ScopeKey, Held>,
+    /// Which scopes may be held (all when `None`): see [`SampleCache::hold_only`].
+    holdable: Option<Holdable>,
+}
+
+/// Which scopes a [`SampleCache`] may hold.
+pub type Holdable = Box<dyn Fn(&ScopeKey) -> bool + Send + Sync>;
+
+impl std::fmt::Debug for SampleCache {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SampleCache")
+            .field("budget", &self.budget)
+            .field("scopes", &self.scopes)
+            .field("holdable", &self.holdable.as_ref().map(|_| "only some"))
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -69,7 +89,22 @@ impl held::Held for Held {
 impl SampleCache {
     /// At most `budget` samples over all scopes; 0 holds none.
     pub fn new(budget: usize) -> Self {
-        Self { budget, scopes: HashMap::new() }
+        Self { budget, scopes: HashMap::new(), holdable: None }
+    }
+
+    /// Holds from now on only the scopes `holdable` accepts (lets go of the others held): the
+    /// others are read in full on every pass. For a reader whose marks may not name every
+    /// commit to some scopes (on a database several instances share, a cluster's samples of
+    /// no namespace are marked in a shard another instance may hold).
+    pub fn hold_only(&mut self, holdable: Holdable) {
+        self.scopes.retain(|scope, _| holdable(scope));
+        self.holdable = Some(holdable);
+    }
+
+    /// Lets go of every scope held: for a reader whose marks may have been taken by another (a shard that changed hands), or
+    /// that leaves some unread this pass while what they stand for is already visible.
+    pub fn clear(&mut self) {
+        self.scopes.clear();
     }
 
     /// Samples held over all scopes.
@@ -127,7 +162,8 @@ impl SampleCache {
             (_, read) => {
                 let read = read.unwrap_or_default();
                 self.scopes.remove(scope);
-                if self.budget == 0 || self.held() + read.len() > self.budget {
+                let holdable = self.holdable.as_ref().is_none_or(|holdable| holdable(scope));
+                if self.budget == 0 || !holdable || self.held() + read.len() > self.budget {
                     return read.into_iter().map(|(_, sample)| sample).collect::<Vec<_>>().into();
                 }
                 let held = Held {
@@ -349,6 +385,108 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// On a database several instances share, the marks come from the database and the
+    /// instance holds some shards: rounds of samples committed as above, the marks of the
+    /// shards held taken a few at a time (some left waiting), marks of other shards finished
+    /// now and then as another instance would, and the shards held changing hands; spans mark
+    /// scopes too (the scope of no cluster among them, whose samples mark nothing). Every
+    /// passed scope's samples are what the store reads in full, and scopes are still held.
+    #[tokio::test]
+    async fn on_postgresql_a_held_scope_takes_exactly_what_the_store_reads() {
+        use lagscope_store::{PgStore, SHARDS};
+        let url = crate::postgres_support::fresh_database().await;
+        let store = PgStore::connect(&url).await.expect("postgres");
+        let coordinator = store.coordinator().expect("coordinator");
+        let mut cache = SampleCache::new(100_000);
+        let mut numbers = Numbers(11);
+        let now = Instant::now();
+        let all: Vec<i32> = (0..SHARDS).collect();
+        let mut shards = all.clone();
+        let (mut passes, mut partial, mut cleared) = (0, 0, 0);
+        for round in 0..60_i64 {
+            for _ in 0..=numbers.below(3) {
+                let mut batch = Vec::new();
+                for _ in 0..numbers.below(7) {
+                    let scope = &scopes()[numbers.below(4) as usize];
+                    let late = if numbers.below(5) == 0 { numbers.below(25) as i64 * 100 } else { 0 };
+                    let time = round * 300 + numbers.below(6) as i64 * 100 - late;
+                    let node = ["nn-1", "nn-2", "nn-3"][numbers.below(3) as usize];
+                    batch.push(sample(
+                        scope,
+                        "lagscope.server.applied_state",
+                        node,
+                        time,
+                        numbers.below(1_000) as f64,
+                        None,
+                    ));
+                }
+                // Spans mark scopes too: those of no cluster are passed, their samples unmarked.
+                let spans: Vec<_> = (0..numbers.below(2))
+                    .map(|_| {
+                        crate::scope_cache::tests::span(
+                            &scopes()[numbers.below(4) as usize],
+                            numbers.below(1 << 40),
+                            round * 300,
+                        )
+                    })
+                    .collect();
+                store.ingest(&IngestBatch { spans, samples: batch, ..IngestBatch::default() }).await.expect("ingest");
+            }
+            // Leases move: all shards, or a random half (some shards taken anew).
+            let claimed = if numbers.below(4) == 0 {
+                let before: std::collections::HashSet<i32> = shards.iter().copied().collect();
+                shards = if numbers.below(2) == 0 {
+                    all.clone()
+                } else {
+                    all.iter().copied().filter(|_| numbers.below(2) == 0).collect()
+                };
+                shards.iter().any(|shard| !before.contains(shard))
+            } else {
+                false
+            };
+            // Another instance analyses the other shards' marks now and then; and some shards
+            // held went to another instance and came back since the last pass (so the pass
+            // sees them held throughout, but taken in a round).
+            let mut others: Vec<i32> = all.iter().copied().filter(|shard| !shards.contains(shard)).collect();
+            let claimed = if numbers.below(5) == 0 {
+                others.extend(shards.iter().copied().filter(|_| numbers.below(2) == 0));
+                true
+            } else {
+                claimed
+            };
+            if numbers.below(2) == 0 && !others.is_empty() {
+                let theirs = coordinator.pending_marks(&others, 100).await.expect("marks");
+                coordinator.finish_marks(&theirs).await.expect("finish");
+            }
+            let limit = if numbers.below(5) == 0 { 2 } else { 100 };
+            let marks = coordinator.pending_marks(&shards, limit).await.expect("marks");
+            let every_mark_taken = marks.len() < limit as usize;
+            cleared += usize::from(claimed || !every_mark_taken);
+            crate::live::hold_samples(&mut cache, &shards, claimed, every_mark_taken);
+            let pass = crate::live::resolve_marks(&store, coordinator, &shards, &marks).await.expect("resolve");
+            cache.committed(&pass.sample_times, now);
+            for scope in &pass.scopes {
+                let (cluster, namespace) = (scope.0.as_deref(), scope.1.as_deref());
+                let from = cache.read_from(scope, now);
+                let read = match from {
+                    Some(from) => Some(store.scope_samples_from(cluster, namespace, WINDOW, from).await.expect("read")),
+                    None => None,
+                };
+                passes += 1;
+                partial += usize::from(from.is_none_or(|from| from > i64::MIN));
+                let samples = cache.take(scope, read, WINDOW, None, now);
+                let stored = store.scope_samples(cluster, namespace, WINDOW).await.expect("store");
+                assert_eq!(texts(samples.samples()), texts(&stored), "round {round}, {scope:?}, shards {shards:?}");
+                cache.give_back(scope, samples);
+            }
+            coordinator.finish_marks(&marks).await.expect("finish");
+        }
+        assert!(
+            partial > 0 && partial < passes && cleared > 0,
+            "{partial} of {passes} scope passes held, the cache cleared {cleared} times"
+        );
     }
 
     /// Samples older than retention's cut-off go; a scope not passed for a while is let go;

@@ -230,14 +230,15 @@ impl Held {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use lagscope_model::{CallFields, ResourceFields, SpanKind};
     use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
 
     use super::*;
     use crate::held::{IDLE_AFTER, Numbers};
 
-    fn span(scope: &ScopeKey, id: u64, start: i64) -> Span {
+    /// A server span of `scope` (trace and span id `id`).
+    pub(crate) fn span(scope: &ScopeKey, id: u64, start: i64) -> Span {
         Span {
             trace_id: Some(format!("{id:032x}")),
             span_id: Some(format!("{id:016x}")),

@@ -10,7 +10,7 @@
 //! unique by fingerprint in the database, so a shard analysed twice around a hand-over still
 //! reports each anomaly once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -67,6 +67,20 @@ impl Mark {
             };
         }
         marks
+    }
+
+    /// The oldest time of `samples` per (cluster, namespace) of their series' labels, every
+    /// sample counted: what a reader holding a scope's samples must read again (the live
+    /// analyzer's sample cache). A cluster's samples that name no namespace are under
+    /// (cluster, None); they belong to every namespace of the cluster.
+    pub fn sample_times(samples: &[Sample]) -> BTreeMap<(Option<&str>, Option<&str>), i64> {
+        let mut times: BTreeMap<(Option<&str>, Option<&str>), i64> = BTreeMap::new();
+        for sample in samples {
+            let scope = (sample.series.label(CLUSTER), sample.series.label(NAMESPACE));
+            let oldest = times.entry(scope).or_insert(sample.time_unix_nano);
+            *oldest = (*oldest).min(sample.time_unix_nano);
+        }
+        times
     }
 
     /// The mark's kind as stored (`analysis_marks.kind`).
@@ -127,6 +141,9 @@ impl Mark {
 pub struct PendingMark {
     pub mark: Mark,
     pub seq: i64,
+    /// Of a scope's mark: the oldest time of the metric samples committed to the scope
+    /// since the mark was last finished ([`Mark::sample_times`]); `None`: no samples.
+    pub samples_from: Option<i64>,
 }
 
 /// What one balancing round left this instance holding.

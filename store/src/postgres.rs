@@ -621,7 +621,8 @@ impl Store for PgStore {
         // What the batch asks the live analyzer to look at, committed with it: whichever
         // instance holds the marks' shards analyses them, even if this one dies now.
         let marks = crate::Mark::of_batch(&batch.spans, &batch.samples, &batch.logs);
-        coordination::write_marks(&mut transaction, &marks).await?;
+        let sample_times = crate::Mark::sample_times(&batch.samples);
+        coordination::write_marks(&mut transaction, &marks, &sample_times).await?;
         transaction.commit().await?;
         Ok(IngestReceipt { spans_written, samples_written, logs_written })
     }

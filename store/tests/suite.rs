@@ -1395,6 +1395,62 @@ async fn postgres_marks_follow_ingest_and_survive_a_remark() {
     assert_eq!(found.iter().map(|pending| &pending.mark).collect::<Vec<_>>(), vec![&Mark::Client("client-8".into())]);
 }
 
+/// A scope's mark carries the oldest time of the samples committed to it since it was last
+/// finished (a mark written again keeps the older time); other marks, and scopes marked by
+/// spans alone, carry none. What the live analyzer's sample cache reads again from.
+#[tokio::test]
+async fn postgres_scope_marks_carry_their_oldest_sample_time() {
+    use lagscope_model::conventions::{CLUSTER, NAMESPACE, NODE_ID};
+    use lagscope_store::Mark;
+    let (store, ()) = open_postgres().await;
+    let coordinator = store.coordinator().expect("coordinator");
+    let all: Vec<i32> = (0..lagscope_store::SHARDS).collect();
+    let number = PointValue::Number(1.0);
+    let ns1 = [(CLUSTER, "prod"), (NAMESPACE, "ns1"), (NODE_ID, "nn-1")];
+    let cluster_wide = [(CLUSTER, "prod"), (NODE_ID, "nn-1")];
+    let samples = vec![
+        sample("lagscope.server.applied_state", &ns1, T0 + 5 * SECOND, number.clone(), MetricKind::Gauge),
+        sample("lagscope.server.applied_state", &ns1, T0 + 3 * SECOND, number.clone(), MetricKind::Gauge),
+        sample("lagscope.server.requeues", &cluster_wide, T0 + 7 * SECOND, number.clone(), MetricKind::Gauge),
+    ];
+    let mut client_span = span(Some("client-7"), Component::Client, 1, 1, None, T0);
+    client_span.resource.cluster = Some("prod".into());
+    client_span.call.namespace = Some("ns2".into());
+    store.ingest(&IngestBatch { spans: vec![client_span], samples, ..IngestBatch::default() }).await.expect("ingest");
+    let scope = |namespace: Option<&str>| Mark::Scope(Some("prod".into()), namespace.map(str::to_string));
+    let from = |pending: &[lagscope_store::PendingMark]| -> BTreeMap<Mark, Option<i64>> {
+        pending.iter().map(|pending| (pending.mark.clone(), pending.samples_from)).collect()
+    };
+    let pending = coordinator.pending_marks(&all, 100).await.expect("marks");
+    let expected = BTreeMap::from([
+        (Mark::Client("client-7".into()), None),
+        (scope(Some("ns1")), Some(T0 + 3 * SECOND)),
+        (scope(Some("ns2")), None),
+        (scope(None), Some(T0 + 7 * SECOND)),
+    ]);
+    assert_eq!(from(&pending), expected);
+    // Marked again while being analysed, with a newer sample and an older one: the older
+    // time stays with what waits, and only the mark written again is left.
+    let again = vec![
+        sample("lagscope.server.applied_state", &ns1, T0 + 9 * SECOND, number.clone(), MetricKind::Gauge),
+        sample("lagscope.server.requeues", &cluster_wide, T0 + SECOND, number.clone(), MetricKind::Gauge),
+    ];
+    store.ingest(&IngestBatch { samples: again, ..IngestBatch::default() }).await.expect("ingest again");
+    let remarked = from(&coordinator.pending_marks(&all, 100).await.expect("marks"));
+    assert_eq!(remarked[&scope(Some("ns1"))], Some(T0 + 3 * SECOND), "{remarked:?}");
+    assert_eq!(remarked[&scope(None)], Some(T0 + SECOND), "{remarked:?}");
+    coordinator.finish_marks(&pending).await.expect("finish");
+    let left = from(&coordinator.pending_marks(&all, 100).await.expect("marks"));
+    let expected = BTreeMap::from([(scope(Some("ns1")), Some(T0 + 3 * SECOND)), (scope(None), Some(T0 + SECOND))]);
+    assert_eq!(left, expected);
+    // Once finished, the next samples start afresh.
+    coordinator.finish_marks(&coordinator.pending_marks(&all, 100).await.expect("marks")).await.expect("finish");
+    let later = vec![sample("lagscope.server.applied_state", &ns1, T0 + 11 * SECOND, number, MetricKind::Gauge)];
+    store.ingest(&IngestBatch { samples: later, ..IngestBatch::default() }).await.expect("ingest later");
+    let fresh = from(&coordinator.pending_marks(&all, 100).await.expect("marks"));
+    assert_eq!(fresh, BTreeMap::from([(scope(Some("ns1")), Some(T0 + 11 * SECOND))]));
+}
+
 /// Ingests committing at once (the committer keeps `concurrent_ingests` groups in flight)
 /// upsert the same series and mark the same clients, listed in opposite orders: none may
 /// deadlock or fail, and every sample and span is stored once.

@@ -2,7 +2,7 @@
 //! database's clock (`clock_timestamp()`), so instances on machines whose clocks disagree
 //! still agree on who holds what.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,32 +12,46 @@ use super::PgStore;
 use crate::Result;
 use crate::coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark, PendingMark, SHARDS};
 
-/// Writes marks (inside the caller's transaction when given one). Rows are written in key
+/// Writes marks (inside the caller's transaction when given one), a scope's with the oldest
+/// time of its samples in `sample_times` ([`Mark::sample_times`]). Rows are written in key
 /// order, so two transactions marking the same things lock them in the same order and never
 /// deadlock; the seq of a mark written again is taken when its row is locked, so it is greater
-/// than any seq an analyzer could have read before.
-pub(super) async fn write_marks(connection: &mut PgConnection, marks: &BTreeSet<Mark>) -> Result<()> {
+/// than any seq an analyzer could have read before, and the mark keeps the older of its two
+/// sample times (what it was read with may not have been analysed yet).
+pub(super) async fn write_marks(
+    connection: &mut PgConnection,
+    marks: &BTreeSet<Mark>,
+    sample_times: &BTreeMap<(Option<&str>, Option<&str>), i64>,
+) -> Result<()> {
     if marks.is_empty() {
         return Ok(());
     }
     let mut kinds = Vec::with_capacity(marks.len());
     let mut keys = Vec::with_capacity(marks.len());
     let mut shards = Vec::with_capacity(marks.len());
+    let mut samples_from: Vec<Option<i64>> = Vec::with_capacity(marks.len());
     for mark in marks {
         kinds.push(mark.kind());
         keys.push(super::copy::text(&mark.key()).into_owned());
         shards.push(mark.shard());
+        samples_from.push(match mark {
+            Mark::Scope(cluster, namespace) => sample_times.get(&(cluster.as_deref(), namespace.as_deref())).copied(),
+            _ => None,
+        });
     }
     sqlx::query(
-        "INSERT INTO analysis_marks (kind, key, shard, seq)
-         SELECT kind, key, shard, nextval('analysis_marks_seq')
-         FROM unnest($1::smallint[], $2::text[], $3::integer[]) AS marked(kind, key, shard)
+        "INSERT INTO analysis_marks (kind, key, shard, seq, samples_from)
+         SELECT kind, key, shard, nextval('analysis_marks_seq'), samples_from
+         FROM unnest($1::smallint[], $2::text[], $3::integer[], $4::bigint[]) AS marked(kind, key, shard, samples_from)
          ORDER BY kind, key
-         ON CONFLICT (kind, key) DO UPDATE SET seq = nextval('analysis_marks_seq')",
+         ON CONFLICT (kind, key) DO UPDATE SET
+             seq = nextval('analysis_marks_seq'),
+             samples_from = LEAST(analysis_marks.samples_from, excluded.samples_from)",
     )
     .bind(&kinds)
     .bind(&keys)
     .bind(&shards)
+    .bind(&samples_from)
     .execute(connection)
     .await?;
     Ok(())
@@ -136,19 +150,24 @@ impl Coordinator for PgStore {
         if shards.is_empty() {
             return Ok(Vec::new());
         }
-        let rows: Vec<(i16, String, i64)> =
-            sqlx::query_as("SELECT kind, key, seq FROM analysis_marks WHERE shard = ANY($1) ORDER BY seq LIMIT $2")
-                .bind(shards)
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await?;
-        rows.into_iter().map(|(kind, key, seq)| Ok(PendingMark { mark: Mark::from_stored(kind, key)?, seq })).collect()
+        let rows: Vec<(i16, String, i64, Option<i64>)> = sqlx::query_as(
+            "SELECT kind, key, seq, samples_from FROM analysis_marks WHERE shard = ANY($1) ORDER BY seq LIMIT $2",
+        )
+        .bind(shards)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(kind, key, seq, samples_from)| {
+                Ok(PendingMark { mark: Mark::from_stored(kind, key)?, seq, samples_from })
+            })
+            .collect()
     }
 
     async fn add_marks(&self, marks: &[Mark]) -> Result<()> {
         let marks: BTreeSet<Mark> = marks.iter().cloned().collect();
         let mut connection = self.pool.acquire().await?;
-        write_marks(&mut connection, &marks).await
+        write_marks(&mut connection, &marks, &BTreeMap::new()).await
     }
 
     async fn finish_marks(&self, marks: &[PendingMark]) -> Result<()> {
