@@ -34,7 +34,8 @@ pub struct AnalyzerConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct StreamConfig {
     /// How long after an attempt ended its router and server spans may still arrive (the
-    /// senders' export delay): the attempt is joined then.
+    /// senders' export delay, plus how far the hosts' clocks disagree: the data's time is the
+    /// fastest clock's): the attempt is joined then.
     pub lateness_seconds: i64,
     /// A call is processed once the data is this far past its start: it must cover the
     /// longest attempt (timeouts, e.g. 60 s bulk requests) plus the lateness. Attempts that

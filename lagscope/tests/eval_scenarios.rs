@@ -206,6 +206,16 @@ fn hosts_whose_clocks_disagree_are_still_found_exactly() {
         let score = evaluate(&SimConfig::new(name), &AnalyzerConfig::default(), skewed).expect("scenario runs");
         assert!(score.clean(), "{name} with clocks 250 ms apart: {:?}", score.kinds);
     }
+    // Clocks apart take from the lateness as a delay does: a span from the slowest clock may
+    // come twice the skew behind the fastest one's data (a sweep found `mixed` seed 908 with
+    // 800 ms and 9 s missing three stale reads whose hops came too late to join).
+    let analyzer = AnalyzerConfig::default();
+    let skewed_and_late = Delivery { max_skew: 800_000_000, max_delay: 9_000_000_000, ..Delivery::default() };
+    let refused = skewed_and_late.validate(&analyzer).expect_err("9 s + 1 s + 2 x 0.8 s is past the 10 s lateness");
+    assert!(refused.to_string().contains("--export-delay 9.000 s with --clock-skew 0.800 s"), "{refused}");
+    assert!(refused.to_string().contains("11.600 s behind"), "{refused}");
+    let within = Delivery { max_skew: 800_000_000, max_delay: 7_400_000_000, ..Delivery::default() };
+    within.validate(&analyzer).expect("7.4 s + 1 s + 2 x 0.8 s is the lateness");
 }
 
 #[test]
