@@ -4,6 +4,10 @@
 //!
 //! Only attempts a client sends to a server directly count: behind a router, the router
 //! picks the server and a stuck choice is the router's (see `no_namenodes_window`).
+//!
+//! An attempt's node is the server that answered it, or, when no server span joined it (lost
+//! on the way), the node its client span says it was sent to, unless that was a router: a
+//! pinned call whose middle attempt lost its server span is still one run, not two.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +41,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     for (timeline, call, run) in runs {
         let key = (timeline.cluster.as_deref(), timeline.namespace.as_deref());
-        let node = run[0].served_by.as_deref().unwrap_or_default();
+        let node = answered_by(run[0]).unwrap_or_default();
         let (start, end) = (run[0].start_unix_nano, run[run.len() - 1].end_unix_nano);
         let others: BTreeSet<&str> = served
             .get(&key)
@@ -76,10 +80,20 @@ fn pinned_runs(call: &TimelineCall, min_attempts: usize) -> Vec<Vec<&TimelineAtt
     let runs = run_indexes(
         &call.attempts,
         min_attempts,
-        |attempt| attempt.outcome != Some(Outcome::Ok) && attempt.router_node.is_none() && attempt.served_by.is_some(),
-        |last, attempt| last.served_by == attempt.served_by && last.error_type == attempt.error_type,
+        |attempt| {
+            attempt.outcome != Some(Outcome::Ok) && attempt.router_node.is_none() && answered_by(attempt).is_some()
+        },
+        |last, attempt| answered_by(last) == answered_by(attempt) && last.error_type == attempt.error_type,
     );
     runs.into_iter().map(|run| run.into_iter().map(|index| &call.attempts[index]).collect()).collect()
+}
+
+/// The node that answered `attempt` (see the module documentation). Shared with the streaming
+/// engine.
+pub(crate) fn answered_by(attempt: &TimelineAttempt) -> Option<&str> {
+    attempt.served_by.as_deref().or_else(|| {
+        attempt.target_node.as_deref().filter(|_| attempt.target_role.as_deref().is_some_and(|role| role != "router"))
+    })
 }
 
 /// Maximal runs (as indexes) of at least `min` consecutive items that are `candidate`s, each

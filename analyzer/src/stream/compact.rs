@@ -156,6 +156,14 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
+    /// The node that answered it, as `pinned_retry::answered_by` says.
+    pub(crate) fn answered_by(&self) -> Sym {
+        match self.served_by {
+            Sym::NONE if self.target_role != Sym::NONE && self.target_role != known::ROUTER => self.target_node,
+            served_by => served_by,
+        }
+    }
+
     /// A hop's reference in full, in its own trace (its attempt's, unless it started one).
     pub(crate) fn hop_ref(&self, hop: &HopRef) -> Ref {
         let own = self.hop_traces.as_ref().and_then(|traces| {

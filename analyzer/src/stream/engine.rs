@@ -1370,7 +1370,7 @@ impl<'c> Engine<'c> {
                 pinned.push(PendingPinned {
                     start: first.start,
                     end: call.attempts[run[run.len() - 1]].end,
-                    node: first.served_by,
+                    node: first.answered_by(),
                     scope: (state.cluster, state.namespace),
                     client: identity(interner, state),
                     call: call.clone(),
@@ -1809,8 +1809,8 @@ fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
     pinned_retry::run_indexes(
         &call.attempts,
         min_attempts,
-        |attempt| !attempt.ok && !attempt.router_node.is_some() && attempt.served_by.is_some(),
-        |last, attempt| last.served_by == attempt.served_by && last.error_type == attempt.error_type,
+        |attempt| !attempt.ok && !attempt.router_node.is_some() && attempt.answered_by().is_some(),
+        |last, attempt| last.answered_by() == attempt.answered_by() && last.error_type == attempt.error_type,
     )
 }
 
@@ -1844,7 +1844,7 @@ impl PendingPinned {
         let call = self.call.materialize(interner);
         let attempts: Vec<&lagscope_model::TimelineAttempt> =
             self.run.iter().map(|index| &call.attempts[*index]).collect();
-        let node = attempts[0].served_by.as_deref().unwrap_or_default();
+        let node = pinned_retry::answered_by(attempts[0]).unwrap_or_default();
         Some(pinned_retry::pinned(&self.client, &call, &attempts, node, &others))
     }
 }
