@@ -277,7 +277,9 @@ enum Command {
         #[arg(long)]
         export_delay: Option<String>,
         /// Set each simulated process's clock off by a random amount up to this (e.g. 200ms),
-        /// either way: how far the detectors hold when hosts' clocks disagree.
+        /// either way: how far the detectors hold when hosts' clocks disagree. Clocks apart take
+        /// from the lateness as a delay does: the delay, the 1 s export interval and twice the
+        /// skew must fit in it.
         #[arg(long)]
         clock_skew: Option<String>,
         /// Deliver this fraction of the export requests twice (e.g. 0.1), the copy up to
