@@ -84,23 +84,17 @@ impl Delivery {
             bail!("--clock-skew {:.3} s: must be between 0 and 60 s", self.max_skew as f64 / 1e9);
         }
         let lateness = analyzer.stream.lateness_seconds;
-        if self.max_delay < 0
-            || self.copy_delay().saturating_add(lagscope_sim::SECOND) > lateness * lagscope_sim::SECOND
-        {
-            bail!(
-                "--export-delay {:.3} s: must be at least 0 and under analyzer.stream.lateness_seconds ({lateness} s) \
-                 less the simulator's 1 s export interval",
-                self.max_delay as f64 / 1e9
-            );
-        }
         let behind = self.copy_delay().saturating_add(lagscope_sim::SECOND).saturating_add(2 * self.max_skew);
-        if behind > lateness * lagscope_sim::SECOND {
+        if self.max_delay < 0 || behind > lateness * lagscope_sim::SECOND {
+            let skew = match self.max_skew {
+                0 => String::new(),
+                skew => format!(" with --clock-skew {:.3} s", skew as f64 / 1e9),
+            };
             bail!(
-                "--export-delay {:.3} s with --clock-skew {:.3} s: a span may arrive {:.3} s behind the fastest clock \
-                 (the delay, the simulator's 1 s export interval and twice the skew), more than \
+                "--export-delay {:.3} s{skew}: must be at least 0, and a span may then arrive {:.3} s behind the \
+                 fastest clock (the delay, the simulator's 1 s export interval and twice the skew), more than \
                  analyzer.stream.lateness_seconds ({lateness} s) waits for",
                 self.max_delay as f64 / 1e9,
-                self.max_skew as f64 / 1e9,
                 behind as f64 / 1e9
             );
         }

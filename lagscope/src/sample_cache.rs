@@ -49,17 +49,6 @@ pub struct SampleCache {
 /// Which scopes a [`SampleCache`] may hold.
 pub type Holdable = Box<dyn Fn(&ScopeKey) -> bool + Send + Sync>;
 
-impl std::fmt::Debug for SampleCache {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("SampleCache")
-            .field("budget", &self.budget)
-            .field("scopes", &self.scopes)
-            .field("holdable", &self.holdable.as_ref().map(|_| "only some"))
-            .finish()
-    }
-}
-
 #[derive(Debug)]
 struct Held {
     /// By time, then series id, grouped by series (the index follows the samples as they
@@ -101,8 +90,9 @@ impl SampleCache {
         self.holdable = Some(holdable);
     }
 
-    /// Lets go of every scope held: for a reader whose marks may have been taken by another (a shard that changed hands), or
-    /// that leaves some unread this pass while what they stand for is already visible.
+    /// Lets go of every scope held: for a reader whose marks may have been taken by another
+    /// (a shard that changed hands), or that leaves some unread this pass while what they
+    /// stand for is already visible.
     pub fn clear(&mut self) {
         self.scopes.clear();
     }

@@ -88,9 +88,9 @@ fn pinned_runs(call: &TimelineCall, min_attempts: usize) -> Vec<Vec<&TimelineAtt
     runs.into_iter().map(|run| run.into_iter().map(|index| &call.attempts[index]).collect()).collect()
 }
 
-/// The node that answered `attempt` (see the module documentation). Shared with the streaming
-/// engine.
-pub(crate) fn answered_by(attempt: &TimelineAttempt) -> Option<&str> {
+/// The node that answered `attempt` (see the module documentation; the streaming engine's
+/// compact attempts say the same in `Attempt::answered_by`).
+fn answered_by(attempt: &TimelineAttempt) -> Option<&str> {
     attempt.served_by.as_deref().or_else(|| {
         attempt.target_node.as_deref().filter(|_| attempt.target_role.as_deref().is_some_and(|role| role != "router"))
     })

@@ -156,7 +156,8 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
-    /// The node that answered it, as `pinned_retry::answered_by` says.
+    /// The node that answered it: the server that did, else the node its client span names
+    /// unless that was a router (as `pinned_retry` judges a `TimelineAttempt`).
     pub(crate) fn answered_by(&self) -> Sym {
         match self.served_by {
             Sym::NONE if self.target_role != Sym::NONE && self.target_role != known::ROUTER => self.target_node,

@@ -1844,7 +1844,7 @@ impl PendingPinned {
         let call = self.call.materialize(interner);
         let attempts: Vec<&lagscope_model::TimelineAttempt> =
             self.run.iter().map(|index| &call.attempts[*index]).collect();
-        let node = pinned_retry::answered_by(attempts[0]).unwrap_or_default();
+        let node = interner.get(self.node).unwrap_or_default();
         Some(pinned_retry::pinned(&self.client, &call, &attempts, node, &others))
     }
 }
