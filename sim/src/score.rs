@@ -71,22 +71,8 @@ pub fn score(truth: &Truth, found: &[Found]) -> Vec<KindScore> {
             let expected: Vec<_> = of_kind().filter(|anomaly| !anomaly.optional).collect();
             let optional: Vec<_> = of_kind().filter(|anomaly| anomaly.optional).collect();
             let reported: Vec<_> = found.iter().filter(|anomaly| anomaly.kind == kind).collect();
-            // Each expected anomaly's candidates, nearest start first.
-            let candidates_of = |wanted: &ExpectedAnomaly| -> Vec<usize> {
-                let mut near: Vec<usize> = (0..reported.len())
-                    .filter(|index| {
-                        let anomaly = reported[*index];
-                        anomaly.cluster.as_deref() == Some(wanted.cluster.as_str())
-                            && same_if_named(&wanted.namespace, &anomaly.namespace)
-                            && same_if_named(&wanted.client_id, &anomaly.client_id)
-                            && same_if_named(&wanted.node_id, &anomaly.node_id)
-                            && anomaly.start_unix_nano <= wanted.end_unix_nano + WINDOW_TOLERANCE_NANOS
-                            && anomaly.end_unix_nano >= wanted.start_unix_nano - WINDOW_TOLERANCE_NANOS
-                    })
-                    .collect();
-                near.sort_by_key(|index| (reported[*index].start_unix_nano - wanted.start_unix_nano).abs());
-                near
-            };
+            let by_cluster = ByCluster::of(&reported);
+            let candidates_of = |wanted: &ExpectedAnomaly| candidates(&reported, &by_cluster, wanted);
             let candidates: Vec<Vec<usize>> = expected.iter().map(|wanted| candidates_of(wanted)).collect();
             let partner = maximum_matching(&candidates, reported.len());
             let mut start_errors = Vec::new();
@@ -149,6 +135,72 @@ pub fn score(truth: &Truth, found: &[Found]) -> Vec<KindScore> {
 /// first) to the right side (`right` of them): each left's partner, if any. Greedy in order of
 /// preference first, then an augmenting path (iterative, no recursion) from each left still
 /// unmatched.
+/// An expected anomaly's candidates among one kind's found anomalies (indices into
+/// `reported`), nearest start first: the same cluster, the same namespace, client and node
+/// wherever the truth names one, windows overlapping within the tolerance.
+fn candidates(reported: &[&Found], by_cluster: &ByCluster<'_>, wanted: &ExpectedAnomaly) -> Vec<usize> {
+    let mut near: Vec<usize> = by_cluster
+        .near(wanted)
+        .filter(|index| {
+            let anomaly = reported[*index];
+            same_if_named(&wanted.namespace, &anomaly.namespace)
+                && same_if_named(&wanted.client_id, &anomaly.client_id)
+                && same_if_named(&wanted.node_id, &anomaly.node_id)
+                && anomaly.start_unix_nano <= wanted.end_unix_nano + WINDOW_TOLERANCE_NANOS
+                && anomaly.end_unix_nano >= wanted.start_unix_nano - WINDOW_TOLERANCE_NANOS
+        })
+        .collect();
+    // In the order reported, then by distance (a stable sort): ties go to the first reported.
+    near.sort_unstable();
+    near.sort_by_key(|index| (reported[*index].start_unix_nano - wanted.start_unix_nano).abs());
+    near
+}
+
+/// One kind's found anomalies by cluster, each cluster's by start: an expected anomaly's
+/// candidates are those of its cluster that start within its window widened by the
+/// tolerance and by the longest found window (found by binary search, not a scan of every
+/// found anomaly for each expected one, which grew with the square of a busy run's anomalies).
+struct ByCluster<'a> {
+    clusters: BTreeMap<&'a str, Starts>,
+}
+
+/// (start, index into the found anomalies) in start order, and the longest found window.
+struct Starts {
+    starts: Vec<(i64, usize)>,
+    longest: i64,
+}
+
+impl<'a> ByCluster<'a> {
+    fn of(reported: &[&'a Found]) -> Self {
+        let mut clusters: BTreeMap<&str, Starts> = BTreeMap::new();
+        for (index, anomaly) in reported.iter().enumerate() {
+            // One without a cluster matches nothing expected (every expected one names its).
+            let Some(cluster) = anomaly.cluster.as_deref() else { continue };
+            let starts = clusters.entry(cluster).or_insert(Starts { starts: Vec::new(), longest: 0 });
+            starts.starts.push((anomaly.start_unix_nano, index));
+            starts.longest = starts.longest.max(anomaly.end_unix_nano.saturating_sub(anomaly.start_unix_nano));
+        }
+        for starts in clusters.values_mut() {
+            starts.starts.sort_unstable();
+        }
+        Self { clusters }
+    }
+
+    /// The found anomalies of `wanted`'s cluster whose windows may overlap its own within the
+    /// tolerance (a superset: the caller checks each).
+    fn near(&self, wanted: &ExpectedAnomaly) -> impl Iterator<Item = usize> + '_ {
+        let starts = self.clusters.get(wanted.cluster.as_str()).map_or(&[][..], |starts| {
+            // An overlapping window starts no earlier than this, and no later than `last`.
+            let first = wanted.start_unix_nano.saturating_sub(WINDOW_TOLERANCE_NANOS).saturating_sub(starts.longest);
+            let last = wanted.end_unix_nano.saturating_add(WINDOW_TOLERANCE_NANOS);
+            let from = starts.starts.partition_point(|(start, _)| *start < first);
+            let to = starts.starts.partition_point(|(start, _)| *start <= last);
+            &starts.starts[from..to.max(from)]
+        });
+        starts.iter().map(|(_, index)| *index)
+    }
+}
+
 fn maximum_matching(candidates: &[Vec<usize>], right: usize) -> Vec<Option<usize>> {
     let mut partner: Vec<Option<usize>> = vec![None; candidates.len()];
     let mut owner: Vec<Option<usize>> = vec![None; right];
@@ -165,12 +217,14 @@ fn maximum_matching(candidates: &[Vec<usize>], right: usize) -> Vec<Option<usize
             owner[index] = Some(left);
         }
     }
+    let (mut visited, mut round) = (vec![0_u32; right], 0_u32);
     for start in 0..candidates.len() {
         if partner[start].is_some() || candidates[start].is_empty() {
             continue;
         }
-        // Depth-first over alternating paths: (left, next candidate to try).
-        let mut visited = vec![false; right];
+        // Depth-first over alternating paths: (left, next candidate to try). A right is
+        // visited in this search when its stamp is the search's (no array cleared per search).
+        round += 1;
         let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
         let mut free = None;
         while let Some((left, next)) = stack.last_mut() {
@@ -179,10 +233,10 @@ fn maximum_matching(candidates: &[Vec<usize>], right: usize) -> Vec<Option<usize
                 continue;
             };
             *next += 1;
-            if visited[index] {
+            if visited[index] == round {
                 continue;
             }
-            visited[index] = true;
+            visited[index] = round;
             match owner[index] {
                 None => {
                     free = Some(index);
@@ -353,5 +407,58 @@ mod tests {
             &[found("stale_read", "a", 10 + 3 * WINDOW_TOLERANCE_NANOS, 20 + 3 * WINDOW_TOLERANCE_NANOS)],
         );
         assert_eq!((scores[0].missed, scores[0].false_positives), (1, 1));
+    }
+
+    #[test]
+    fn candidates_are_those_a_scan_of_every_found_anomaly_gives() {
+        // Random windows (some long, some named loosely) in three clusters, one cluster unnamed.
+        let mut rng = crate::rng::Rng::new(7);
+        let mut pick = |names: &[&str]| {
+            let name = *rng.pick(names);
+            (!name.is_empty()).then(|| name.to_string())
+        };
+        let mut windows = crate::rng::Rng::new(8);
+        let mut window = || {
+            let start = windows.range(0, 60 * 1_000_000_000);
+            let long = windows.chance(0.05);
+            (start, start + if long { windows.range(0, 30 * 1_000_000_000) } else { windows.range(0, 5_000_000) })
+        };
+        let reported: Vec<Found> = (0..400)
+            .map(|_| {
+                let (start, end) = window();
+                Found {
+                    cluster: pick(&["c1", "c2", "c3", ""]),
+                    namespace: pick(&["n1", "n2"]),
+                    client_id: pick(&["a", "b", "c"]),
+                    node_id: pick(&["x", "y"]),
+                    ..found("stale_read", "a", start, end)
+                }
+            })
+            .collect();
+        let reported: Vec<&Found> = reported.iter().collect();
+        let by_cluster = ByCluster::of(&reported);
+        for _ in 0..400 {
+            let (start, end) = window();
+            let wanted = ExpectedAnomaly {
+                cluster: pick(&["c1", "c2", "c3", "c4"]).unwrap_or_default(),
+                namespace: pick(&["n1", ""]),
+                client_id: pick(&["a", "b", ""]),
+                node_id: pick(&["x", "y", ""]),
+                ..expected("stale_read", "a", start, end)
+            };
+            let mut scanned: Vec<usize> = (0..reported.len())
+                .filter(|index| {
+                    let anomaly = reported[*index];
+                    anomaly.cluster.as_deref() == Some(wanted.cluster.as_str())
+                        && same_if_named(&wanted.namespace, &anomaly.namespace)
+                        && same_if_named(&wanted.client_id, &anomaly.client_id)
+                        && same_if_named(&wanted.node_id, &anomaly.node_id)
+                        && anomaly.start_unix_nano <= wanted.end_unix_nano + WINDOW_TOLERANCE_NANOS
+                        && anomaly.end_unix_nano >= wanted.start_unix_nano - WINDOW_TOLERANCE_NANOS
+                })
+                .collect();
+            scanned.sort_by_key(|index| (reported[*index].start_unix_nano - wanted.start_unix_nano).abs());
+            assert_eq!(candidates(&reported, &by_cluster, &wanted), scanned, "{wanted:?}");
+        }
     }
 }
