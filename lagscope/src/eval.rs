@@ -14,7 +14,7 @@ use lagscope_collector::capture::stream_requests;
 use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
 use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
-use lagscope_store::TimeRange;
+use lagscope_store::{AnomalyFilter, TimeRange};
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::{
     ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint, SummaryDataPoint,
@@ -415,6 +415,10 @@ pub enum Recorded {
     Captures(Vec<PathBuf>),
     /// A store; a bound of its range left open (not given) is the run's.
     Store(StoreSource),
+    /// The anomalies `serve`'s live analyzer stored in a store (those whose windows meet the
+    /// range; a bound left open is the run's), scored as they are: the live mode held to the
+    /// run's truth.
+    Stored(StoreSource),
 }
 
 /// Scores a recorded run against the ground truth `sim --truth` wrote of it, through the same
@@ -443,16 +447,60 @@ pub fn run_recorded(
         }
         Recorded::Store(mut source) => {
             // What started within the run, up to its end.
-            if source.range.from == TimeRange::ALL.from {
-                source.range.from = truth.start_unix_nano;
-            }
-            if source.range.to == TimeRange::ALL.to {
-                source.range.to = truth.end_unix_nano.saturating_add(1);
-            }
+            source.range = run_range(&truth, source.range);
             analyze_store_emitting(&source, analyzer, &[], None, progress)?
+        }
+        Recorded::Stored(mut source) => {
+            source.range = run_range(&truth, source.range);
+            let (anomalies, spans) = stored_anomalies(&source)?;
+            return report(&[ScenarioScore::of(truth, anomalies, spans)], 0.0, json);
         }
     };
     report(&[ScenarioScore::of(truth, analyzed.anomalies, analyzed.spans)], 0.0, json)
+}
+
+/// `range` with a bound left open (not given) made the run's: from its start to just past its
+/// end.
+fn run_range(truth: &Truth, mut range: TimeRange) -> TimeRange {
+    if range.from == TimeRange::ALL.from {
+        range.from = truth.start_unix_nano;
+    }
+    if range.to == TimeRange::ALL.to {
+        range.to = truth.end_unix_nano.saturating_add(1);
+    }
+    range
+}
+
+/// The anomalies a store holds whose windows meet `source.range` (newest first, a page at a
+/// time, without their evidence), and how many spans the store holds.
+fn stored_anomalies(source: &StoreSource) -> anyhow::Result<(Vec<Anomaly>, usize)> {
+    anyhow::ensure!(source.range.from < source.range.to, "--from must be before --to");
+    crate::stored::runtime()?.block_on(async {
+        let (name, store) = crate::stored::open(
+            source.database_url.as_deref(),
+            &source.data_dir,
+            Some("--data-dir takes the directory `lagscope serve --data-dir` keeps its store in"),
+        )
+        .await?;
+        let mut filter = AnomalyFilter {
+            since: Some(source.range.from),
+            until: Some(source.range.to),
+            limit: crate::stored::PAGE,
+            skip_evidence: true,
+            ..AnomalyFilter::default()
+        };
+        let mut anomalies = Vec::new();
+        loop {
+            let page =
+                store.anomalies(&filter).await.with_context(|| format!("cannot read the anomalies of {name}"))?;
+            let Some(last) = page.last() else { break };
+            filter.before_id = Some(last.id);
+            anomalies.extend(page.into_iter().map(|stored| stored.anomaly));
+        }
+        let spans = store.stats().await.with_context(|| format!("cannot read {name}"))?.spans;
+        eprintln!("eval: {} anomalies stored in {name}", anomalies.len());
+        anyhow::Ok((anomalies, spans as usize))
+    })
 }
 
 /// Prints the scores as a table or JSON; fails if anything was missed or falsely reported

@@ -314,6 +314,11 @@ enum Command {
         /// With --truth: this PostgreSQL store holds the run's telemetry.
         #[arg(long, value_name = "URL", requires = "truth", conflicts_with = "captures")]
         database_url: Option<String>,
+        /// With a store: score the anomalies `serve`'s live analyzer stored there, as they
+        /// are, instead of analyzing the store's telemetry again (the live mode held to the
+        /// run's truth; run it once `/api/v1/health` shows every batch analyzed).
+        #[arg(long, requires = "truth", conflicts_with = "captures")]
+        stored: bool,
         /// With a store: read from this time (RFC 3339 or Unix seconds) [default: the run's start].
         #[arg(long, requires = "truth")]
         from: Option<String>,
@@ -676,6 +681,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             truth,
             data_dir,
             database_url,
+            stored,
             from,
             to,
             progress,
@@ -685,7 +691,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(truth) = truth {
                 let given_range = from.is_some() || to.is_some();
                 let recorded = if let Some(source) = store_source(data_dir, database_url, from, to)? {
-                    eval::Recorded::Store(source)
+                    if stored { eval::Recorded::Stored(source) } else { eval::Recorded::Store(source) }
+                } else if stored {
+                    anyhow::bail!("--stored scores what a store holds: give --data-dir or --database-url");
                 } else if given_range {
                     anyhow::bail!("--from and --to choose what of a store is read; capture files are read whole");
                 } else if captures.is_empty() {

@@ -94,6 +94,67 @@ async fn over_otlp_grpc_with_exports_in_flight_everything_arrives_and_is_analyze
     delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr)), 8).await;
 }
 
+/// `eval --stored` scores what the live analyzer stored, as it is (not the store's telemetry
+/// analyzed again): exact on a run sent to `serve`, and one missed once a stored anomaly is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_scores_what_the_live_analyzer_stored() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data_dir = directory.path().join("data");
+    let server = start_server(&data_dir).await;
+    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    let (truth, _) =
+        tokio::task::spawn_blocking(move || simulate(short("hdfs-pool-not-advanced"), target)).await.expect("join");
+    wait_until_analyzed(&server).await;
+    server.shutdown().await.expect("clean shutdown");
+    let truth_path = directory.path().join("truth.json");
+    std::fs::write(&truth_path, serde_json::to_string(&truth).expect("truth")).expect("written");
+    let eval = || {
+        let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["eval", "--format", "json", "--stored", "--truth"])
+            .arg(&truth_path)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .output()
+            .expect("lagscope runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let scores: serde_json::Value = serde_json::from_slice(&output.stdout).expect("scores");
+        (output.status.success(), scores, stderr)
+    };
+    let (ok, scores, stderr) = eval();
+    assert!(ok, "{stderr}\n{scores:#}");
+    let expected = truth.anomalies.len();
+    assert!(expected > 10, "{expected}");
+    assert!(stderr.contains(&format!("eval: {expected} anomalies stored in ")), "{stderr}");
+    assert_eq!(scores[0]["anomalies_found"], expected);
+
+    // One stored stale read gone: the telemetry still shows it, what was stored does not.
+    let file = data_dir.join(lagscope_store::sqlite_database_file());
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", file.display())).await.expect("the store");
+    let deleted =
+        sqlx::query("DELETE FROM anomalies WHERE id = (SELECT MIN(id) FROM anomalies WHERE kind = 'stale_read')")
+            .execute(&pool)
+            .await
+            .expect("deleted");
+    assert_eq!(deleted.rows_affected(), 1);
+    pool.close().await;
+    let (ok, scores, stderr) = eval();
+    assert!(!ok, "{scores:#}");
+    assert!(stderr.contains("1 of 1 scenarios have missed or false anomalies"), "{stderr}");
+    let rows = scores[0]["kinds"].as_array().expect("kinds");
+    let stale = rows.iter().find(|row| row["kind"] == "stale_read").expect("a stale_read row");
+    assert_eq!((stale["missed"].as_u64(), stale["false_positives"].as_u64()), (Some(1), Some(0)), "{stale:#}");
+
+    // Without a store there is nothing stored to score.
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["eval", "--stored", "--truth"])
+        .arg(&truth_path)
+        .output()
+        .expect("lagscope runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--stored scores what a store holds: give --data-dir or --database-url"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_sent_over_http_are_stored() {
     let directory = tempfile::tempdir().expect("temp dir");
