@@ -36,6 +36,9 @@ pub struct ClientCache {
     held: usize,
     /// A call id names one call for this long ([`HeldTimelines::new`]).
     horizon: UnixNanos,
+    /// Spans naming a held client that arrived after its timeline was settled past them, since
+    /// the last [`ClientCache::take_late`].
+    late: u64,
 }
 
 #[derive(Debug)]
@@ -58,12 +61,19 @@ struct Held {
 impl ClientCache {
     /// At most `budget` spans over all clients; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon }
+        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon, late: 0 }
     }
 
     /// Spans held over all clients.
     pub fn held(&self) -> usize {
         self.held
+    }
+
+    /// How many spans naming a held client arrived, since the last call, after the client's
+    /// timeline had been settled past their start ([`HeldTimelines::settled_from`]): too late
+    /// to be judged (their calls were let go, or judged without them).
+    pub fn take_late(&mut self) -> u64 {
+        std::mem::take(&mut self.late)
     }
 
     /// Brings every held client up to the store's newest span: reads what was committed since
@@ -104,6 +114,7 @@ impl ClientCache {
                 let index = Gained::index(&gained);
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
+                    self.late += held.late(client_id, &index);
                     let traces = held.add(client_id, &index, limit as usize);
                     if !traces.is_empty() {
                         rereads.push((held, traces));
@@ -340,6 +351,15 @@ impl Held {
                 self.trace_keys.remove(trace);
             }
         }
+    }
+
+    /// How many of a catch-up's spans naming this client start before its timeline's
+    /// settled cut in their namespace.
+    fn late(&self, client_id: &str, gained: &Gained<'_>) -> u64 {
+        let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
+        spans
+            .filter(|span| span.start_unix_nano < self.spans.settled_from(client_id, span.call.namespace.as_deref()))
+            .count() as u64
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.

@@ -263,7 +263,9 @@ pub struct LiveConfig {
     /// (`HeldTimelines::settle`). An anomaly still growing holds its namespace's calls from
     /// its start. 0: nothing is settled (windows are bounded by the span limits alone).
     /// 10 s by default: the reach already keeps a minute behind it, and every second more is
-    /// held and judged again by every pass (BENCHMARKS.md, forty-fourth session).
+    /// held and judged again by every pass (BENCHMARKS.md, forty-fourth session). Spans naming
+    /// a client that arrive after their calls were settled are not judged live; they are
+    /// counted (`lagscope_analysis_late_spans_total`).
     pub settle_seconds: i64,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.

@@ -586,6 +586,7 @@ async fn analysis_pass(
         && !clients.is_empty()
     {
         committed = client_cache.catch_up(feed, latest, client_limit, Instant::now()).await?;
+        metrics.analysis_late_spans.add(client_cache.take_late());
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();

@@ -374,18 +374,47 @@ async fn send_grpc(
             (traces.clone(), metrics.clone(), logs.clone(), endpoint.clone());
         in_flight
             .send(async move {
-                let result = match request {
-                    Request::Traces(request) => traces.export(request).await.map(|_| ()),
-                    Request::Metrics(request) => metrics.export(request).await.map(|_| ()),
-                    Request::Logs(request) => logs.export(request).await.map(|_| ()),
-                };
-                result.map_err(|status| anyhow::anyhow!("{endpoint} refused an export: {status}"))
+                let mut attempt = 0;
+                loop {
+                    // (Sent again when refused for a while: the request is cloned for each try.)
+                    let result = match &request {
+                        Request::Traces(request) => traces.export(request.clone()).await.map(|_| ()),
+                        Request::Metrics(request) => metrics.export(request.clone()).await.map(|_| ()),
+                        Request::Logs(request) => logs.export(request.clone()).await.map(|_| ()),
+                    };
+                    let Err(status) = result else { return Ok(()) };
+                    match grpc_retry_wait(&status, attempt) {
+                        Some(wait) if attempt < 8 => tokio::time::sleep(wait).await,
+                        _ => bail!("{endpoint} refused an export: {status}"),
+                    }
+                    attempt += 1;
+                }
             })
             .await?;
         sent += 1;
     }
     in_flight.finish().await?;
     Ok(sent)
+}
+
+/// How long to wait before sending a refused OTLP/gRPC export again (`attempt`: the retries
+/// so far), or none if it must not be: the specification's retryable codes back off
+/// exponentially, and RESOURCE_EXHAUSTED is retried only when the receiver sent a
+/// `google.rpc.RetryInfo`, after its delay.
+fn grpc_retry_wait(status: &tonic::Status, attempt: u32) -> Option<Duration> {
+    use tonic::Code;
+    match status.code() {
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unavailable
+        | Code::DataLoss => Some(
+            lagscope_collector::otlp::grpc::retry_delay(status).unwrap_or(Duration::from_millis(100 << attempt.min(6))),
+        ),
+        Code::ResourceExhausted => lagscope_collector::otlp::grpc::retry_delay(status),
+        _ => None,
+    }
 }
 
 /// Parses `500ms`, `60s`, `2m`, `1h` (a bare number is seconds).
@@ -412,6 +441,20 @@ pub fn parse_duration(text: &str) -> anyhow::Result<Nanos> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_grpc_exports_are_sent_again_only_as_the_specification_allows() {
+        use lagscope_collector::otlp::grpc::retryable_exhausted;
+        use lagscope_collector::queue::RETRY_AFTER_SECONDS;
+        let overloaded = retryable_exhausted("full".to_string());
+        let asked = Duration::from_secs(u64::from(RETRY_AFTER_SECONDS));
+        assert_eq!(grpc_retry_wait(&overloaded, 0), Some(asked), "RESOURCE_EXHAUSTED with RetryInfo: its delay");
+        assert_eq!(grpc_retry_wait(&tonic::Status::resource_exhausted("full"), 0), None, "without RetryInfo: never");
+        let unavailable = tonic::Status::unavailable("down");
+        assert_eq!(grpc_retry_wait(&unavailable, 0), Some(Duration::from_millis(100)));
+        assert_eq!(grpc_retry_wait(&unavailable, 3), Some(Duration::from_millis(800)), "backing off");
+        assert_eq!(grpc_retry_wait(&tonic::Status::invalid_argument("bad"), 0), None);
+    }
 
     #[test]
     fn durations_parse_with_units() {

@@ -36,7 +36,17 @@ fn spans_of(truth: &Truth) -> u64 {
 
 async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target, in_flight: usize) {
     let directory = tempfile::tempdir().expect("temp dir");
-    let server = start_server(directory.path()).await;
+    let mut config = support::local_config(directory.path());
+    if in_flight > 1 {
+        // Sent as fast as they are answered, 15 s of telemetry arrive in about a second: a
+        // request answered late or refused and sent again (after the 1 s the receiver asks for)
+        // arrives several seconds of telemetry behind the rest, later than the live analyzer's
+        // settling waits for (it counts such spans late: see
+        // `hops_arriving_after_their_calls_were_settled_are_counted_late`). Nothing settled,
+        // every span is judged wherever it lands.
+        config.live.settle_seconds = 0;
+    }
+    let server = lagscope::Server::start(&config).await.expect("server starts");
     let target = target_of(&server);
     let (truth, requests) =
         tokio::task::spawn_blocking(move || simulate_in_flight(short("hdfs-pool-not-advanced"), target, in_flight))
@@ -52,6 +62,7 @@ async fn delivered(target_of: impl Fn(&lagscope::Server) -> Target, in_flight: u
     assert!(expected > 0, "the scenario must produce stale reads in 15 s");
     let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=1000").await;
     assert_eq!(listed["anomalies"].as_array().map(Vec::len), Some(expected), "live stale reads vs truth");
+    assert_eq!(health["analysis"]["late_spans_total"], 0, "{health}");
     // The timeline says what the metrics said about the serving node at each attempt.
     let (status, timeline) = get_json(&server, "/api/v1/clients/client-2/timeline").await;
     assert_eq!(status, 200, "{timeline}");
@@ -89,9 +100,11 @@ async fn over_otlp_http_with_exports_in_flight_everything_arrives_and_is_analyze
     delivered(|server| Target::OtlpHttp(format!("http://{}", server.otlp_http_addr)), 8).await;
 }
 
+// (16 over gRPC: more than the 8 requests the server receives at once by default; those it
+// refuses with RESOURCE_EXHAUSTED and a RetryInfo are sent again after its delay.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_otlp_grpc_with_exports_in_flight_everything_arrives_and_is_analyzed() {
-    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr)), 8).await;
+    delivered(|server| Target::OtlpGrpc(format!("http://{}", server.otlp_grpc_addr)), 16).await;
 }
 
 /// `eval --stored` scores what the live analyzer stored, as it is (not the store's telemetry
@@ -153,6 +166,76 @@ async fn eval_scores_what_the_live_analyzer_stored() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--stored scores what a store holds: give --data-dir or --database-url"), "{stderr}");
+}
+
+/// A hop that arrives after its client's live timeline was settled past it (the call was let
+/// go `live.settle_seconds` behind the client's newest span) is not judged live: it is counted,
+/// on `/api/v1/health` and `/metrics`, so that operators see what came too late. A hop of a
+/// call still held is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_arriving_after_their_calls_were_settled_are_counted_late() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    use prost::Message;
+    use support::{int, resource, span, text};
+    let directory = tempfile::tempdir().expect("temp dir");
+    let server = start_server(directory.path()).await;
+    let http = reqwest::Client::new();
+    let post = async |component: &str, spans| {
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(resource(component, &format!("{component}-1"))),
+                scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let response = http
+            .post(format!("http://{}/v1/traces", server.otlp_http_addr))
+            .header("content-type", "application/x-protobuf")
+            .body(request.encode_to_vec())
+            .send()
+            .await
+            .expect("post");
+        assert!(response.status().is_success(), "{}", response.status());
+        wait_until_analyzed(&server).await;
+    };
+    // (Recent: the live caches hold nothing older than the retention.)
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
+    let base = now.as_nanos() as u64 - 300 * SECOND as u64;
+    let call = |index: u64| {
+        vec![
+            text("lagscope.client.id", "late-1"),
+            text("lagscope.call.id", &format!("call-{index}")),
+            text("lagscope.namespace", "ns1"),
+            text("lagscope.op", "read"),
+            int("lagscope.state.carried", 1000),
+        ]
+    };
+    // 40 reads 5 s apart, each with its server span: the client is held and settled (what the
+    // detectors may still reach, a minute or so behind the newest, is not).
+    let at = |index: u64| base + index * 5 * SECOND as u64;
+    let clients =
+        (0..40).map(|index| span(index + 1, 10 * index + 1, 0, at(index), at(index) + 1_000_000, call(index)));
+    post("client", clients.collect()).await;
+    let servers = (0..40).map(|index| {
+        let served = vec![int("lagscope.state.served", 1000)];
+        span(index + 1, 10 * index + 3, 10 * index + 2, at(index) + 200_000, at(index) + 800_000, served)
+    });
+    post("server", servers.collect()).await;
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["analysis"]["late_spans_total"], 0, "{health:#}");
+
+    // The router hops of the 2nd call (settled long since) and of the 39th (still held).
+    let hop = |index: u64| {
+        span(index + 1, 10 * index + 2, 10 * index + 1, at(index) + 100_000, at(index) + 900_000, call(index))
+    };
+    post("router", vec![hop(1), hop(38)]).await;
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["analysis"]["late_spans_total"], 1, "{health:#}");
+    let metrics = http.get(format!("http://{}/metrics", server.api_addr)).send().await.expect("get");
+    let metrics = metrics.text().await.expect("text");
+    assert!(metrics.contains("\nlagscope_analysis_late_spans_total 1\n"), "{metrics}");
+    server.shutdown().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

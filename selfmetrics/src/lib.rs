@@ -221,6 +221,10 @@ pub struct SelfMetrics {
     pub client_reads_cached: Counter,
     pub client_reads_full: Counter,
     pub client_spans_cached: Gauge,
+    /// Spans naming a client (its own, and the hops that name it) that reached its held live
+    /// timeline after the timeline had been settled past their start (`live.settle_seconds`):
+    /// they arrived too late to be judged live (`lagscope analyze` over the store judges them).
+    pub analysis_late_spans: Counter,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -251,7 +255,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 32] = [
+        let counters: [(&str, &str, &Counter); 33] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -308,6 +312,12 @@ impl SelfMetrics {
                 "lagscope_analysis_client_reads_full_total",
                 "Client passes that read their client's spans from the store in full.",
                 &self.client_reads_full,
+            ),
+            (
+                "lagscope_analysis_late_spans_total",
+                "Spans naming a client that reached its live timeline after it was settled past them \
+                 (live.settle_seconds): not judged live.",
+                &self.analysis_late_spans,
             ),
             ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
             ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),

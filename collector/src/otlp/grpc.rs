@@ -104,6 +104,16 @@ pub fn retryable_exhausted(message: String) -> Status {
     Status::with_details(tonic::Code::ResourceExhausted, message, details.encode_to_vec().into())
 }
 
+/// How long a refused export asks its sender to wait: the `google.rpc.RetryInfo` in the
+/// status's details, as [`retryable_exhausted`] sends it (none: the status carries no
+/// RetryInfo, and RESOURCE_EXHAUSTED without one must not be retried).
+pub fn retry_delay(status: &Status) -> Option<std::time::Duration> {
+    let details = RpcStatus::decode(status.details()).ok()?;
+    let info = details.details.iter().find(|any| any.type_url == "type.googleapis.com/google.rpc.RetryInfo")?;
+    let delay = RetryInfo::decode(info.value.as_slice()).ok()?.retry_delay?;
+    Some(std::time::Duration::new(u64::try_from(delay.seconds).ok()?, u32::try_from(delay.nanos).ok()?))
+}
+
 /// Room in the ingest queue for a decoded request: its encoded size times the decoding factor.
 fn reserve(ingestor: &Ingestor, request: &impl Message) -> Result<Reservation, Status> {
     ingestor
