@@ -184,18 +184,26 @@ mod tests {
 /// it is complete ([`Replacement::commit`]): a command that fails (an unknown scenario, a
 /// broken input line, a full disk, Ctrl-C) leaves what was at the destination as it was, and
 /// never a truncated file under the destination's name. Dropped uncommitted, the temporary
-/// file is removed.
+/// file is removed. A destination that exists and is not a regular file (`/dev/null`, a pipe,
+/// a terminal, `/dev/stdout`) is written in place: renamed over, the device or pipe itself
+/// would be replaced by a file.
 #[derive(Debug)]
 pub struct Replacement {
-    temporary: std::path::PathBuf,
+    /// None: the destination is written in place.
+    temporary: Option<std::path::PathBuf>,
     destination: std::path::PathBuf,
     committed: bool,
 }
 
 impl Replacement {
     /// Creates the temporary file (`.NAME.partial-PID` in the destination's directory, so
-    /// that the rename stays within one file system) and returns it with its guard.
+    /// that the rename stays within one file system) and returns it with its guard; or opens
+    /// a destination that is not a regular file for writing.
     pub fn create(destination: &std::path::Path) -> io::Result<(std::fs::File, Self)> {
+        if std::fs::metadata(destination).is_ok_and(|metadata| !metadata.is_file() && !metadata.is_dir()) {
+            let file = std::fs::OpenOptions::new().write(true).open(destination)?;
+            return Ok((file, Self { temporary: None, destination: destination.to_path_buf(), committed: false }));
+        }
         let name = destination.file_name().ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("{}: not a file name", destination.display()))
         })?;
@@ -204,12 +212,14 @@ impl Replacement {
         temporary_name.push(format!(".partial-{}", std::process::id()));
         let temporary = destination.with_file_name(temporary_name);
         let file = std::fs::File::create(&temporary)?;
-        Ok((file, Self { temporary, destination: destination.to_path_buf(), committed: false }))
+        Ok((file, Self { temporary: Some(temporary), destination: destination.to_path_buf(), committed: false }))
     }
 
     /// Renames the finished file over the destination (write and flush it first).
     pub fn commit(mut self) -> io::Result<()> {
-        std::fs::rename(&self.temporary, &self.destination)?;
+        if let Some(temporary) = &self.temporary {
+            std::fs::rename(temporary, &self.destination)?;
+        }
         self.committed = true;
         Ok(())
     }
@@ -217,8 +227,10 @@ impl Replacement {
 
 impl Drop for Replacement {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temporary);
+        if !self.committed
+            && let Some(temporary) = &self.temporary
+        {
+            let _ = std::fs::remove_file(temporary);
         }
     }
 }
@@ -257,5 +269,23 @@ mod replacement_tests {
         guard.commit().expect("commit");
         assert_eq!(std::fs::read_to_string(&destination).expect("read"), "new\n");
         assert_eq!(names(directory.path()), ["capture.jsonl"]);
+    }
+
+    /// `sim --out /dev/null` renamed a file over `/dev/null` (as root, the device was gone).
+    /// Through a link to it, so that a regression replaces the link, not the device.
+    #[test]
+    fn a_destination_that_is_a_device_is_written_in_place() {
+        use std::os::unix::fs::FileTypeExt;
+        let directory = tempfile::tempdir().expect("temp dir");
+        let destination = directory.path().join("out");
+        std::os::unix::fs::symlink("/dev/null", &destination).expect("link");
+        let (mut file, guard) = Replacement::create(&destination).expect("create");
+        file.write_all(b"thrown away\n").expect("write");
+        drop(file);
+        guard.commit().expect("commit");
+        let link = std::fs::symlink_metadata(&destination).expect("the link");
+        assert!(link.file_type().is_symlink(), "the link was replaced: {link:?}");
+        assert!(std::fs::metadata(&destination).expect("/dev/null").file_type().is_char_device());
+        assert_eq!(names(directory.path()), ["out"], "no temporary file left");
     }
 }
