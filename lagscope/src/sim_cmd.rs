@@ -281,9 +281,16 @@ async fn send_http(
     Ok(sent)
 }
 
+/// How long a refused export is tried again before the run fails: the OpenTelemetry
+/// Collector's exporters' default (`retry_on_failure.max_elapsed_time`, 5 minutes). A receiver
+/// under sustained load refuses the same request many times over (one whose store commits
+/// slowly, with more exports in flight than it takes at once): a count of tries would give up
+/// on a receiver that is only busy.
+const RETRY_FOR: Duration = Duration::from_secs(300);
+
 /// One OTLP/HTTP export, retried as the specification allows.
 async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Result<()> {
-    let mut attempt = 0;
+    let (mut attempt, first) = (0, Instant::now());
     loop {
         let response = client
             .post(&url)
@@ -298,16 +305,16 @@ async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Re
         }
         // OTLP/HTTP: only 429, 502, 503 and 504 may be retried, after Retry-After.
         let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
-        if !retryable || attempt >= 8 {
-            let text = response.text().await.unwrap_or_default();
-            bail!("{url} answered {status}: {text}");
-        }
         let wait = response
             .headers()
             .get("retry-after")
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.parse::<u64>().ok())
-            .map_or(Duration::from_millis(100 << attempt), Duration::from_secs);
+            .map_or(backoff(attempt), Duration::from_secs);
+        if !retryable || first.elapsed() + wait > RETRY_FOR {
+            let text = response.text().await.unwrap_or_default();
+            bail!("{url} answered {status}: {text}");
+        }
         tokio::time::sleep(wait).await;
         attempt += 1;
     }
@@ -374,7 +381,7 @@ async fn send_grpc(
             (traces.clone(), metrics.clone(), logs.clone(), endpoint.clone());
         in_flight
             .send(async move {
-                let mut attempt = 0;
+                let (mut attempt, first) = (0, Instant::now());
                 loop {
                     // (Sent again when refused for a while: the request is cloned for each try.)
                     let result = match &request {
@@ -384,7 +391,7 @@ async fn send_grpc(
                     };
                     let Err(status) = result else { return Ok(()) };
                     match grpc_retry_wait(&status, attempt) {
-                        Some(wait) if attempt < 8 => tokio::time::sleep(wait).await,
+                        Some(wait) if first.elapsed() + wait <= RETRY_FOR => tokio::time::sleep(wait).await,
                         _ => bail!("{endpoint} refused an export: {status}"),
                     }
                     attempt += 1;
@@ -395,6 +402,12 @@ async fn send_grpc(
     }
     in_flight.finish().await?;
     Ok(sent)
+}
+
+/// The wait before try `attempt + 1` when the receiver said nothing of when: from 100 ms,
+/// doubling, at most 6.4 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100 << attempt.min(6))
 }
 
 /// How long to wait before sending a refused OTLP/gRPC export again (`attempt`: the retries
@@ -409,9 +422,7 @@ fn grpc_retry_wait(status: &tonic::Status, attempt: u32) -> Option<Duration> {
         | Code::Aborted
         | Code::OutOfRange
         | Code::Unavailable
-        | Code::DataLoss => Some(
-            lagscope_collector::otlp::grpc::retry_delay(status).unwrap_or(Duration::from_millis(100 << attempt.min(6))),
-        ),
+        | Code::DataLoss => Some(lagscope_collector::otlp::grpc::retry_delay(status).unwrap_or(backoff(attempt))),
         Code::ResourceExhausted => lagscope_collector::otlp::grpc::retry_delay(status),
         _ => None,
     }
