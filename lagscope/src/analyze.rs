@@ -126,6 +126,19 @@ pub struct StoreSource {
     pub range: TimeRange,
 }
 
+impl StoreSource {
+    /// Opens the store, and how to name it in messages (a `--data-dir` that holds none is
+    /// refused, not made a new store).
+    pub(crate) async fn open(&self) -> anyhow::Result<(String, Box<dyn lagscope_store::Store>)> {
+        crate::stored::open(
+            self.database_url.as_deref(),
+            &self.data_dir,
+            Some("--data-dir takes the directory `lagscope serve --data-dir` keeps its store in"),
+        )
+        .await
+    }
+}
+
 /// [`analyze_paths_emitting`] over what a store holds: its spans, metric samples and log
 /// records in `source.range`, read a page at a time and handed to the same engine in the order
 /// they ended (as exporters deliver them), so memory stays bounded by what is in flight
@@ -141,12 +154,7 @@ pub fn analyze_store_emitting(
     anyhow::ensure!(source.range.from < source.range.to, "--from must be before --to");
     let mut run = Run::new(config, kinds, emit, 1, Reporter::new("analyze", progress, 0));
     let name = crate::stored::runtime()?.block_on(async {
-        let (name, store) = crate::stored::open(
-            source.database_url.as_deref(),
-            &source.data_dir,
-            Some("--data-dir takes the directory `lagscope serve --data-dir` keeps its store in"),
-        )
-        .await?;
+        let (name, store) = source.open().await?;
         run.store(store.as_ref(), source.range).await.with_context(|| format!("cannot analyze {name}"))?;
         anyhow::Ok(name)
     })?;

@@ -476,12 +476,7 @@ fn run_range(truth: &Truth, mut range: TimeRange) -> TimeRange {
 fn stored_anomalies(source: &StoreSource) -> anyhow::Result<(Vec<Anomaly>, usize)> {
     anyhow::ensure!(source.range.from < source.range.to, "--from must be before --to");
     crate::stored::runtime()?.block_on(async {
-        let (name, store) = crate::stored::open(
-            source.database_url.as_deref(),
-            &source.data_dir,
-            Some("--data-dir takes the directory `lagscope serve --data-dir` keeps its store in"),
-        )
-        .await?;
+        let (name, store) = source.open().await?;
         let mut filter = AnomalyFilter {
             since: Some(source.range.from),
             until: Some(source.range.to),
