@@ -354,11 +354,17 @@ impl Held {
     }
 
     /// How many of a catch-up's spans naming this client start before its timeline's
-    /// settled cut in their namespace.
+    /// settled cut in their namespace. (Every cut is at or before the latest of any timeline:
+    /// most new spans start after it, and their own cut, whose lookup builds its key, is not
+    /// looked up.)
     fn late(&self, client_id: &str, gained: &Gained<'_>) -> u64 {
+        let latest_cut = self.spans.settled_through();
         let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
         spans
-            .filter(|span| span.start_unix_nano < self.spans.settled_from(client_id, span.call.namespace.as_deref()))
+            .filter(|span| {
+                span.start_unix_nano < latest_cut
+                    && span.start_unix_nano < self.spans.settled_from(client_id, span.call.namespace.as_deref())
+            })
             .count() as u64
     }
 

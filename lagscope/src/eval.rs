@@ -441,22 +441,30 @@ pub fn run_recorded(
         )
     })?;
     eprintln!("eval: {} against {}", truth.scenario, truth_path.display());
-    let analyzed = match recorded {
+    let (anomalies, spans) = match recorded {
         Recorded::Captures(paths) => {
-            analyze_paths_emitting(&paths, analyzer, &[], None, crate::analyze::default_decode_threads(), progress)?
+            let analyzed = analyze_paths_emitting(
+                &paths,
+                analyzer,
+                &[],
+                None,
+                crate::analyze::default_decode_threads(),
+                progress,
+            )?;
+            (analyzed.anomalies, analyzed.spans)
         }
         Recorded::Store(mut source) => {
             // What started within the run, up to its end.
             source.range = run_range(&truth, source.range);
-            analyze_store_emitting(&source, analyzer, &[], None, progress)?
+            let analyzed = analyze_store_emitting(&source, analyzer, &[], None, progress)?;
+            (analyzed.anomalies, analyzed.spans)
         }
         Recorded::Stored(mut source) => {
             source.range = run_range(&truth, source.range);
-            let (anomalies, spans) = stored_anomalies(&source)?;
-            return report(&[ScenarioScore::of(truth, anomalies, spans)], 0.0, json);
+            stored_anomalies(&source)?
         }
     };
-    report(&[ScenarioScore::of(truth, analyzed.anomalies, analyzed.spans)], 0.0, json)
+    report(&[ScenarioScore::of(truth, anomalies, spans)], 0.0, json)
 }
 
 /// `range` with a bound left open (not given) made the run's: from its start to just past its

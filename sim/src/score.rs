@@ -131,10 +131,6 @@ pub fn score(truth: &Truth, found: &[Found]) -> Vec<KindScore> {
         .collect()
 }
 
-/// A maximum matching of the left side (each with its candidates on the right, preferred
-/// first) to the right side (`right` of them): each left's partner, if any. Greedy in order of
-/// preference first, then an augmenting path (iterative, no recursion) from each left still
-/// unmatched.
 /// An expected anomaly's candidates among one kind's found anomalies (indices into
 /// `reported`), nearest start first: the same cluster, the same namespace, client and node
 /// wherever the truth names one, windows overlapping within the tolerance.
@@ -150,9 +146,8 @@ fn candidates(reported: &[&Found], by_cluster: &ByCluster<'_>, wanted: &Expected
                 && anomaly.end_unix_nano >= wanted.start_unix_nano - WINDOW_TOLERANCE_NANOS
         })
         .collect();
-    // In the order reported, then by distance (a stable sort): ties go to the first reported.
-    near.sort_unstable();
-    near.sort_by_key(|index| (reported[*index].start_unix_nano - wanted.start_unix_nano).abs());
+    // Ties go to the first reported.
+    near.sort_unstable_by_key(|index| ((reported[*index].start_unix_nano - wanted.start_unix_nano).abs(), *index));
     near
 }
 
@@ -201,6 +196,10 @@ impl<'a> ByCluster<'a> {
     }
 }
 
+/// A maximum matching of the left side (each with its candidates on the right, preferred
+/// first) to the right side (`right` of them): each left's partner, if any. Greedy in order of
+/// preference first, then an augmenting path (iterative, no recursion) from each left still
+/// unmatched.
 fn maximum_matching(candidates: &[Vec<usize>], right: usize) -> Vec<Option<usize>> {
     let mut partner: Vec<Option<usize>> = vec![None; candidates.len()];
     let mut owner: Vec<Option<usize>> = vec![None; right];
