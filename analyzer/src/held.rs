@@ -497,6 +497,24 @@ impl HeldTimelines {
         self.settled.get(&(client_id.to_string(), namespace.map(str::to_string))).copied().unwrap_or(UnixNanos::MIN)
     }
 
+    /// Whether `span`, not held yet, arrived too late for these timelines: what it belongs to
+    /// was settled before it came (let go, or judged without it). A span naming a client
+    /// starts before that client's timeline's cut in its namespace; one naming none (a hop
+    /// joined by trace) starts before the latest cut of its namespace, and the attempt (or
+    /// root hop) it would join is not held. Holding it would change nothing reported: only
+    /// reading what it belongs to anew from the store judges it.
+    pub fn is_late(&self, span: &Span) -> bool {
+        // Most spans start after every cut of their namespace: nothing else is looked up.
+        let Some(&in_namespace) = self.namespace_cuts.get(&span.call.namespace) else { return false };
+        if span.start_unix_nano >= in_namespace {
+            return false;
+        }
+        match span.call.client_id.as_deref() {
+            Some(client_id) => span.start_unix_nano < self.settled_from(client_id, span.call.namespace.as_deref()),
+            None => self.ancestor(span).is_none(),
+        }
+    }
+
     /// Whether `anomaly` was judged with the whole history by the passes before, and is not
     /// to be reported from what is left: it is about attempts before its client's timeline's
     /// cut ([`HeldTimelines::settled_from`]), or it ended before the latest cut of any timeline
@@ -1304,6 +1322,72 @@ mod tests {
         assert_eq!(cuts.last(), Some(&(590 * SECOND)));
         assert!(held.spans().any(|span| span.start_unix_nano == 0), "the write that set the floor stays");
         assert_eq!(read_at(&mut held, 599), last);
+    }
+
+    /// What arrives after a settle is late when what it belongs to was let go or judged:
+    /// a span naming a client before that client's cut, a hop naming none whose attempt is
+    /// no longer held and that starts before its namespace's latest cut. Nothing is late
+    /// before any settle, after the cut, or in a namespace never cut.
+    #[test]
+    fn spans_for_what_a_settle_let_go_are_late() {
+        const SECOND: i64 = 1_000_000_000;
+        let attempt = |client: &str, namespace: &str, at: i64| {
+            let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
+            span.end_unix_nano = at * SECOND + SECOND / 2;
+            span.trace_id = Some(format!("{client}-{namespace}-{at}"));
+            span.span_id = Some(format!("{at:016x}"));
+            span.call = CallFields {
+                client_id: Some(client.to_string()),
+                call_id: Some(format!("call-{at}")),
+                attempt: Some(0),
+                namespace: Some(namespace.to_string()),
+                op: Some(Op::Read),
+                state: StateFields { carried: Some(10), ..StateFields::default() },
+                outcome: Some(Outcome::Ok),
+                ..CallFields::default()
+            };
+            span
+        };
+        // A server's hop under an attempt: it names no client, only the namespace.
+        let hop = |attempt: &Span| {
+            let mut hop = span(SpanKind::Server, Component::Server, attempt.start_unix_nano + SECOND / 10);
+            hop.trace_id = attempt.trace_id.clone();
+            hop.span_id = Some("ffffffffffffffff".to_string());
+            hop.parent_span_id = attempt.span_id.clone();
+            hop.call.namespace = attempt.call.namespace.clone();
+            hop.call.state.served = Some(5);
+            hop
+        };
+        let mut held = HeldTimelines::new(90 * SECOND);
+        for at in 0..60 {
+            held.insert(attempt("client-1", "ns1", at));
+            held.insert(attempt("client-2", "ns1", at));
+        }
+        held.insert(attempt("client-1", "ns2", 1));
+        assert!(!held.is_late(&attempt("client-1", "ns1", 5)), "nothing is late before a settle");
+        assert!(!held.is_late(&hop(&attempt("client-1", "ns1", 5))));
+        held.settle(50 * SECOND, |_| i64::MAX);
+        let cut = held.settled_from("client-1", Some("ns1"));
+        assert_eq!(cut, SETTLE_STEP, "cut a step past the first call");
+        let cut_at = cut / SECOND;
+        // The client's own spans, and a hop naming it, by its cut.
+        assert!(held.is_late(&attempt("client-1", "ns1", cut_at - 2)));
+        assert!(!held.is_late(&attempt("client-1", "ns1", cut_at + 2)));
+        let mut named = hop(&attempt("client-1", "ns1", cut_at - 2));
+        named.call.client_id = Some("client-1".to_string());
+        assert!(held.is_late(&named));
+        // A hop naming no client: its attempt let go, or held.
+        assert!(held.is_late(&hop(&attempt("client-1", "ns1", cut_at - 2))));
+        assert!(!held.is_late(&hop(&attempt("client-1", "ns1", cut_at + 2))));
+        assert!(
+            !held.spans().any(|span| span.start_unix_nano == (cut_at - 2) * SECOND),
+            "the attempt of the late hop was let go"
+        );
+        // A client with no timeline there yet, and a namespace never cut (one call: nothing
+        // before it to let go).
+        assert!(!held.is_late(&attempt("client-3", "ns1", cut_at - 2)));
+        assert!(!held.is_late(&attempt("client-1", "ns2", 0)));
+        assert!(!held.is_late(&hop(&attempt("client-1", "ns2", 0))));
     }
 
     #[test]

@@ -71,7 +71,8 @@ impl ClientCache {
 
     /// How many spans naming a held client arrived, since the last call, after the client's
     /// timeline had been settled past their start ([`HeldTimelines::settled_from`]): too late
-    /// to be judged (their calls were let go, or judged without them).
+    /// for the held timeline (their calls were let go, or judged without them), so the client
+    /// was let go and is read anew from the store.
     pub fn take_late(&mut self) -> u64 {
         std::mem::take(&mut self.late)
     }
@@ -112,9 +113,53 @@ impl ClientCache {
             } else {
                 let gained = feed.spans_between(self.through, latest, most as u32).await?;
                 let index = Gained::index(&gained);
+                // A client that got spans its timeline had already been settled past (their
+                // calls let go, or judged without them) is let go, and read anew when passed
+                // (the spans name it, so it is): judged again from the store, the late spans
+                // with the calls they belong to.
+                let mut late = HashSet::new();
+                for (client_id, held) in &self.clients {
+                    let spans = held.late(client_id, &index);
+                    if spans > 0 {
+                        self.late += spans;
+                        late.insert(client_id.clone());
+                    }
+                }
+                // Hops that name no client are the client's whose spans share their trace:
+                // looked up in the store only for hops that start before some held client's
+                // cut (a hop on time starts after every cut).
+                let cut = self.clients.values().map(|held| held.spans.settled_through()).max().unwrap_or(i64::MIN);
+                let suspects: Vec<&Span> = gained
+                    .iter()
+                    .map(|(_, span)| span)
+                    .filter(|span| {
+                        span.call.client_id.is_none() && span.trace_id.is_some() && span.start_unix_nano < cut
+                    })
+                    .collect();
+                if !suspects.is_empty() {
+                    let traces: HashSet<&str> = suspects.iter().filter_map(|span| span.trace_id.as_deref()).collect();
+                    let traces: Vec<&str> = traces.into_iter().collect();
+                    let mut clients_of: HashMap<String, HashSet<String>> = HashMap::new();
+                    for (_, span) in feed.trace_spans_through(&traces, latest).await? {
+                        if let (Some(trace), Some(client_id)) = (span.trace_id, span.call.client_id) {
+                            clients_of.entry(trace).or_default().insert(client_id);
+                        }
+                    }
+                    for hop in suspects {
+                        let clients = hop.trace_id.as_deref().and_then(|trace| clients_of.get(trace));
+                        for client_id in clients.into_iter().flatten() {
+                            if let Some(held) = self.clients.get(client_id)
+                                && held.spans.is_late(hop)
+                            {
+                                self.late += 1;
+                                late.insert(client_id.clone());
+                            }
+                        }
+                    }
+                }
+                held::release(late.iter().filter_map(|client_id| self.clients.remove(client_id)).collect());
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
-                    self.late += held.late(client_id, &index);
                     let traces = held.add(client_id, &index, limit as usize);
                     if !traces.is_empty() {
                         rereads.push((held, traces));
@@ -353,19 +398,11 @@ impl Held {
         }
     }
 
-    /// How many of a catch-up's spans naming this client start before its timeline's
-    /// settled cut in their namespace. (Every cut is at or before the latest of any timeline:
-    /// most new spans start after it, and their own cut, whose lookup builds its key, is not
-    /// looked up.)
+    /// How many of a catch-up's spans naming this client arrived too late for its held
+    /// timelines ([`HeldTimelines::is_late`]).
     fn late(&self, client_id: &str, gained: &Gained<'_>) -> u64 {
-        let latest_cut = self.spans.settled_through();
         let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
-        spans
-            .filter(|span| {
-                span.start_unix_nano < latest_cut
-                    && span.start_unix_nano < self.spans.settled_from(client_id, span.call.namespace.as_deref())
-            })
-            .count() as u64
+        spans.filter(|span| self.spans.is_late(span)).count() as u64
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.

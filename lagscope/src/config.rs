@@ -263,9 +263,12 @@ pub struct LiveConfig {
     /// (`HeldTimelines::settle`). An anomaly still growing holds its namespace's calls from
     /// its start. 0: nothing is settled (windows are bounded by the span limits alone).
     /// 10 s by default: the reach already keeps a minute behind it, and every second more is
-    /// held and judged again by every pass (BENCHMARKS.md, forty-fourth session). Spans naming
-    /// a client that arrive after their calls were settled are not judged live; they are
-    /// counted (`lagscope_analysis_late_spans_total`).
+    /// held and judged again by every pass (BENCHMARKS.md, forty-fourth session). A span that
+    /// arrives after what it belongs to was settled (`HeldTimelines::is_late`) has its client
+    /// (and its scope) let go and read anew from the store, so that it is judged; such spans
+    /// are counted (`lagscope_analysis_late_spans_total`,
+    /// `lagscope_analysis_scope_late_spans_total`). Each costs a full read: raise this if
+    /// exporters or collectors routinely deliver later than it.
     pub settle_seconds: i64,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.

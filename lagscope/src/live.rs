@@ -695,6 +695,7 @@ async fn analysis_pass(
                 None => feed.latest_span_id().await?,
             };
             cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
+            metrics.analysis_scope_late_spans.add(cache.take_late());
             times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {

@@ -47,6 +47,9 @@ pub struct ScopeCache {
     held: usize,
     /// A call id names one call for this long ([`HeldTimelines::new`]).
     horizon: UnixNanos,
+    /// Spans that reached a held scope after its timelines were settled past them, since the
+    /// last [`ScopeCache::take_late`].
+    late: u64,
 }
 
 #[derive(Debug)]
@@ -60,7 +63,14 @@ struct Held {
 impl ScopeCache {
     /// At most `budget` spans over all scopes; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon }
+        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon, late: 0 }
+    }
+
+    /// How many spans reached a held scope, since the last call, after its timelines had been
+    /// settled past them ([`Held::is_late`]): too late for the held timelines, so the scope
+    /// was let go and is read anew from the store.
+    pub fn take_late(&mut self) -> u64 {
+        std::mem::take(&mut self.late)
     }
 
     /// Spans held over all scopes.
@@ -119,14 +129,23 @@ impl ScopeCache {
                 );
                 held::let_go_all(&mut self.scopes);
             } else {
-                let mut grown = HashSet::new();
+                let (mut grown, mut late) = (HashSet::new(), HashSet::new());
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        held.spans.insert(span);
-                        grown.insert(key);
+                        if held.is_late(&span) {
+                            self.late += 1;
+                            late.insert(key);
+                        } else {
+                            held.spans.insert(span);
+                            grown.insert(key);
+                        }
                     }
                 }
+                // A scope that got spans its timelines had already been settled past is let
+                // go, and read anew when passed (the spans mark it): judged again from the
+                // store, the late spans with the calls they belong to.
+                held::release(late.iter().filter_map(|key| self.scopes.remove(key)).collect());
                 for key in grown {
                     if let Some(held) = self.scopes.get_mut(&key) {
                         held.normalise(limit as usize, kept_from);
@@ -226,6 +245,11 @@ impl Held {
     /// what was added).
     fn normalise(&mut self, limit: usize, kept_from: Option<i64>) {
         self.spans.keep_newest(limit, kept_from);
+    }
+
+    /// Whether a span arrived too late for the held timelines ([`HeldTimelines::is_late`]).
+    fn is_late(&self, span: &Span) -> bool {
+        self.spans.is_late(span)
     }
 }
 

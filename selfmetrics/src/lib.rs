@@ -221,10 +221,13 @@ pub struct SelfMetrics {
     pub client_reads_cached: Counter,
     pub client_reads_full: Counter,
     pub client_spans_cached: Gauge,
-    /// Spans naming a client (its own, and the hops that name it) that reached its held live
-    /// timeline after the timeline had been settled past their start (`live.settle_seconds`):
-    /// they arrived too late to be judged live (`lagscope analyze` over the store judges them).
+    /// Spans of a client's live timeline (naming it, or hops of its traces) that reached the
+    /// client cache after the timeline had been settled past them (`live.settle_seconds`): the
+    /// client was let go and read anew from the store, so that they are judged.
     pub analysis_late_spans: Counter,
+    /// The same for the scope cache: spans that reached a held scope after its timelines had
+    /// been settled past them; the scope was read anew.
+    pub analysis_scope_late_spans: Counter,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -255,7 +258,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 33] = [
+        let counters: [(&str, &str, &Counter); 34] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -315,9 +318,15 @@ impl SelfMetrics {
             ),
             (
                 "lagscope_analysis_late_spans_total",
-                "Spans naming a client that reached its live timeline after it was settled past them \
-                 (live.settle_seconds): not judged live.",
+                "Spans that reached a client's live timeline after it was settled past them \
+                 (live.settle_seconds): the client was read anew from the store to judge them.",
                 &self.analysis_late_spans,
+            ),
+            (
+                "lagscope_analysis_scope_late_spans_total",
+                "Spans that reached a scope's live timelines after they were settled past them \
+                 (live.settle_seconds): the scope was read anew from the store to judge them.",
+                &self.analysis_scope_late_spans,
             ),
             ("lagscope_alerts_enqueued_total", "Alert messages put in the outbox.", &self.alerts_enqueued),
             ("lagscope_alerts_delivered_total", "Alert messages a receiver took.", &self.alerts_delivered),

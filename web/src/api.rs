@@ -75,6 +75,7 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "batches_marked": state.metrics.batches_marked.get(),
             "batches_analyzed": state.metrics.batches_analyzed.get(),
             "late_spans_total": state.metrics.analysis_late_spans.get(),
+            "scope_late_spans_total": state.metrics.analysis_scope_late_spans.get(),
         },
         "ingest": {
             "queue_bytes": state.metrics.ingest_queue_bytes.get(),
