@@ -171,6 +171,12 @@ pub struct HeldTimelines {
     namespace_cuts: BTreeMap<Option<String>, UnixNanos>,
     /// The `before` of the last [`HeldTimelines::settle`].
     last_settle: UnixNanos,
+    /// What the hops a settle let go of without their attempt (`loose`: still waiting for it)
+    /// would have joined: the hash of their (trace id, parent span id), and of their (client
+    /// id, call id), each with the latest end of such a hop. A span arriving later that one
+    /// of them names is late ([`HeldTimelines::is_late`]): what would have joined it is gone.
+    /// Kept for a horizon past that end (an attempt later than that begins another call).
+    orphans: HashMap<u64, UnixNanos>,
     /// The series the timelines were last told what the metrics said from.
     pub(crate) told: crate::enrich::Told,
 }
@@ -250,6 +256,7 @@ impl HeldTimelines {
             settled: BTreeMap::new(),
             namespace_cuts: BTreeMap::new(),
             last_settle: UnixNanos::MIN,
+            orphans: HashMap::default(),
             told: crate::enrich::Told::default(),
         }
     }
@@ -457,10 +464,20 @@ impl HeldTimelines {
         // Spans of no call that ended before the cut-off: a hop that joined no attempt, a
         // copy sent again, a span of neither kind. (The hops of the attempts going are going.)
         for key in self.loose.range(..(before, 0)) {
-            if self.spans[key].span.end_unix_nano < before {
+            let span = &self.spans[key].span;
+            if span.end_unix_nano < before {
                 going.insert(*key);
+                if is_hop(span) {
+                    let parent = ids_hash(span.trace_id.as_deref(), span.parent_span_id.as_deref());
+                    for orphan in parent.into_iter().chain(call_hash(span)) {
+                        let end = self.orphans.entry(orphan).or_insert(span.end_unix_nano);
+                        *end = (*end).max(span.end_unix_nano);
+                    }
+                }
             }
         }
+        let horizon = self.horizon;
+        self.orphans.retain(|_, end| end.saturating_add(horizon) >= before);
         let mut let_go = Vec::with_capacity(going.len());
         for key in going {
             if let Some(span) = self.remove(key) {
@@ -501,9 +518,19 @@ impl HeldTimelines {
     /// was settled before it came (let go, or judged without it). A span naming a client
     /// starts before that client's timeline's cut in its namespace; one naming none (a hop
     /// joined by trace) starts before the latest cut of its namespace, and the attempt (or
-    /// root hop) it would join is not held. Holding it would change nothing reported: only
-    /// reading what it belongs to anew from the store judges it.
+    /// root hop) it would join is not held; and any span that hops a settle let go while they
+    /// waited for it would have joined (their parent, or an attempt of their call). Holding it
+    /// would not judge it whole: only reading what it belongs to anew from the store does.
     pub fn is_late(&self, span: &Span) -> bool {
+        // A span that hops let go without it would have joined (a parent, an attempt of their
+        // call): they are gone. (Rare: a hop whose attempt never came, or came that late.)
+        if !self.orphans.is_empty()
+            && (ids_hash(span.trace_id.as_deref(), span.span_id.as_deref()).into_iter())
+                .chain(call_hash(span))
+                .any(|hash| self.orphans.contains_key(&hash))
+        {
+            return true;
+        }
         // Most spans start after every cut of their namespace: nothing else is looked up.
         let Some(&in_namespace) = self.namespace_cuts.get(&span.call.namespace) else { return false };
         if span.start_unix_nano >= in_namespace {
@@ -1364,8 +1391,22 @@ mod tests {
             held.insert(attempt("client-2", "ns1", at));
         }
         held.insert(attempt("client-1", "ns2", 1));
+        // A server's hop under a router's that has not come: it waits, joined to nothing.
+        let waiting_for = |attempt: &Span| {
+            let mut router = span(SpanKind::Server, Component::Router, attempt.start_unix_nano + SECOND / 20);
+            router.trace_id = attempt.trace_id.clone();
+            router.span_id = Some("eeeeeeeeeeeeeeee".to_string());
+            router.parent_span_id = attempt.span_id.clone();
+            router.call = attempt.call.clone();
+            let mut server = hop(attempt);
+            server.parent_span_id = router.span_id.clone();
+            (router, server)
+        };
+        let (router, server) = waiting_for(&attempt("client-1", "ns1", 45));
+        held.insert(server);
         assert!(!held.is_late(&attempt("client-1", "ns1", 5)), "nothing is late before a settle");
         assert!(!held.is_late(&hop(&attempt("client-1", "ns1", 5))));
+        assert!(!held.is_late(&router));
         held.settle(50 * SECOND, |_| i64::MAX);
         let cut = held.settled_from("client-1", Some("ns1"));
         assert_eq!(cut, SETTLE_STEP, "cut a step past the first call");
@@ -1383,6 +1424,15 @@ mod tests {
             !held.spans().any(|span| span.start_unix_nano == (cut_at - 2) * SECOND),
             "the attempt of the late hop was let go"
         );
+        // The router's hop the server's waited for, after its attempt's cut: the server's,
+        // ended before the settle's cut-off, was let go; the router's is late, another
+        // router's of the attempt is not.
+        assert!(!held.spans().any(|span| span.parent_span_id == router.span_id), "the waiting hop was let go");
+        assert!(held.is_late(&router));
+        let mut other = router.clone();
+        other.span_id = Some("dddddddddddddddd".to_string());
+        other.call.call_id = Some("call-other".to_string());
+        assert!(!held.is_late(&other));
         // A client with no timeline there yet, and a namespace never cut (one call: nothing
         // before it to let go).
         assert!(!held.is_late(&attempt("client-3", "ns1", cut_at - 2)));
