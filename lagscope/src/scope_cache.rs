@@ -67,7 +67,7 @@ impl ScopeCache {
     }
 
     /// How many spans reached a held scope, since the last call, after its timelines had been
-    /// settled past them ([`Held::is_late`]): too late for the held timelines, so the scope
+    /// settled past them ([`HeldTimelines::is_late`]): too late for the held timelines, so the scope
     /// was let go and is read anew from the store.
     pub fn take_late(&mut self) -> u64 {
         std::mem::take(&mut self.late)
@@ -133,7 +133,7 @@ impl ScopeCache {
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        if held.is_late(&span) {
+                        if held.spans.is_late(&span) {
                             self.late += 1;
                             late.insert(key);
                         } else {
@@ -245,11 +245,6 @@ impl Held {
     /// what was added).
     fn normalise(&mut self, limit: usize, kept_from: Option<i64>) {
         self.spans.keep_newest(limit, kept_from);
-    }
-
-    /// Whether a span arrived too late for the held timelines ([`HeldTimelines::is_late`]).
-    fn is_late(&self, span: &Span) -> bool {
-        self.spans.is_late(span)
     }
 }
 
