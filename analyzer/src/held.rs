@@ -542,6 +542,11 @@ impl HeldTimelines {
         }
     }
 
+    /// Whether a settle let go of hops that waited for a span ([`HeldTimelines::is_late`]).
+    pub fn has_orphans(&self) -> bool {
+        !self.orphans.is_empty()
+    }
+
     /// Whether `anomaly` was judged with the whole history by the passes before, and is not
     /// to be reported from what is left: it is about attempts before its client's timeline's
     /// cut ([`HeldTimelines::settled_from`]), or it ended before the latest cut of any timeline

@@ -149,6 +149,7 @@ impl ClientCache {
                         let clients = hop.trace_id.as_deref().and_then(|trace| clients_of.get(trace));
                         for client_id in clients.into_iter().flatten() {
                             if let Some(held) = self.clients.get(client_id)
+                                && !late.contains(client_id)
                                 && held.spans.is_late(hop)
                             {
                                 self.late += 1;
@@ -299,20 +300,24 @@ struct Gained<'a> {
     spans: &'a [(i64, Span)],
     by_client: HashMap<&'a str, Vec<usize>>,
     by_trace: HashMap<&'a str, Vec<usize>>,
+    /// The earliest start of a span naming no client (`i64::MAX`: none).
+    earliest_unnamed: i64,
 }
 
 impl<'a> Gained<'a> {
     fn index(spans: &'a [(i64, Span)]) -> Self {
         let (mut by_client, mut by_trace) = (HashMap::<&str, Vec<usize>>::new(), HashMap::<&str, Vec<usize>>::new());
+        let mut earliest_unnamed = i64::MAX;
         for (index, (_, span)) in spans.iter().enumerate() {
-            if let Some(client) = span.call.client_id.as_deref() {
-                by_client.entry(client).or_default().push(index);
+            match span.call.client_id.as_deref() {
+                Some(client) => by_client.entry(client).or_default().push(index),
+                None => earliest_unnamed = earliest_unnamed.min(span.start_unix_nano),
             }
             if let Some(trace) = span.trace_id.as_deref() {
                 by_trace.entry(trace).or_default().push(index);
             }
         }
-        Self { spans, by_client, by_trace }
+        Self { spans, by_client, by_trace, earliest_unnamed }
     }
 }
 
@@ -398,11 +403,22 @@ impl Held {
         }
     }
 
-    /// How many of a catch-up's spans naming this client arrived too late for its held
-    /// timelines ([`HeldTimelines::is_late`]).
+    /// How many of a catch-up's spans naming this client, or naming none in one of its
+    /// traces, arrived too late for its held timelines ([`HeldTimelines::is_late`]). (Those
+    /// naming none are looked at only when one may be: one starts before the latest cut, or
+    /// the timelines let go of hops that waited for a span.)
     fn late(&self, client_id: &str, gained: &Gained<'_>) -> u64 {
         let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
-        spans.filter(|span| self.spans.is_late(span)).count() as u64
+        let own = spans.filter(|span| self.spans.is_late(span)).count() as u64;
+        if gained.earliest_unnamed >= self.spans.settled_through() && !self.spans.has_orphans() {
+            return own;
+        }
+        let unnamed = (gained.by_trace.iter())
+            .filter(|(trace, _)| self.traces.contains_key(**trace))
+            .flat_map(|(_, indexes)| indexes.iter().map(|index| &gained.spans[*index].1))
+            .filter(|span| span.call.client_id.is_none() && self.spans.is_late(span))
+            .count() as u64;
+        own + unnamed
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.

@@ -181,14 +181,14 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     let directory = tempfile::tempdir().expect("temp dir");
     let server = start_server(directory.path()).await;
     let http = reqwest::Client::new();
-    let post = async |component: &str, spans| {
-        let request = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans {
-                resource: Some(resource(component, &format!("{component}-1"))),
-                scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
-                ..ResourceSpans::default()
-            }],
-        };
+    // One request with each component's spans.
+    let post = async |parts: Vec<(&str, Vec<_>)>| {
+        let resource_spans = parts.into_iter().map(|(component, spans)| ResourceSpans {
+            resource: Some(resource(component, &format!("{component}-1"))),
+            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+            ..ResourceSpans::default()
+        });
+        let request = ExportTraceServiceRequest { resource_spans: resource_spans.collect() };
         let response = http
             .post(format!("http://{}/v1/traces", server.otlp_http_addr))
             .header("content-type", "application/x-protobuf")
@@ -211,20 +211,21 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
             int("lagscope.state.carried", 1000),
         ]
     };
-    // 40 reads 5 s apart, each with its server span (the first 30 sent before the reads, the
-    // others after: on time): the client and its scope are held and settled (what the
-    // detectors may still reach, a minute or so behind the newest, is not). A server span
-    // names no client: it joins its client's attempt by trace. The 3rd read's comes later.
+    // 40 reads 5 s apart, each with its server span (sent together: on time): the client and
+    // its scope are held and settled (what the detectors may still reach, a minute or so
+    // behind the newest, is not). A server span names no client: it joins its client's
+    // attempt by trace. The 3rd read's comes later.
     let at = |index: u64| base + index * 5 * SECOND as u64;
     let served = |index: u64, state: i64| {
         let attributes = vec![text("lagscope.namespace", "ns1"), int("lagscope.state.served", state)];
         span(index + 1, 10 * index + 3, 10 * index + 1, at(index) + 200_000, at(index) + 800_000, attributes)
     };
-    post("server", (0..30).filter(|index| *index != 2).map(|index| served(index, 1000)).collect()).await;
-    let clients =
-        (0..40).map(|index| span(index + 1, 10 * index + 1, 0, at(index), at(index) + 1_000_000, call(index)));
-    post("client", clients.collect()).await;
-    post("server", (30..40).map(|index| served(index, 1000)).collect()).await;
+    let client = |index: u64| span(index + 1, 10 * index + 1, 0, at(index), at(index) + 1_000_000, call(index));
+    post(vec![
+        ("server", (0..40).filter(|index| *index != 2).map(|index| served(index, 1000)).collect()),
+        ("client", (0..40).map(client).collect()),
+    ])
+    .await;
     let (_, health) = get_json(&server, "/api/v1/health").await;
     assert_eq!(health["analysis"]["late_spans_total"], 0, "{health:#}");
 
@@ -239,7 +240,7 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
         attributes.push(int("lagscope.state.carried", 500));
         span(index + 1, 10 * index + 2, 10 * index + 1, at(index) + 100_000, at(index) + 900_000, attributes)
     };
-    post("router", vec![hop(1), hop(38)]).await;
+    post(vec![("router", vec![hop(1), hop(38)])]).await;
     let (_, health) = get_json(&server, "/api/v1/health").await;
     assert_eq!(health["analysis"]["late_spans_total"], 1, "{health:#}");
     assert_eq!(health["analysis"]["scope_late_spans_total"], 1, "{health:#}");
@@ -261,7 +262,7 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     // The 3rd read's server span, long after its call was settled, served below what the
     // reads before it saw: the client is found by the span's trace, read anew, and the stale
     // read is found.
-    post("server", vec![served(2, 900)]).await;
+    post(vec![("server", vec![served(2, 900)])]).await;
     let (_, health) = get_json(&server, "/api/v1/health").await;
     assert_eq!(health["analysis"]["late_spans_total"], 2, "{health:#}");
     assert_eq!(health["analysis"]["scope_late_spans_total"], 2, "{health:#}");
@@ -273,6 +274,34 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
         .filter_map(|anomaly| Some((anomaly["start_unix_nano"].as_u64()?, anomaly["evidence"]["guarantee"].as_str()?)))
         .collect();
     assert_eq!(stale, [(at(2), "monotonic_reads")], "{listed:#}");
+
+    // Six more reads, on time, but the 42nd's server span is under a router's span that has
+    // not come: it waits, joined to nothing, until a settle lets it go. The router's span then
+    // comes, naming no client (its trace does), after the client's cut but too late for what
+    // waited for it: the client and the scope are read anew and the read judged with its
+    // served state.
+    let router_id: u64 = 10 * 41 + 2;
+    let mut waiting = served(41, 900);
+    waiting.parent_span_id = router_id.to_be_bytes().to_vec();
+    let servers = (40..46).filter(|index| *index != 41).map(|index| served(index, 1000));
+    post(vec![("server", servers.chain([waiting]).collect()), ("client", (40..46).map(client).collect())]).await;
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["analysis"]["late_spans_total"], 2, "{health:#}");
+    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=100").await;
+    assert_eq!(listed["anomalies"].as_array().map(Vec::len), Some(1), "not judged yet: {listed:#}");
+    let router = vec![text("lagscope.namespace", "ns1"), int("lagscope.state.carried", 1000)];
+    post(vec![("router", vec![span(42, router_id, 10 * 41 + 1, at(41) + 100_000, at(41) + 900_000, router)])]).await;
+    let (_, health) = get_json(&server, "/api/v1/health").await;
+    assert_eq!(health["analysis"]["late_spans_total"], 3, "{health:#}");
+    assert_eq!(health["analysis"]["scope_late_spans_total"], 3, "{health:#}");
+    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=100").await;
+    let starts: Vec<u64> = listed["anomalies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
+        .collect();
+    assert!(starts.contains(&at(41)), "{listed:#}");
     server.shutdown().await.expect("clean shutdown");
 }
 
