@@ -39,6 +39,9 @@ pub struct ClientCache {
     /// Spans naming a held client that arrived after its timeline was settled past them, since
     /// the last [`ClientCache::take_late`].
     late: u64,
+    /// The clients the last catch-up let go for spans too late for them, each with the time
+    /// from which what they belong to may have changed ([`ClientCache::judged_from`]).
+    reread_from: HashMap<String, UnixNanos>,
 }
 
 #[derive(Debug)]
@@ -61,7 +64,17 @@ struct Held {
 impl ClientCache {
     /// At most `budget` spans over all clients; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon, late: 0 }
+        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon, late: 0, reread_from: HashMap::new() }
+    }
+
+    /// For a client the last catch-up let go for late spans (and so read anew), the time from
+    /// which its anomalies may have changed: two horizons before the earliest late span (the
+    /// call it belongs to starts within that, and only that call and later ones are judged by
+    /// it). Its pass reports what ends from then on; what ended before was reported by the
+    /// passes before, judged with the history they held, which a read anew, cut at its span
+    /// limit, may not reach.
+    pub fn judged_from(&mut self, client_id: &str) -> Option<UnixNanos> {
+        self.reread_from.remove(client_id)
     }
 
     /// Spans held over all clients.
@@ -95,6 +108,7 @@ impl ClientCache {
         now: Instant,
     ) -> Result<Option<Committed>, StoreError> {
         start_catch_up(&mut self.clients, self.through, latest, now, "client");
+        self.reread_from.clear();
         let mut committed = None;
         if !self.clients.is_empty() && latest > self.through {
             let most = self.budget.min(CATCH_UP_LIMIT);
@@ -117,12 +131,12 @@ impl ClientCache {
                 // calls let go, or judged without them) is let go, and read anew when passed
                 // (the spans name it, so it is): judged again from the store, the late spans
                 // with the calls they belong to.
-                let mut late = HashSet::new();
+                let mut late: HashMap<String, UnixNanos> = HashMap::new();
                 for (client_id, held) in &self.clients {
-                    let spans = held.late(client_id, &index);
+                    let (spans, earliest) = held.late(client_id, &index);
                     if spans > 0 {
                         self.late += spans;
-                        late.insert(client_id.clone());
+                        late.insert(client_id.clone(), earliest);
                     }
                 }
                 // Hops that name no client are the client's whose spans share their trace:
@@ -149,16 +163,19 @@ impl ClientCache {
                         let clients = hop.trace_id.as_deref().and_then(|trace| clients_of.get(trace));
                         for client_id in clients.into_iter().flatten() {
                             if let Some(held) = self.clients.get(client_id)
-                                && !late.contains(client_id)
+                                && !late.contains_key(client_id)
                                 && held.spans.is_late(hop)
                             {
                                 self.late += 1;
-                                late.insert(client_id.clone());
+                                late.insert(client_id.clone(), hop.start_unix_nano);
                             }
                         }
                     }
                 }
-                held::release(late.iter().filter_map(|client_id| self.clients.remove(client_id)).collect());
+                held::release(late.keys().filter_map(|client_id| self.clients.remove(client_id)).collect());
+                let reach = self.horizon.saturating_mul(2);
+                self.reread_from =
+                    late.into_iter().map(|(client_id, earliest)| (client_id, earliest.saturating_sub(reach))).collect();
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
                     let traces = held.add(client_id, &index, limit as usize);
@@ -407,18 +424,19 @@ impl Held {
     /// traces, arrived too late for its held timelines ([`HeldTimelines::is_late`]). (Those
     /// naming none are looked at only when one may be: one starts before the latest cut, or
     /// the timelines let go of hops that waited for a span.)
-    fn late(&self, client_id: &str, gained: &Gained<'_>) -> u64 {
+    /// Returns how many, and the earliest start among them.
+    fn late(&self, client_id: &str, gained: &Gained<'_>) -> (u64, UnixNanos) {
         let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
-        let own = spans.filter(|span| self.spans.is_late(span)).count() as u64;
-        if gained.earliest_unnamed >= self.spans.settled_through() && !self.spans.has_orphans() {
-            return own;
+        let mut late: Vec<&Span> = spans.filter(|span| self.spans.is_late(span)).collect();
+        if gained.earliest_unnamed < self.spans.settled_through() || self.spans.has_orphans() {
+            late.extend(
+                (gained.by_trace.iter())
+                    .filter(|(trace, _)| self.traces.contains_key(**trace))
+                    .flat_map(|(_, indexes)| indexes.iter().map(|index| &gained.spans[*index].1))
+                    .filter(|span| span.call.client_id.is_none() && self.spans.is_late(span)),
+            );
         }
-        let unnamed = (gained.by_trace.iter())
-            .filter(|(trace, _)| self.traces.contains_key(**trace))
-            .flat_map(|(_, indexes)| indexes.iter().map(|index| &gained.spans[*index].1))
-            .filter(|span| span.call.client_id.is_none() && self.spans.is_late(span))
-            .count() as u64;
-        own + unnamed
+        (late.len() as u64, late.iter().map(|span| span.start_unix_nano).min().unwrap_or(UnixNanos::MAX))
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.

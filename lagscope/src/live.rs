@@ -610,6 +610,9 @@ async fn analysis_pass(
         }
     }
     let mut work = Vec::with_capacity(clients.len());
+    let judged_from: HashMap<&str, i64> = (clients.iter())
+        .filter_map(|client_id| Some((client_id.as_str(), client_cache.judged_from(client_id)?)))
+        .collect();
     let mut held = client_cache.held_mut(&clients.iter().map(String::as_str).collect());
     for client_id in &clients {
         let spans = match (not_held.get(client_id.as_str()), held.remove(client_id.as_str())) {
@@ -622,7 +625,8 @@ async fn analysis_pass(
         times.client_probes += probing.elapsed();
         // The client's own lines (a client that logs its switches is judged by them).
         let log_events = lines.by_client.get(client_id).cloned().unwrap_or_default();
-        work.push(ClientWork { client_id, spans, probes, log_events });
+        let judged_from = judged_from.get(client_id.as_str()).copied();
+        work.push(ClientWork { client_id, spans, probes, log_events, judged_from });
     }
     times.client_reads += lap.elapsed();
     lap = Instant::now();
@@ -651,7 +655,11 @@ async fn analysis_pass(
             // (Kinds that name no client would be dropped below: they are not run.)
             let found = analyze_held_kinds(&mut input, &config.analyzer, AnomalyKind::names_client)
                 .into_iter()
-                .filter(|anomaly| anomaly.client_id.as_deref() == Some(work.client_id) && !spans.settled(anomaly))
+                .filter(|anomaly| {
+                    anomaly.client_id.as_deref() == Some(work.client_id)
+                        && !spans.settled(anomaly)
+                        && work.judged_from.is_none_or(|from| anomaly.end_unix_nano >= from)
+                })
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
             let analysed = started.elapsed();
@@ -719,11 +727,13 @@ async fn analysis_pass(
                 Source::Store => metrics.scope_reads_full.add(1),
             }
         }
+        let judged_from: Vec<Option<i64>> = chunk.iter().map(|scope| cache.judged_from(scope)).collect();
         let mut held = cache.held_mut(chunk);
         let work: Vec<ScopeWork> = chunk
             .iter()
             .zip(samples)
-            .map(|(scope, samples)| {
+            .zip(judged_from)
+            .map(|((scope, samples), judged_from)| {
                 let spans = match (not_held.get(scope), held.remove(scope)) {
                     (Some(spans), _) => Spans::Read(spans.iter().collect()),
                     (None, Some(held)) => Spans::Held(held),
@@ -742,7 +752,7 @@ async fn analysis_pass(
                             .collect()
                     })
                     .unwrap_or_default();
-                ScopeWork { spans, samples, log_events }
+                ScopeWork { spans, samples, log_events, judged_from }
             })
             .collect();
         times.scope_reads += lap.elapsed();
@@ -866,6 +876,9 @@ struct ClientWork<'a> {
     spans: Spans<'a>,
     probes: Vec<lagscope_model::Sample>,
     log_events: Vec<Arc<LogEvent>>,
+    /// Read anew for spans too late for what was held: what ended before this was reported
+    /// by earlier passes ([`ClientCache::judged_from`]).
+    judged_from: Option<i64>,
 }
 
 /// What one scope's analysis reads.
@@ -873,6 +886,8 @@ struct ScopeWork<'a> {
     spans: Spans<'a>,
     samples: lagscope_analyzer::IndexedSamples,
     log_events: Vec<Arc<LogEvent>>,
+    /// As [`ClientWork::judged_from`] ([`ScopeCache::judged_from`]).
+    judged_from: Option<i64>,
 }
 
 /// A client's or scope's spans: held with their timelines between passes, or read for this
@@ -956,7 +971,8 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     let timelines = started.elapsed();
     input.log_events = work.log_events;
     let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
-    anomalies.retain(|anomaly| !spans.settled(anomaly));
+    anomalies
+        .retain(|anomaly| !spans.settled(anomaly) && work.judged_from.is_none_or(|from| anomaly.end_unix_nano >= from));
     // Rare: the scope's callers are gathered (a look at every span) only when one is found.
     if anomalies.iter().any(|anomaly| is_client_kind(anomaly.kind)) {
         let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();

@@ -50,6 +50,9 @@ pub struct ScopeCache {
     /// Spans that reached a held scope after its timelines were settled past them, since the
     /// last [`ScopeCache::take_late`].
     late: u64,
+    /// The scopes let go for spans too late for them, each with the time from which what
+    /// they belong to may have changed, until passed ([`ScopeCache::judged_from`]).
+    reread_from: HashMap<ScopeKey, UnixNanos>,
 }
 
 #[derive(Debug)]
@@ -63,7 +66,14 @@ struct Held {
 impl ScopeCache {
     /// At most `budget` spans over all scopes; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon, late: 0 }
+        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon, late: 0, reread_from: HashMap::new() }
+    }
+
+    /// For a scope let go for late spans (and so read anew), the time from which its
+    /// anomalies may have changed: two horizons before the earliest late span. Its pass
+    /// reports what ends from then on (as [`crate::client_cache::ClientCache::judged_from`]).
+    pub fn judged_from(&mut self, scope: &ScopeKey) -> Option<UnixNanos> {
+        self.reread_from.remove(scope)
     }
 
     /// How many spans reached a held scope, since the last call, after its timelines had been
@@ -135,6 +145,9 @@ impl ScopeCache {
                     if let Some(held) = self.scopes.get_mut(&key) {
                         if held.spans.is_late(&span) {
                             self.late += 1;
+                            let from = span.start_unix_nano.saturating_sub(self.horizon.saturating_mul(2));
+                            let earliest = self.reread_from.entry(key.clone()).or_insert(from);
+                            *earliest = (*earliest).min(from);
                             late.insert(key);
                         } else {
                             held.spans.insert(span);
