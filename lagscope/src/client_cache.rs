@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
-use crate::held::{self, CATCH_UP_LIMIT, Committed, shed, start_catch_up};
+use crate::held::{self, CATCH_UP_LIMIT, Committed, LateSpans, shed, start_catch_up};
 use lagscope_analyzer::{HeldTimelines, SpanKey};
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError, TRACE_WINDOW_NANOS};
@@ -36,12 +36,9 @@ pub struct ClientCache {
     held: usize,
     /// A call id names one call for this long ([`HeldTimelines::new`]).
     horizon: UnixNanos,
-    /// Spans naming a held client that arrived after its timeline was settled past them, since
-    /// the last [`ClientCache::take_late`].
-    late: u64,
-    /// The clients the last catch-up let go for spans too late for them, each with the time
-    /// from which what they belong to may have changed ([`ClientCache::judged_from`]).
-    reread_from: HashMap<String, UnixNanos>,
+    /// Spans that reached a held client after its timelines were settled past them, and the
+    /// clients let go for them.
+    late: LateSpans<String>,
 }
 
 #[derive(Debug)]
@@ -64,17 +61,7 @@ struct Held {
 impl ClientCache {
     /// At most `budget` spans over all clients; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon, late: 0, reread_from: HashMap::new() }
-    }
-
-    /// For a client the last catch-up let go for late spans (and so read anew), the time from
-    /// which its anomalies may have changed: two horizons before the earliest late span (the
-    /// call it belongs to starts within that, and only that call and later ones are judged by
-    /// it). Its pass reports what ends from then on; what ended before was reported by the
-    /// passes before, judged with the history they held, which a read anew, cut at its span
-    /// limit, may not reach.
-    pub fn judged_from(&mut self, client_id: &str) -> Option<UnixNanos> {
-        self.reread_from.remove(client_id)
+        Self { budget, clients: HashMap::new(), through: 0, held: 0, horizon, late: LateSpans::new(horizon) }
     }
 
     /// Spans held over all clients.
@@ -82,12 +69,10 @@ impl ClientCache {
         self.held
     }
 
-    /// How many spans naming a held client arrived, since the last call, after the client's
-    /// timeline had been settled past their start ([`HeldTimelines::settled_from`]): too late
-    /// for the held timeline (their calls were let go, or judged without them), so the client
-    /// was let go and is read anew from the store.
-    pub fn take_late(&mut self) -> u64 {
-        std::mem::take(&mut self.late)
+    /// The spans that reached a held client too late for its timelines
+    /// ([`HeldTimelines::is_late`]), and the clients let go for them, to be read anew.
+    pub fn late(&mut self) -> &mut LateSpans<String> {
+        &mut self.late
     }
 
     /// Brings every held client up to the store's newest span: reads what was committed since
@@ -108,7 +93,6 @@ impl ClientCache {
         now: Instant,
     ) -> Result<Option<Committed>, StoreError> {
         start_catch_up(&mut self.clients, self.through, latest, now, "client");
-        self.reread_from.clear();
         let mut committed = None;
         if !self.clients.is_empty() && latest > self.through {
             let most = self.budget.min(CATCH_UP_LIMIT);
@@ -131,12 +115,12 @@ impl ClientCache {
                 // calls let go, or judged without them) is let go, and read anew when passed
                 // (the spans name it, so it is): judged again from the store, the late spans
                 // with the calls they belong to.
-                let mut late: HashMap<String, UnixNanos> = HashMap::new();
+                let mut late: HashSet<String> = HashSet::new();
                 for (client_id, held) in &self.clients {
                     let (spans, earliest) = held.late(client_id, &index);
                     if spans > 0 {
-                        self.late += spans;
-                        late.insert(client_id.clone(), earliest);
+                        self.late.note(client_id.clone(), spans, earliest);
+                        late.insert(client_id.clone());
                     }
                 }
                 // Hops that name no client are the client's whose spans share their trace:
@@ -163,19 +147,16 @@ impl ClientCache {
                         let clients = hop.trace_id.as_deref().and_then(|trace| clients_of.get(trace));
                         for client_id in clients.into_iter().flatten() {
                             if let Some(held) = self.clients.get(client_id)
-                                && !late.contains_key(client_id)
+                                && !late.contains(client_id)
                                 && held.spans.is_late(hop)
                             {
-                                self.late += 1;
-                                late.insert(client_id.clone(), hop.start_unix_nano);
+                                self.late.note(client_id.clone(), 1, hop.start_unix_nano);
+                                late.insert(client_id.clone());
                             }
                         }
                     }
                 }
-                held::release(late.keys().filter_map(|client_id| self.clients.remove(client_id)).collect());
-                let reach = self.horizon.saturating_mul(2);
-                self.reread_from =
-                    late.into_iter().map(|(client_id, earliest)| (client_id, earliest.saturating_sub(reach))).collect();
+                held::release(late.iter().filter_map(|client_id| self.clients.remove(client_id)).collect());
                 let mut rereads: Vec<(&mut Held, Vec<String>)> = Vec::new();
                 for (client_id, held) in &mut self.clients {
                     let traces = held.add(client_id, &index, limit as usize);

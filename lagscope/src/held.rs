@@ -1,5 +1,6 @@
 //! What the live analyzer's two span caches ([`crate::scope_cache`], [`crate::client_cache`])
-//! share: when an entry is let go, how much one catch-up reads, and the budget.
+//! share: when an entry is let go, how much one catch-up reads, the budget, and what is done
+//! with spans too late for an entry.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -7,7 +8,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{self, Sender};
 use std::time::{Duration, Instant};
 
-use lagscope_model::Span;
+use lagscope_model::{Span, UnixNanos};
 
 /// The most spans one catch-up reads; when more were committed since the last one, every
 /// held entry is let go instead (and read anew when next passed): a stall longer than that
@@ -28,6 +29,50 @@ pub struct Committed {
     pub through: i64,
     /// With their ids, ordered by start time, then id.
     pub spans: Vec<(i64, Span)>,
+}
+
+/// The spans that reached a cache's held entries too late for them
+/// ([`lagscope_analyzer::HeldTimelines::is_late`]: what they belong to was let go, or judged
+/// without them), and the entries let go for them, to be read anew from the store.
+#[derive(Debug)]
+pub struct LateSpans<K> {
+    /// Late spans since the last [`LateSpans::take_count`].
+    count: u64,
+    /// Each entry let go for late spans, until it is passed: from when its anomalies may have
+    /// changed ([`LateSpans::judged_from`]).
+    reread_from: HashMap<K, UnixNanos>,
+    /// A call id names one call for this long.
+    horizon: UnixNanos,
+}
+
+impl<K: Eq + Hash> LateSpans<K> {
+    pub fn new(horizon: UnixNanos) -> Self {
+        Self { count: 0, reread_from: HashMap::new(), horizon }
+    }
+
+    /// `spans` late spans of `key`'s entry, the earliest starting at `earliest`: the entry is
+    /// to be let go, and read anew when passed.
+    pub fn note(&mut self, key: K, spans: u64, earliest: UnixNanos) {
+        self.count += spans;
+        let from = earliest.saturating_sub(self.horizon.saturating_mul(2));
+        let judged_from = self.reread_from.entry(key).or_insert(from);
+        *judged_from = (*judged_from).min(from);
+    }
+
+    /// How many spans were late since the last call (the self-metrics' counter).
+    pub fn take_count(&mut self) -> u64 {
+        std::mem::take(&mut self.count)
+    }
+
+    /// For an entry let go for late spans (and so read anew), the time from which its
+    /// anomalies may have changed: two horizons before the earliest late span (the call it
+    /// belongs to starts within that, and only that call and later ones are judged by it).
+    /// Its pass reports what ends from then on; what ended before was reported by the passes
+    /// before, judged with the history they held, which a read anew, cut at its span limit,
+    /// may not reach. Taken once, by the entry's pass.
+    pub fn judged_from(&mut self, key: &K) -> Option<UnixNanos> {
+        self.reread_from.remove(key)
+    }
 }
 
 /// A cache entry: how much it holds (spans, or samples) and when it was last passed.

@@ -586,7 +586,7 @@ async fn analysis_pass(
         && !clients.is_empty()
     {
         committed = client_cache.catch_up(feed, latest, client_limit, Instant::now()).await?;
-        metrics.analysis_late_spans.add(client_cache.take_late());
+        metrics.analysis_late_spans.add(client_cache.late().take_count());
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
@@ -611,7 +611,7 @@ async fn analysis_pass(
     }
     let mut work = Vec::with_capacity(clients.len());
     let judged_from: HashMap<&str, i64> = (clients.iter())
-        .filter_map(|client_id| Some((client_id.as_str(), client_cache.judged_from(client_id)?)))
+        .filter_map(|client_id| Some((client_id.as_str(), client_cache.late().judged_from(client_id)?)))
         .collect();
     let mut held = client_cache.held_mut(&clients.iter().map(String::as_str).collect());
     for client_id in &clients {
@@ -656,9 +656,7 @@ async fn analysis_pass(
             let found = analyze_held_kinds(&mut input, &config.analyzer, AnomalyKind::names_client)
                 .into_iter()
                 .filter(|anomaly| {
-                    anomaly.client_id.as_deref() == Some(work.client_id)
-                        && !spans.settled(anomaly)
-                        && work.judged_from.is_none_or(|from| anomaly.end_unix_nano >= from)
+                    anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
                 })
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
@@ -703,7 +701,7 @@ async fn analysis_pass(
                 None => feed.latest_span_id().await?,
             };
             cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
-            metrics.analysis_scope_late_spans.add(cache.take_late());
+            metrics.analysis_scope_late_spans.add(cache.late().take_count());
             times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {
@@ -727,7 +725,7 @@ async fn analysis_pass(
                 Source::Store => metrics.scope_reads_full.add(1),
             }
         }
-        let judged_from: Vec<Option<i64>> = chunk.iter().map(|scope| cache.judged_from(scope)).collect();
+        let judged_from: Vec<Option<i64>> = chunk.iter().map(|scope| cache.late().judged_from(scope)).collect();
         let mut held = cache.held_mut(chunk);
         let work: Vec<ScopeWork> = chunk
             .iter()
@@ -877,7 +875,7 @@ struct ClientWork<'a> {
     probes: Vec<lagscope_model::Sample>,
     log_events: Vec<Arc<LogEvent>>,
     /// Read anew for spans too late for what was held: what ended before this was reported
-    /// by earlier passes ([`ClientCache::judged_from`]).
+    /// by earlier passes ([`crate::held::LateSpans::judged_from`]).
     judged_from: Option<i64>,
 }
 
@@ -886,7 +884,7 @@ struct ScopeWork<'a> {
     spans: Spans<'a>,
     samples: lagscope_analyzer::IndexedSamples,
     log_events: Vec<Arc<LogEvent>>,
-    /// As [`ClientWork::judged_from`] ([`ScopeCache::judged_from`]).
+    /// As [`ClientWork::judged_from`].
     judged_from: Option<i64>,
 }
 
@@ -912,9 +910,13 @@ impl Spans<'_> {
         }
     }
 
-    /// Whether `anomaly` is about attempts its held timeline settled ([`HeldTimelines::is_settled`]).
-    fn settled(&self, anomaly: &lagscope_model::Anomaly) -> bool {
-        matches!(self, Self::Held(held) if held.is_settled(anomaly))
+    /// Whether a pass over these spans reports `anomaly`: not when it is about attempts
+    /// their held timeline settled ([`HeldTimelines::is_settled`]), nor when, read anew for
+    /// late spans, it ended before what they may have changed (`judged_from`,
+    /// [`crate::held::LateSpans::judged_from`]).
+    fn reports(&self, anomaly: &lagscope_model::Anomaly, judged_from: Option<i64>) -> bool {
+        !matches!(self, Self::Held(held) if held.is_settled(anomaly))
+            && judged_from.is_none_or(|from| anomaly.end_unix_nano >= from)
     }
 
     fn iter(&self) -> Box<dyn Iterator<Item = &lagscope_model::Span> + '_> {
@@ -971,8 +973,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     let timelines = started.elapsed();
     input.log_events = work.log_events;
     let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
-    anomalies
-        .retain(|anomaly| !spans.settled(anomaly) && work.judged_from.is_none_or(|from| anomaly.end_unix_nano >= from));
+    anomalies.retain(|anomaly| spans.reports(anomaly, work.judged_from));
     // Rare: the scope's callers are gathered (a look at every span) only when one is found.
     if anomalies.iter().any(|anomaly| is_client_kind(anomaly.kind)) {
         let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();

@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use crate::held::{self, CATCH_UP_LIMIT, Committed, shed, start_catch_up};
+use crate::held::{self, CATCH_UP_LIMIT, Committed, LateSpans, shed, start_catch_up};
 use lagscope_analyzer::{HeldTimelines, SpanKey};
 use lagscope_model::{Span, UnixNanos};
 use lagscope_store::{SpanFeed, StoreError};
@@ -47,12 +47,9 @@ pub struct ScopeCache {
     held: usize,
     /// A call id names one call for this long ([`HeldTimelines::new`]).
     horizon: UnixNanos,
-    /// Spans that reached a held scope after its timelines were settled past them, since the
-    /// last [`ScopeCache::take_late`].
-    late: u64,
-    /// The scopes let go for spans too late for them, each with the time from which what
-    /// they belong to may have changed, until passed ([`ScopeCache::judged_from`]).
-    reread_from: HashMap<ScopeKey, UnixNanos>,
+    /// Spans that reached a held scope after its timelines were settled past them, and the
+    /// scopes let go for them.
+    late: LateSpans<ScopeKey>,
 }
 
 #[derive(Debug)]
@@ -66,21 +63,13 @@ struct Held {
 impl ScopeCache {
     /// At most `budget` spans over all scopes; a call id names one call for `horizon`.
     pub fn new(budget: usize, horizon: UnixNanos) -> Self {
-        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon, late: 0, reread_from: HashMap::new() }
+        Self { budget, scopes: HashMap::new(), through: 0, held: 0, horizon, late: LateSpans::new(horizon) }
     }
 
-    /// For a scope let go for late spans (and so read anew), the time from which its
-    /// anomalies may have changed: two horizons before the earliest late span. Its pass
-    /// reports what ends from then on (as [`crate::client_cache::ClientCache::judged_from`]).
-    pub fn judged_from(&mut self, scope: &ScopeKey) -> Option<UnixNanos> {
-        self.reread_from.remove(scope)
-    }
-
-    /// How many spans reached a held scope, since the last call, after its timelines had been
-    /// settled past them ([`HeldTimelines::is_late`]): too late for the held timelines, so the scope
-    /// was let go and is read anew from the store.
-    pub fn take_late(&mut self) -> u64 {
-        std::mem::take(&mut self.late)
+    /// The spans that reached a held scope too late for its timelines
+    /// ([`HeldTimelines::is_late`]), and the scopes let go for them, to be read anew.
+    pub fn late(&mut self) -> &mut LateSpans<ScopeKey> {
+        &mut self.late
     }
 
     /// Spans held over all scopes.
@@ -144,12 +133,10 @@ impl ScopeCache {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
                         if held.spans.is_late(&span) {
-                            self.late += 1;
-                            let from = span.start_unix_nano.saturating_sub(self.horizon.saturating_mul(2));
-                            let earliest = self.reread_from.entry(key.clone()).or_insert(from);
-                            *earliest = (*earliest).min(from);
+                            self.late.note(key.clone(), 1, span.start_unix_nano);
                             late.insert(key);
-                        } else {
+                        } else if !late.contains(&key) {
+                            // (A scope about to be let go takes nothing more.)
                             held.spans.insert(span);
                             grown.insert(key);
                         }

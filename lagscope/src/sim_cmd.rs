@@ -288,6 +288,11 @@ async fn send_http(
 /// on a receiver that is only busy.
 const RETRY_FOR: Duration = Duration::from_secs(300);
 
+/// Whether an export first sent at `first` may be sent again after `wait` ([`RETRY_FOR`]).
+fn may_retry(first: Instant, wait: Duration) -> bool {
+    first.elapsed() + wait <= RETRY_FOR
+}
+
 /// One OTLP/HTTP export, retried as the specification allows.
 async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Result<()> {
     let (mut attempt, first) = (0, Instant::now());
@@ -311,7 +316,7 @@ async fn post(client: reqwest::Client, url: String, body: Vec<u8>) -> anyhow::Re
             .and_then(|value| value.to_str().ok())
             .and_then(|text| text.parse::<u64>().ok())
             .map_or(backoff(attempt), Duration::from_secs);
-        if !retryable || first.elapsed() + wait > RETRY_FOR {
+        if !retryable || !may_retry(first, wait) {
             let text = response.text().await.unwrap_or_default();
             bail!("{url} answered {status}: {text}");
         }
@@ -391,7 +396,7 @@ async fn send_grpc(
                     };
                     let Err(status) = result else { return Ok(()) };
                     match grpc_retry_wait(&status, attempt) {
-                        Some(wait) if first.elapsed() + wait <= RETRY_FOR => tokio::time::sleep(wait).await,
+                        Some(wait) if may_retry(first, wait) => tokio::time::sleep(wait).await,
                         _ => bail!("{endpoint} refused an export: {status}"),
                     }
                     attempt += 1;
