@@ -653,7 +653,7 @@ async fn analysis_pass(
             // Spans of shared traces bring in fragments of other clients' timelines: each
             // client's anomalies come from its own, complete pass.
             // (Kinds that name no client would be dropped below: they are not run.)
-            let found = analyze_held_kinds(&mut input, &config.analyzer, AnomalyKind::names_client)
+            let found = analyze_held_kinds(&mut input, &config.analyzer, is_client_pass_kind)
                 .into_iter()
                 .filter(|anomaly| {
                     anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
@@ -1090,6 +1090,16 @@ fn on_threads<T: Send, R: Send>(
 /// Kinds found once per (cluster, namespace) from every client's spans and the scope's
 /// metrics: the window kinds, and `pinned_retry` (whether another node served meanwhile is
 /// in other clients' spans). The other per-attempt kinds come from the client passes.
+/// Kinds a client pass judges: those that name a client, but `untrusted_state`. That compares
+/// the states a client carried with the highest committed state any server of the namespace
+/// had reported: the scope pass, which reads every server's spans and the namespace's
+/// metrics, judges it. A client pass knows only the servers its own calls reached: a client
+/// that came back to a namespace after a minute away carried a state beyond everything its
+/// own calls had seen reported, and was found untrusted live only (a sweep's seed 6230).
+fn is_client_pass_kind(kind: AnomalyKind) -> bool {
+    kind.names_client() && kind != AnomalyKind::UntrustedState
+}
+
 fn is_scope_kind(kind: AnomalyKind) -> bool {
     (kind.is_window() && !is_cluster_kind(kind)) || kind == AnomalyKind::PinnedRetry
 }

@@ -318,6 +318,35 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     server.shutdown().await.expect("clean shutdown");
 }
 
+/// A client that calls a namespace again after a minute away carries a state beyond what its
+/// own earlier calls saw reported, but not beyond what the namespace's servers reported
+/// meanwhile: not an untrusted state. Its client pass knows only its own calls' servers, and
+/// found one (live only, in a live sweep: this seed, load and scenario); the scope pass, which
+/// reads every server's reports, judges that kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_back_in_a_namespace_is_judged_by_every_server_s_reports() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data_dir = directory.path().join("data");
+    let server = start_server(&data_dir).await;
+    let target = Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+    let mut config = SimConfig::new("hdfs-observer-lag-storm");
+    (config.seed, config.clients, config.rate, config.duration) = (6230, Some(12), Some(32.0), Some(80 * SECOND));
+    let (truth, _) = tokio::task::spawn_blocking(move || simulate(config, target)).await.expect("join");
+    wait_until_analyzed(&server).await;
+    server.shutdown().await.expect("clean shutdown");
+    let truth_path = directory.path().join("truth.json");
+    std::fs::write(&truth_path, serde_json::to_string(&truth).expect("truth")).expect("written");
+    let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+        .args(["eval", "--stored", "--truth"])
+        .arg(&truth_path)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .expect("lagscope runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_sent_over_http_are_stored() {
     let directory = tempfile::tempdir().expect("temp dir");
