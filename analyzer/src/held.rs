@@ -171,6 +171,8 @@ pub struct HeldTimelines {
     namespace_cuts: BTreeMap<Option<String>, UnixNanos>,
     /// The `before` of the last [`HeldTimelines::settle`].
     last_settle: UnixNanos,
+    /// The newest span's start at that settle (`before` then, when nothing was held).
+    last_settle_newest: UnixNanos,
     /// What the hops a settle let go of without their attempt (`loose`: still waiting for it)
     /// would have joined: the hash of their (trace id, parent span id), and of their (client
     /// id, call id), each with the latest end of such a hop. A span arriving later that one
@@ -256,6 +258,7 @@ impl HeldTimelines {
             settled: BTreeMap::new(),
             namespace_cuts: BTreeMap::new(),
             last_settle: UnixNanos::MIN,
+            last_settle_newest: UnixNanos::MIN,
             orphans: HashMap::default(),
             told: crate::enrich::Told::default(),
         }
@@ -396,6 +399,7 @@ impl HeldTimelines {
     pub fn settle(&mut self, before: UnixNanos, hold: impl Fn(Option<&str>) -> UnixNanos) -> Vec<(SpanKey, Span)> {
         self.refresh();
         self.last_settle = before;
+        self.last_settle_newest = self.last_start().unwrap_or(before).max(before);
         let mut going: BTreeSet<SpanKey> = BTreeSet::new();
         let mut kept_attempts: HashSet<SpanKey> = HashSet::default();
         let mut cuts: Vec<(GroupKey, UnixNanos)> = Vec::new();
@@ -522,6 +526,17 @@ impl HeldTimelines {
     /// waited for it would have joined (their parent, or an attempt of their call). Holding it
     /// would not judge it whole: only reading what it belongs to anew from the store does.
     pub fn is_late(&self, span: &Span) -> bool {
+        self.settling_to_hold(span).is_some()
+    }
+
+    /// For a late span ([`HeldTimelines::is_late`]; none when it is not), how far behind the
+    /// newest span the last settle would have had to cut to hold it: as far as it started
+    /// before that settle's newest span when hops let go waited for it (they ended before the
+    /// cut-off, and it starts before them); when it starts before its timeline's cut, or its
+    /// namespace's, that much further than the settle cut. (The live analyzer widens its
+    /// settling by it, `held::Settling`.)
+    pub fn settling_to_hold(&self, span: &Span) -> Option<UnixNanos> {
+        let start = span.start_unix_nano;
         // A span that hops let go without it would have joined (a parent, an attempt of their
         // call): they are gone. (Rare: a hop whose attempt never came, or came that late.)
         if !self.orphans.is_empty()
@@ -529,17 +544,21 @@ impl HeldTimelines {
                 .chain(call_hash(span))
                 .any(|hash| self.orphans.contains_key(&hash))
         {
-            return true;
+            return Some(self.last_settle_newest.saturating_sub(start).max(0));
         }
         // Most spans start after every cut of their namespace: nothing else is looked up.
-        let Some(&in_namespace) = self.namespace_cuts.get(&span.call.namespace) else { return false };
-        if span.start_unix_nano >= in_namespace {
-            return false;
+        let &in_namespace = self.namespace_cuts.get(&span.call.namespace)?;
+        if start >= in_namespace {
+            return None;
         }
-        match span.call.client_id.as_deref() {
-            Some(client_id) => span.start_unix_nano < self.settled_from(client_id, span.call.namespace.as_deref()),
-            None => self.ancestor(span).is_none(),
-        }
+        let cut = match span.call.client_id.as_deref() {
+            Some(client_id) => {
+                Some(self.settled_from(client_id, span.call.namespace.as_deref())).filter(|cut| start < *cut)
+            }
+            None => self.ancestor(span).is_none().then_some(in_namespace),
+        }?;
+        let settled_behind = self.last_settle_newest.saturating_sub(self.last_settle).max(0);
+        Some(settled_behind.saturating_add(cut - start))
     }
 
     /// Whether a settle let go of hops that waited for a span ([`HeldTimelines::is_late`]).
@@ -1418,12 +1437,18 @@ mod tests {
         let cut_at = cut / SECOND;
         // The client's own spans, and a hop naming it, by its cut.
         assert!(held.is_late(&attempt("client-1", "ns1", cut_at - 2)));
+        // (The settle cut 9 s behind the newest span, 59 s; this starts 2 s before the cut.)
+        let to_hold = held.settling_to_hold(&attempt("client-1", "ns1", cut_at - 2));
+        assert_eq!(to_hold, Some(9 * SECOND + 2 * SECOND), "before the cut");
         assert!(!held.is_late(&attempt("client-1", "ns1", cut_at + 2)));
+        assert_eq!(held.settling_to_hold(&attempt("client-1", "ns1", cut_at + 2)), None);
         let mut named = hop(&attempt("client-1", "ns1", cut_at - 2));
         named.call.client_id = Some("client-1".to_string());
         assert!(held.is_late(&named));
         // A hop naming no client: its attempt let go, or held.
         assert!(held.is_late(&hop(&attempt("client-1", "ns1", cut_at - 2))));
+        let to_hold = held.settling_to_hold(&hop(&attempt("client-1", "ns1", cut_at - 2)));
+        assert_eq!(to_hold, Some(9 * SECOND + 2 * SECOND - SECOND / 10), "before the namespace's cut");
         assert!(!held.is_late(&hop(&attempt("client-1", "ns1", cut_at + 2))));
         assert!(
             !held.spans().any(|span| span.start_unix_nano == (cut_at - 2) * SECOND),
@@ -1434,6 +1459,9 @@ mod tests {
         // router's of the attempt is not.
         assert!(!held.spans().any(|span| span.parent_span_id == router.span_id), "the waiting hop was let go");
         assert!(held.is_late(&router));
+        // (It started before the hop let go ended, before the settle's cut-off: as far behind
+        // the newest span as it starts.)
+        assert_eq!(held.settling_to_hold(&router), Some(59 * SECOND - router.start_unix_nano));
         let mut other = router.clone();
         other.span_id = Some("dddddddddddddddd".to_string());
         other.call.call_id = Some("call-other".to_string());

@@ -117,9 +117,9 @@ impl ClientCache {
                 // with the calls they belong to.
                 let mut late: HashSet<String> = HashSet::new();
                 for (client_id, held) in &self.clients {
-                    let (spans, earliest) = held.late(client_id, &index);
+                    let (spans, earliest, to_hold) = held.late(client_id, &index);
                     if spans > 0 {
-                        self.late.note(client_id.clone(), spans, earliest);
+                        self.late.note(client_id.clone(), spans, earliest, to_hold);
                         late.insert(client_id.clone());
                     }
                 }
@@ -148,9 +148,9 @@ impl ClientCache {
                         for client_id in clients.into_iter().flatten() {
                             if let Some(held) = self.clients.get(client_id)
                                 && !late.contains(client_id)
-                                && held.spans.is_late(hop)
+                                && let Some(to_hold) = held.spans.settling_to_hold(hop)
                             {
-                                self.late.note(client_id.clone(), 1, hop.start_unix_nano);
+                                self.late.note(client_id.clone(), 1, hop.start_unix_nano, to_hold);
                                 late.insert(client_id.clone());
                             }
                         }
@@ -405,19 +405,26 @@ impl Held {
     /// traces, arrived too late for its held timelines ([`HeldTimelines::is_late`]). (Those
     /// naming none are looked at only when one may be: one starts before the latest cut, or
     /// the timelines let go of hops that waited for a span.)
-    /// Returns how many, and the earliest start among them.
-    fn late(&self, client_id: &str, gained: &Gained<'_>) -> (u64, UnixNanos) {
+    /// Returns how many, the earliest start among them, and the most any of them needed the
+    /// settling to be to hold it ([`HeldTimelines::settling_to_hold`]).
+    fn late(&self, client_id: &str, gained: &Gained<'_>) -> (u64, UnixNanos, UnixNanos) {
         let spans = gained.by_client.get(client_id).into_iter().flatten().map(|index| &gained.spans[*index].1);
-        let mut late: Vec<&Span> = spans.filter(|span| self.spans.is_late(span)).collect();
+        let mut late: Vec<(&Span, UnixNanos)> =
+            spans.filter_map(|span| Some((span, self.spans.settling_to_hold(span)?))).collect();
         if gained.earliest_unnamed < self.spans.settled_through() || self.spans.has_orphans() {
             late.extend(
                 (gained.by_trace.iter())
                     .filter(|(trace, _)| self.traces.contains_key(**trace))
                     .flat_map(|(_, indexes)| indexes.iter().map(|index| &gained.spans[*index].1))
-                    .filter(|span| span.call.client_id.is_none() && self.spans.is_late(span)),
+                    .filter(|span| span.call.client_id.is_none())
+                    .filter_map(|span| Some((span, self.spans.settling_to_hold(span)?))),
             );
         }
-        (late.len() as u64, late.iter().map(|span| span.start_unix_nano).min().unwrap_or(UnixNanos::MAX))
+        (
+            late.len() as u64,
+            late.iter().map(|(span, _)| span.start_unix_nano).min().unwrap_or(UnixNanos::MAX),
+            late.iter().map(|(_, by)| *by).max().unwrap_or(0),
+        )
     }
 
     /// Holds a span at its place (start, store id), unless one is held there.

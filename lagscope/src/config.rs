@@ -267,9 +267,17 @@ pub struct LiveConfig {
     /// arrives after what it belongs to was settled (`HeldTimelines::is_late`) has its client
     /// (and its scope) let go and read anew from the store, so that it is judged; such spans
     /// are counted (`lagscope_analysis_late_spans_total`,
-    /// `lagscope_analysis_scope_late_spans_total`). Each costs a full read: raise this if
-    /// exporters or collectors routinely deliver later than it.
+    /// `lagscope_analysis_scope_late_spans_total`). Each costs a full read, so the settling
+    /// widens by itself when spans come late, up to `max_settle_seconds`.
     pub settle_seconds: i64,
+    /// The furthest behind the newest span the settling widens to when spans arrive later
+    /// than it (`held::Settling`: to hold the latest such span with a quarter to spare; back by
+    /// half after five minutes without late spans). What it settles behind now is
+    /// `lagscope_analysis_settle_seconds` and `analysis.settle_seconds` in the health. At or
+    /// below `settle_seconds` (0, say): fixed. 120 s by default: beyond that, exporters or collectors are
+    /// stalled more than late, and holding every client's last minutes that much longer costs
+    /// every pass.
+    pub max_settle_seconds: i64,
     /// Threads a live pass analyses its clients and scopes on (the analysis is pure; reading
     /// and writing stay on one). 0: one per core.
     pub analysis_threads: usize,
@@ -286,6 +294,7 @@ impl Default for LiveConfig {
             client_cache_spans: 500_000,
             scope_cache_samples: 1_000_000,
             settle_seconds: 10,
+            max_settle_seconds: 120,
             analysis_threads: 0,
         }
     }
@@ -328,6 +337,12 @@ impl Config {
             return Err(format!(
                 "live.settle_seconds must be 0 (nothing settled) or more, not {}",
                 self.live.settle_seconds
+            ));
+        }
+        if self.live.max_settle_seconds < 0 {
+            return Err(format!(
+                "live.max_settle_seconds must be 0 (the settling fixed at live.settle_seconds) or more, not {}",
+                self.live.max_settle_seconds
             ));
         }
         if self.live.analysis_threads > MAX_ANALYSIS_THREADS {

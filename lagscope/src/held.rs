@@ -38,6 +38,9 @@ pub struct Committed {
 pub struct LateSpans<K> {
     /// Late spans since the last [`LateSpans::take_count`].
     count: u64,
+    /// The most any of them since the last [`LateSpans::take_settling_wanted`] needed the
+    /// settling to be to hold it ([`lagscope_analyzer::HeldTimelines::settling_to_hold`]).
+    wanted: Option<UnixNanos>,
     /// Each entry let go for late spans, until it is passed: from when its anomalies may have
     /// changed ([`LateSpans::judged_from`]).
     reread_from: HashMap<K, UnixNanos>,
@@ -47,13 +50,15 @@ pub struct LateSpans<K> {
 
 impl<K: Eq + Hash> LateSpans<K> {
     pub fn new(horizon: UnixNanos) -> Self {
-        Self { count: 0, reread_from: HashMap::new(), horizon }
+        Self { count: 0, wanted: None, reread_from: HashMap::new(), horizon }
     }
 
-    /// `spans` late spans of `key`'s entry, the earliest starting at `earliest`: the entry is
-    /// to be let go, and read anew when passed.
-    pub fn note(&mut self, key: K, spans: u64, earliest: UnixNanos) {
+    /// `spans` late spans of `key`'s entry, the earliest starting at `earliest`, held had the
+    /// settling been `to_hold` ([`lagscope_analyzer::HeldTimelines::settling_to_hold`]): the
+    /// entry is to be let go, and read anew when passed.
+    pub fn note(&mut self, key: K, spans: u64, earliest: UnixNanos, to_hold: UnixNanos) {
         self.count += spans;
+        self.wanted = self.wanted.max(Some(to_hold));
         let from = earliest.saturating_sub(self.horizon.saturating_mul(2));
         let judged_from = self.reread_from.entry(key).or_insert(from);
         *judged_from = (*judged_from).min(from);
@@ -62,6 +67,12 @@ impl<K: Eq + Hash> LateSpans<K> {
     /// How many spans were late since the last call (the self-metrics' counter).
     pub fn take_count(&mut self) -> u64 {
         std::mem::take(&mut self.count)
+    }
+
+    /// The settling the latest span since the last call needed to be held (none: no span was
+    /// late), for [`Settling::observe`].
+    pub fn take_settling_wanted(&mut self) -> Option<UnixNanos> {
+        std::mem::take(&mut self.wanted)
     }
 
     /// For an entry let go for late spans (and so read anew), the time from which its
@@ -73,6 +84,101 @@ impl<K: Eq + Hash> LateSpans<K> {
     pub fn judged_from(&mut self, key: &K) -> Option<UnixNanos> {
         self.reread_from.remove(key)
     }
+}
+
+/// How far behind a held client's or scope's newest span its calls are settled
+/// ([`lagscope_analyzer::HeldTimelines::settle`]): `live.settle_seconds`, widened when spans
+/// arrive later than that, up to `live.max_settle_seconds`, and narrowed back, by half, after
+/// [`NARROW_AFTER`] without late spans.
+///
+/// A late span costs its client's (or scope's) held timelines: they are let go and read anew
+/// from the store, and while the lateness lasts (an exporter or collector that delivers later
+/// than the settling) every pass does that for every client it reaches. Held that much longer,
+/// such spans join their calls as on-time spans do, for the price of the seconds held and
+/// judged again by each pass.
+#[derive(Debug)]
+pub struct Settling {
+    /// `live.settle_seconds` and `live.max_settle_seconds`, in nanoseconds.
+    base: UnixNanos,
+    most: UnixNanos,
+    /// What passes settle behind now.
+    now: UnixNanos,
+    /// When a span was last late, or the settling last narrowed.
+    since: Instant,
+}
+
+/// Without late spans for this long, the settling narrows by half (towards
+/// `live.settle_seconds`).
+pub const NARROW_AFTER: Duration = Duration::from_secs(300);
+
+impl Settling {
+    /// Settling `base_seconds` behind the newest span, widened to at most `most_seconds`.
+    pub fn new(base_seconds: i64, most_seconds: i64, now: Instant) -> Self {
+        let base = base_seconds.max(0).saturating_mul(1_000_000_000);
+        Self { base, most: most_seconds.saturating_mul(1_000_000_000).max(base), now: base, since: now }
+    }
+
+    /// How far behind the newest span the passes settle now, in nanoseconds (0: nothing is
+    /// settled).
+    pub fn after(&self) -> UnixNanos {
+        self.now
+    }
+
+    /// [`Settling::after`] in whole seconds (the self-metrics' gauge).
+    pub fn seconds(&self) -> u64 {
+        u64::try_from(self.now / 1_000_000_000).unwrap_or(0)
+    }
+
+    /// After a catch-up whose latest late span would have been held by settling `wanted`
+    /// behind the newest span ([`LateSpans::take_settling_wanted`]; none: no span was late):
+    /// widens the settling to that and a quarter more, and a second (whole seconds, at most
+    /// `live.max_settle_seconds`), so that such spans are held from now on; or narrows it by
+    /// half when no span was late for [`NARROW_AFTER`]. Says so in the log when it changes.
+    pub fn observe(&mut self, wanted: Option<UnixNanos>, at: Instant) {
+        if self.base == 0 {
+            // Nothing is settled: nothing can be late.
+            return;
+        }
+        let second = 1_000_000_000;
+        let before = self.now;
+        match wanted {
+            Some(wanted) => {
+                self.since = at;
+                let wanted = seconds_up(wanted.saturating_add(wanted / 4).saturating_add(second));
+                if wanted > self.most && before < self.most {
+                    tracing::warn!(
+                        wanted_seconds = wanted / second,
+                        settle_seconds = self.most / second,
+                        "spans arrive later than live.max_settle_seconds allows for: their clients and scopes are \
+                         read anew from the store on each pass that gets them"
+                    );
+                }
+                self.now = self.now.max(wanted.min(self.most));
+            }
+            None if self.now > self.base && at.duration_since(self.since) >= NARROW_AFTER => {
+                self.since = at;
+                self.now = seconds_up(self.now / 2).max(self.base);
+            }
+            None => {}
+        }
+        if self.now > before {
+            tracing::info!(
+                settle_seconds = self.now / second,
+                "spans arrived later than the live analysis settles: it settles further behind the newest span"
+            );
+        } else if self.now < before {
+            tracing::info!(
+                settle_seconds = self.now / second,
+                "no span arrived late for five minutes: the live analysis settles closer to the newest span"
+            );
+        }
+    }
+}
+
+/// `nanos` (not negative) rounded up to whole seconds.
+fn seconds_up(nanos: UnixNanos) -> UnixNanos {
+    let second = 1_000_000_000;
+    (nanos / second + UnixNanos::from(nanos % second > 0)).saturating_mul(second)
 }
 
 /// A cache entry: how much it holds (spans, or samples) and when it was last passed.
@@ -240,5 +346,71 @@ mod tests {
         assert_ne!(dropped_on(&receiver, 1), [thread::current().id()]);
         assert_eq!(shed(&mut entries, 70), 70, "nothing more to shed");
         assert!(receiver.try_recv().is_err(), "only what was let go is freed");
+    }
+
+    const SECOND: UnixNanos = 1_000_000_000;
+
+    /// The most any late span of a catch-up needed the settling to be, and none when no span
+    /// was late.
+    #[test]
+    fn late_spans_tell_the_settling_they_needed_once() {
+        let mut late: LateSpans<&str> = LateSpans::new(90 * SECOND);
+        assert_eq!(late.take_settling_wanted(), None);
+        late.note("a", 2, 100 * SECOND, 13 * SECOND);
+        late.note("b", 1, 150 * SECOND, 0);
+        late.note("a", 1, 120 * SECOND, 17 * SECOND);
+        assert_eq!(late.take_count(), 4);
+        assert_eq!(late.take_settling_wanted(), Some(17 * SECOND));
+        assert_eq!(late.take_settling_wanted(), None, "taken");
+        late.note("b", 1, 150 * SECOND, 0);
+        assert_eq!(late.take_settling_wanted(), Some(0), "a span late by nothing is still late");
+        // Judged from two horizons before each entry's earliest late span.
+        assert_eq!(late.judged_from(&"a"), Some(100 * SECOND - 180 * SECOND));
+        assert_eq!(late.judged_from(&"a"), None);
+    }
+
+    /// Late spans widen the settling to what they needed and a quarter more, plus a second,
+    /// in whole seconds, up to the most allowed (the same spans told twice widen it once); five
+    /// minutes without any narrow it by half, never below the base. A base of 0 (nothing
+    /// settled) never widens; a most below the base keeps it fixed.
+    #[test]
+    fn the_settling_widens_for_late_spans_and_narrows_back_without_them() {
+        let start = Instant::now();
+        let mut settling = Settling::new(10, 120, start);
+        assert_eq!((settling.after(), settling.seconds()), (10 * SECOND, 10));
+        settling.observe(None, start + NARROW_AFTER);
+        assert_eq!(settling.seconds(), 10, "nothing late, nothing to narrow");
+        // Held by 30 s: 30 + 7.5 + 1, up to a whole second.
+        settling.observe(Some(30 * SECOND), start);
+        assert_eq!(settling.seconds(), 39);
+        settling.observe(Some(30 * SECOND), start);
+        assert_eq!(settling.seconds(), 39, "the same lateness told by the other cache");
+        // Needing less than it settles by (a span whose hops a settle before the widening let
+        // go): no change.
+        settling.observe(Some(12 * SECOND), start);
+        assert_eq!(settling.seconds(), 39);
+        settling.observe(Some(36 * SECOND), start);
+        assert_eq!(settling.seconds(), 46);
+        // Not narrowed before five minutes without late spans, then by half, then to the base.
+        settling.observe(None, start + NARROW_AFTER - Duration::from_secs(1));
+        assert_eq!(settling.seconds(), 46);
+        settling.observe(None, start + NARROW_AFTER);
+        assert_eq!(settling.seconds(), 23);
+        settling.observe(None, start + NARROW_AFTER * 2 - Duration::from_secs(1));
+        assert_eq!(settling.seconds(), 23, "five minutes from the last narrowing");
+        settling.observe(None, start + NARROW_AFTER * 2);
+        assert_eq!(settling.seconds(), 12);
+        settling.observe(None, start + NARROW_AFTER * 3);
+        assert_eq!(settling.seconds(), 10, "not below the base");
+        // Very late: capped.
+        settling.observe(Some(1_000 * SECOND), start);
+        assert_eq!(settling.seconds(), 120);
+        // Nothing settled: nothing widens. A most below the base: fixed at the base.
+        let mut never = Settling::new(0, 120, start);
+        never.observe(Some(30 * SECOND), start);
+        assert_eq!(never.after(), 0);
+        let mut fixed = Settling::new(10, 0, start);
+        fixed.observe(Some(30 * SECOND), start);
+        assert_eq!(fixed.seconds(), 10);
     }
 }

@@ -17,13 +17,14 @@ use lagscope_analyzer::{
     AnalysisInput, HeldTimelines, SpanKey, analyze_held_kinds, analyze_kinds, growing, read_rollups,
 };
 use lagscope_collector::{DirtyClients, Pending};
-use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, rollup_step_of};
+use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, UnixNanos, rollup_step_of};
 use lagscope_selfmetrics::SelfMetrics;
 use lagscope_store::{Coordinator, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
 use crate::client_cache::{ClientCache, Loaded};
+use crate::held::Settling;
 use crate::line_cache::LineCache;
 use crate::sample_cache::SampleCache;
 use crate::scope_cache::{ScopeCache, Source};
@@ -48,6 +49,7 @@ pub async fn run_live_analyzer(
     let mut shutdown = shutdown;
     // The marks of this process's commits carry their sample times: scopes' samples are held.
     let mut kept = Kept::new(&config, config.live.scope_cache_samples);
+    metrics.analysis_settle_seconds.set(kept.settling.seconds());
     // Each pass's findings are stored while the next pass analyses: most of a write is the
     // wait for the store's one writer (ingest holds it) and the log's sync, time in which the
     // next pass would otherwise stand still. At most one pass's findings wait to be written;
@@ -236,6 +238,7 @@ async fn analyze_marks(
     // Scope marks carry the oldest time of the samples committed to the scope: scopes'
     // samples are held, with the care `hold_samples` takes.
     let mut kept = Kept::new(config, config.live.scope_cache_samples);
+    metrics.analysis_settle_seconds.set(kept.settling.seconds());
     let mut claims = 0;
     let mut recorder = Recorder::default();
     loop {
@@ -373,6 +376,8 @@ struct Kept {
     scope_spans: ScopeCache,
     client_spans: ClientCache,
     samples: SampleCache,
+    /// How far behind the newest span the held timelines are settled, widened by late spans.
+    settling: Settling,
 }
 
 impl Kept {
@@ -384,6 +389,7 @@ impl Kept {
             scope_spans: ScopeCache::new(config.live.scope_cache_spans, horizon),
             client_spans: ClientCache::new(config.live.client_cache_spans, horizon),
             samples: SampleCache::new(samples),
+            settling: Settling::new(config.live.settle_seconds, config.live.max_settle_seconds, Instant::now()),
         }
     }
 }
@@ -512,7 +518,7 @@ async fn analysis_pass(
     kept: &mut Kept,
     pending: Pending,
 ) -> Result<Findings, lagscope_store::StoreError> {
-    let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache } = kept;
+    let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache, settling } = kept;
     // Before any read: every commit the marks name is visible to this pass's reads.
     sample_cache.committed(&pending.sample_times, Instant::now());
     let mut scopes = pending.scopes;
@@ -587,6 +593,8 @@ async fn analysis_pass(
     {
         committed = client_cache.catch_up(feed, latest, client_limit, Instant::now()).await?;
         metrics.analysis_late_spans.add(client_cache.late().take_count());
+        settling.observe(client_cache.late().take_settling_wanted(), Instant::now());
+        metrics.analysis_settle_seconds.set(settling.seconds());
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
@@ -631,6 +639,7 @@ async fn analysis_pass(
     times.client_reads += lap.elapsed();
     lap = Instant::now();
     let horizon = config.analyzer.stream.horizon();
+    let settle_after = settling.after();
     let found_of_clients = on_threads(
         work,
         threads,
@@ -666,7 +675,7 @@ async fn analysis_pass(
                 let (timelines, _) = input.into_parts();
                 held.give_back(timelines);
                 held.give_back_verdicts(verdicts);
-                let_go = settle(held, &found, config);
+                let_go = settle(held, &found, settle_after, config);
             }
             let took = Took::since(started, analysed, span_count, let_go.len());
             took.log_if_slow("client", || work.client_id.to_string());
@@ -702,6 +711,8 @@ async fn analysis_pass(
             };
             cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
             metrics.analysis_scope_late_spans.add(cache.late().take_count());
+            settling.observe(cache.late().take_settling_wanted(), Instant::now());
+            metrics.analysis_settle_seconds.set(settling.seconds());
             times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {
@@ -755,8 +766,14 @@ async fn analysis_pass(
             .collect();
         times.scope_reads += lap.elapsed();
         lap = Instant::now();
-        let found_of_scopes =
-            on_threads(work, threads, |work| work.spans.len(), |work| scope_analysis(work, limit, config));
+        // (Widened, perhaps, by the scope cache's catch-up.)
+        let settle_after = settling.after();
+        let found_of_scopes = on_threads(
+            work,
+            threads,
+            |work| work.spans.len(),
+            |work| scope_analysis(work, limit, settle_after, config),
+        );
         times.scope_analysis += lap.elapsed();
         for (scope, found_of_scope) in chunk.iter().zip(found_of_scopes) {
             found_of_scope.took.log_if_slow("scope", || {
@@ -939,15 +956,16 @@ struct ScopeFound {
     took: Took,
 }
 
-/// Settles a held window ([`HeldTimelines::settle`], `live.settle_seconds`) after its pass,
-/// with the anomalies the pass found holding what they may still grow over: at most once per
-/// half of that time of telemetry. Returns the spans let go, for the cache's count.
+/// Settles a held window ([`HeldTimelines::settle`]) `after` its newest span ([`Settling`])
+/// after its pass, with the anomalies the pass found holding what they may still grow over: at
+/// most once per half of that time of telemetry. Returns the spans let go, for the cache's
+/// count.
 fn settle<A: Borrow<lagscope_model::Anomaly>>(
     held: &mut HeldTimelines,
     found: &[A],
+    after: UnixNanos,
     config: &Config,
 ) -> Vec<(SpanKey, lagscope_model::Span)> {
-    let after = config.live.settle_seconds.saturating_mul(1_000_000_000);
     let Some(newest) = held.last_start() else { return Vec::new() };
     let before = newest.saturating_sub(after);
     if after == 0 || before.saturating_sub(held.last_settle()) < after / 2 {
@@ -958,7 +976,7 @@ fn settle<A: Borrow<lagscope_model::Anomaly>>(
 
 /// The scope kinds over a scope's spans and samples, and the staleness of its reads per node
 /// and minute (for the pages).
-fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFound {
+fn scope_analysis(work: ScopeWork<'_>, limit: u32, settle_after: UnixNanos, config: &Config) -> ScopeFound {
     let started = Instant::now();
     let mut spans = work.spans;
     let span_count = spans.len();
@@ -1000,7 +1018,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, config: &Config) -> ScopeFoun
     let analysed = started.elapsed();
     if let Spans::Held(held) = spans {
         held.give_back(timelines_analysed);
-        let_go = settle(held, &anomalies, config);
+        let_go = settle(held, &anomalies, settle_after, config);
     }
     let took = Took::since(started, analysed, span_count, let_go.len());
     ScopeFound { anomalies, rollups, timelines, samples, let_go, took }

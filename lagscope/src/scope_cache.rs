@@ -132,8 +132,8 @@ impl ScopeCache {
                 for span in gained {
                     let key = (span.resource.cluster.clone(), span.call.namespace.clone());
                     if let Some(held) = self.scopes.get_mut(&key) {
-                        if held.spans.is_late(&span) {
-                            self.late.note(key.clone(), 1, span.start_unix_nano);
+                        if let Some(to_hold) = held.spans.settling_to_hold(&span) {
+                            self.late.note(key.clone(), 1, span.start_unix_nano, to_hold);
                             late.insert(key);
                         } else if !late.contains(&key) {
                             // (A scope about to be let go takes nothing more.)

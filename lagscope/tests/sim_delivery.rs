@@ -172,33 +172,132 @@ async fn eval_scores_what_the_live_analyzer_stored() {
 /// (and the scope) holding that timeline is read anew from the store. Such hops are counted,
 /// on `/api/v1/health` and `/metrics`, so that operators see what came late; a hop of a call
 /// still held is not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
+/// Posts one OTLP/HTTP request with each component's spans (a resource per component, node
+/// `{component}-1`), and waits until the live analyzer has taken it.
+async fn post_components(
+    server: &lagscope::Server,
+    parts: Vec<(&str, Vec<opentelemetry_proto::tonic::trace::v1::Span>)>,
+) {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
     use prost::Message;
-    use support::{int, resource, span, text};
-    let directory = tempfile::tempdir().expect("temp dir");
-    let server = start_server(directory.path()).await;
-    let http = reqwest::Client::new();
-    // One request with each component's spans.
-    let post = async |parts: Vec<(&str, Vec<_>)>| {
-        let resource_spans = parts.into_iter().map(|(component, spans)| ResourceSpans {
-            resource: Some(resource(component, &format!("{component}-1"))),
-            scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
-            ..ResourceSpans::default()
-        });
-        let request = ExportTraceServiceRequest { resource_spans: resource_spans.collect() };
-        let response = http
-            .post(format!("http://{}/v1/traces", server.otlp_http_addr))
-            .header("content-type", "application/x-protobuf")
-            .body(request.encode_to_vec())
-            .send()
-            .await
-            .expect("post");
-        assert!(response.status().is_success(), "{}", response.status());
-        wait_until_analyzed(&server).await;
+    let resource_spans = parts.into_iter().map(|(component, spans)| ResourceSpans {
+        resource: Some(support::resource(component, &format!("{component}-1"))),
+        scope_spans: vec![ScopeSpans { spans, ..ScopeSpans::default() }],
+        ..ResourceSpans::default()
+    });
+    let request = ExportTraceServiceRequest { resource_spans: resource_spans.collect() };
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/traces", server.otlp_http_addr))
+        .header("content-type", "application/x-protobuf")
+        .body(request.encode_to_vec())
+        .send()
+        .await
+        .expect("post");
+    assert!(response.status().is_success(), "{}", response.status());
+    wait_until_analyzed(server).await;
+}
+
+/// A router whose exporter delivers 30 s of telemetry behind everyone else: its hops come
+/// after the server spans under them waited the default settling (10 s) and were let go. With
+/// the settling fixed, each delivery's hops are late, and their client and scope read anew,
+/// for as long as it lasts; widened by what the first late hops missed it by, the settling
+/// holds the server spans until their hops come, and the hops join on time. Both find every
+/// state the router dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_delivering_late_widens_the_settling_until_its_hops_join_on_time() {
+    use support::{int, span, text};
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
+    let base = now.as_nanos() as u64 - 300 * SECOND as u64;
+    let at = |index: u64| base + index * SECOND as u64;
+    let call = |index: u64, carried: i64| {
+        vec![
+            text("lagscope.client.id", "slow-router-1"),
+            text("lagscope.call.id", &format!("call-{index}")),
+            text("lagscope.namespace", "ns1"),
+            text("lagscope.op", "read"),
+            int("lagscope.state.carried", carried),
+        ]
     };
+    // A read a second, its server span under the router's hop; every tenth hop passes on
+    // less than the client carried.
+    let client = |index: u64| span(index + 1, 10 * index + 1, 0, at(index), at(index) + 1_000_000, call(index, 1000));
+    let router = |index: u64| {
+        let carried = if index % 10 == 5 { 500 } else { 1000 };
+        span(index + 1, 10 * index + 2, 10 * index + 1, at(index) + 100_000, at(index) + 900_000, call(index, carried))
+    };
+    let server = |index: u64| {
+        let attributes = vec![text("lagscope.namespace", "ns1"), int("lagscope.state.served", 1000)];
+        span(index + 1, 10 * index + 3, 10 * index + 2, at(index) + 200_000, at(index) + 800_000, attributes)
+    };
+    // Rounds of ten seconds: the clients' and servers' spans of the round, the router's of
+    // three rounds before. Returns the late spans (client cache, scope cache) after each round.
+    const ROUNDS: u64 = 12;
+    let run = async |max_settle_seconds: i64| {
+        let directory = tempfile::tempdir().expect("temp dir");
+        let mut config = support::local_config(directory.path());
+        config.live.max_settle_seconds = max_settle_seconds;
+        let lagscope = lagscope::Server::start(&config).await.expect("server starts");
+        let mut late = Vec::new();
+        for round in 0..ROUNDS + 3 {
+            let now = (round * 10..(round * 10 + 10)).filter(|_| round < ROUNDS);
+            let routed = (round.saturating_sub(3) * 10..(round.saturating_sub(3) * 10 + 10)).filter(|_| round >= 3);
+            post_components(
+                &lagscope,
+                vec![
+                    ("client", now.clone().map(client).collect()),
+                    ("server", now.map(server).collect()),
+                    ("router", routed.map(router).collect()),
+                ],
+            )
+            .await;
+            let (_, health) = get_json(&lagscope, "/api/v1/health").await;
+            let analysis = &health["analysis"];
+            late.push((analysis["late_spans_total"].as_u64(), analysis["scope_late_spans_total"].as_u64()));
+        }
+        let (_, health) = get_json(&lagscope, "/api/v1/health").await;
+        let settle_seconds = health["analysis"]["settle_seconds"].as_u64().expect("settle_seconds");
+        let (_, listed) = get_json(&lagscope, "/api/v1/anomalies?kind=router_state_dropped&limit=100").await;
+        let mut dropped: Vec<u64> = listed["anomalies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
+            .collect();
+        dropped.sort_unstable();
+        lagscope.shutdown().await.expect("clean shutdown");
+        (late, settle_seconds, dropped)
+    };
+    let expected: Vec<u64> = (0..ROUNDS * 10).filter(|index| index % 10 == 5).map(at).collect();
+
+    let (late, settle_seconds, dropped) = run(0).await;
+    assert_eq!(settle_seconds, 10, "fixed");
+    assert_eq!(dropped, expected, "the late hops are judged, read anew");
+    // Every round's hops after the first few are late: the count grows to the end.
+    let (halfway, last) = (late[(ROUNDS / 2) as usize], late[late.len() - 1]);
+    assert!(last.0 > halfway.0 && last.1 > halfway.1, "{late:?}");
+
+    let (late, settle_seconds, dropped) = run(120).await;
+    // Widened to hold hops 30-39 s late (the last of a round's ten calls is 9 s newer than the
+    // first), not to the most allowed.
+    assert!((31..=60).contains(&settle_seconds), "widened to hold 30 s late hops: {settle_seconds} s");
+    assert_eq!(dropped, expected, "{late:?}");
+    // Some hops were late before it widened, none after.
+    let (halfway, last) = (late[(ROUNDS / 2) as usize], late[late.len() - 1]);
+    assert!(halfway.0 > Some(0) && halfway.1 > Some(0), "{late:?}");
+    assert_eq!(last, halfway, "{late:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
+    use support::{int, span, text};
+    let directory = tempfile::tempdir().expect("temp dir");
+    // The settling fixed: every late span here is to be read anew (what widens it is below).
+    let mut config = support::local_config(directory.path());
+    config.live.max_settle_seconds = 0;
+    let server = lagscope::Server::start(&config).await.expect("server starts");
+    let http = reqwest::Client::new();
+    let post = async |parts: Vec<(&str, Vec<_>)>| post_components(&server, parts).await;
     // (Recent: the live caches hold nothing older than the retention.)
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
     let base = now.as_nanos() as u64 - 300 * SECOND as u64;

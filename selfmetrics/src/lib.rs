@@ -228,6 +228,9 @@ pub struct SelfMetrics {
     /// The same for the scope cache: spans that reached a held scope after its timelines had
     /// been settled past them; the scope was read anew.
     pub analysis_scope_late_spans: Counter,
+    /// How far behind a held client's or scope's newest span the live analyzer settles its
+    /// calls now, in seconds (`live.settle_seconds`, widened while spans arrive late).
+    pub analysis_settle_seconds: Gauge,
     /// Committed ingest batches handed to the live analyzer.
     pub batches_marked: Counter,
     /// How many of those the live analyzer has finished (all batches up to this one).
@@ -421,6 +424,12 @@ impl SelfMetrics {
                 "lagscope_analysis_client_spans_cached",
                 "Spans the live analyzer's client cache holds (live.client_cache_spans at most).",
                 &self.client_spans_cached,
+            ),
+            (
+                "lagscope_analysis_settle_seconds",
+                "How far behind a held client's or scope's newest span the live analyzer settles its calls now \
+                 (live.settle_seconds, widened up to live.max_settle_seconds while spans arrive late).",
+                &self.analysis_settle_seconds,
             ),
             (
                 "lagscope_cluster_shards_held",

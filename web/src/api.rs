@@ -76,6 +76,7 @@ async fn health(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> 
             "batches_analyzed": state.metrics.batches_analyzed.get(),
             "late_spans_total": state.metrics.analysis_late_spans.get(),
             "scope_late_spans_total": state.metrics.analysis_scope_late_spans.get(),
+            "settle_seconds": state.metrics.analysis_settle_seconds.get(),
         },
         "ingest": {
             "queue_bytes": state.metrics.ingest_queue_bytes.get(),
