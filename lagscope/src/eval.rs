@@ -2,8 +2,7 @@
 //! path as `lagscope analyze` (OTLP JSON lines → request decoder → streaming engine), as the
 //! simulator makes it, and scores the anomalies against each run's ground truth.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -13,13 +12,8 @@ use lagscope_analyzer::{AnalyzerConfig, detectors};
 use lagscope_collector::capture::stream_requests;
 use lagscope_model::Anomaly;
 use lagscope_sim::score::{Found, KindScore, score};
-use lagscope_sim::{Nanos, Request, Rng, SimConfig, Sink, Truth};
+use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use lagscope_store::{AnomalyFilter, TimeRange};
-use opentelemetry_proto::tonic::metrics::v1::metric::Data;
-use opentelemetry_proto::tonic::metrics::v1::{
-    ExponentialHistogramDataPoint, HistogramDataPoint, NumberDataPoint, SummaryDataPoint,
-};
-use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde::Serialize;
 
 use crate::analyze::{StoreSource, analyze_paths_emitting, analyze_store_emitting, push_decoded};
@@ -42,70 +36,8 @@ pub struct ScenarioScore {
     pub anomalies: Vec<Anomaly>,
 }
 
-/// How the simulator's export requests reach the analyzer.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Delivery {
-    /// Each request is held back a random time up to this (drawn from the run's seed), so the
-    /// analyzer meets the processes' batches out of order, as from a collector fed by many
-    /// batch exporters. 0: in the order they were made.
-    pub max_delay: Nanos,
-    /// Each process's clock is off by a random amount up to this, either way (drawn from the
-    /// run's seed and the process's resource): its spans, span events, metric points and log
-    /// records carry the skewed times, as from hosts whose clocks NTP keeps only roughly in step.
-    /// 0: every process on the true time.
-    pub max_skew: Nanos,
-    /// This fraction of the export requests (drawn from the run's seed) is delivered twice, the
-    /// copy a random time up to `max_delay` (at least 1 s) after the request was made, as when
-    /// an exporter retries a request whose acknowledgement was lost (OTLP delivery is at least
-    /// once): the spans, samples and log records come again with their ids. 0: each once.
-    pub redeliver: f64,
-    /// This fraction of the export requests (drawn from the run's seed) is never delivered, as
-    /// when an exporter gives up after its retries or a collector sheds load: spans, samples and
-    /// log records go missing. Anomalies whose evidence was lost may be missed (the score then
-    /// judges only what is reported: see [`ScenarioScore::clean`]). 0: nothing lost.
-    pub lose: f64,
-}
-
-impl Delivery {
-    /// Refuses a delay the analyzer is not built to absorb: requests held back longer than its
-    /// lateness less the simulator's 1 s export interval may arrive after their spans' joins
-    /// (and then are rightly analyzed differently). Clocks that disagree take from that
-    /// lateness too: the data's time is the fastest clock's, and a span from the slowest
-    /// arrives up to twice the skew further behind it (found by a sweep: skew 800 ms with a
-    /// delay of 9 s left `mixed` seed 908's hops to three reads unjoined).
-    pub fn validate(&self, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
-        if !(0.0..=1.0).contains(&self.redeliver) {
-            bail!("--redeliver {}: must be a fraction between 0 and 1", self.redeliver);
-        }
-        if !(0.0..1.0).contains(&self.lose) {
-            bail!("--lose {}: must be a fraction from 0 up to (not including) 1", self.lose);
-        }
-        if !(0..=60 * lagscope_sim::SECOND).contains(&self.max_skew) {
-            bail!("--clock-skew {:.3} s: must be between 0 and 60 s", self.max_skew as f64 / 1e9);
-        }
-        let lateness = analyzer.stream.lateness_seconds;
-        let behind = self.copy_delay().saturating_add(lagscope_sim::SECOND).saturating_add(2 * self.max_skew);
-        if self.max_delay < 0 || behind > lateness * lagscope_sim::SECOND {
-            let skew = match self.max_skew {
-                0 => String::new(),
-                skew => format!(" with --clock-skew {:.3} s", skew as f64 / 1e9),
-            };
-            bail!(
-                "--export-delay {:.3} s{skew}: must be at least 0, and a span may then arrive {:.3} s behind the \
-                 fastest clock (the delay, the simulator's 1 s export interval and twice the skew), more than \
-                 analyzer.stream.lateness_seconds ({lateness} s) waits for",
-                self.max_delay as f64 / 1e9,
-                behind as f64 / 1e9
-            );
-        }
-        Ok(())
-    }
-
-    /// How long after its request a redelivered copy may come.
-    fn copy_delay(&self) -> Nanos {
-        if self.redeliver > 0.0 { self.max_delay.max(lagscope_sim::SECOND) } else { self.max_delay }
-    }
-}
+use crate::delivery::Delivered;
+pub use crate::delivery::Delivery;
 
 impl ScenarioScore {
     /// Nothing missed and nothing false: what every run delivered whole must give.
@@ -122,20 +54,14 @@ impl ScenarioScore {
 
 /// Runs one scenario through the analyzer and scores it.
 pub fn evaluate(config: &SimConfig, analyzer: &AnalyzerConfig, delivery: Delivery) -> anyhow::Result<ScenarioScore> {
-    let mut sink = EngineSink {
+    let sink = EngineSink {
         source_name: format!("{}.jsonl", config.scenario),
         engine: Engine::new(analyzer, |_| true),
         error: None,
-        delivery,
-        delays: Rng::new(config.seed ^ 0xDE1A_7ED0),
-        copies: Rng::new(config.seed ^ 0xC0_91E5),
-        losses: Rng::new(config.seed ^ 0x0010_55E5),
-        skew_seed: config.seed ^ 0x5CE4_C10C,
-        held: BTreeMap::new(),
-        sequence: 0,
     };
-    let truth: Truth = lagscope_sim::run(config, &mut sink)?;
-    sink.deliver_through(Nanos::MAX);
+    let mut delivered = Delivered::new(sink, delivery, config.seed);
+    let truth: Truth = lagscope_sim::run(config, &mut delivered)?;
+    let sink = delivered.finish();
     if let Some(error) = sink.error {
         bail!("{error}");
     }
@@ -173,64 +99,20 @@ impl ScenarioScore {
 
 /// Takes the simulator's export requests through the path `lagscope analyze` reads captures
 /// by (OTLP JSON lines, decoded one request at a time) into the streaming engine, as they
-/// are made: nothing of the run is held but the engine's state.
+/// are delivered: nothing of the run is held but the engine's state.
 struct EngineSink<'c> {
     source_name: String,
     engine: Engine<'c>,
     error: Option<String>,
-    delivery: Delivery,
-    delays: Rng,
-    /// Which requests are redelivered, and when.
-    copies: Rng,
-    /// Which requests are lost.
-    losses: Rng,
-    /// Requests held back ([`Delivery`]), by when they are delivered and in what order made.
-    held: BTreeMap<(Nanos, u64), Request>,
-    sequence: u64,
-    skew_seed: u64,
 }
 
 impl Sink for EngineSink<'_> {
-    fn export(&mut self, at: Nanos, mut request: Request) {
-        if self.delivery.lose > 0.0 && self.losses.chance(self.delivery.lose) {
-            // Never received: neither delivered nor sent again.
-            self.deliver_through(at);
-            return;
-        }
-        if self.delivery.max_skew > 0 {
-            skew(&mut request, self.skew_seed, self.delivery.max_skew);
-        }
-        if self.delivery.redeliver > 0.0 && self.copies.chance(self.delivery.redeliver) {
-            let delay = self.copies.range(0, self.delivery.copy_delay());
-            self.hold(at.saturating_add(delay), request.clone());
-        }
-        if self.delivery.max_delay == 0 {
-            self.deliver_through(at);
-            self.deliver(&request);
-            return;
-        }
-        let delay = self.delays.range(0, self.delivery.max_delay);
-        self.hold(at.saturating_add(delay), request);
-        self.deliver_through(at);
+    fn export(&mut self, _at: Nanos, request: Request) {
+        self.deliver(&request);
     }
 }
 
 impl EngineSink<'_> {
-    fn hold(&mut self, due: Nanos, request: Request) {
-        self.sequence += 1;
-        self.held.insert((due, self.sequence), request);
-    }
-
-    /// Delivers the held requests due by `at`, in the order they fall due.
-    fn deliver_through(&mut self, at: Nanos) {
-        while let Some(entry) = self.held.first_entry()
-            && entry.key().0 <= at
-        {
-            let request = entry.remove();
-            self.deliver(&request);
-        }
-    }
-
     fn deliver(&mut self, request: &Request) {
         if self.error.is_some() {
             return;
@@ -246,88 +128,6 @@ impl EngineSink<'_> {
         }
     }
 }
-
-/// Shifts every time in `request` by its process's clock offset: uniform in
-/// `[-max_skew, max_skew]`, drawn from `seed` and the process's resource (the same for every
-/// request of the process).
-fn skew(request: &mut Request, seed: u64, max_skew: Nanos) {
-    let offset = |resource: &Option<Resource>| {
-        let mut hasher = std::hash::DefaultHasher::new();
-        for attribute in resource.iter().flat_map(|resource| &resource.attributes) {
-            attribute.key.hash(&mut hasher);
-            format!("{:?}", attribute.value).hash(&mut hasher);
-        }
-        Rng::new(seed ^ hasher.finish()).range(-max_skew, max_skew)
-    };
-    let shift = |time: &mut u64, offset: i64| {
-        if *time != 0 {
-            *time = time.saturating_add_signed(offset);
-        }
-    };
-    match request {
-        Request::Traces(request) => {
-            for resource in &mut request.resource_spans {
-                let offset = offset(&resource.resource);
-                for span in resource.scope_spans.iter_mut().flat_map(|scope| &mut scope.spans) {
-                    shift(&mut span.start_time_unix_nano, offset);
-                    shift(&mut span.end_time_unix_nano, offset);
-                    for event in &mut span.events {
-                        shift(&mut event.time_unix_nano, offset);
-                    }
-                }
-            }
-        }
-        Request::Metrics(request) => {
-            for resource in &mut request.resource_metrics {
-                let offset = offset(&resource.resource);
-                for metric in resource.scope_metrics.iter_mut().flat_map(|scope| &mut scope.metrics) {
-                    let points: Vec<(&mut u64, &mut u64)> = match &mut metric.data {
-                        Some(Data::Gauge(gauge)) => gauge.data_points.iter_mut().map(Times::times).collect(),
-                        Some(Data::Sum(sum)) => sum.data_points.iter_mut().map(Times::times).collect(),
-                        Some(Data::Histogram(histogram)) => {
-                            histogram.data_points.iter_mut().map(Times::times).collect()
-                        }
-                        Some(Data::ExponentialHistogram(histogram)) => {
-                            histogram.data_points.iter_mut().map(Times::times).collect()
-                        }
-                        Some(Data::Summary(summary)) => summary.data_points.iter_mut().map(Times::times).collect(),
-                        None => Vec::new(),
-                    };
-                    for (start, time) in points {
-                        shift(start, offset);
-                        shift(time, offset);
-                    }
-                }
-            }
-        }
-        Request::Logs(request) => {
-            for resource in &mut request.resource_logs {
-                let offset = offset(&resource.resource);
-                for record in resource.scope_logs.iter_mut().flat_map(|scope| &mut scope.log_records) {
-                    shift(&mut record.time_unix_nano, offset);
-                    shift(&mut record.observed_time_unix_nano, offset);
-                }
-            }
-        }
-    }
-}
-
-/// A data point's start and time, to shift.
-trait Times {
-    fn times(&mut self) -> (&mut u64, &mut u64);
-}
-
-macro_rules! times {
-    ($($point:ty),*) => {$(
-        impl Times for $point {
-            fn times(&mut self) -> (&mut u64, &mut u64) {
-                (&mut self.start_time_unix_nano, &mut self.time_unix_nano)
-            }
-        }
-    )*};
-}
-
-times!(NumberDataPoint, HistogramDataPoint, ExponentialHistogramDataPoint, SummaryDataPoint);
 
 /// The kinds the analyzer has a detector for today.
 pub fn detected_kinds() -> BTreeSet<&'static str> {

@@ -9,6 +9,7 @@ pub mod analyze;
 pub mod auth;
 mod client_cache;
 pub mod config;
+pub mod delivery;
 pub mod dump;
 pub mod eval;
 pub mod export;

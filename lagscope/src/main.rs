@@ -38,6 +38,47 @@ struct RunArgs {
     rate: Option<f64>,
 }
 
+/// How the run's export requests are delivered: `sim` and `eval` take the same.
+#[derive(Debug, clap::Args)]
+struct DeliveryArgs {
+    /// Hold each export request back a random time up to this (e.g. 5s), so that the
+    /// processes' batches arrive out of order as through a collector; what is found must not
+    /// change. The streaming engine (`eval`, `analyze`) waits analyzer.stream.lateness_seconds
+    /// for late spans: `eval` takes at most that less 1 s. The live analyzer of `serve` judges
+    /// spans however late they come.
+    #[arg(long)]
+    export_delay: Option<String>,
+    /// Set each simulated process's clock off by a random amount up to this (e.g. 200ms),
+    /// either way: how far the detectors hold when hosts' clocks disagree. Clocks apart take
+    /// from the lateness as a delay does: the delay, the 1 s export interval and twice the
+    /// skew must fit in it.
+    #[arg(long)]
+    clock_skew: Option<String>,
+    /// Deliver this fraction of the export requests twice (e.g. 0.1), the copy up to
+    /// --export-delay (at least 1 s) later, as an exporter retrying a request whose
+    /// acknowledgement was lost: the same spans, samples and logs, ids and all, must not
+    /// change what is found.
+    #[arg(long, default_value_t = 0.0)]
+    redeliver: f64,
+    /// Lose this fraction of the export requests (e.g. 0.1), as an exporter that gave up
+    /// after its retries or a collector shedding load: anomalies whose evidence was lost
+    /// may be missed, but nothing may be reported that the run did not have.
+    #[arg(long, default_value_t = 0.0)]
+    lose: f64,
+}
+
+impl DeliveryArgs {
+    fn delivery(&self) -> anyhow::Result<eval::Delivery> {
+        let nanos = |text: &Option<String>| text.as_deref().map(sim_cmd::parse_duration).transpose();
+        Ok(eval::Delivery {
+            max_delay: nanos(&self.export_delay)?.unwrap_or(0),
+            max_skew: nanos(&self.clock_skew)?.unwrap_or(0),
+            redeliver: self.redeliver,
+            lose: self.lose,
+        })
+    }
+}
+
 impl RunArgs {
     /// The simulator's configuration of `scenario` run so.
     fn config(&self, scenario: &str) -> anyhow::Result<lagscope_sim::SimConfig> {
@@ -167,6 +208,9 @@ enum Command {
         /// a collector's several senders do; requests may then arrive out of order.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
         in_flight: u16,
+        /// Held back, skewed, sent twice or lost as a collector would deliver it.
+        #[command(flatten)]
+        delivery: DeliveryArgs,
         /// Also serve what the simulated nodes expose natively (Hadoop /jmx, Ozone OMMetrics,
         /// Elasticsearch/OpenSearch node stats, Prometheus /metrics) on this address; keeps
         /// serving after the run until Ctrl-C.
@@ -271,28 +315,8 @@ enum Command {
         /// detectors are held to the truth of runs they were not tuned to.
         #[command(flatten)]
         run: RunArgs,
-        /// Hold each export request back a random time up to this (e.g. 5s) before the analyzer
-        /// sees it, so the processes' batches arrive out of order as through a collector; what
-        /// is found must not change. At most the analyzer's lateness less 1 s.
-        #[arg(long)]
-        export_delay: Option<String>,
-        /// Set each simulated process's clock off by a random amount up to this (e.g. 200ms),
-        /// either way: how far the detectors hold when hosts' clocks disagree. Clocks apart take
-        /// from the lateness as a delay does: the delay, the 1 s export interval and twice the
-        /// skew must fit in it.
-        #[arg(long)]
-        clock_skew: Option<String>,
-        /// Deliver this fraction of the export requests twice (e.g. 0.1), the copy up to
-        /// --export-delay (at least 1 s) later, as an exporter retrying a request whose
-        /// acknowledgement was lost: the same spans, samples and logs, ids and all, must not
-        /// change what is found.
-        #[arg(long, default_value_t = 0.0)]
-        redeliver: f64,
-        /// Lose this fraction of the export requests (e.g. 0.1), as an exporter that gave up
-        /// after its retries or a collector shedding load: anomalies whose evidence was lost
-        /// may be missed, but nothing may be reported that the run did not have.
-        #[arg(long, default_value_t = 0.0)]
-        lose: f64,
+        #[command(flatten)]
+        delivery: DeliveryArgs,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -608,6 +632,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             truth,
             realtime,
             in_flight,
+            delivery,
             serve_native,
             progress,
         } => {
@@ -643,14 +668,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => None,
             };
             let started = std::time::Instant::now();
-            let (run_truth, requests) = sim_cmd::run_with_native(
-                &config,
-                &target,
-                realtime,
-                usize::from(in_flight),
-                native,
-                progress.progress()?,
-            )?;
+            let sending =
+                sim_cmd::Sending { realtime, in_flight: usize::from(in_flight), delivery: delivery.delivery()? };
+            let (run_truth, requests) =
+                sim_cmd::run_with_native(&config, &target, &sending, native, progress.progress()?)?;
             eprintln!(
                 "sim {}: {} export requests, {} spans, {} expected anomalies, {:.2} s wall",
                 config.scenario,
@@ -672,10 +693,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Eval {
             scenario,
             run,
-            export_delay,
-            clock_skew,
-            redeliver,
-            lose,
+            delivery,
             format,
             config,
             truth,
@@ -719,13 +737,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 vec![scenario]
             };
             let runs = names.iter().map(|name| run.config(name)).collect::<anyhow::Result<Vec<_>>>()?;
-            let nanos = |text: Option<String>| text.as_deref().map(sim_cmd::parse_duration).transpose();
-            let delivery = eval::Delivery {
-                max_delay: nanos(export_delay)?.unwrap_or(0),
-                max_skew: nanos(clock_skew)?.unwrap_or(0),
-                redeliver,
-                lose,
-            };
+            let delivery = delivery.delivery()?;
             eval::run(&runs, delivery, format == Format::Json, &config.analyzer)
         }
     }

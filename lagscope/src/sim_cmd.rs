@@ -10,6 +10,7 @@ use lagscope_sim::native::NativeState;
 use lagscope_sim::{Nanos, Request, SimConfig, Sink, Truth};
 use prost::Message;
 
+use crate::delivery::{Delivered, Delivery};
 use crate::output::Replacement;
 use crate::progress::{Position, Progress, Reporter};
 
@@ -166,20 +167,37 @@ pub type NativeHandle = Arc<Mutex<NativeState>>;
 
 /// Runs the scenario into `target`; returns its truth and how many requests were sent.
 pub fn run(config: &SimConfig, target: &Target, realtime: bool) -> anyhow::Result<(Truth, u64)> {
-    run_with_native(config, target, realtime, 1, None, Progress::Off)
+    run_with_native(config, target, &Sending { realtime, ..Sending::default() }, None, Progress::Off)
 }
 
-/// [`run`], with up to `in_flight` OTLP requests sent at once (1: each waits for the one
-/// before it to be answered), also keeping `native` up to date for the native endpoints, and
-/// reporting how far it is as `progress` says.
+/// How `sim` sends what the run makes.
+#[derive(Debug, Clone, Copy)]
+pub struct Sending {
+    /// Paced on the wall clock, as the simulated time passes.
+    pub realtime: bool,
+    /// OTLP requests sent at once (1: each waits for the one before it to be answered).
+    pub in_flight: usize,
+    /// Held back, skewed, sent twice or lost as a collector would ([`Delivery`]).
+    pub delivery: Delivery,
+}
+
+impl Default for Sending {
+    fn default() -> Self {
+        Self { realtime: false, in_flight: 1, delivery: Delivery::default() }
+    }
+}
+
+/// [`run`], sent as `sending` says, also keeping `native` up to date for the native
+/// endpoints, and reporting how far it is as `progress` says.
 pub fn run_with_native(
     config: &SimConfig,
     target: &Target,
-    realtime: bool,
-    in_flight: usize,
+    sending: &Sending,
     native: Option<NativeHandle>,
     progress: Progress,
 ) -> anyhow::Result<(Truth, u64)> {
+    let Sending { realtime, in_flight, delivery } = *sending;
+    delivery.check()?;
     match target {
         Target::JsonLines(path) => {
             // Paced, the file is written where it is read as it grows (tail -f); otherwise
@@ -194,7 +212,9 @@ pub fn run_with_native(
             };
             let started = realtime.then(Instant::now);
             let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0, started };
-            let truth = lagscope_sim::run(config, &mut Tee::new(&mut sink, native, config, progress))?;
+            let mut delivered = Delivered::new(&mut sink, delivery, config.seed);
+            let truth = lagscope_sim::run(config, &mut Tee::new(&mut delivered, native, config, progress))?;
+            delivered.finish();
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
@@ -210,7 +230,9 @@ pub fn run_with_native(
             let writer = crate::lscap::LscapWriter::new(std::io::BufWriter::new(file))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             let mut sink = LscapSink { writer, error: None, requests: 0 };
-            let truth = lagscope_sim::run(config, &mut Tee::new(&mut sink, native, config, progress))?;
+            let mut delivered = Delivered::new(&mut sink, delivery, config.seed);
+            let truth = lagscope_sim::run(config, &mut Tee::new(&mut delivered, native, config, progress))?;
+            delivered.finish();
             if let Some(error) = sink.error {
                 return Err(error).with_context(|| format!("cannot write {}", path.display()));
             }
@@ -233,8 +255,12 @@ pub fn run_with_native(
             });
             let config = config.clone();
             let simulated = std::thread::spawn(move || {
-                let mut sink = ChannelSink { sender, closed: false };
-                lagscope_sim::run(&config, &mut Tee::new(&mut sink, native, &config, progress))
+                let sink = ChannelSink { sender, closed: false };
+                let mut delivered = Delivered::new(sink, delivery, config.seed);
+                let truth = lagscope_sim::run(&config, &mut Tee::new(&mut delivered, native, &config, progress));
+                // (What is still held goes too; then the channel closes.)
+                delivered.finish();
+                truth
             });
             let truth = simulated.join().map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
             let sent = runtime.block_on(sending).context("the sender panicked")??;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use lagscope::progress::Progress;
-use lagscope::sim_cmd::{Target, run, run_with_native};
+use lagscope::sim_cmd::{Sending, Target, run, run_with_native};
 use lagscope_sim::{SECOND, SimConfig, Truth};
 use support::{get_json, start_server, wait_until_analyzed};
 
@@ -24,10 +24,13 @@ fn simulate(config: SimConfig, target: Target) -> (Truth, u64) {
 
 /// [`simulate`], with up to `in_flight` export requests sent at once.
 fn simulate_in_flight(config: SimConfig, target: Target, in_flight: usize) -> (Truth, u64) {
-    std::thread::spawn(move || run_with_native(&config, &target, false, in_flight, None, Progress::Off))
-        .join()
-        .expect("sim thread")
-        .expect("sim delivers")
+    std::thread::spawn(move || {
+        let sending = Sending { in_flight, ..Sending::default() };
+        run_with_native(&config, &target, &sending, None, Progress::Off)
+    })
+    .join()
+    .expect("sim thread")
+    .expect("sim delivers")
 }
 
 fn spans_of(truth: &Truth) -> u64 {
@@ -483,6 +486,46 @@ fn json_lines_from_sim_are_read_by_analyze_with_the_same_stale_reads() {
     assert!(truth.count("stale_read") > 0);
     assert_eq!(found, truth.count("stale_read"));
     assert!(Path::new(&out).metadata().expect("file").len() > 0);
+}
+
+/// `sim --export-delay` (and the other delivery options `eval` takes) sends the same requests
+/// held back, so out of order; `--lose` sends fewer; a delay the live analyzer takes but the
+/// streaming engine would not is accepted; a fraction out of range is refused by name.
+#[test]
+fn sim_delivers_its_requests_late_as_asked() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let binary = env!("CARGO_BIN_EXE_lagscope");
+    let sim = |name: &str, delivery: &[&str]| {
+        let out = directory.path().join(name);
+        let output = Command::new(binary)
+            .args(["sim", "--scenario", "hdfs-publish-race", "--duration", "60s", "--seed", "3", "--out"])
+            .arg(&out)
+            .args(delivery)
+            .output()
+            .expect("sim runs");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let text = std::fs::read_to_string(&out).expect("capture");
+        text.lines().map(str::to_string).collect::<Vec<String>>()
+    };
+    let in_order = sim("in-order.jsonl", &[]);
+    let delayed = sim("delayed.jsonl", &["--export-delay", "30s"]);
+    assert_ne!(delayed, in_order, "held back: out of order");
+    let sorted = |mut lines: Vec<String>| {
+        lines.sort();
+        lines
+    };
+    assert_eq!(sorted(delayed), sorted(in_order.clone()), "the same requests");
+    let lost = sim("lost.jsonl", &["--lose", "0.3"]);
+    assert!(lost.len() < in_order.len() && lost.iter().all(|line| in_order.contains(line)), "{}", lost.len());
+    let output = Command::new(binary)
+        .args(["sim", "--scenario", "hdfs-publish-race", "--out"])
+        .arg(directory.path().join("refused.jsonl"))
+        .args(["--redeliver", "1.5"])
+        .output()
+        .expect("sim runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--redeliver 1.5: must be a fraction between 0 and 1"), "{stderr}");
 }
 
 #[test]

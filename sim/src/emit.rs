@@ -32,6 +32,12 @@ pub trait Sink {
     fn export(&mut self, at: Nanos, request: Request);
 }
 
+impl<T: Sink + ?Sized> Sink for &mut T {
+    fn export(&mut self, at: Nanos, request: Request) {
+        (**self).export(at, request);
+    }
+}
+
 impl Sink for Vec<Request> {
     fn export(&mut self, _at: Nanos, request: Request) {
         self.push(request);
