@@ -55,11 +55,6 @@ impl StreamConfig {
         self.horizon_seconds.saturating_mul(1_000_000_000)
     }
 
-    /// [`StreamConfig::lateness_seconds`] in nanoseconds.
-    pub fn lateness(&self) -> i64 {
-        self.lateness_seconds.saturating_mul(1_000_000_000)
-    }
-
     /// Refuses windows that cannot work: every one positive, the horizon longer than the
     /// lateness (an attempt must be joined before its call is processed), the retention at
     /// least the horizon.

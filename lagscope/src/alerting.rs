@@ -358,6 +358,14 @@ impl Alerter {
         let key = incident_of(anomaly);
         let slot = (receiver.name.clone(), key.0.clone());
         let known = changed.get(&slot).or_else(|| self.known.get(&slot)).cloned();
+        // Replaced by the whole of the same incident (`StoredAnomaly::superseded_by`): pages
+        // nothing; a window paged for it is closed by it (it was closed as it was replaced),
+        // and resolves as windows do.
+        if stored.superseded_by.is_some()
+            && !(anomaly.kind.is_window() && known.as_ref().is_some_and(|incident| incident.firing))
+        {
+            return;
+        }
         // Stored again after it was paged and resolved (the analyzer re-reads its window), it
         // does not page again; a window that opens again does.
         if let Some(resolved) = known.as_ref().filter(|incident| !incident.firing)

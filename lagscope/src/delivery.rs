@@ -65,8 +65,8 @@ impl Delivery {
     /// differently). Clocks that disagree take from that lateness too: the data's time is the
     /// fastest clock's, and a span from the slowest arrives up to twice the skew further behind
     /// it (found by a sweep: skew 800 ms with a delay of 9 s left `mixed` seed 908's hops to
-    /// three reads unjoined). (The live analyzer of `serve` judges spans however late they
-    /// come: `sim` checks only [`Delivery::check`].)
+    /// three reads unjoined). (`sim` checks only [`Delivery::check`]: the live analyzer of `serve`
+    /// reads anew what late spans belong to.)
     pub fn validate(&self, analyzer: &AnalyzerConfig) -> anyhow::Result<()> {
         self.check()?;
         let lateness = analyzer.stream.lateness_seconds;

@@ -477,6 +477,7 @@ impl Recorder {
         metrics.anomalies_new.add(outcome.inserted.len() as u64);
         metrics.anomalies_changed.add(outcome.updated);
         metrics.anomalies_unchanged.add(outcome.unchanged);
+        metrics.anomalies_superseded.add(outcome.superseded);
         for &id in &outcome.inserted {
             tracing::debug!(anomaly_id = id, "new anomaly");
             found.add(id);
@@ -638,7 +639,7 @@ async fn analysis_pass(
     }
     times.client_reads += lap.elapsed();
     lap = Instant::now();
-    let (horizon, lateness) = (config.analyzer.stream.horizon(), config.analyzer.stream.lateness());
+    let horizon = config.analyzer.stream.horizon();
     let settle_after = settling.after();
     let found_of_clients = on_threads(
         work,
@@ -662,18 +663,10 @@ async fn analysis_pass(
             // Spans of shared traces bring in fragments of other clients' timelines: each
             // client's anomalies come from its own, complete pass.
             // (Kinds that name no client would be dropped below: they are not run.)
-            let newest = [
-                spans.newest(),
-                input.samples().iter().map(|sample| sample.time_unix_nano).max(),
-                input.log_events.iter().map(|line| line.time_unix_nano).max(),
-            ];
-            let newest = newest.into_iter().flatten().max();
             let found = analyze_held_kinds(&mut input, &config.analyzer, is_client_pass_kind)
                 .into_iter()
                 .filter(|anomaly| {
-                    anomaly.client_id.as_deref() == Some(work.client_id)
-                        && spans.reports(anomaly, work.judged_from)
-                        && ripe(anomaly, newest, lateness)
+                    anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
                 })
                 .collect::<Vec<_>>();
             let mut let_go = Vec::new();
@@ -944,41 +937,12 @@ impl Spans<'_> {
             && judged_from.is_none_or(|from| anomaly.end_unix_nano >= from)
     }
 
-    /// The newest span's start.
-    fn newest(&self) -> Option<i64> {
-        match self {
-            Self::Held(held) => held.last_start(),
-            Self::Read(spans) => spans.iter().map(|span| span.start_unix_nano).max(),
-        }
-    }
-
     fn iter(&self) -> Box<dyn Iterator<Item = &lagscope_model::Span> + '_> {
         match self {
             Self::Held(held) => Box::new(held.spans()),
             Self::Read(spans) => Box::new(spans.iter().copied()),
         }
     }
-}
-
-/// Whether a pass whose newest telemetry is at `newest` reports `anomaly` yet. A window, or a
-/// run of attempts (`pinned_retry`), is named by where it starts: telemetry of its start that
-/// arrives late (an export held back, a node's samples behind its calls) starts it earlier,
-/// under another name, and the version stored first would stay beside it, a window of it open
-/// for good (live sweeps with exports held back 5-8 s: a second, partial `untrusted_state`
-/// and `unfair_rejection`). Such an anomaly is reported once the pass's telemetry reaches the
-/// analyzer's lateness past its start (`analyzer.stream.lateness_seconds`, what the streaming
-/// engine waits before judging a call), by when what came before it has arrived. Windows
-/// that must last longer than that before they open (`apply_lag`, `requeue_storm`,
-/// `shard_pressure`, `blind_failover_probe` by default) are not held back by it; the others
-/// are visible up to that long after they start. One in the last telemetry a client or
-/// scope ever sends is not reported live. (A call's own anomalies, named by their attempt,
-/// are reported at once.)
-fn ripe(anomaly: &lagscope_model::Anomaly, newest: Option<i64>, lateness: i64) -> bool {
-    let named_by_attempt = matches!(
-        anomaly.kind,
-        AnomalyKind::StaleRead | AnomalyKind::CarriedStateRegression | AnomalyKind::RouterStateDropped
-    );
-    named_by_attempt || newest.is_some_and(|newest| anomaly.start_unix_nano.saturating_add(lateness) <= newest)
 }
 
 /// What one scope's analysis found, and what building its timelines took.
@@ -1028,13 +992,7 @@ fn scope_analysis(work: ScopeWork<'_>, limit: u32, settle_after: UnixNanos, conf
     let timelines = started.elapsed();
     input.log_events = work.log_events;
     let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
-    let newest = [
-        spans.newest(),
-        input.samples().iter().map(|sample| sample.time_unix_nano).max(),
-        input.log_events.iter().map(|line| line.time_unix_nano).max(),
-    ];
-    let (newest, lateness) = (newest.into_iter().flatten().max(), config.analyzer.stream.lateness());
-    anomalies.retain(|anomaly| spans.reports(anomaly, work.judged_from) && ripe(anomaly, newest, lateness));
+    anomalies.retain(|anomaly| spans.reports(anomaly, work.judged_from));
     // Rare: the scope's callers are gathered (a look at every span) only when one is found.
     if anomalies.iter().any(|anomaly| is_client_kind(anomaly.kind)) {
         let callers: HashSet<&str> = spans.iter().filter_map(|span| span.call.client_id.as_deref()).collect();
@@ -1357,22 +1315,6 @@ mod tests {
             fingerprint: "f1".to_string(),
             open: true,
         }
-    }
-
-    /// A window (or a run of attempts) is reported once the pass's telemetry is the lateness
-    /// past its start, so that what came before it has arrived; a call's own anomaly at once;
-    /// nothing of the kinds held back without telemetry to tell.
-    #[test]
-    fn windows_are_reported_a_lateness_past_their_start() {
-        let lateness = 10_000;
-        let window = apply_lag(20_000, "observer nn-obs1 is behind");
-        assert!(!ripe(&window, Some(10 + lateness - 1), lateness));
-        assert!(ripe(&window, Some(10 + lateness), lateness));
-        assert!(!ripe(&window, None, lateness));
-        let run = lagscope_model::Anomaly { kind: AnomalyKind::PinnedRetry, ..window.clone() };
-        assert!(!ripe(&run, Some(10 + lateness - 1), lateness));
-        let stale = lagscope_model::Anomaly { kind: AnomalyKind::StaleRead, ..window };
-        assert!(ripe(&stale, Some(10), lateness) && ripe(&stale, None, lateness));
     }
 
     /// The writer stores each pass's findings in pass order (a later pass's version of an

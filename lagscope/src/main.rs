@@ -44,8 +44,9 @@ struct DeliveryArgs {
     /// Hold each export request back a random time up to this (e.g. 5s), so that the
     /// processes' batches arrive out of order as through a collector; what is found must not
     /// change. The streaming engine (`eval`, `analyze`) waits analyzer.stream.lateness_seconds
-    /// for late spans: `eval` takes at most that less 1 s. The live analyzer of `serve` judges
-    /// spans however late they come.
+    /// for late spans: `eval` takes at most that less 1 s. `sim` sends any delay: the live
+    /// analyzer of `serve` reads anew what late spans belong to, and is exact within that
+    /// lateness.
     #[arg(long)]
     export_delay: Option<String>,
     /// Set each simulated process's clock off by a random amount up to this (e.g. 200ms),

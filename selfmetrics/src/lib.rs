@@ -208,6 +208,9 @@ pub struct SelfMetrics {
     pub anomalies_changed: Counter,
     /// Anomalies found again exactly as stored, not written.
     pub anomalies_unchanged: Counter,
+    /// Stored anomalies replaced by a whole version of the same incident (a window or run
+    /// found again starting earlier, once its first telemetry came late).
+    pub anomalies_superseded: Counter,
     /// Scope passes that took their scope's spans from the live analyzer's scope cache, and
     /// those that read them from the store in full.
     pub scope_reads_cached: Counter,
@@ -261,7 +264,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 34] = [
+        let counters: [(&str, &str, &Counter); 35] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -298,6 +301,12 @@ impl SelfMetrics {
                 "lagscope_anomalies_unchanged_total",
                 "Anomalies found again exactly as stored, not written.",
                 &self.anomalies_unchanged,
+            ),
+            (
+                "lagscope_anomalies_superseded_total",
+                "Stored anomalies replaced by a whole version of the same incident that starts earlier \
+                 (its first telemetry came late): closed and no longer listed.",
+                &self.anomalies_superseded,
             ),
             (
                 "lagscope_analysis_scope_reads_cached_total",

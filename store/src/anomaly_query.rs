@@ -37,7 +37,8 @@ impl Dialect {
 fn columns(filter: &AnomalyFilter) -> &'static str {
     if filter.skip_evidence {
         "id, fingerprint, kind, severity, cluster, namespace, client_id, node_id, start_unix_nano, \
-         end_unix_nano, summary, cause, 'null' AS evidence, first_seen_unix_nano, last_seen_unix_nano, open"
+         end_unix_nano, summary, cause, 'null' AS evidence, first_seen_unix_nano, last_seen_unix_nano, open, \
+         superseded_by"
     } else {
         "*"
     }
@@ -50,8 +51,8 @@ where
     for<'t> String: Encode<'t, DB> + Type<DB>,
     for<'t> i64: Encode<'t, DB> + Type<DB>,
 {
-    // `1 = 1` keeps every condition an `AND` without a special first one.
-    query.push(" WHERE 1 = 1");
+    // Replaced by a whole version of the same incident: not listed (`supersede`).
+    query.push(" WHERE superseded_by IS NULL");
     if let Some(kind) = filter.kind {
         query.push(" AND kind = ").push_bind(kind.as_str().to_string());
     }
@@ -131,7 +132,7 @@ where
 {
     let filter = AnomalyFilter { skip_evidence: true, ..AnomalyFilter::default() };
     let mut query = QueryBuilder::new(format!(
-        "SELECT {} FROM anomalies WHERE id IN (SELECT id FROM anomalies WHERE kind = ",
+        "SELECT {} FROM anomalies WHERE id IN (SELECT id FROM anomalies WHERE superseded_by IS NULL AND kind = ",
         columns(&filter)
     ));
     query.push_bind(kind.as_str().to_string());

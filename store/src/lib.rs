@@ -14,6 +14,7 @@ mod error;
 mod postgres;
 mod rows;
 mod sqlite;
+mod supersede;
 
 use async_trait::async_trait;
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, ReadRollup, Sample, SeriesKey, SeriesMeta, Span, UnixNanos};
@@ -121,6 +122,9 @@ pub struct StoredAnomaly {
     pub anomaly: Anomaly,
     pub first_seen_unix_nano: UnixNanos,
     pub last_seen_unix_nano: UnixNanos,
+    /// The anomaly that replaced this one: the same incident found whole, starting earlier
+    /// (`supersede`). Such rows are not listed; the alerter's feed and reads by id still see them.
+    pub superseded_by: Option<i64>,
 }
 
 impl StoredAnomaly {
@@ -140,6 +144,10 @@ pub struct UpsertOutcome {
     pub updated: u64,
     /// Anomalies found again exactly as stored: not written, `last_seen` kept.
     pub unchanged: u64,
+    /// Stored anomalies replaced by a version of the same incident that starts earlier
+    /// (`supersede`): closed, no longer listed. (A new anomaly replaced at once by one stored
+    /// before is counted here, not in `inserted`.)
+    pub superseded: u64,
 }
 
 /// One series with its samples in a time range.

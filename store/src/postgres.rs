@@ -747,14 +747,15 @@ impl Store for PgStore {
                      evidence = excluded.evidence,
                      open = excluded.open,
                      last_seen_unix_nano = greatest(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
-                 WHERE anomalies.severity IS DISTINCT FROM excluded.severity
+                 WHERE (anomalies.severity IS DISTINCT FROM excluded.severity
                     OR anomalies.node_id IS DISTINCT FROM excluded.node_id
                     OR excluded.start_unix_nano < anomalies.start_unix_nano
                     OR excluded.end_unix_nano > anomalies.end_unix_nano
                     OR anomalies.summary IS DISTINCT FROM excluded.summary
                     OR anomalies.cause IS DISTINCT FROM excluded.cause
                     OR anomalies.open IS DISTINCT FROM excluded.open
-                    OR anomalies.evidence IS DISTINCT FROM excluded.evidence
+                    OR anomalies.evidence IS DISTINCT FROM excluded.evidence)
+                   AND anomalies.superseded_by IS NULL
                  RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
             )
             .bind(&anomaly.fingerprint)
@@ -774,7 +775,13 @@ impl Store for PgStore {
             .fetch_optional(&mut *transaction)
             .await?;
             match returned {
-                Some((id, first_seen, last_seen)) if first_seen == last_seen => outcome.inserted.push(id),
+                Some((id, first_seen, last_seen)) if first_seen == last_seen => {
+                    let superseded = supersede(&mut transaction, anomaly, id, seen_at).await?;
+                    outcome.superseded += superseded.len() as u64;
+                    if !superseded.contains(&id) {
+                        outcome.inserted.push(id);
+                    }
+                }
                 Some(_) => outcome.updated += 1,
                 None => outcome.unchanged += 1,
             }
@@ -1542,4 +1549,46 @@ async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRec
             .end_row();
     }
     copy_skipping_repeats(transaction, &rows, "logs", LOG_COLUMNS, LOGS_UNIQUE).await
+}
+
+/// A new anomaly and the stored ones of the same incident (`crate::supersede`): all but the
+/// one that starts first are closed and point at it, their `last_seen` moved on so that the
+/// alerter sees them close. Returns the ids replaced.
+async fn supersede(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    anomaly: &Anomaly,
+    id: i64,
+    seen_at: UnixNanos,
+) -> Result<Vec<i64>> {
+    if !crate::supersede::replaceable(anomaly.kind) {
+        return Ok(Vec::new());
+    }
+    let candidates: Vec<crate::supersede::Candidate> = sqlx::query_as(
+        "SELECT id, start_unix_nano, evidence FROM anomalies
+         WHERE kind = $1 AND cluster IS NOT DISTINCT FROM $2 AND namespace IS NOT DISTINCT FROM $3
+           AND client_id IS NOT DISTINCT FROM $4 AND node_id IS NOT DISTINCT FROM $5
+           AND superseded_by IS NULL AND id <> $6 AND start_unix_nano <= $7 AND end_unix_nano >= $8",
+    )
+    .bind(anomaly.kind.as_str())
+    .bind(&anomaly.cluster)
+    .bind(&anomaly.namespace)
+    .bind(&anomaly.client_id)
+    .bind(&anomaly.node_id)
+    .bind(id)
+    .bind(anomaly.end_unix_nano)
+    .bind(anomaly.start_unix_nano)
+    .fetch_all(&mut **transaction)
+    .await?;
+    let Some((kept, replaced)) = crate::supersede::settle(anomaly, id, &candidates) else { return Ok(Vec::new()) };
+    sqlx::query(
+        "UPDATE anomalies SET superseded_by = $1, open = FALSE,
+             last_seen_unix_nano = greatest(last_seen_unix_nano + 1, $2)
+         WHERE id = ANY($3)",
+    )
+    .bind(kept)
+    .bind(seen_at)
+    .bind(&replaced)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(replaced)
 }

@@ -470,6 +470,7 @@ pub(crate) struct AnomalyRow {
     pub(crate) first_seen_unix_nano: i64,
     pub(crate) last_seen_unix_nano: i64,
     pub(crate) open: bool,
+    pub(crate) superseded_by: Option<i64>,
 }
 
 impl AnomalyRow {
@@ -497,6 +498,7 @@ impl AnomalyRow {
             },
             first_seen_unix_nano: self.first_seen_unix_nano,
             last_seen_unix_nano: self.last_seen_unix_nano,
+            superseded_by: self.superseded_by,
         })
     }
 }

@@ -38,6 +38,7 @@ macro_rules! store_suite {
             case!(scope_and_cluster_samples_take_their_series_and_window);
             case!(scope_samples_come_back_whole_in_time_order);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
+            case!(a_window_found_whole_replaces_its_partial_version);
             case!(the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end);
             case!(logs_round_trip_in_time_order);
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
@@ -814,6 +815,65 @@ async fn the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its
     assert_eq!(fingerprints(other), ["other-kind"]);
     let none = store.newest_of_kind(AnomalyKind::PinnedRetry, range, 10).await.expect("none");
     assert!(none.is_empty());
+}
+
+/// A window stored from part of its telemetry and found again whole, starting earlier (under
+/// another fingerprint), is one incident: the whole is listed, the partial is closed and points
+/// at it, and the alerter's feed sees it change. Whichever comes first, the earliest start is
+/// kept; another role of the shard, a window that does not overlap, and a call's own anomalies
+/// (named by their attempt) stand beside it.
+async fn a_window_found_whole_replaces_its_partial_version(store: &dyn Store) {
+    use lagscope_store::AlertCursor;
+    let window = |start: i64, end: i64, role: &str| Anomaly {
+        kind: AnomalyKind::UnfairRejection,
+        client_id: None,
+        node_id: Some("es-node-1".to_string()),
+        namespace: Some("logs/1".to_string()),
+        start_unix_nano: T0 + start * SECOND,
+        end_unix_nano: T0 + end * SECOND,
+        evidence: json!({"role": role, "spans": []}).into(),
+        open: true,
+        fingerprint: format!("unfair_rejection|prod|logs/1|es-node-1|{role}|{start}"),
+        ..anomaly("", "", 0)
+    };
+    let listed = || async {
+        let all = store.anomalies(&AnomalyFilter { limit: 100, ..AnomalyFilter::default() }).await.expect("list");
+        let mut fingerprints: Vec<String> = all.into_iter().map(|stored| stored.anomaly.fingerprint).collect();
+        fingerprints.sort();
+        fingerprints
+    };
+    let partial = store.upsert_anomalies(&[window(65, 68, "primary")], T0).await.expect("partial");
+    assert_eq!((partial.inserted.len(), partial.superseded), (1, 0));
+    let partial_id = partial.inserted[0];
+    // Found whole: it replaces the partial.
+    let whole = store.upsert_anomalies(&[window(64, 79, "primary")], T0 + SECOND).await.expect("whole");
+    assert_eq!((whole.inserted.len(), whole.superseded), (1, 1));
+    let whole_id = whole.inserted[0];
+    assert_eq!(listed().await, [window(64, 79, "primary").fingerprint]);
+    let replaced = store.anomaly(partial_id).await.expect("get").expect("kept");
+    assert_eq!(replaced.superseded_by, Some(whole_id));
+    assert!(!replaced.anomaly.open, "closed as it was replaced");
+    let counts = store.anomaly_counts(&AnomalyFilter::default()).await.expect("counts");
+    assert_eq!(counts.iter().map(|count| count.count).sum::<i64>(), 1, "{counts:?}");
+    let changes = store.anomaly_changes(AlertCursor::default(), 100).await.expect("changes");
+    let change = changes.iter().find(|change| change.id == partial_id).expect("the partial changed");
+    assert!(change.superseded_by.is_some() && change.last_seen_unix_nano > T0);
+    // Found partial again later (a pass that read less): replaced at once, not new.
+    let again = store.upsert_anomalies(&[window(66, 70, "primary")], T0 + 2 * SECOND).await.expect("again");
+    assert_eq!((again.inserted.len(), again.superseded), (0, 1));
+    // The replaced partial found again as it was: not revived.
+    let revived = store.upsert_anomalies(&[window(65, 70, "primary")], T0 + 3 * SECOND).await.expect("revive");
+    assert_eq!((revived.inserted.len(), revived.updated, revived.superseded), (0, 0, 0));
+    // Another role, a later window of the same subject, and overlapping stale reads stand.
+    let others = [
+        window(65, 68, "replica"),
+        window(90, 95, "primary"),
+        Anomaly { start_unix_nano: T0 + 64 * SECOND, ..anomaly("read-1", "c1", 0) },
+        Anomaly { start_unix_nano: T0 + 64 * SECOND, ..anomaly("read-2", "c1", 0) },
+    ];
+    let outcome = store.upsert_anomalies(&others, T0 + 4 * SECOND).await.expect("others");
+    assert_eq!((outcome.inserted.len(), outcome.superseded), (4, 0));
+    assert_eq!(listed().await.len(), 5);
 }
 
 async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {

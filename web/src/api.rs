@@ -305,15 +305,20 @@ fn optional_time(name: &str, text: Option<&str>) -> Result<Option<i64>, ApiError
     text.map(|text| parse_time(name, text).map_err(ApiError::BadRequest)).transpose()
 }
 
-/// An anomaly as the API shows it: the analyzer's fields plus its id and first/last report.
+/// An anomaly as the API shows it: the analyzer's fields plus its id and first/last report,
+/// and, for one replaced by a whole version of the same incident (read by id only), that one's
+/// id (`superseded_by`).
 pub fn anomaly_json(stored: &StoredAnomaly) -> Value {
     let mut value = serde_json::to_value(&stored.anomaly).unwrap_or(Value::Null);
     if let Value::Object(object) = &mut value {
-        let extra: BTreeMap<&str, Value> = BTreeMap::from([
+        let mut extra: BTreeMap<&str, Value> = BTreeMap::from([
             ("id", json!(stored.id)),
             ("first_seen_unix_nano", json!(stored.first_seen_unix_nano)),
             ("last_seen_unix_nano", json!(stored.last_seen_unix_nano)),
         ]);
+        if let Some(by) = stored.superseded_by {
+            extra.insert("superseded_by", json!(by));
+        }
         for (key, field) in extra {
             object.insert(key.to_string(), field);
         }

@@ -5,6 +5,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use crate::anomaly_query::Dialect;
 use crate::rows::{AnomalyRow, to_json_text};
+use crate::supersede;
 use crate::{AnomalyFilter, Result, StoredAnomaly, UpsertOutcome};
 
 pub(super) async fn upsert(
@@ -32,14 +33,15 @@ pub(super) async fn upsert(
                  evidence = excluded.evidence,
                  open = excluded.open,
                  last_seen_unix_nano = max(anomalies.last_seen_unix_nano + 1, excluded.last_seen_unix_nano)
-             WHERE anomalies.severity IS NOT excluded.severity
+             WHERE (anomalies.severity IS NOT excluded.severity
                 OR anomalies.node_id IS NOT excluded.node_id
                 OR excluded.start_unix_nano < anomalies.start_unix_nano
                 OR excluded.end_unix_nano > anomalies.end_unix_nano
                 OR anomalies.summary IS NOT excluded.summary
                 OR anomalies.cause IS NOT excluded.cause
                 OR anomalies.open IS NOT excluded.open
-                OR anomalies.evidence IS NOT excluded.evidence
+                OR anomalies.evidence IS NOT excluded.evidence)
+               AND anomalies.superseded_by IS NULL
              RETURNING id, first_seen_unix_nano, last_seen_unix_nano",
         )
         .bind(&anomaly.fingerprint)
@@ -60,12 +62,61 @@ pub(super) async fn upsert(
         .fetch_optional(&mut **transaction)
         .await?;
         match returned {
-            Some((id, first_seen, last_seen)) if first_seen == last_seen => outcome.inserted.push(id),
+            Some((id, first_seen, last_seen)) if first_seen == last_seen => {
+                let superseded = supersede(transaction, anomaly, id, seen_at).await?;
+                outcome.superseded += superseded.len() as u64;
+                if !superseded.contains(&id) {
+                    outcome.inserted.push(id);
+                }
+            }
             Some(_) => outcome.updated += 1,
             None => outcome.unchanged += 1,
         }
     }
     Ok(outcome)
+}
+
+/// A new anomaly and the stored ones of the same incident (`crate::supersede`): all but the
+/// one that starts first are closed and point at it, their `last_seen` moved on so that the
+/// alerter sees them close. Returns the ids replaced.
+async fn supersede(
+    transaction: &mut Transaction<'_, Sqlite>,
+    anomaly: &Anomaly,
+    id: i64,
+    seen_at: UnixNanos,
+) -> Result<Vec<i64>> {
+    if !supersede::replaceable(anomaly.kind) {
+        return Ok(Vec::new());
+    }
+    let candidates: Vec<supersede::Candidate> = sqlx::query_as(
+        "SELECT id, start_unix_nano, evidence FROM anomalies
+         WHERE kind = ?1 AND cluster IS ?2 AND namespace IS ?3 AND client_id IS ?4 AND node_id IS ?5
+           AND superseded_by IS NULL AND id != ?6 AND start_unix_nano <= ?7 AND end_unix_nano >= ?8",
+    )
+    .bind(anomaly.kind.as_str())
+    .bind(&anomaly.cluster)
+    .bind(&anomaly.namespace)
+    .bind(&anomaly.client_id)
+    .bind(&anomaly.node_id)
+    .bind(id)
+    .bind(anomaly.end_unix_nano)
+    .bind(anomaly.start_unix_nano)
+    .fetch_all(&mut **transaction)
+    .await?;
+    let Some((kept, replaced)) = supersede::settle(anomaly, id, &candidates) else { return Ok(Vec::new()) };
+    for old in &replaced {
+        sqlx::query(
+            "UPDATE anomalies SET superseded_by = ?1, open = 0,
+                 last_seen_unix_nano = max(last_seen_unix_nano + 1, ?2)
+             WHERE id = ?3",
+        )
+        .bind(kept)
+        .bind(seen_at)
+        .bind(old)
+        .execute(&mut **transaction)
+        .await?;
+    }
+    Ok(replaced)
 }
 
 pub(super) async fn list(pool: &SqlitePool, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {

@@ -324,6 +324,11 @@ async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
         ("last changed", time_text(stored.last_seen_unix_nano)),
         ("fingerprint", anomaly.fingerprint.clone()),
     ];
+    // Replaced by the whole of the same incident, found once its earlier telemetry came.
+    let mut facts = facts;
+    if let Some(by) = stored.superseded_by {
+        facts.push(("replaced by", format!("anomaly {by}, the same incident found whole")));
+    }
     let evidence_text =
         serde_json::to_string_pretty(evidence).unwrap_or_else(|_| anomaly.evidence.as_json().to_string());
     let context = minijinja::context! {

@@ -1,0 +1,100 @@
+//! Which stored anomaly a newly stored one replaces, or is replaced by.
+//!
+//! A window, or a run of attempts (`pinned_retry`), is named (fingerprinted) by where it
+//! starts. When the telemetry of its first seconds arrives later than the rest, a live pass
+//! sees it start later and stores it, and a later pass finds it whole, under another name. Two
+//! such anomalies are one incident: the same kind and subject (cluster, namespace, client,
+//! node, and the shard role or call they are about), windows that overlap. Detectors never
+//! report two overlapping windows of one subject, so the one that starts first (the whole)
+//! is kept and the others point at it (`superseded_by`): closed, no longer listed, and seen
+//! by the alerter as closing. Anomalies of a call's attempt (`stale_read`,
+//! `carried_state_regression`, `router_state_dropped`) are named by that attempt, never
+//! partial so: two of them may overlap and both stand.
+
+use lagscope_model::{Anomaly, AnomalyKind, UnixNanos};
+
+/// Whether anomalies of `kind` may replace one another.
+pub(crate) fn replaceable(kind: AnomalyKind) -> bool {
+    kind.is_window() || kind == AnomalyKind::PinnedRetry
+}
+
+/// What, beyond the columns, tells two anomalies of one kind apart as subjects: the shard role
+/// (`shard_pressure`, `unfair_rejection`), the call (`pinned_retry`), the probed address
+/// (`blind_failover_probe`), read from the evidence (JSON text).
+pub(crate) fn subject_in(evidence: &str) -> [Option<String>; 3] {
+    let value: serde_json::Value = serde_json::from_str(evidence).unwrap_or_default();
+    ["role", "call_id", "address"].map(|key| value.get(key).map(ToString::to_string))
+}
+
+/// A stored anomaly that may be the same incident as a new one: same kind and columns,
+/// overlapping window, not replaced already (what the store's query returns).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct Candidate {
+    pub(crate) id: i64,
+    pub(crate) start_unix_nano: UnixNanos,
+    pub(crate) evidence: String,
+}
+
+/// Of the new anomaly (stored as `id`) and the `candidates` of the same subject, the one kept
+/// (the earliest start, then the lowest id) and the ids replaced by it.
+pub(crate) fn settle(anomaly: &Anomaly, id: i64, candidates: &[Candidate]) -> Option<(i64, Vec<i64>)> {
+    let subject = subject_in(anomaly.evidence.as_json());
+    let mut same: Vec<(UnixNanos, i64)> = candidates
+        .iter()
+        .filter(|candidate| candidate.id != id && subject_in(&candidate.evidence) == subject)
+        .map(|candidate| (candidate.start_unix_nano, candidate.id))
+        .collect();
+    if same.is_empty() {
+        return None;
+    }
+    same.push((anomaly.start_unix_nano, id));
+    same.sort_unstable();
+    let kept = same[0].1;
+    Some((kept, same[1..].iter().map(|(_, id)| *id).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(start: UnixNanos, evidence: &str) -> Anomaly {
+        Anomaly {
+            kind: AnomalyKind::UnfairRejection,
+            severity: lagscope_model::Severity::Warning,
+            cluster: Some("es".to_string()),
+            namespace: Some("logs/1".to_string()),
+            client_id: None,
+            node_id: Some("es-node-1".to_string()),
+            start_unix_nano: start,
+            end_unix_nano: start + 10,
+            summary: String::new(),
+            cause: String::new(),
+            evidence: serde_json::from_str::<serde_json::Value>(evidence).expect("JSON").into(),
+            fingerprint: format!("f{start}"),
+            open: true,
+        }
+    }
+
+    fn candidate(id: i64, start: UnixNanos, evidence: &str) -> Candidate {
+        Candidate { id, start_unix_nano: start, evidence: evidence.to_string() }
+    }
+
+    /// The earliest start is kept, whichever came first; another role is another subject.
+    #[test]
+    fn the_earliest_start_of_one_subject_is_kept() {
+        let primary = r#"{"role":"primary","spans":[]}"#;
+        let replica = r#"{"role":"replica","spans":[]}"#;
+        // The whole came after the partial: it replaces it.
+        assert_eq!(settle(&window(64, primary), 9, &[candidate(3, 65, primary)]), Some((9, vec![3])));
+        // The partial came after the whole: it is replaced at once.
+        assert_eq!(settle(&window(65, primary), 9, &[candidate(3, 64, primary)]), Some((3, vec![9])));
+        // Two partials before: both go.
+        let both = [candidate(3, 66, primary), candidate(4, 65, primary)];
+        assert_eq!(settle(&window(64, primary), 9, &both), Some((9, vec![4, 3])));
+        // Another role's window, or the row itself: nothing to settle.
+        assert_eq!(settle(&window(64, primary), 9, &[candidate(3, 65, replica)]), None);
+        assert_eq!(settle(&window(64, primary), 9, &[candidate(9, 64, primary)]), None);
+        assert!(replaceable(AnomalyKind::PinnedRetry) && replaceable(AnomalyKind::ApplyLag));
+        assert!(!replaceable(AnomalyKind::StaleRead) && !replaceable(AnomalyKind::RouterStateDropped));
+    }
+}
