@@ -844,6 +844,58 @@ mod tests {
         assert_eq!(events().await, [trigger.clone(), resolved, trigger]);
     }
 
+    /// A window paged from part of its telemetry and then found whole, starting earlier (the
+    /// store replaces the partial row, `superseded_by`): the partial's incident resolves as a
+    /// closed window does and the whole one pages. A partial replaced before the alerter saw
+    /// it pages nothing.
+    #[tokio::test]
+    async fn a_window_replaced_by_its_whole_resolves_and_one_replaced_unseen_pages_nothing() {
+        const SECOND: i64 = 1_000_000_000;
+        let (_dir, store, config) = hook_alerting("window_resolve_after = \"30s\"").await;
+        let now = 1_767_225_600 * SECOND;
+        let events = async || -> Vec<(String, String)> {
+            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
+            messages.reverse();
+            messages
+                .iter()
+                .map(|message| {
+                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
+                    let starts = body["alerts"][0]["startsAt"].as_str().unwrap_or_default().to_string();
+                    (message.event.clone(), starts)
+                })
+                .collect()
+        };
+        let starts = |at: i64| lagscope_alerts::rfc3339(at);
+        let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");
+        let partial = now - 50 * SECOND;
+        store.upsert_anomalies(&[window(partial, now, true)], now).await.expect("partial");
+        alerter.pass(&store, now).await.expect("pass");
+        assert_eq!(events().await, [("trigger".to_string(), starts(partial))]);
+        let whole = now - 60 * SECOND;
+        let outcome = store.upsert_anomalies(&[window(whole, now + SECOND, true)], now + SECOND).await.expect("whole");
+        assert_eq!(outcome.superseded, 1);
+        alerter.pass(&store, now + SECOND).await.expect("pass");
+        alerter.pass(&store, now + 40 * SECOND).await.expect("pass");
+        let expected = [
+            ("trigger".to_string(), starts(partial)),
+            ("trigger".to_string(), starts(whole)),
+            ("resolve".to_string(), starts(partial)),
+        ];
+        assert_eq!(events().await, expected);
+        // A partial of a later window, stored after its whole and replaced at once: nothing.
+        let later = now + 100 * SECOND;
+        store.upsert_anomalies(&[window(later, later + 20 * SECOND, true)], now + 41 * SECOND).await.expect("w");
+        alerter.pass(&store, now + 41 * SECOND).await.expect("pass");
+        let again = window(later + 5 * SECOND, later + 10 * SECOND, true);
+        let outcome = store.upsert_anomalies(&[again], now + 42 * SECOND).await.expect("partial again");
+        assert_eq!((outcome.inserted.len(), outcome.superseded), (0, 1));
+        alerter.pass(&store, now + 42 * SECOND).await.expect("pass");
+        alerter.pass(&store, now + 80 * SECOND).await.expect("pass");
+        let paged = events().await;
+        assert_eq!(paged.len(), 4, "{paged:?}");
+        assert_eq!(paged[3], ("trigger".to_string(), starts(later)));
+    }
+
     /// Per-read anomalies of one node group into one incident while they keep coming; it
     /// resolves once none has come for `resolve_after` (wall clock, as the alerter sees the
     /// changes); the same anomaly stored again does not page, a new one after the resolve
