@@ -708,6 +708,23 @@ mod tests {
         (dir, store, config)
     }
 
+    /// The outbox's messages in the order sent: each one's event and what `field` reads of its
+    /// body.
+    async fn outbox<T>(
+        store: &lagscope_store::SqliteStore,
+        field: impl Fn(&serde_json::Value) -> T,
+    ) -> Vec<(String, T)> {
+        let mut messages = store.alert_messages(None, 100).await.expect("outbox");
+        messages.reverse();
+        messages
+            .iter()
+            .map(|message| {
+                let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
+                (message.event.clone(), field(&body))
+            })
+            .collect()
+    }
+
     /// A per-read anomaly of its own incident (node), as the analyzer stores it.
     fn stale_read(fingerprint: &str, node: &str, start: i64) -> Anomaly {
         Anomaly {
@@ -795,16 +812,10 @@ mod tests {
         let now = 1_767_225_600 * SECOND;
         let start = now - 60 * SECOND;
         let events = async || -> Vec<(String, Option<String>)> {
-            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
-            messages.reverse();
-            messages
-                .iter()
-                .map(|message| {
-                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
-                    let ends = body["alerts"][0]["endsAt"].as_str().filter(|at| !at.starts_with("0001"));
-                    (message.event.clone(), ends.map(str::to_string))
-                })
-                .collect()
+            outbox(&store, |body| {
+                body["alerts"][0]["endsAt"].as_str().filter(|at| !at.starts_with("0001")).map(str::to_string)
+            })
+            .await
         };
         let trigger = ("trigger".to_string(), None);
         let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");
@@ -854,16 +865,7 @@ mod tests {
         let (_dir, store, config) = hook_alerting("window_resolve_after = \"30s\"").await;
         let now = 1_767_225_600 * SECOND;
         let events = async || -> Vec<(String, String)> {
-            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
-            messages.reverse();
-            messages
-                .iter()
-                .map(|message| {
-                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
-                    let starts = body["alerts"][0]["startsAt"].as_str().unwrap_or_default().to_string();
-                    (message.event.clone(), starts)
-                })
-                .collect()
+            outbox(&store, |body| body["alerts"][0]["startsAt"].as_str().unwrap_or_default().to_string()).await
         };
         let starts = |at: i64| lagscope_alerts::rfc3339(at);
         let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");

@@ -1563,22 +1563,11 @@ async fn supersede(
     if !crate::supersede::replaceable(anomaly.kind) {
         return Ok(Vec::new());
     }
-    let candidates: Vec<crate::supersede::Candidate> = sqlx::query_as(
-        "SELECT id, start_unix_nano, evidence FROM anomalies
-         WHERE kind = $1 AND cluster IS NOT DISTINCT FROM $2 AND namespace IS NOT DISTINCT FROM $3
-           AND client_id IS NOT DISTINCT FROM $4 AND node_id IS NOT DISTINCT FROM $5
-           AND superseded_by IS NULL AND id <> $6 AND start_unix_nano <= $7 AND end_unix_nano >= $8",
-    )
-    .bind(anomaly.kind.as_str())
-    .bind(&anomaly.cluster)
-    .bind(&anomaly.namespace)
-    .bind(&anomaly.client_id)
-    .bind(&anomaly.node_id)
-    .bind(id)
-    .bind(anomaly.end_unix_nano)
-    .bind(anomaly.start_unix_nano)
-    .fetch_all(&mut **transaction)
-    .await?;
+    let candidates: Vec<crate::supersede::Candidate> =
+        crate::supersede::candidates(crate::anomaly_query::Dialect::Postgres, anomaly, id)
+            .build_query_as()
+            .fetch_all(&mut **transaction)
+            .await?;
     let Some((kept, replaced)) = crate::supersede::settle(anomaly, id, &candidates) else { return Ok(Vec::new()) };
     sqlx::query(
         "UPDATE anomalies SET superseded_by = $1, open = FALSE,

@@ -12,6 +12,9 @@
 //! partial so: two of them may overlap and both stand.
 
 use lagscope_model::{Anomaly, AnomalyKind, UnixNanos};
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use crate::anomaly_query::Dialect;
 
 /// Whether anomalies of `kind` may replace one another.
 pub(crate) fn replaceable(kind: AnomalyKind) -> bool {
@@ -33,6 +36,37 @@ pub(crate) struct Candidate {
     pub(crate) id: i64,
     pub(crate) start_unix_nano: UnixNanos,
     pub(crate) evidence: String,
+}
+
+/// The stored anomalies that may be the same incident as `anomaly`, just stored as `id`: of
+/// its kind and columns (absent ones absent too), not replaced already, their windows
+/// overlapping its.
+pub(crate) fn candidates<DB>(dialect: Dialect, anomaly: &Anomaly, id: i64) -> QueryBuilder<DB>
+where
+    DB: Database,
+    <DB as Database>::Arguments: Default,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+{
+    let same = match dialect {
+        Dialect::Sqlite => " IS ",
+        Dialect::Postgres => " IS NOT DISTINCT FROM ",
+    };
+    let mut query = QueryBuilder::new("SELECT id, start_unix_nano, evidence FROM anomalies WHERE kind = ");
+    query.push_bind(anomaly.kind.as_str().to_string());
+    for (column, value) in [
+        ("cluster", &anomaly.cluster),
+        ("namespace", &anomaly.namespace),
+        ("client_id", &anomaly.client_id),
+        ("node_id", &anomaly.node_id),
+    ] {
+        query.push(format_args!(" AND {column}{same}")).push_bind(value.clone());
+    }
+    query.push(" AND superseded_by IS NULL AND id <> ").push_bind(id);
+    query.push(" AND start_unix_nano <= ").push_bind(anomaly.end_unix_nano);
+    query.push(" AND end_unix_nano >= ").push_bind(anomaly.start_unix_nano);
+    query
 }
 
 /// Of the new anomaly (stored as `id`) and the `candidates` of the same subject, the one kept

@@ -88,21 +88,8 @@ async fn supersede(
     if !supersede::replaceable(anomaly.kind) {
         return Ok(Vec::new());
     }
-    let candidates: Vec<supersede::Candidate> = sqlx::query_as(
-        "SELECT id, start_unix_nano, evidence FROM anomalies
-         WHERE kind = ?1 AND cluster IS ?2 AND namespace IS ?3 AND client_id IS ?4 AND node_id IS ?5
-           AND superseded_by IS NULL AND id != ?6 AND start_unix_nano <= ?7 AND end_unix_nano >= ?8",
-    )
-    .bind(anomaly.kind.as_str())
-    .bind(&anomaly.cluster)
-    .bind(&anomaly.namespace)
-    .bind(&anomaly.client_id)
-    .bind(&anomaly.node_id)
-    .bind(id)
-    .bind(anomaly.end_unix_nano)
-    .bind(anomaly.start_unix_nano)
-    .fetch_all(&mut **transaction)
-    .await?;
+    let candidates: Vec<supersede::Candidate> =
+        supersede::candidates(Dialect::Sqlite, anomaly, id).build_query_as().fetch_all(&mut **transaction).await?;
     let Some((kept, replaced)) = supersede::settle(anomaly, id, &candidates) else { return Ok(Vec::new()) };
     for old in &replaced {
         sqlx::query(
