@@ -10,6 +10,8 @@
 //! the page size whatever the store holds. Importing again stores nothing twice (a span or a
 //! log record already stored is skipped, a sample replaces itself, an anomaly is upserted by
 //! fingerprint), so an import that stopped can simply be run again (it says how far it got).
+//! Anomalies replaced by the whole of their incident (`superseded_by`) are not listed, and so
+//! not dumped.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
