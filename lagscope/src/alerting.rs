@@ -708,21 +708,14 @@ mod tests {
         (dir, store, config)
     }
 
-    /// The outbox's messages in the order sent: each one's event and what `field` reads of its
-    /// body.
+    /// The outbox's messages in the order sent: what `field` reads of each one and its body.
     async fn outbox<T>(
         store: &lagscope_store::SqliteStore,
-        field: impl Fn(&serde_json::Value) -> T,
-    ) -> Vec<(String, T)> {
+        field: impl Fn(&lagscope_store::AlertMessage, &serde_json::Value) -> T,
+    ) -> Vec<T> {
         let mut messages = store.alert_messages(None, 100).await.expect("outbox");
         messages.reverse();
-        messages
-            .iter()
-            .map(|message| {
-                let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
-                (message.event.clone(), field(&body))
-            })
-            .collect()
+        messages.iter().map(|message| field(message, &serde_json::from_str(&message.body).expect("json"))).collect()
     }
 
     /// A per-read anomaly of its own incident (node), as the analyzer stores it.
@@ -812,8 +805,9 @@ mod tests {
         let now = 1_767_225_600 * SECOND;
         let start = now - 60 * SECOND;
         let events = async || -> Vec<(String, Option<String>)> {
-            outbox(&store, |body| {
-                body["alerts"][0]["endsAt"].as_str().filter(|at| !at.starts_with("0001")).map(str::to_string)
+            outbox(&store, |message, body| {
+                let ends = body["alerts"][0]["endsAt"].as_str().filter(|at| !at.starts_with("0001"));
+                (message.event.clone(), ends.map(str::to_string))
             })
             .await
         };
@@ -865,7 +859,10 @@ mod tests {
         let (_dir, store, config) = hook_alerting("window_resolve_after = \"30s\"").await;
         let now = 1_767_225_600 * SECOND;
         let events = async || -> Vec<(String, String)> {
-            outbox(&store, |body| body["alerts"][0]["startsAt"].as_str().unwrap_or_default().to_string()).await
+            outbox(&store, |message, body| {
+                (message.event.clone(), body["alerts"][0]["startsAt"].as_str().unwrap_or_default().to_string())
+            })
+            .await
         };
         let starts = |at: i64| lagscope_alerts::rfc3339(at);
         let mut alerter = Alerter::load(&store, config.clone()).await.expect("load");
@@ -908,16 +905,11 @@ mod tests {
         let (_dir, store, config) = hook_alerting("resolve_after = \"2s\"").await;
         let now = 1_767_225_600 * SECOND;
         let events = async || -> Vec<(String, String, String)> {
-            let mut messages = store.alert_messages(None, 100).await.expect("outbox");
-            messages.reverse();
-            messages
-                .iter()
-                .map(|message| {
-                    let body: serde_json::Value = serde_json::from_str(&message.body).expect("json");
-                    let node = body["commonLabels"]["node"].as_str().unwrap_or_default().to_string();
-                    (message.event.clone(), node, message.dedup_key.clone())
-                })
-                .collect()
+            outbox(&store, |message, body| {
+                let node = body["commonLabels"]["node"].as_str().unwrap_or_default().to_string();
+                (message.event.clone(), node, message.dedup_key.clone())
+            })
+            .await
         };
         let mut alerter = Alerter::load(&store, config).await.expect("load");
         let at = async |offset_ms: i64, anomalies: &[Anomaly], alerter: &mut Alerter| {

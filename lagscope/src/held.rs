@@ -36,9 +36,9 @@ pub struct Committed {
 /// without them), and the entries let go for them, to be read anew from the store.
 #[derive(Debug)]
 pub struct LateSpans<K> {
-    /// Late spans since the last [`LateSpans::take_count`].
+    /// Late spans since the last [`LateSpans::take`].
     count: u64,
-    /// The most any of them since the last [`LateSpans::take_settling_wanted`] needed the
+    /// The most any of them since the last [`LateSpans::take`] needed the
     /// settling to be to hold it ([`lagscope_analyzer::HeldTimelines::settling_to_hold`]).
     wanted: Option<UnixNanos>,
     /// Each entry let go for late spans, until it is passed: from when its anomalies may have
@@ -64,15 +64,11 @@ impl<K: Eq + Hash> LateSpans<K> {
         *judged_from = (*judged_from).min(from);
     }
 
-    /// How many spans were late since the last call (the self-metrics' counter).
-    pub fn take_count(&mut self) -> u64 {
-        std::mem::take(&mut self.count)
-    }
-
-    /// The settling the latest span since the last call needed to be held (none: no span was
-    /// late), for [`Settling::observe`].
-    pub fn take_settling_wanted(&mut self) -> Option<UnixNanos> {
-        std::mem::take(&mut self.wanted)
+    /// How many spans were late since the last call (the self-metrics' counter), and the
+    /// settling the latest of them needed to be held (none: no span was late), for
+    /// [`Settling::observe`].
+    pub fn take(&mut self) -> (u64, Option<UnixNanos>) {
+        (std::mem::take(&mut self.count), std::mem::take(&mut self.wanted))
     }
 
     /// For an entry let go for late spans (and so read anew), the time from which its
@@ -130,7 +126,7 @@ impl Settling {
     }
 
     /// After a catch-up whose latest late span would have been held by settling `wanted`
-    /// behind the newest span ([`LateSpans::take_settling_wanted`]; none: no span was late):
+    /// behind the newest span ([`LateSpans::take`]; none: no span was late):
     /// widens the settling to that and a quarter more, and a second (whole seconds, at most
     /// `live.max_settle_seconds`), so that such spans are held from now on; or narrows it by
     /// half when no span was late for [`NARROW_AFTER`]. Says so in the log when it changes.
@@ -355,15 +351,14 @@ mod tests {
     #[test]
     fn late_spans_tell_the_settling_they_needed_once() {
         let mut late: LateSpans<&str> = LateSpans::new(90 * SECOND);
-        assert_eq!(late.take_settling_wanted(), None);
+        assert_eq!(late.take(), (0, None));
         late.note("a", 2, 100 * SECOND, 13 * SECOND);
         late.note("b", 1, 150 * SECOND, 0);
         late.note("a", 1, 120 * SECOND, 17 * SECOND);
-        assert_eq!(late.take_count(), 4);
-        assert_eq!(late.take_settling_wanted(), Some(17 * SECOND));
-        assert_eq!(late.take_settling_wanted(), None, "taken");
+        assert_eq!(late.take(), (4, Some(17 * SECOND)));
+        assert_eq!(late.take(), (0, None), "taken");
         late.note("b", 1, 150 * SECOND, 0);
-        assert_eq!(late.take_settling_wanted(), Some(0), "a span late by nothing is still late");
+        assert_eq!(late.take(), (1, Some(0)), "a span late by nothing is still late");
         // Judged from two horizons before each entry's earliest late span.
         assert_eq!(late.judged_from(&"a"), Some(100 * SECOND - 180 * SECOND));
         assert_eq!(late.judged_from(&"a"), None);

@@ -18,13 +18,13 @@ use lagscope_analyzer::{
 };
 use lagscope_collector::{DirtyClients, Pending};
 use lagscope_model::{AnomalyKind, ROLLUP_STEP, ReadRollup, UnixNanos, rollup_step_of};
-use lagscope_selfmetrics::SelfMetrics;
+use lagscope_selfmetrics::{Counter, SelfMetrics};
 use lagscope_store::{Coordinator, Mark, Store, TimeRange};
 use tokio::sync::watch;
 
 use crate::Config;
 use crate::client_cache::{ClientCache, Loaded};
-use crate::held::Settling;
+use crate::held::{LateSpans, Settling};
 use crate::line_cache::LineCache;
 use crate::sample_cache::SampleCache;
 use crate::scope_cache::{ScopeCache, Source};
@@ -48,8 +48,7 @@ pub async fn run_live_analyzer(
     }
     let mut shutdown = shutdown;
     // The marks of this process's commits carry their sample times: scopes' samples are held.
-    let mut kept = Kept::new(&config, config.live.scope_cache_samples);
-    metrics.analysis_settle_seconds.set(kept.settling.seconds());
+    let mut kept = Kept::new(&config, config.live.scope_cache_samples, &metrics);
     // Each pass's findings are stored while the next pass analyses: most of a write is the
     // wait for the store's one writer (ingest holds it) and the log's sync, time in which the
     // next pass would otherwise stand still. At most one pass's findings wait to be written;
@@ -237,8 +236,7 @@ async fn analyze_marks(
     let poll = Duration::from_millis(config.cluster.poll_interval_ms);
     // Scope marks carry the oldest time of the samples committed to the scope: scopes'
     // samples are held, with the care `hold_samples` takes.
-    let mut kept = Kept::new(config, config.live.scope_cache_samples);
-    metrics.analysis_settle_seconds.set(kept.settling.seconds());
+    let mut kept = Kept::new(config, config.live.scope_cache_samples, metrics);
     let mut claims = 0;
     let mut recorder = Recorder::default();
     loop {
@@ -381,17 +379,34 @@ struct Kept {
 }
 
 impl Kept {
-    /// Holding at most `samples` metric samples between passes (0: none).
-    fn new(config: &Config, samples: usize) -> Self {
+    /// Holding at most `samples` metric samples between passes (0: none); the settling's gauge
+    /// set to where it starts.
+    fn new(config: &Config, samples: usize, metrics: &SelfMetrics) -> Self {
         let horizon = config.analyzer.stream.horizon();
+        let settling = Settling::new(config.live.settle_seconds, config.live.max_settle_seconds, Instant::now());
+        metrics.analysis_settle_seconds.set(settling.seconds());
         Self {
             lines: RecognisedLines::default(),
             scope_spans: ScopeCache::new(config.live.scope_cache_spans, horizon),
             client_spans: ClientCache::new(config.live.client_cache_spans, horizon),
             samples: SampleCache::new(samples),
-            settling: Settling::new(config.live.settle_seconds, config.live.max_settle_seconds, Instant::now()),
+            settling,
         }
     }
+}
+
+/// Takes what a cache's catch-up found late: counted on `counter`, and the settling widened
+/// for it (its gauge with it).
+fn take_late<K: Eq + std::hash::Hash>(
+    late: &mut LateSpans<K>,
+    counter: &Counter,
+    settling: &mut Settling,
+    metrics: &SelfMetrics,
+) {
+    let (count, wanted) = late.take();
+    counter.add(count);
+    settling.observe(wanted, Instant::now());
+    metrics.analysis_settle_seconds.set(settling.seconds());
 }
 
 /// The read rollups this analyzer last wrote, per scope: a pass writes only the rows that
@@ -593,9 +608,7 @@ async fn analysis_pass(
         && !clients.is_empty()
     {
         committed = client_cache.catch_up(feed, latest, client_limit, Instant::now()).await?;
-        metrics.analysis_late_spans.add(client_cache.late().take_count());
-        settling.observe(client_cache.late().take_settling_wanted(), Instant::now());
-        metrics.analysis_settle_seconds.set(settling.seconds());
+        take_late(client_cache.late(), &metrics.analysis_late_spans, settling, metrics);
     }
     times.client_catch_up += lap.elapsed();
     let client_count = clients.len();
@@ -711,9 +724,7 @@ async fn analysis_pass(
                 None => feed.latest_span_id().await?,
             };
             cache.catch_up(feed, latest, limit, kept_from, now, committed.take().as_ref()).await?;
-            metrics.analysis_scope_late_spans.add(cache.late().take_count());
-            settling.observe(cache.late().take_settling_wanted(), Instant::now());
-            metrics.analysis_settle_seconds.set(settling.seconds());
+            take_late(cache.late(), &metrics.analysis_scope_late_spans, settling, metrics);
             times.scope_catch_up += now.elapsed();
         }
         for scope in chunk {

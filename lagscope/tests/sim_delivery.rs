@@ -175,6 +175,20 @@ async fn eval_scores_what_the_live_analyzer_stored() {
 /// (and the scope) holding that timeline is read anew from the store. Such hops are counted,
 /// on `/api/v1/health` and `/metrics`, so that operators see what came late; a hop of a call
 /// still held is not.
+/// The starts of the anomalies of `kind` the server lists (at most 100), in order, with the
+/// listing.
+async fn starts_of(server: &lagscope::Server, kind: &str) -> (Vec<u64>, serde_json::Value) {
+    let (_, listed) = get_json(server, &format!("/api/v1/anomalies?kind={kind}&limit=100")).await;
+    let mut starts: Vec<u64> = listed["anomalies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
+        .collect();
+    starts.sort_unstable();
+    (starts, listed)
+}
+
 /// Posts one OTLP/HTTP request with each component's spans (a resource per component, node
 /// `{component}-1`), and waits until the live analyzer has taken it.
 async fn post_components(
@@ -260,14 +274,7 @@ async fn a_router_delivering_late_widens_the_settling_until_its_hops_join_on_tim
         }
         let (_, health) = get_json(&lagscope, "/api/v1/health").await;
         let settle_seconds = health["analysis"]["settle_seconds"].as_u64().expect("settle_seconds");
-        let (_, listed) = get_json(&lagscope, "/api/v1/anomalies?kind=router_state_dropped&limit=100").await;
-        let mut dropped: Vec<u64> = listed["anomalies"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
-            .collect();
-        dropped.sort_unstable();
+        let (dropped, _) = starts_of(&lagscope, "router_state_dropped").await;
         lagscope.shutdown().await.expect("clean shutdown");
         (late, settle_seconds, dropped)
     };
@@ -351,14 +358,7 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     assert!(metrics.contains("\nlagscope_analysis_late_spans_total 1\n"), "{metrics}");
     assert!(metrics.contains("\nlagscope_analysis_scope_late_spans_total 1\n"), "{metrics}");
     // Both dropped states are found, the late hop's as well.
-    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=router_state_dropped&limit=100").await;
-    let mut starts: Vec<u64> = listed["anomalies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
-        .collect();
-    starts.sort_unstable();
+    let (starts, listed) = starts_of(&server, "router_state_dropped").await;
     assert_eq!(starts, [at(1), at(38)], "{listed:#}");
 
     // The 3rd read's server span, long after its call was settled, served below what the
@@ -409,13 +409,7 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     let (_, health) = get_json(&server, "/api/v1/health").await;
     assert_eq!(health["analysis"]["late_spans_total"], 3, "{health:#}");
     assert_eq!(health["analysis"]["scope_late_spans_total"], 3, "{health:#}");
-    let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=100").await;
-    let starts: Vec<u64> = listed["anomalies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|anomaly| anomaly["start_unix_nano"].as_u64())
-        .collect();
+    let (starts, listed) = starts_of(&server, "stale_read").await;
     assert!(starts.contains(&at(41)), "{listed:#}");
     server.shutdown().await.expect("clean shutdown");
 }

@@ -23,10 +23,9 @@ pub(crate) fn replaceable(kind: AnomalyKind) -> bool {
 
 /// What, beyond the columns, tells two anomalies of one kind apart as subjects: the shard role
 /// (`shard_pressure`, `unfair_rejection`), the call (`pinned_retry`), the probed address
-/// (`blind_failover_probe`), read from the evidence (JSON text).
-pub(crate) fn subject_in(evidence: &str) -> [Option<String>; 3] {
-    let value: serde_json::Value = serde_json::from_str(evidence).unwrap_or_default();
-    ["role", "call_id", "address"].map(|key| value.get(key).map(ToString::to_string))
+/// (`blind_failover_probe`), read from the evidence.
+fn subject(evidence: &serde_json::Value) -> [Option<&serde_json::Value>; 3] {
+    ["role", "call_id", "address"].map(|key| evidence.get(key))
 }
 
 /// A stored anomaly that may be the same incident as a new one: same kind and columns,
@@ -72,10 +71,13 @@ where
 /// Of the new anomaly (stored as `id`) and the `candidates` of the same subject, the one kept
 /// (the earliest start, then the lowest id) and the ids replaced by it.
 pub(crate) fn settle(anomaly: &Anomaly, id: i64, candidates: &[Candidate]) -> Option<(i64, Vec<i64>)> {
-    let subject = subject_in(anomaly.evidence.as_json());
+    let of_anomaly = subject(anomaly.evidence.value());
     let mut same: Vec<(UnixNanos, i64)> = candidates
         .iter()
-        .filter(|candidate| candidate.id != id && subject_in(&candidate.evidence) == subject)
+        .filter(|candidate| {
+            let evidence = serde_json::from_str(&candidate.evidence).unwrap_or_default();
+            candidate.id != id && subject(&evidence) == of_anomaly
+        })
         .map(|candidate| (candidate.start_unix_nano, candidate.id))
         .collect();
     if same.is_empty() {

@@ -300,7 +300,7 @@ async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
     // The metrics that show the condition around it.
     let related = related_chart(state, anomaly, &window).await?;
     let title = format!("{} #{}", anomaly.kind.as_str(), stored.id);
-    let facts = vec![
+    let mut facts = vec![
         ("kind", anomaly.kind.as_str().to_string()),
         ("severity", anomaly.severity.as_str().to_string()),
         (
@@ -325,7 +325,6 @@ async fn anomaly_page(state: &UiState, id: &str) -> Result<Response, ApiError> {
         ("fingerprint", anomaly.fingerprint.clone()),
     ];
     // Replaced by the whole of the same incident, found once its earlier telemetry came.
-    let mut facts = facts;
     if let Some(by) = stored.superseded_by {
         facts.push(("replaced by", format!("anomaly {by}, the same incident found whole")));
     }
