@@ -728,6 +728,7 @@ impl Store for PgStore {
         let mut ordered: Vec<&Anomaly> = anomalies.iter().collect();
         ordered.sort_by(|left, right| left.fingerprint.cmp(&right.fingerprint));
         let mut transaction = self.pool.begin().await?;
+        lock_subjects(&mut transaction, &ordered).await?;
         let mut outcome = UpsertOutcome::default();
         for anomaly in ordered {
             // `first_seen = last_seen` only on the row's first insert: that tells new from known.
@@ -1549,6 +1550,34 @@ async fn insert_logs(transaction: &mut Transaction<'_, Postgres>, logs: &[LogRec
             .end_row();
     }
     copy_skipping_repeats(transaction, &rows, "logs", LOG_COLUMNS, LOGS_UNIQUE).await
+}
+
+/// Takes the locks over the subjects of `anomalies` that may replace one another
+/// (`crate::supersede::lock_key`), before any row is written, in key order: an instance
+/// storing another version of one of these incidents waits for this transaction to commit
+/// and then finds its row. Taken first and in one order, they cannot deadlock with one
+/// another or with the row locks taken after them.
+async fn lock_subjects(transaction: &mut Transaction<'_, Postgres>, anomalies: &[&Anomaly]) -> Result<()> {
+    let mut keys: Vec<(i32, i32)> =
+        anomalies.iter().filter_map(|anomaly| crate::supersede::lock_key(anomaly)).collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let (classes, subjects): (Vec<i32>, Vec<i32>) = keys.into_iter().unzip();
+    // A subquery's order holds for the locks taken over its rows (PostgreSQL's documentation
+    // of advisory locks names this form as safe).
+    sqlx::query(
+        "SELECT count(pg_advisory_xact_lock(class, subject))
+         FROM (SELECT class, subject FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY
+               AS keys (class, subject, position) ORDER BY position) ordered",
+    )
+    .bind(&classes)
+    .bind(&subjects)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
 }
 
 /// A new anomaly and the stored ones of the same incident (`crate::supersede`): all but the

@@ -28,6 +28,40 @@ fn subject(evidence: &serde_json::Value) -> [Option<&serde_json::Value>; 3] {
     ["role", "call_id", "address"].map(|key| evidence.get(key))
 }
 
+/// The key of the lock (PostgreSQL's transaction-scoped advisory lock, as `(class, key)`) that an
+/// upsert holds over `anomaly`'s subject while it looks for, and settles, the same incident.
+///
+/// Without it, two instances that store two versions of one incident at once (around a lease
+/// hand-over) each look before the other's row is committed, and both versions stay. With it,
+/// the later of the two waits until the earlier commits, and then sees its row. The key is the
+/// subject's columns hashed (FNV-1a, the same in every process and build); two subjects that
+/// share a key only take turns. `None` for kinds that are never replaced.
+pub(crate) fn lock_key(anomaly: &Anomaly) -> Option<(i32, i32)> {
+    /// The class of these locks: "laga" (lagscope anomalies), apart from the ingest lock's.
+    const CLASS: i32 = 0x6c61_6761;
+    if !replaceable(anomaly.kind) {
+        return None;
+    }
+    let mut hash: u32 = 0x811c_9dc5;
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes {
+            hash = (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193);
+        }
+    };
+    feed(anomaly.kind.as_str().as_bytes());
+    for column in [&anomaly.cluster, &anomaly.namespace, &anomaly.client_id, &anomaly.node_id] {
+        match column {
+            // A marker apart from any text, so that absent and empty differ.
+            None => feed(&[0xfe]),
+            Some(text) => {
+                feed(&[0xff]);
+                feed(text.as_bytes());
+            }
+        }
+    }
+    Some((CLASS, hash as i32))
+}
+
 /// A stored anomaly that may be the same incident as a new one: same kind and columns,
 /// overlapping window, not replaced already (what the store's query returns).
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -132,5 +166,22 @@ mod tests {
         assert_eq!(settle(&window(64, primary), 9, &[candidate(9, 64, primary)]), None);
         assert!(replaceable(AnomalyKind::PinnedRetry) && replaceable(AnomalyKind::ApplyLag));
         assert!(!replaceable(AnomalyKind::StaleRead) && !replaceable(AnomalyKind::RouterStateDropped));
+    }
+
+    /// One subject, one lock, whatever the window or evidence; another column, another lock;
+    /// kinds never replaced take none.
+    #[test]
+    fn a_subject_locks_one_key_fixed_across_builds() {
+        let primary = window(64, r#"{"role":"primary"}"#);
+        let key = lock_key(&primary).expect("a window kind");
+        assert_eq!(lock_key(&window(90, r#"{"role":"replica"}"#)), Some(key));
+        // Fixed: instances of different builds must agree on it.
+        assert_eq!(key, (0x6c61_6761, 0x117f_dd57));
+        let other_node = Anomaly { node_id: Some("es-node-2".to_string()), ..primary.clone() };
+        assert_ne!(lock_key(&other_node), Some(key));
+        let no_node = Anomaly { node_id: None, ..primary.clone() };
+        let empty_node = Anomaly { node_id: Some(String::new()), ..primary.clone() };
+        assert_ne!(lock_key(&no_node), lock_key(&empty_node));
+        assert_eq!(lock_key(&Anomaly { kind: AnomalyKind::StaleRead, ..primary }), None);
     }
 }

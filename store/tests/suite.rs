@@ -1742,6 +1742,80 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     assert!(settled >= last, "{settled} reaches {last}");
 }
 
+/// Two instances on one PostgreSQL store two versions of one incident at once (around a lease
+/// hand-over): the partial window, from an upsert still in flight, and the whole. The upsert of
+/// the whole must not look for the partial before that upsert commits, or each misses the other
+/// and both stay listed. Here the partial's upsert is held, its row written and not committed,
+/// by a reader that locked another row it updates; the whole's upsert starts meanwhile.
+#[tokio::test]
+async fn postgres_instances_storing_two_versions_of_a_window_at_once_keep_the_whole() {
+    let url = postgres_support::fresh_database().await;
+    let first = PgStore::connect(&url).await.expect("first instance");
+    let second = PgStore::connect(&url).await.expect("second instance");
+    let window = |start: i64, end: i64| Anomaly {
+        kind: AnomalyKind::UnfairRejection,
+        client_id: None,
+        node_id: Some("es-node-1".to_string()),
+        namespace: Some("logs/1".to_string()),
+        start_unix_nano: T0 + start * SECOND,
+        end_unix_nano: T0 + end * SECOND,
+        evidence: json!({"role": "primary", "spans": []}).into(),
+        open: true,
+        fingerprint: format!("unfair_rejection|prod|logs/1|es-node-1|primary|{start}"),
+        ..anomaly("", "", 0)
+    };
+    // Upserts lock rows in fingerprint order: this one comes after the partial window's.
+    let held = anomaly("zz-held", "c1", T0);
+    first.upsert_anomalies(std::slice::from_ref(&held), T0).await.expect("the held row");
+    let mut holder = first.pool().begin().await.expect("begin");
+    sqlx::query("SELECT id FROM anomalies WHERE fingerprint = 'zz-held' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .expect("lock the row");
+    let waiting = || async {
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(first.pool())
+        .await
+        .expect("activity");
+        count
+    };
+    let partial = tokio::spawn({
+        let (store, changed) = (first.clone(), Anomaly { summary: "changed".to_string(), ..held });
+        let batch = [window(65, 68), changed];
+        async move { store.upsert_anomalies(&batch, T0 + SECOND).await.expect("partial") }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while waiting().await < 1 {
+        assert!(std::time::Instant::now() < deadline, "the partial's upsert never reached the held row");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let whole = tokio::spawn({
+        let (store, batch) = (second.clone(), [window(64, 79)]);
+        async move { store.upsert_anomalies(&batch, T0 + 2 * SECOND).await.expect("whole") }
+    });
+    // The whole's upsert either waits for the partial's (a second waiter) or has ended.
+    while !whole.is_finished() && waiting().await < 2 {
+        assert!(std::time::Instant::now() < deadline, "the whole's upsert neither ended nor waited");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    holder.rollback().await.expect("release the row");
+    let (partial, whole) = (partial.await.expect("task"), whole.await.expect("task"));
+    assert_eq!((partial.inserted.len(), partial.updated, partial.superseded), (1, 1, 0));
+    assert_eq!((whole.inserted.len(), whole.superseded), (1, 1), "the whole found the partial");
+    let listed = first
+        .anomalies(&AnomalyFilter { kind: Some(AnomalyKind::UnfairRejection), limit: 10, ..AnomalyFilter::default() })
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.iter().map(|stored| stored.anomaly.fingerprint.as_str()).collect::<Vec<_>>(),
+        [window(64, 79).fingerprint]
+    );
+    let replaced = first.anomaly(partial.inserted[0]).await.expect("get").expect("kept");
+    assert_eq!(replaced.superseded_by, Some(whole.inserted[0]));
+}
+
 /// An ingest in flight, as `PgStore::ingest` starts one: the feed's lock and a transaction id,
 /// then a client span (trace and span id `n`, starting at `start`) with an id drawn from the
 /// sequence, not committed; the transaction and that id.
