@@ -467,9 +467,23 @@ impl HeldTimelines {
         }
         // Spans of no call that ended before the cut-off: a hop that joined no attempt, a
         // copy sent again, a span of neither kind. (The hops of the attempts going are going.)
+        // A hop whose trace names an ancestor not held yet waits for it up to a horizon, where
+        // the clients of its namespace send their attempts: there the ancestor is a span still
+        // to come (a router's or a client's of a long call, exported when the call ends, while
+        // the hops under its first attempts ended and came long before). Let go, it would make
+        // that span late. Where no client of the namespace sends its attempts, the ancestors
+        // are spans no one exports, and its hops go at the cut-off.
+        let sending: HashSet<&Option<String>> = self.groups.keys().map(|(_, namespace)| namespace).collect();
+        let horizon = self.horizon;
         for key in self.loose.range(..(before, 0)) {
             let span = &self.spans[key].span;
             if span.end_unix_nano < before {
+                if span.end_unix_nano.saturating_add(horizon) >= before
+                    && sending.contains(&span.call.namespace)
+                    && self.awaits_ancestor(span)
+                {
+                    continue;
+                }
                 going.insert(*key);
                 if is_hop(span) {
                     let parent = ids_hash(span.trace_id.as_deref(), span.parent_span_id.as_deref());
@@ -480,7 +494,6 @@ impl HeldTimelines {
                 }
             }
         }
-        let horizon = self.horizon;
         self.orphans.retain(|_, end| end.saturating_add(horizon) >= before);
         let mut let_go = Vec::with_capacity(going.len());
         for key in going {
@@ -909,6 +922,34 @@ impl HeldTimelines {
             current = parent;
         }
         None
+    }
+
+    /// Whether `span` is a hop whose trace names an ancestor that is not held: its parent, or
+    /// a parent up its chain of held parents (under the parent limit of [`Self::ancestor`]).
+    fn awaits_ancestor(&self, span: &Span) -> bool {
+        if !is_hop(span) {
+            return false;
+        }
+        let mut current = span;
+        for _ in 0..MAX_PARENT_HOPS {
+            let (Some(trace_id), Some(parent_id)) = (current.trace_id.as_deref(), current.parent_span_id.as_deref())
+            else {
+                return false;
+            };
+            let parent =
+                ids_hash(Some(trace_id), Some(parent_id)).and_then(|ids| self.by_id.get(&ids)).and_then(|candidates| {
+                    candidates.iter().rev().map(|candidate| self.span(*candidate)).find(|candidate| {
+                        candidate.trace_id.as_deref() == Some(trace_id)
+                            && candidate.span_id.as_deref() == Some(parent_id)
+                    })
+                });
+            match parent {
+                None => return true,
+                Some(parent) if is_client_attempt(parent) => return false,
+                Some(parent) => current = parent,
+            }
+        }
+        false
     }
 
     fn nearest_attempt_of_call(&self, span: &Span) -> Option<SpanKey> {
@@ -1427,6 +1468,7 @@ mod tests {
             (router, server)
         };
         let (router, server) = waiting_for(&attempt("client-1", "ns1", 45));
+        let server_end = server.end_unix_nano;
         held.insert(server);
         assert!(!held.is_late(&attempt("client-1", "ns1", 5)), "nothing is late before a settle");
         assert!(!held.is_late(&hop(&attempt("client-1", "ns1", 5))));
@@ -1454,15 +1496,31 @@ mod tests {
             !held.spans().any(|span| span.start_unix_nano == (cut_at - 2) * SECOND),
             "the attempt of the late hop was let go"
         );
-        // The router's hop the server's waited for, after its attempt's cut: the server's,
-        // ended before the settle's cut-off, was let go; the router's is late, another
-        // router's of the attempt is not.
+        // The router's hop the server's waits for, after its attempt's cut: the server's,
+        // ended before the settle's cut-off, is held, waiting for it (the clients of its
+        // namespace send their attempts): the router's is not late.
+        assert!(held.spans().any(|span| span.parent_span_id == router.span_id), "the waiting hop is held");
+        assert!(!held.is_late(&router));
+        // Still not there a horizon after the hop ended: the hop goes, and the router's is late,
+        // another router's of the attempt is not.
+        held.settle(server_end + 90 * SECOND, |_| i64::MAX);
+        assert!(held.spans().any(|span| span.parent_span_id == router.span_id), "held through the horizon");
+        held.settle(server_end + 90 * SECOND + 1, |_| i64::MAX);
         assert!(!held.spans().any(|span| span.parent_span_id == router.span_id), "the waiting hop was let go");
-        assert!(held.is_late(&router));
-        // (It started before the hop let go ended, before the settle's cut-off: as far behind
-        // the newest span as it starts.)
-        assert_eq!(held.settling_to_hold(&router), Some(59 * SECOND - router.start_unix_nano));
-        let mut other = router.clone();
+        // (Late by its timeline's cut, now past it: what the hop would have joined is not
+        // remembered past the horizon, after which an attempt begins another call.)
+        let cut = held.settled_from("client-1", Some("ns1"));
+        assert!(router.start_unix_nano < cut);
+        assert_eq!(held.settling_to_hold(&router), Some(cut - router.start_unix_nano));
+        // Where no client of the namespace sends its attempts, such a hop goes at the cut-off:
+        // the router's it waited for is late (nothing was cut there: by the hop let go),
+        // another router's of the attempt is not.
+        let (unsent_router, unsent) = waiting_for(&attempt("client-9", "ns9", 200));
+        held.insert(unsent.clone());
+        held.settle(unsent.end_unix_nano + 1, |_| i64::MAX);
+        assert!(!held.spans().any(|span| span == &unsent), "no client sends there: let go");
+        assert!(held.is_late(&unsent_router));
+        let mut other = unsent_router.clone();
         other.span_id = Some("dddddddddddddddd".to_string());
         other.call.call_id = Some("call-other".to_string());
         assert!(!held.is_late(&other));

@@ -170,11 +170,6 @@ async fn eval_scores_what_the_live_analyzer_stored() {
     assert!(stderr.contains("--stored scores what a store holds: give --data-dir or --database-url"), "{stderr}");
 }
 
-/// A hop that arrives after its client's live timeline was settled past it (the call was let
-/// go `live.settle_seconds` behind the client's newest span) is still judged live: the client
-/// (and the scope) holding that timeline is read anew from the store. Such hops are counted,
-/// on `/api/v1/health` and `/metrics`, so that operators see what came late; a hop of a call
-/// still held is not.
 /// The starts of the anomalies of `kind` the server lists (at most 100), in order, with the
 /// listing.
 async fn starts_of(server: &lagscope::Server, kind: &str) -> (Vec<u64>, serde_json::Value) {
@@ -215,14 +210,22 @@ async fn post_components(
     wait_until_analyzed(server).await;
 }
 
-/// A router whose exporter delivers 30 s of telemetry behind everyone else: its hops come
-/// after the server spans under them waited the default settling (10 s) and were let go. With
-/// the settling fixed, each delivery's hops are late, and their client and scope read anew,
-/// for as long as it lasts; widened by what the first late hops missed it by, the settling
-/// holds the server spans until their hops come, and the hops join on time. Both find every
-/// state the router dropped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_router_delivering_late_widens_the_settling_until_its_hops_join_on_time() {
+/// What [`delivered_behind`] saw: the late spans (client cache, scope cache) after each
+/// round, the settling at the end, the starts of the `router_state_dropped` anomalies listed,
+/// and those of the states the router dropped.
+struct Behind {
+    late: Vec<(Option<u64>, Option<u64>)>,
+    settle_seconds: u64,
+    dropped: Vec<u64>,
+    expected: Vec<u64>,
+}
+
+/// Rounds of a read a second through a router to a server (every tenth passing on less than
+/// the client carried), each round ten seconds of the clients' and the servers' spans, with
+/// the `behind` components' spans (of "client", "router") of three rounds before: their
+/// exporters deliver 30 s behind everyone else's. `max_settle_seconds` 0 fixes the settling.
+/// With `behind` holding "none", the clients send no spans at all.
+async fn delivered_behind(max_settle_seconds: i64, behind: &[&str]) -> Behind {
     use support::{int, span, text};
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
     let base = now.as_nanos() as u64 - 300 * SECOND as u64;
@@ -247,57 +250,90 @@ async fn a_router_delivering_late_widens_the_settling_until_its_hops_join_on_tim
         let attributes = vec![text("lagscope.namespace", "ns1"), int("lagscope.state.served", 1000)];
         span(index + 1, 10 * index + 3, 10 * index + 2, at(index) + 200_000, at(index) + 800_000, attributes)
     };
-    // Rounds of ten seconds: the clients' and servers' spans of the round, the router's of
-    // three rounds before. Returns the late spans (client cache, scope cache) after each round.
     const ROUNDS: u64 = 12;
-    let run = async |max_settle_seconds: i64| {
-        let directory = tempfile::tempdir().expect("temp dir");
-        let mut config = support::local_config(directory.path());
-        config.live.max_settle_seconds = max_settle_seconds;
-        let lagscope = lagscope::Server::start(&config).await.expect("server starts");
-        let mut late = Vec::new();
-        for round in 0..ROUNDS + 3 {
-            let now = (round * 10..(round * 10 + 10)).filter(|_| round < ROUNDS);
-            let routed = (round.saturating_sub(3) * 10..(round.saturating_sub(3) * 10 + 10)).filter(|_| round >= 3);
-            post_components(
-                &lagscope,
-                vec![
-                    ("client", now.clone().map(client).collect()),
-                    ("server", now.map(server).collect()),
-                    ("router", routed.map(router).collect()),
-                ],
-            )
-            .await;
-            let (_, health) = get_json(&lagscope, "/api/v1/health").await;
-            let analysis = &health["analysis"];
-            late.push((analysis["late_spans_total"].as_u64(), analysis["scope_late_spans_total"].as_u64()));
-        }
+    let directory = tempfile::tempdir().expect("temp dir");
+    let mut config = support::local_config(directory.path());
+    config.live.max_settle_seconds = max_settle_seconds;
+    let lagscope = lagscope::Server::start(&config).await.expect("server starts");
+    let mut late = Vec::new();
+    for round in 0..ROUNDS + 3 {
+        let now: Vec<u64> = (round * 10..(round * 10 + 10)).filter(|_| round < ROUNDS).collect();
+        let before: Vec<u64> =
+            (round.saturating_sub(3) * 10..(round.saturating_sub(3) * 10 + 10)).filter(|_| round >= 3).collect();
+        let of = |component: &str| if behind.contains(&component) { before.clone() } else { now.clone() }.into_iter();
+        post_components(
+            &lagscope,
+            vec![
+                ("client", of("client").filter(|_| !behind.contains(&"none")).map(client).collect()),
+                ("server", now.iter().copied().map(server).collect()),
+                ("router", of("router").map(router).collect()),
+            ],
+        )
+        .await;
         let (_, health) = get_json(&lagscope, "/api/v1/health").await;
-        let settle_seconds = health["analysis"]["settle_seconds"].as_u64().expect("settle_seconds");
-        let (dropped, _) = starts_of(&lagscope, "router_state_dropped").await;
-        lagscope.shutdown().await.expect("clean shutdown");
-        (late, settle_seconds, dropped)
-    };
-    let expected: Vec<u64> = (0..ROUNDS * 10).filter(|index| index % 10 == 5).map(at).collect();
+        let analysis = &health["analysis"];
+        late.push((analysis["late_spans_total"].as_u64(), analysis["scope_late_spans_total"].as_u64()));
+    }
+    let (_, health) = get_json(&lagscope, "/api/v1/health").await;
+    let settle_seconds = health["analysis"]["settle_seconds"].as_u64().expect("settle_seconds");
+    let (dropped, _) = starts_of(&lagscope, "router_state_dropped").await;
+    lagscope.shutdown().await.expect("clean shutdown");
+    let expected = (0..ROUNDS * 10).filter(|index| index % 10 == 5).map(at).collect();
+    Behind { late, settle_seconds, dropped, expected }
+}
 
-    let (late, settle_seconds, dropped) = run(0).await;
+/// A router whose exporter delivers 30 s of telemetry behind everyone else, where no client
+/// sends its spans: the server spans under its hops wait the default settling (10 s) and are
+/// let go, and then its hops come. With the settling fixed, each delivery's hops are late, and
+/// their scope read anew, for as long as it lasts; widened by what the first late hops missed
+/// it by, the settling holds the server spans until their hops come, and the hops join on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_delivering_late_widens_the_settling_until_its_hops_join_on_time() {
+    let Behind { late, settle_seconds, .. } = delivered_behind(0, &["router", "none"]).await;
     assert_eq!(settle_seconds, 10, "fixed");
-    assert_eq!(dropped, expected, "the late hops are judged, read anew");
     // Every round's hops after the first few are late: the count grows to the end.
-    let (halfway, last) = (late[(ROUNDS / 2) as usize], late[late.len() - 1]);
-    assert!(last.0 > halfway.0 && last.1 > halfway.1, "{late:?}");
+    let (halfway, last) = (late[late.len() / 2], late[late.len() - 1]);
+    assert!(last.1 > halfway.1, "{late:?}");
 
-    let (late, settle_seconds, dropped) = run(120).await;
+    let Behind { late, settle_seconds, .. } = delivered_behind(120, &["router", "none"]).await;
     // Widened to hold hops 30-39 s late (the last of a round's ten calls is 9 s newer than the
     // first), not to the most allowed.
     assert!((31..=60).contains(&settle_seconds), "widened to hold 30 s late hops: {settle_seconds} s");
-    assert_eq!(dropped, expected, "{late:?}");
     // Some hops were late before it widened, none after.
-    let (halfway, last) = (late[(ROUNDS / 2) as usize], late[late.len() - 1]);
-    assert!(halfway.0 > Some(0) && halfway.1 > Some(0), "{late:?}");
+    let (halfway, last) = (late[late.len() / 2], late[late.len() - 1]);
+    assert!(halfway.1 > Some(0), "{late:?}");
     assert_eq!(last, halfway, "{late:?}");
 }
 
+/// Where the clients send their spans, a router's exporter 30 s behind everyone else's, or
+/// the clients' and the router's both (as calls exported when they end, long after the server
+/// spans under their first attempts): the server spans wait, held, for the hops and attempts
+/// above them, which come on time. With the settling fixed at 10 s, nothing is late (but, the
+/// clients' 30 s behind, the first delivery's router hops, before any client of the namespace
+/// had sent: their server spans had gone), and every dropped state is found. (Let go at the
+/// settling, the server spans made every router hop late: read anew, or the settling widened.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_spans_wait_for_the_calls_above_them_exported_late() {
+    let Behind { late, settle_seconds, dropped, expected } = delivered_behind(0, &["router"]).await;
+    assert_eq!(settle_seconds, 10, "fixed");
+    assert_eq!(dropped, expected, "{late:?}");
+    assert!(late.iter().all(|late| *late == (Some(0), Some(0))), "nothing late: {late:?}");
+
+    let Behind { late, settle_seconds, dropped, expected } = delivered_behind(0, &["client", "router"]).await;
+    assert_eq!(settle_seconds, 10, "fixed");
+    assert_eq!(dropped, expected, "{late:?}");
+    // The first delivery behind: at most its ten router hops late, and none after it.
+    let first = late[3];
+    assert!(late[..3].iter().all(|late| *late == (Some(0), Some(0))), "{late:?}");
+    assert!(first.0 == Some(0) && first.1 <= Some(10), "{late:?}");
+    assert!(late[3..].iter().all(|late| *late == first), "{late:?}");
+}
+
+/// A hop that arrives after its client's live timeline was settled past it (the call was let
+/// go `live.settle_seconds` behind the client's newest span) is still judged live: the client
+/// (and the scope) holding that timeline is read anew from the store. Such hops are counted,
+/// on `/api/v1/health` and `/metrics`, so that operators see what came late; a hop of a call
+/// still held is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
     use support::{int, span, text};
@@ -377,16 +413,20 @@ async fn hops_arriving_after_their_calls_were_settled_are_judged_and_counted() {
         .collect();
     assert_eq!(stale, [(at(2), "monotonic_reads")], "{listed:#}");
 
-    // Six more reads, on time, but the 42nd's server span is under a router's span that has
-    // not come: it waits, joined to nothing, until a settle lets it go. The router's span then
-    // comes, naming no client (its trace does), after the client's cut but too late for what
-    // waited for it: the client and the scope are read anew and the read judged with its
-    // served state.
+    // Forty more reads, on time, but the 42nd's server span is under a router's span that has
+    // not come: it waits for it, joined to nothing (held, as the client sends its spans),
+    // for a horizon (90 s) after it ended, and then a settle lets it go. The router's span
+    // then comes, naming no client (its trace does), too late for what waited for it: the
+    // client and the scope are read anew and the read judged with its served state.
     let router_id: u64 = 10 * 41 + 2;
     let mut waiting = served(41, 900);
     waiting.parent_span_id = router_id.to_be_bytes().to_vec();
     let servers = (40..46).filter(|index| *index != 41).map(|index| served(index, 1000));
     post(vec![("server", servers.chain([waiting]).collect()), ("client", (40..46).map(client).collect())]).await;
+    for reads in (46..82).collect::<Vec<u64>>().chunks(4) {
+        let servers = reads.iter().map(|index| served(*index, 1000)).collect();
+        post(vec![("server", servers), ("client", reads.iter().copied().map(client).collect())]).await;
+    }
     let (_, health) = get_json(&server, "/api/v1/health").await;
     assert_eq!(health["analysis"]["late_spans_total"], 2, "{health:#}");
     let (_, listed) = get_json(&server, "/api/v1/anomalies?kind=stale_read&limit=100").await;
