@@ -126,6 +126,10 @@ pub type SpanKey = (UnixNanos, u64);
 /// How far [`HeldTimelines::settle`] moves a timeline's cut past its last one at most.
 pub const SETTLE_STEP: UnixNanos = 20 * 1_000_000_000;
 
+/// The most hops [`HeldTimelines::settle`] keeps waiting, past the cut-off, for an ancestor
+/// still to come (the newest; the older go).
+pub const MAX_WAITING_HOPS: usize = 5_000;
+
 /// Spans held with their joined timelines ([`HeldTimelines::refresh`]).
 #[derive(Debug)]
 pub struct HeldTimelines {
@@ -472,25 +476,35 @@ impl HeldTimelines {
         // to come (a router's or a client's of a long call, exported when the call ends, while
         // the hops under its first attempts ended and came long before). Let go, it would make
         // that span late. Where no client of the namespace sends its attempts, the ancestors
-        // are spans no one exports, and its hops go at the cut-off.
+        // are spans no one exports, and its hops go at the cut-off. So do the oldest of those
+        // waiting past [`MAX_WAITING_HOPS`] (clients that propagate trace context and export
+        // nothing, beside clients that export, would otherwise fill what is held).
         let sending: HashSet<&Option<String>> = self.groups.keys().map(|(_, namespace)| namespace).collect();
         let horizon = self.horizon;
+        let (mut waiting, mut loose_going) = (Vec::new(), Vec::new());
         for key in self.loose.range(..(before, 0)) {
             let span = &self.spans[key].span;
-            if span.end_unix_nano < before {
-                if span.end_unix_nano.saturating_add(horizon) >= before
-                    && sending.contains(&span.call.namespace)
-                    && self.awaits_ancestor(span)
-                {
-                    continue;
-                }
-                going.insert(*key);
-                if is_hop(span) {
-                    let parent = ids_hash(span.trace_id.as_deref(), span.parent_span_id.as_deref());
-                    for orphan in parent.into_iter().chain(call_hash(span)) {
-                        let end = self.orphans.entry(orphan).or_insert(span.end_unix_nano);
-                        *end = (*end).max(span.end_unix_nano);
-                    }
+            if span.end_unix_nano >= before {
+                continue;
+            }
+            if span.end_unix_nano.saturating_add(horizon) >= before
+                && sending.contains(&span.call.namespace)
+                && self.awaits_ancestor(span)
+            {
+                waiting.push(*key);
+            } else {
+                loose_going.push(*key);
+            }
+        }
+        loose_going.extend_from_slice(&waiting[..waiting.len().saturating_sub(MAX_WAITING_HOPS)]);
+        for key in loose_going {
+            going.insert(key);
+            let span = &self.spans[&key].span;
+            if is_hop(span) {
+                let parent = ids_hash(span.trace_id.as_deref(), span.parent_span_id.as_deref());
+                for orphan in parent.into_iter().chain(call_hash(span)) {
+                    let end = self.orphans.entry(orphan).or_insert(span.end_unix_nano);
+                    *end = (*end).max(span.end_unix_nano);
                 }
             }
         }
@@ -1529,6 +1543,43 @@ mod tests {
         assert!(!held.is_late(&attempt("client-3", "ns1", cut_at - 2)));
         assert!(!held.is_late(&attempt("client-1", "ns2", 0)));
         assert!(!held.is_late(&hop(&attempt("client-1", "ns2", 0))));
+    }
+
+    /// Past [`MAX_WAITING_HOPS`] hops waiting for an ancestor, the oldest go, and what they
+    /// waited for is late; the newest wait, and what they wait for is not.
+    #[test]
+    fn hops_waiting_for_their_ancestors_are_bounded() {
+        const SECOND: i64 = 1_000_000_000;
+        let mut held = HeldTimelines::new(90 * SECOND);
+        // A client that sends its attempts in the namespace.
+        let mut attempt = span(SpanKind::Client, Component::Client, 0);
+        (attempt.trace_id, attempt.span_id) = (Some("client-trace".to_string()), Some("a".to_string()));
+        attempt.call = CallFields {
+            client_id: Some("client-1".to_string()),
+            call_id: Some("call-1".to_string()),
+            namespace: Some("ns1".to_string()),
+            op: Some(Op::Read),
+            ..CallFields::default()
+        };
+        held.insert(attempt);
+        // A server's span under a router's hop (`r`) of its own trace, not come.
+        let hop = |component: Component, index: usize, id: &str, parent: &str| {
+            let mut hop = span(SpanKind::Server, component, SECOND + index as i64);
+            (hop.trace_id, hop.span_id) = (Some(format!("trace-{index}")), Some(id.to_string()));
+            hop.parent_span_id = Some(parent.to_string());
+            hop.call.namespace = Some("ns1".to_string());
+            hop
+        };
+        let extra = 10;
+        for index in 0..MAX_WAITING_HOPS + extra {
+            held.insert(hop(Component::Server, index, "s", "r"));
+        }
+        held.settle(20 * SECOND, |_| i64::MAX);
+        let waiting: Vec<usize> =
+            held.spans().filter_map(|span| span.trace_id.as_deref()?.strip_prefix("trace-")?.parse().ok()).collect();
+        assert_eq!(waiting, (extra..MAX_WAITING_HOPS + extra).collect::<Vec<_>>(), "the newest wait");
+        assert!(held.is_late(&hop(Component::Router, extra - 1, "r", "x")), "its hop let go");
+        assert!(!held.is_late(&hop(Component::Router, extra, "r", "x")), "its hop waits");
     }
 
     #[test]
