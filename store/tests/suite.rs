@@ -817,14 +817,10 @@ async fn the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its
     assert!(none.is_empty());
 }
 
-/// A window stored from part of its telemetry and found again whole, starting earlier (under
-/// another fingerprint), is one incident: the whole is listed, the partial is closed and points
-/// at it, and the alerter's feed sees it change. Whichever comes first, the earliest start is
-/// kept; another role of the shard, a window that does not overlap, and a call's own anomalies
-/// (named by their attempt) stand beside it.
-async fn a_window_found_whole_replaces_its_partial_version(store: &dyn Store) {
-    use lagscope_store::AlertCursor;
-    let window = |start: i64, end: i64, role: &str| Anomaly {
+/// An open `unfair_rejection` window of shard `logs/1`'s `role` on `es-node-1`, from `start` to
+/// `end` seconds after T0, fingerprinted by where it starts (as the detector names it).
+fn unfair_window(start: i64, end: i64, role: &str) -> Anomaly {
+    Anomaly {
         kind: AnomalyKind::UnfairRejection,
         client_id: None,
         node_id: Some("es-node-1".to_string()),
@@ -835,7 +831,17 @@ async fn a_window_found_whole_replaces_its_partial_version(store: &dyn Store) {
         open: true,
         fingerprint: format!("unfair_rejection|prod|logs/1|es-node-1|{role}|{start}"),
         ..anomaly("", "", 0)
-    };
+    }
+}
+
+/// A window stored from part of its telemetry and found again whole, starting earlier (under
+/// another fingerprint), is one incident: the whole is listed, the partial is closed and points
+/// at it, and the alerter's feed sees it change. Whichever comes first, the earliest start is
+/// kept; another role of the shard, a window that does not overlap, and a call's own anomalies
+/// (named by their attempt) stand beside it.
+async fn a_window_found_whole_replaces_its_partial_version(store: &dyn Store) {
+    use lagscope_store::AlertCursor;
+    let window = unfair_window;
     let listed = || async {
         let all = store.anomalies(&AnomalyFilter { limit: 100, ..AnomalyFilter::default() }).await.expect("list");
         let mut fingerprints: Vec<String> = all.into_iter().map(|stored| stored.anomaly.fingerprint).collect();
@@ -1752,18 +1758,7 @@ async fn postgres_instances_storing_two_versions_of_a_window_at_once_keep_the_wh
     let url = postgres_support::fresh_database().await;
     let first = PgStore::connect(&url).await.expect("first instance");
     let second = PgStore::connect(&url).await.expect("second instance");
-    let window = |start: i64, end: i64| Anomaly {
-        kind: AnomalyKind::UnfairRejection,
-        client_id: None,
-        node_id: Some("es-node-1".to_string()),
-        namespace: Some("logs/1".to_string()),
-        start_unix_nano: T0 + start * SECOND,
-        end_unix_nano: T0 + end * SECOND,
-        evidence: json!({"role": "primary", "spans": []}).into(),
-        open: true,
-        fingerprint: format!("unfair_rejection|prod|logs/1|es-node-1|primary|{start}"),
-        ..anomaly("", "", 0)
-    };
+    let window = |start: i64, end: i64| unfair_window(start, end, "primary");
     // Upserts lock rows in fingerprint order: this one comes after the partial window's.
     let held = anomaly("zz-held", "c1", T0);
     first.upsert_anomalies(std::slice::from_ref(&held), T0).await.expect("the held row");
