@@ -84,7 +84,9 @@ fn disabled_logged<'a>(
             used = true;
             last_consistency = attempt.consistency.clone();
             current = None;
-        } else if let Some(logged) = current.as_mut().filter(|_| attempt.outcome == Some(Outcome::Ok)) {
+        } else if let Some(logged) =
+            current.as_mut().filter(|logged| counts_after(attempt, logged.consistency_before.as_deref()))
+        {
             logged.reads_after += 1;
             logged.consistencies_after.extend(attempt.consistency.clone());
             logged.last_end = logged.last_end.max(attempt.end_unix_nano);
@@ -158,6 +160,16 @@ pub(crate) fn disabled_as_logged(
     }
 }
 
+/// Whether a read after follower reads were turned off counts as one that went elsewhere:
+/// answered, and by a server known (its span joined) or at another consistency than the
+/// follower reads' before (`before`). One at the same consistency whose server span has not
+/// joined (a live pass may judge before it comes, or it was lost) could have been a follower's.
+fn counts_after(attempt: &TimelineAttempt, before: Option<&str>) -> bool {
+    let consistency_changed =
+        attempt.consistency.as_deref().is_some_and(|consistency| before.is_some_and(|before| consistency != before));
+    attempt.outcome == Some(Outcome::Ok) && (attempt.served_by.is_some() || consistency_changed)
+}
+
 pub(crate) fn on_follower(attempt: &TimelineAttempt) -> bool {
     matches!(attempt.served_role.as_deref(), Some("follower" | "observer"))
 }
@@ -203,10 +215,15 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
             && last_follower_read.is_none_or(|last| last < index)
     })?;
     let used_followers_before = reads[..rejection_index].iter().any(|(_, attempt)| served_by_follower(attempt));
+    let before_consistency = reads[..rejection_index]
+        .iter()
+        .rev()
+        .find(|(_, attempt)| served_by_follower(attempt))
+        .and_then(|(_, attempt)| attempt.consistency.clone());
     let later: Vec<&TimelineAttempt> = reads[rejection_index + 1..]
         .iter()
         .filter(|(call, attempt)| {
-            attempt.outcome == Some(Outcome::Ok) && reads[rejection_index].0.call_id != call.call_id
+            counts_after(attempt, before_consistency.as_deref()) && reads[rejection_index].0.call_id != call.call_id
         })
         .map(|(_, attempt)| *attempt)
         .collect();
@@ -214,11 +231,6 @@ fn disabled(timeline: &ClientTimeline, min_reads_after: usize) -> Option<Anomaly
         return None;
     }
     let (call, rejected) = reads[rejection_index];
-    let before_consistency = reads[..rejection_index]
-        .iter()
-        .rev()
-        .find(|(_, attempt)| served_by_follower(attempt))
-        .and_then(|(_, attempt)| attempt.consistency.clone());
     let after_consistencies: BTreeSet<String> =
         later.iter().filter_map(|attempt| attempt.consistency.clone()).collect();
     let last_end = later.iter().map(|attempt| attempt.end_unix_nano).max().unwrap_or(rejected.end_unix_nano);

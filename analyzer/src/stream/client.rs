@@ -93,6 +93,16 @@ impl<Origin> Disable<Origin> {
         }
     }
 
+    /// Whether a read answered after it counts as one that went elsewhere
+    /// ([`crate::detectors::follower_read_disabled`]'s rule): its server known (its span
+    /// joined), or its consistency other than the follower reads' before.
+    pub(crate) fn counts(&self, served_by: Sym, consistency: Sym) -> bool {
+        served_by != Sym::NONE
+            || (consistency != Sym::NONE
+                && self.consistency_before != Sym::NONE
+                && consistency != self.consistency_before)
+    }
+
     /// Counts a read served after it.
     pub(crate) fn count(&mut self, consistency: Sym, end: UnixNanos) {
         self.reads_after += 1;

@@ -1732,6 +1732,7 @@ fn follow_reads(state: &mut ClientState, call: &Call, attempt: &Attempt, at: imp
     }
     if let Some(rejection) = &mut state.rejection
         && attempt.ok
+        && rejection.counts(attempt.served_by, attempt.consistency)
         && rejection.origin.call.call_id != call.call_id
     {
         rejection.count(attempt.consistency, attempt.end);
@@ -1749,7 +1750,9 @@ fn follow_logged(state: &mut ClientState, lines: &[(UnixNanos, Sym)], attempt: &
     let on_follower = matches!(attempt.served_role, known::FOLLOWER | known::OBSERVER);
     if attempt.ok && on_follower && attempt.follower_read == Some(true) {
         state.logged = None;
-    } else if let Some(logged) = state.logged.as_mut().filter(|_| attempt.ok) {
+    } else if let Some(logged) =
+        state.logged.as_mut().filter(|logged| attempt.ok && logged.counts(attempt.served_by, attempt.consistency))
+    {
         logged.count(attempt.consistency, attempt.end);
     }
 }
