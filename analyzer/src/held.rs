@@ -919,13 +919,7 @@ impl HeldTimelines {
     fn ancestor(&self, span: &Span) -> Option<Ancestor> {
         let mut current = span;
         for _ in 0..MAX_PARENT_HOPS {
-            let trace_id = current.trace_id.as_deref()?;
-            let parent_id = current.parent_span_id.as_deref()?;
-            let candidates = self.by_id.get(&ids_hash(Some(trace_id), Some(parent_id))?)?;
-            let parent_key = *candidates.iter().rev().find(|candidate| {
-                let candidate = self.span(**candidate);
-                candidate.trace_id.as_deref() == Some(trace_id) && candidate.span_id.as_deref() == Some(parent_id)
-            })?;
+            let parent_key = self.parent_of(current)?;
             let parent = self.span(parent_key);
             if is_client_attempt(parent) {
                 return Some(Ancestor::Attempt(parent_key));
@@ -946,24 +940,26 @@ impl HeldTimelines {
         }
         let mut current = span;
         for _ in 0..MAX_PARENT_HOPS {
-            let (Some(trace_id), Some(parent_id)) = (current.trace_id.as_deref(), current.parent_span_id.as_deref())
-            else {
+            if current.trace_id.is_none() || current.parent_span_id.is_none() {
                 return false;
-            };
-            let parent =
-                ids_hash(Some(trace_id), Some(parent_id)).and_then(|ids| self.by_id.get(&ids)).and_then(|candidates| {
-                    candidates.iter().rev().map(|candidate| self.span(*candidate)).find(|candidate| {
-                        candidate.trace_id.as_deref() == Some(trace_id)
-                            && candidate.span_id.as_deref() == Some(parent_id)
-                    })
-                });
-            match parent {
-                None => return true,
-                Some(parent) if is_client_attempt(parent) => return false,
-                Some(parent) => current = parent,
             }
+            let Some(parent) = self.parent_of(current).map(|key| self.span(key)) else { return true };
+            if is_client_attempt(parent) {
+                return false;
+            }
+            current = parent;
         }
         false
+    }
+
+    /// The held span that `span`'s trace and parent ids name (the last of its copies).
+    fn parent_of(&self, span: &Span) -> Option<SpanKey> {
+        let (trace_id, parent_id) = (span.trace_id.as_deref()?, span.parent_span_id.as_deref()?);
+        let candidates = self.by_id.get(&ids_hash(Some(trace_id), Some(parent_id))?)?;
+        candidates.iter().rev().copied().find(|candidate| {
+            let candidate = self.span(*candidate);
+            candidate.trace_id.as_deref() == Some(trace_id) && candidate.span_id.as_deref() == Some(parent_id)
+        })
     }
 
     fn nearest_attempt_of_call(&self, span: &Span) -> Option<SpanKey> {
