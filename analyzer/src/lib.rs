@@ -102,6 +102,13 @@ impl AnalysisInput {
         &self.timelines
     }
 
+    /// (cluster, node, client) of every client that called a cluster URL (`server.address`)
+    /// from a process, once each: whose switch lines that name no client a process logs
+    /// (`failover_flapping`).
+    pub fn address_callers(&self) -> std::collections::BTreeSet<(Option<&str>, &str, &str)> {
+        detectors::failover_flapping::address_callers(&self.timelines).collect()
+    }
+
     /// Per namespace, when each committed state was first reported ([`committed::first_seen`]
     /// of [`committed::committed_reports`]).
     pub(crate) fn committed(&self) -> &committed::CommittedReports {

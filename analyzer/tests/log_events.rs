@@ -198,6 +198,87 @@ fn a_client_that_logs_its_switches_is_judged_by_them() {
     assert_eq!(streamed(&settled), Vec::new());
 }
 
+/// A send of `client` from `node` to the cluster at `address`, at `second` after T0.
+fn send(client: &str, node: &str, sequence: u64, second: i64, address: &str) -> Span {
+    let start = second * SECOND;
+    let mut span =
+        span_of(("pulsar", "pulsar-global"), "client", node, (sequence, sequence), (start, start + SECOND / 100));
+    span.name = "send orders".to_string();
+    span.call.client_id = Some(client.to_string());
+    span.call.namespace = Some("orders".to_string());
+    span.call.call_id = Some(format!("{client}-{sequence}"));
+    span.call.op = Some(Op::Write);
+    span.call.rpc_method = Some("send".to_string());
+    span.attributes.insert("server.address".to_string(), json!(address));
+    span
+}
+
+/// Unnamed switch lines logged by `node`: east → west at 0 s, back at 20 s, away at 40 s.
+fn unnamed_switches(node: &str) -> Vec<LogRecord> {
+    let (east, west) = ("pulsar://pulsar-east:6650", "pulsar://pulsar-west:6650");
+    let mut lines = vec![
+        switch_line(0, east, west, false, None),
+        switch_line(20, west, east, true, None),
+        switch_line(40, east, west, false, None),
+    ];
+    for line in &mut lines {
+        line.resource.node_id = Some(node.to_string());
+    }
+    lines
+}
+
+#[test]
+fn switch_lines_naming_no_client_are_the_switches_of_the_one_client_that_calls_from_their_node() {
+    // Its sends show one switch (none went out between 0 s and 40 s but one to the west at
+    // 25 s): its calls' addresses alone do not show the flapping its lines tell.
+    let sends = |client: &str, node: &str, first: u64| -> Vec<Span> {
+        [(-10, "pulsar-east"), (25, "pulsar-east"), (45, "pulsar-west"), (50, "pulsar-west")]
+            .into_iter()
+            .enumerate()
+            .map(|(index, (second, address))| send(client, node, first + index as u64, second, address))
+            .collect()
+    };
+    let lines = unnamed_switches("app-1");
+    let found = analyzed_both_ways(&sends("producer-1", "app-1", 1), &lines);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].kind, AnomalyKind::FailoverFlapping);
+    assert_eq!(found[0].client_id.as_deref(), Some("producer-1"));
+    assert_eq!(found[0].evidence["source"], "client log");
+    assert_eq!(found[0].evidence["switches"], 3);
+    assert_eq!((found[0].start_unix_nano, found[0].end_unix_nano), (T0, T0 + 40 * SECOND));
+
+    // The lines of another node, or of a node of that name in another cluster, are not its.
+    assert_eq!(analyzed_both_ways(&sends("producer-1", "app-2", 1), &lines), Vec::new());
+    let mut elsewhere = lines.clone();
+    for line in &mut elsewhere {
+        line.resource.cluster = Some("pulsar-other".to_string());
+    }
+    assert_eq!(analyzed_both_ways(&sends("producer-1", "app-1", 1), &elsewhere), Vec::new());
+
+    // Two clients calling from the node: whose the lines are is not known, and neither is
+    // judged by them.
+    let mut two = sends("producer-1", "app-1", 1);
+    two.extend(sends("producer-2", "app-1", 11));
+    assert_eq!(analyzed_both_ways(&two, &lines), Vec::new());
+}
+
+#[test]
+fn a_client_whose_lines_come_after_its_calls_is_judged_by_the_lines_alone() {
+    // Its sends show two switches within the delay (east, west at 10 s, east at 30 s); its
+    // lines, pushed after every span, tell three: one anomaly, from the lines.
+    let spans: Vec<Span> = [(-10, "pulsar-east"), (10, "pulsar-west"), (30, "pulsar-east"), (45, "pulsar-west")]
+        .into_iter()
+        .enumerate()
+        .map(|(index, (second, address))| send("producer-1", "app-1", index as u64 + 1, second, address))
+        .collect();
+    let by_address = analyzed_both_ways(&spans, &[]);
+    assert_eq!(by_address.len(), 1, "{by_address:#?}");
+    assert_eq!(by_address[0].evidence.get("source"), None);
+    let found = analyzed_both_ways(&spans, &unnamed_switches("app-1"));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].evidence["source"], "client log");
+}
+
 /// A span of `node` (a `component` of `system` in `cluster`), `start..end` nanoseconds after T0.
 fn span_of(
     (system, cluster): (&str, &str),

@@ -12,7 +12,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lagscope_analyzer::log_events::{LogEvent, classify, take_once};
+use lagscope_analyzer::log_events::{LogEvent, LogEventKind, classify, take_once};
 use lagscope_analyzer::{
     AnalysisInput, HeldTimelines, SpanKey, analyze_held_kinds, analyze_kinds, growing, read_rollups,
 };
@@ -376,6 +376,8 @@ struct Kept {
     samples: SampleCache,
     /// How far behind the newest span the held timelines are settled, widened by late spans.
     settling: Settling,
+    /// Which clients called cluster URLs from which nodes.
+    callers: AddressCallers,
 }
 
 impl Kept {
@@ -391,6 +393,7 @@ impl Kept {
             client_spans: ClientCache::new(config.live.client_cache_spans, horizon),
             samples: SampleCache::new(samples),
             settling,
+            callers: AddressCallers::default(),
         }
     }
 }
@@ -512,6 +515,9 @@ struct RecognisedLines {
     /// The lines that name a client (a Pulsar client's switches, an Ozone client's disabling
     /// of follower reads), by client: what each client pass reads.
     by_client: HashMap<String, Vec<Arc<LogEvent>>>,
+    /// Switch lines that name no client, by the process (cluster, node) that logged them: a
+    /// client pass reads those of the processes it is the one client of ([`AddressCallers`]).
+    unnamed_switches: HashMap<Process, Vec<Arc<LogEvent>>>,
     /// What the store fed (SQLite): each cluster's lines, read and classified once.
     held: LineCache,
 }
@@ -519,11 +525,82 @@ struct RecognisedLines {
 impl RecognisedLines {
     fn index_clients(&mut self) {
         self.by_client.clear();
+        self.unnamed_switches.clear();
         for event in self.by_cluster.values().flatten() {
             if let Some(client) = &event.client_id {
                 self.by_client.entry(client.clone()).or_default().push(Arc::clone(event));
+            } else if event.kind == LogEventKind::ClusterSwitch
+                && let Some(node) = &event.node_id
+            {
+                let process = (event.cluster.clone(), node.clone());
+                self.unnamed_switches.entry(process).or_default().push(Arc::clone(event));
             }
         }
+    }
+
+    /// A client's lines: those that name it, and the unnamed switch lines of the nodes it is
+    /// the one client of, by `owned` ([`RecognisedLines::unnamed_by_owner`]), in time order.
+    fn of_client(&self, client: &str, owned: &HashMap<&str, Vec<&Arc<LogEvent>>>) -> Vec<Arc<LogEvent>> {
+        let mut events = self.by_client.get(client).cloned().unwrap_or_default();
+        if let Some(unnamed) = owned.get(client) {
+            events.extend(unnamed.iter().map(|event| Arc::clone(event)));
+            events.sort_by_key(|event| event.time_unix_nano);
+        }
+        events
+    }
+
+    /// The unnamed switch lines, by the one client of the node that logged them.
+    fn unnamed_by_owner<'a>(&'a self, callers: &'a AddressCallers) -> HashMap<&'a str, Vec<&'a Arc<LogEvent>>> {
+        let mut owned: HashMap<&str, Vec<&Arc<LogEvent>>> = HashMap::new();
+        for (process, events) in &self.unnamed_switches {
+            if let Some(client) = callers.owner(process) {
+                owned.entry(client).or_default().extend(events);
+            }
+        }
+        owned
+    }
+}
+
+/// A process: the cluster and node of its resource.
+type Process = (Option<String>, String);
+
+/// The clients that called cluster URLs (`server.address`) from each process, as this
+/// instance's client passes saw them: the switch lines a process logs without naming a client
+/// are the switches of its one such client (`failover_flapping`), and of no one where there
+/// are several. With several instances sharing a database, each knows the clients of the
+/// shards it holds. A process not seen for a scope window is forgotten.
+#[derive(Default)]
+struct AddressCallers {
+    /// Per process, its clients (at most two are kept: two is already "several") and when a
+    /// pass last saw one.
+    nodes: HashMap<Process, (Vec<String>, Instant)>,
+    pruned: Option<Instant>,
+}
+
+impl AddressCallers {
+    fn note(&mut self, (cluster, node): (Option<&str>, &str), client: &str, now: Instant) {
+        let process = (cluster.map(str::to_string), node.to_string());
+        let (clients, seen) = self.nodes.entry(process).or_insert_with(|| (Vec::new(), now));
+        *seen = now;
+        if clients.len() < 2 && !clients.iter().any(|known| known == client) {
+            clients.push(client.to_string());
+        }
+    }
+
+    fn owner(&self, process: &Process) -> Option<&str> {
+        match self.nodes.get(process) {
+            Some((clients, _)) if clients.len() == 1 => Some(&clients[0]),
+            _ => None,
+        }
+    }
+
+    /// Forgets the nodes not seen for `window` (looked at once per `window` at most).
+    fn prune(&mut self, window: Duration, now: Instant) {
+        if self.pruned.is_some_and(|pruned| now.duration_since(pruned) < window) {
+            return;
+        }
+        self.pruned = Some(now);
+        self.nodes.retain(|_, (_, seen)| now.duration_since(*seen) < window);
     }
 }
 
@@ -534,7 +611,7 @@ async fn analysis_pass(
     kept: &mut Kept,
     pending: Pending,
 ) -> Result<Findings, lagscope_store::StoreError> {
-    let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache, settling } = kept;
+    let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache, settling, callers } = kept;
     // Before any read: every commit the marks name is visible to this pass's reads.
     sample_cache.committed(&pending.sample_times, Instant::now());
     let mut scopes = pending.scopes;
@@ -567,11 +644,14 @@ async fn analysis_pass(
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
         lines.by_cluster.insert(cluster.clone(), events);
     }
+    let mut clients: BTreeSet<String> = pending.clients;
     if !pending.log_clusters.is_empty() {
         lines.index_clients();
+        // Switch lines that name no client are their node's client's: its pass reads them
+        // now, though it sent no span since.
+        clients.extend(lines.unnamed_switches.keys().filter_map(|process| callers.owner(process)).map(str::to_string));
     }
     let events_by_cluster = &lines.by_cluster;
-    let mut clients: BTreeSet<String> = pending.clients;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
     let client_limit = config.live.max_spans_per_client;
@@ -632,6 +712,7 @@ async fn analysis_pass(
         }
     }
     let mut work = Vec::with_capacity(clients.len());
+    let unnamed_by_owner = lines.unnamed_by_owner(callers);
     let judged_from: HashMap<&str, i64> = (clients.iter())
         .filter_map(|client_id| Some((client_id.as_str(), client_cache.late().judged_from(client_id)?)))
         .collect();
@@ -646,7 +727,7 @@ async fn analysis_pass(
         let probes = client_probes(store, &spans, client_id).await?;
         times.client_probes += probing.elapsed();
         // The client's own lines (a client that logs its switches is judged by them).
-        let log_events = lines.by_client.get(client_id).cloned().unwrap_or_default();
+        let log_events = lines.of_client(client_id, &unnamed_by_owner);
         let judged_from = judged_from.get(client_id.as_str()).copied();
         work.push(ClientWork { client_id, spans, probes, log_events, judged_from });
     }
@@ -682,6 +763,9 @@ async fn analysis_pass(
                     anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
                 })
                 .collect::<Vec<_>>();
+            let address_callers: Vec<(Option<String>, String, String)> = (input.address_callers().into_iter())
+                .map(|(cluster, node, client)| (cluster.map(str::to_string), node.to_string(), client.to_string()))
+                .collect();
             let mut let_go = Vec::new();
             let analysed = started.elapsed();
             if let Spans::Held(held) = spans {
@@ -693,13 +777,18 @@ async fn analysis_pass(
             }
             let took = Took::since(started, analysed, span_count, let_go.len());
             took.log_if_slow("client", || work.client_id.to_string());
-            (found, let_go)
+            (found, let_go, address_callers)
         },
     );
-    for (client_id, (found, let_go)) in clients.iter().zip(found_of_clients) {
+    let now = Instant::now();
+    for (client_id, (found, let_go, address_callers)) in clients.iter().zip(found_of_clients) {
         client_cache.settled(client_id, let_go);
         findings.anomalies.extend(found);
+        for (cluster, node, client) in &address_callers {
+            callers.note((cluster.as_deref(), node), client, now);
+        }
     }
+    callers.prune(Duration::from_secs(config.live.scope_window_seconds.max(1) as u64), now);
     drop(not_held);
     times.client_analysis += lap.elapsed();
     let limit = config.live.max_spans_per_scope;

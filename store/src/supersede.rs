@@ -7,7 +7,9 @@
 //! node, and the shard role or call they are about), windows that overlap. Detectors never
 //! report two overlapping windows of one subject, so the one that starts first (the whole)
 //! is kept and the others point at it (`superseded_by`): closed, no longer listed, and seen
-//! by the alerter as closing. Anomalies of a call's attempt (`stale_read`,
+//! by the alerter as closing. (A client's `failover_flapping` is such a window: found from the
+//! addresses its calls went to, then from the switch lines it logged, which came later and
+//! start at the first switch itself, it is one incident.) Anomalies of a call's attempt (`stale_read`,
 //! `carried_state_regression`, `router_state_dropped`) are named by that attempt, never
 //! partial so: two of them may overlap and both stand.
 

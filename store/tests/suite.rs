@@ -39,6 +39,7 @@ macro_rules! store_suite {
             case!(scope_samples_come_back_whole_in_time_order);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
             case!(a_window_found_whole_replaces_its_partial_version);
+            case!(a_flapping_found_from_calls_and_then_from_lines_is_one);
             case!(the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end);
             case!(logs_round_trip_in_time_order);
             case!(recognised_logs_keep_the_cluster_window_and_phrases);
@@ -880,6 +881,53 @@ async fn a_window_found_whole_replaces_its_partial_version(store: &dyn Store) {
     let outcome = store.upsert_anomalies(&others, T0 + 4 * SECOND).await.expect("others");
     assert_eq!((outcome.inserted.len(), outcome.superseded), (4, 0));
     assert_eq!(listed().await.len(), 5);
+}
+
+/// A run of `client`'s switches from `start` to `end` seconds after T0, as found from its calls'
+/// addresses or from its logged lines (`source`).
+fn flapping_run(client: &str, start: i64, end: i64, source: Option<&str>) -> Anomaly {
+    let mut evidence = json!({"switches": 3, "switch_times_unix_nano": [T0 + start * SECOND, T0 + end * SECOND]});
+    if let Some(source) = source {
+        evidence["source"] = json!(source);
+    }
+    Anomaly {
+        kind: AnomalyKind::FailoverFlapping,
+        cluster: Some("pulsar-east".to_string()),
+        namespace: None,
+        client_id: Some(client.to_string()),
+        node_id: None,
+        start_unix_nano: T0 + start * SECOND,
+        end_unix_nano: T0 + end * SECOND,
+        evidence: evidence.into(),
+        open: false,
+        fingerprint: format!("failover_flapping|pulsar-east|{client}|{start}"),
+        ..anomaly("", "", 0)
+    }
+}
+
+/// A client's flapping found from the addresses its calls went to (the first switch seen by
+/// the call after it), then from its switch lines that came later (the first switch itself):
+/// one incident, the earlier start kept. Another client's run, and a later run, stand.
+async fn a_flapping_found_from_calls_and_then_from_lines_is_one(store: &dyn Store) {
+    let from_calls = store.upsert_anomalies(&[flapping_run("p1", 183, 190, None)], T0).await.expect("calls");
+    assert_eq!((from_calls.inserted.len(), from_calls.superseded), (1, 0));
+    let from_lines =
+        store.upsert_anomalies(&[flapping_run("p1", 180, 190, Some("client log"))], T0 + SECOND).await.expect("lines");
+    assert_eq!((from_lines.inserted.len(), from_lines.superseded), (1, 1));
+    let others = [flapping_run("p2", 183, 190, None), flapping_run("p1", 400, 410, Some("client log"))];
+    let outcome = store.upsert_anomalies(&others, T0 + 2 * SECOND).await.expect("others");
+    assert_eq!((outcome.inserted.len(), outcome.superseded), (2, 0));
+    let all = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("list");
+    let mut listed: Vec<&str> = all.iter().map(|stored| stored.anomaly.fingerprint.as_str()).collect();
+    listed.sort_unstable();
+    assert_eq!(
+        listed,
+        [
+            "failover_flapping|pulsar-east|p1|180",
+            "failover_flapping|pulsar-east|p1|400",
+            "failover_flapping|pulsar-east|p2|183"
+        ]
+    );
 }
 
 async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {

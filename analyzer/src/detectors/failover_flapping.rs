@@ -4,7 +4,11 @@
 //! its consecutive calls went to, or, for a client whose log lines report its switches (the
 //! Pulsar client's `... switch to the service {url} ...` and `... switch back to the primary
 //! service`), from those lines: a client that logs its switches is judged by them, which are
-//! its own decisions, rather than by where its calls happened to go.
+//! its own decisions, rather than by where its calls happened to go. A switch line that names
+//! no client (`lagscope.client.id`) is the switch of the client whose calls to cluster URLs come
+//! from the process that logged it (the same cluster and node), when that process holds one
+//! such client: the Pulsar client logs through its application's logger, which seldom adds the
+//! client's id.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -22,7 +26,11 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
     let probes = input.series().series_of(METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
-    let logged = logged_switches(&input.log_events);
+    let mut owners = SwitchOwners::default();
+    for (cluster, node, client) in address_callers(&input.timelines) {
+        owners.note((cluster, node), client);
+    }
+    let logged = logged_switches(&input.log_events, |cluster, node| owners.owner(&(cluster, node)).copied());
     for timeline in &input.timelines {
         if logged.keys().any(|(_, client)| *client == timeline.client_id) {
             continue;
@@ -81,16 +89,75 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     anomalies
 }
 
-/// The switch lines of clients that name themselves (`lagscope.client.id`), per (cluster,
-/// client), in time order.
-pub(crate) fn logged_switches<E: Borrow<LogEvent>>(events: &[E]) -> BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> {
+/// The switch lines of clients, per (cluster, client), in the order of `events`: a line's
+/// client is the one it names (`lagscope.client.id`), else `owner` of the cluster and node that
+/// logged it ([`SwitchOwners`]); a line with neither is no one's.
+pub(crate) fn logged_switches<'a, E: Borrow<LogEvent>>(
+    events: &'a [E],
+    owner: impl Fn(Option<&str>, &str) -> Option<&'a str>,
+) -> BTreeMap<(Option<&'a str>, &'a str), Vec<&'a LogEvent>> {
     let mut logged: BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> = BTreeMap::new();
     for event in events.iter().map(Borrow::borrow).filter(|event| event.kind == LogEventKind::ClusterSwitch) {
-        if let Some(client) = event.client_id.as_deref() {
+        let client = (event.client_id.as_deref())
+            .or_else(|| event.node_id.as_deref().and_then(|node| owner(event.cluster.as_deref(), node)));
+        if let Some(client) = client {
             logged.entry((event.cluster.as_deref(), client)).or_default().push(event);
         }
     }
     logged
+}
+
+/// (cluster, node, client) of each attempt to a cluster URL (`server.address`) from a known
+/// node: the process it came from, and its client.
+pub(crate) fn address_callers(timelines: &[ClientTimeline]) -> impl Iterator<Item = (Option<&str>, &str, &str)> {
+    timelines.iter().flat_map(|timeline| {
+        timeline.calls.iter().flat_map(|call| &call.attempts).filter_map(|attempt| {
+            attempt.server_address.as_ref()?;
+            Some((timeline.cluster.as_deref(), attempt.client_span.node_id.as_deref()?, timeline.client_id.as_str()))
+        })
+    })
+}
+
+/// Per process (cluster and node), the one client whose calls to cluster URLs
+/// (`server.address`) came from it, or no one when several did: whose switches the lines a
+/// process logs without a client id are. Several clients in one process may each have a
+/// failover provider of their own, and a line does not say whose it is.
+#[derive(Debug)]
+pub(crate) struct SwitchOwners<N, C>(BTreeMap<N, Option<C>>);
+
+impl<N, C> Default for SwitchOwners<N, C> {
+    fn default() -> Self {
+        Self(BTreeMap::new())
+    }
+}
+
+impl<N: Ord, C: PartialEq> SwitchOwners<N, C> {
+    /// `client` called a cluster URL from `node` (a process).
+    pub(crate) fn note(&mut self, node: N, client: C) {
+        match self.0.entry(node) {
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Some(client));
+            }
+            std::collections::btree_map::Entry::Occupied(mut entry) => {
+                if entry.get().as_ref().is_some_and(|known| *known != client) {
+                    entry.insert(None);
+                }
+            }
+        }
+    }
+
+    /// The one client of `node`.
+    pub(crate) fn owner<Q: Ord + ?Sized>(&self, node: &Q) -> Option<&C>
+    where
+        N: Borrow<Q>,
+    {
+        self.0.get(node)?.as_ref()
+    }
+
+    /// Every node with one client, and its client.
+    pub(crate) fn owned(&self) -> impl Iterator<Item = (&N, &C)> {
+        self.0.iter().filter_map(|(node, client)| Some((node, client.as_ref()?)))
+    }
 }
 
 /// Runs of at least two switches, each closer than `min_gap` to the one before.
@@ -286,7 +353,9 @@ pub(crate) fn flapping(
         kind: AnomalyKind::FailoverFlapping,
         severity: Severity::Warning,
         cluster: timeline.cluster.clone(),
-        namespace: timeline.namespace.clone(),
+        // The client's, whatever it sent (as the runs of its lines): one incident whether
+        // found from its calls or its lines (the live analyzer stores the earlier of the two).
+        namespace: None,
         client_id: Some(timeline.client_id.clone()),
         node_id: None,
         start_unix_nano: start,

@@ -344,10 +344,13 @@ pub struct Engine<'c> {
     metrics: Option<Metrics>,
     data_ends: crate::open::DataEnds<Sym>,
     no_namenodes_errors: FxHashMap<Sym, bool>,
-    /// Clients' logged switch lines (kept whole: they are rare) and the clients that log
-    /// them, who are judged by them rather than by their calls' addresses.
+    /// Logged switch lines (kept whole: they are rare). Whose they are is decided at the end,
+    /// with [`Engine::switch_owners`] for lines that name no client; the clients found
+    /// logging are judged by them rather than by their calls' addresses.
     log_switches: Vec<crate::log_events::LogEvent>,
-    logging_clients: FxHashSet<Sym>,
+    /// ((cluster, node), client) of the calls to cluster URLs, for the switch lines that name
+    /// no client.
+    switch_owners: failover_flapping::SwitchOwners<(Sym, Sym), Sym>,
     /// Lines kept to be attached to anomalies as evidence (the most recent
     /// `MAX_EVIDENCE_LINES`), in time order.
     evidence_lines: VecDeque<crate::log_events::LogEvent>,
@@ -429,7 +432,7 @@ impl<'c> Engine<'c> {
             data_ends: crate::open::DataEnds::default(),
             no_namenodes_errors: FxHashMap::default(),
             log_switches: Vec::new(),
-            logging_clients: FxHashSet::default(),
+            switch_owners: failover_flapping::SwitchOwners::default(),
             logged_disables: FxHashMap::default(),
             evidence_lines: VecDeque::new(),
             recent_lines: VecDeque::new(),
@@ -536,10 +539,8 @@ impl<'c> Engine<'c> {
         }
         if self.kinds.failover_flapping
             && event.kind == crate::log_events::LogEventKind::ClusterSwitch
-            && let Some(client) = event.client_id.as_deref()
+            && (event.client_id.is_some() || event.node_id.is_some())
         {
-            let client = self.interner.intern(client);
-            self.logging_clients.insert(client);
             self.log_switches.push(event.clone());
         }
         if self.kinds.no_namenodes_window
@@ -660,12 +661,16 @@ impl<'c> Engine<'c> {
 
     /// Hands `each` the anomalies found so far that no later data can change, in the order
     /// found, and forgets them: every kind but the windows (whether a window is still open is
-    /// decided at the end of the data: they wait for [`Engine::finish`]). Callers that write
+    /// decided at the end of the data, and a client's flapping found from its calls may give
+    /// way to its switch lines): they wait for [`Engine::finish`]. Callers that write
     /// anomalies as they are found keep memory bounded this way; calling it every few dozen
     /// spans writes each anomaly while its text is still in cache (once per capture block, a
     /// few thousand spans later, it had left it).
     pub fn drain_found<E>(&mut self, mut each: impl FnMut(Anomaly) -> Result<(), E>) -> Result<(), E> {
         for anomaly in self.anomalies.drain(..) {
+            // (Flapping is a window too: a client's flapping found from its calls' addresses
+            // gives way to the switches it logged, which may come later:
+            // `Engine::judge_logged_switches`.)
             if anomaly.kind.is_window() {
                 self.windows_found.push(anomaly);
             } else {
@@ -689,14 +694,7 @@ impl<'c> Engine<'c> {
         for key in clients {
             self.finish_client(key);
         }
-        let mut log_switches = std::mem::take(&mut self.log_switches);
-        log_switches.sort_by_key(|event| event.time_unix_nano);
-        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
-        for ((cluster, client), switches) in failover_flapping::logged_switches(&log_switches) {
-            for run in failover_flapping::runs(&switches, min_gap, |switch| switch.time_unix_nano) {
-                self.anomalies.push(failover_flapping::flapping_logged(cluster, client, &run, min_gap));
-            }
-        }
+        self.judge_logged_switches();
         let stats = self.stats();
         let metric_anomalies = match self.metrics.take() {
             Some(metrics) => {
@@ -720,6 +718,38 @@ impl<'c> Engine<'c> {
         crate::log_events::attach_evidence(&mut anomalies, &evidence);
         crate::sort_anomalies(&mut anomalies);
         (anomalies, stats)
+    }
+
+    /// The runs of the switches clients logged, now that every line and whose node is whose
+    /// is known; a client found logging keeps no run found from its calls' addresses (held to
+    /// the end for this: [`Engine::drain_found`]).
+    fn judge_logged_switches(&mut self) {
+        let mut log_switches = std::mem::take(&mut self.log_switches);
+        log_switches.sort_by_key(|event| event.time_unix_nano);
+        let interner = &self.interner;
+        let owners: BTreeMap<(Option<&str>, &str), &str> = self
+            .switch_owners
+            .owned()
+            .filter_map(|((cluster, node), client)| {
+                Some(((interner.get(*cluster), interner.get(*node)?), interner.get(*client)?))
+            })
+            .collect();
+        let logged =
+            failover_flapping::logged_switches(&log_switches, |cluster, node| owners.get(&(cluster, node)).copied());
+        let logging: FxHashSet<&str> = logged.keys().map(|(_, client)| *client).collect();
+        // Every flapping found so far was found from addresses.
+        let from_logging = |anomaly: &Anomaly| {
+            anomaly.kind == AnomalyKind::FailoverFlapping
+                && anomaly.client_id.as_deref().is_some_and(|client| logging.contains(client))
+        };
+        self.windows_found.retain(|anomaly| !from_logging(anomaly));
+        self.anomalies.retain(|anomaly| !from_logging(anomaly));
+        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+        for ((cluster, client), switches) in &logged {
+            for run in failover_flapping::runs(switches, min_gap, |switch| switch.time_unix_nano) {
+                self.anomalies.push(failover_flapping::flapping_logged(*cluster, client, &run, min_gap));
+            }
+        }
     }
 
     fn push_attempt(&mut self, span: &SpanRec) {
@@ -1220,7 +1250,7 @@ impl<'c> Engine<'c> {
             no_namenodes_errors,
             sequence,
             probes,
-            logging_clients,
+            switch_owners,
             logged_disables,
             pinned,
             ..
@@ -1333,10 +1363,11 @@ impl<'c> Engine<'c> {
                         let (from, to) = (interner.get(from).unwrap_or_default(), interner.get(to).unwrap_or_default());
                         failover_flapping::early_switch_back(time, from, to, min_gap, verdicts)
                     };
-                    if let Some(run) = switches(state, attempt, at, min_gap, early)
-                        && !logging_clients.contains(&client)
-                    {
+                    if let Some(run) = switches(state, attempt, at, min_gap, early) {
                         raised.push(Raise::Flapping(run));
+                    }
+                    if attempt.client_span.node.is_some() {
+                        switch_owners.note((state.cluster, attempt.client_span.node), client);
                     }
                 }
                 state.last_address = attempt.server_address;
@@ -1492,7 +1523,7 @@ impl<'c> Engine<'c> {
                 sends: run.sends,
             }));
         }
-        if state.switches.len() >= 2 && !self.logging_clients.contains(&key.0) {
+        if state.switches.len() >= 2 {
             raised.push(Raise::Flapping(state.switches.clone()));
         }
         let timeline = identity(&self.interner, state);
