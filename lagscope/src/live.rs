@@ -647,9 +647,12 @@ async fn analysis_pass(
     let mut clients: BTreeSet<String> = pending.clients;
     if !pending.log_clusters.is_empty() {
         lines.index_clients();
-        // Switch lines that name no client are their node's client's: its pass reads them
-        // now, though it sent no span since.
-        clients.extend(lines.unnamed_switches.keys().filter_map(|process| callers.owner(process)).map(str::to_string));
+        // Switch lines that name no client are their process's client's: its pass reads those
+        // of the clusters just read now, though it sent no span since.
+        let owners = (lines.unnamed_switches.keys())
+            .filter(|process| pending.log_clusters.contains(&process.0))
+            .filter_map(|process| callers.owner(process));
+        clients.extend(owners.map(str::to_string));
     }
     let events_by_cluster = &lines.by_cluster;
     let traces: Vec<String> = pending.traces.into_iter().collect();

@@ -44,6 +44,9 @@ const NODE_LIMIT: i64 = 64 * 1024 * 1024;
 const SHARD_LIMIT: i64 = NODE_LIMIT / 2;
 const INCIDENT: (Nanos, Nanos) = (20 * SECOND, 80 * SECOND);
 const REPLICA_FAIL_AFTER: Nanos = 20 * SECOND;
+/// How long a shard's load must stay above 80% of its limit to be `shard_pressure` (the
+/// detector's default `min_seconds`).
+const PRESSURE_SECONDS: Nanos = 10 * SECOND;
 const REJECTED: &str = "org.elasticsearch.common.util.concurrent.EsRejectedExecutionException";
 
 pub fn run(config: &SimConfig, sink: &mut dyn Sink) -> Option<Truth> {
@@ -308,11 +311,14 @@ impl Model {
         self.truth.figure("primary_rejections_logs_1", self.rejections[1]);
         self.truth.figure("spans", self.emitter.spans_emitted);
         let mut anomalies = Vec::new();
+        // The load is reported once a second (`emit_metrics`): a window within a second of the
+        // 10 s it must last may be seen by its samples either side of that (69.7-80.0 s held,
+        // sampled at 70-79 s: 9 s), and is borderline.
         if let Some((start, end)) = self.pressure_windows[0]
-            && end - start >= 10 * SECOND
+            && end - start >= PRESSURE_SECONDS - SECOND
         {
             anomalies.push(ExpectedAnomaly {
-                optional: false,
+                optional: end - start < PRESSURE_SECONDS + SECOND,
                 kind: "shard_pressure".to_string(),
                 cluster: CLUSTER.to_string(),
                 namespace: Some("logs/0".to_string()),

@@ -126,6 +126,25 @@ fn shard_level_accounting_rejects_about_six_times_fewer_primaries() {
 }
 
 #[test]
+fn a_pressure_window_within_a_sample_of_its_ten_seconds_is_borderline() {
+    let pressure = |truth: &Truth| -> Vec<(f64, bool)> {
+        (truth.anomalies.iter().filter(|anomaly| anomaly.kind == "shard_pressure"))
+            .map(|anomaly| ((anomaly.end_unix_nano - anomaly.start_unix_nano) as f64 / 1e9, anomaly.optional))
+            .collect()
+    };
+    // Held 69.7-80.0 s, sampled once a second at 70-79 s: seen either side of 10 s.
+    let mut config = SimConfig::new("es-node-level-pressure");
+    (config.seed, config.clients, config.rate, config.duration) = (9006, Some(26), Some(16.0), Some(96_000_000_000));
+    let truth = run(&config, &mut Vec::new()).expect("runs");
+    let found = pressure(&truth);
+    assert!(matches!(found[..], [(seconds, true)] if (10.0..11.0).contains(&seconds)), "{found:?}");
+    // The default run's window is well past it: required.
+    let (_, default) = simulate("es-node-level-pressure", 1);
+    let found = pressure(&default);
+    assert!(matches!(found[..], [(seconds, false)] if seconds >= 11.0), "{found:?}");
+}
+
+#[test]
 fn pulsar_fails_over_only_with_a_health_probe() {
     let (_, tcp) = simulate("pulsar-tcp-probe-half-dead", 1);
     assert_eq!(tcp.count("blind_failover_probe"), 1);
