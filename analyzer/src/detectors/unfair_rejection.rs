@@ -40,17 +40,15 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             // own pressure must have been low all that time, not only when the counter was read
             // (a shard at its limit until just before then was rejected fairly).
             let own = peak_over(&own_ratio, since, at).unwrap_or(0.0);
-            let own_bytes = inflight.get(&key).and_then(|points| value_at(points, at)).unwrap_or(0.0);
-            let heaviest = others
-                .iter()
-                .filter_map(|((other, _), points)| Some((other.namespace.clone()?, value_at(points, at)?)))
-                .max_by(|left, right| left.1.total_cmp(&right.1));
-            let Some((other_shard, other_bytes)) = heaviest else { continue };
-            let node_bytes = own_bytes + others.iter().filter_map(|(_, points)| value_at(points, at)).sum::<f64>();
-            if own < settings.max_own_ratio && node_bytes > 0.0 && other_bytes / node_bytes >= settings.min_holder_share
-            {
+            let holder_at = |time: i64| {
+                let own_bytes = inflight.get(&key).and_then(|points| value_at(points, time)).unwrap_or(0.0);
+                let others =
+                    others.iter().map(|((other, _), points)| (other.namespace.as_deref(), value_at(points, time)));
+                heaviest_holder(own_bytes, others)
+            };
+            if let Some(other_shard) = unfair_holder(own, holder_at(at), || holder_at(since), settings) {
                 unfair.push((at, rate));
-                *holder.entry(other_shard).or_default() += rate;
+                *holder.entry(other_shard.to_string()).or_default() += rate;
             }
         }
         let (Some(first), Some(last)) = (unfair.first(), unfair.last()) else { continue };
@@ -59,6 +57,47 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         anomalies.push(unfair_anomaly(scope, &labels[0], first.0, last.0, rejected, heaviest, settings));
     }
     anomalies
+}
+
+/// The shard holding the most of a node's bytes at one moment, and its share of them, from the
+/// bytes of the shard judged (`own`) and of the node's other shards then (in name order; those
+/// without a name or a value yet count for nothing).
+pub(crate) fn heaviest_holder<'a>(
+    own: f64,
+    others: impl Iterator<Item = (Option<&'a str>, Option<f64>)>,
+) -> Option<(&'a str, f64)> {
+    let mut node_bytes = own;
+    let mut heaviest: Option<(&str, f64)> = None;
+    for (shard, bytes) in others {
+        let Some(bytes) = bytes else { continue };
+        node_bytes += bytes;
+        if let Some(shard) = shard
+            && heaviest.is_none_or(|(_, most)| bytes.total_cmp(&most).is_ge())
+        {
+            heaviest = Some((shard, bytes));
+        }
+    }
+    let (shard, bytes) = heaviest?;
+    (node_bytes > 0.0).then(|| (shard, bytes / node_bytes))
+}
+
+/// The shard that held the node's bytes while rejections were counted for a shard whose own
+/// pressure peaked at `own` since the counter's previous point: the rejections are unfair when
+/// that stayed under `max_own_ratio` and another shard held at least `min_holder_share` of the
+/// node's bytes, at the counter's point (`at`) or, when not then, at its previous point
+/// (`since`): the rejections happened somewhere between, and a holder that let go just before
+/// the counter was read (its operations completed, or failed all at once) still held them.
+pub(crate) fn unfair_holder<'a>(
+    own: f64,
+    at: Option<(&'a str, f64)>,
+    since: impl FnOnce() -> Option<(&'a str, f64)>,
+    settings: &crate::config::UnfairRejectionConfig,
+) -> Option<&'a str> {
+    if own >= settings.max_own_ratio {
+        return None;
+    }
+    let held = |holder: &(&str, f64)| holder.1 >= settings.min_holder_share;
+    at.filter(held).or_else(|| since().filter(held)).map(|(shard, _)| shard)
 }
 
 /// The anomaly for `role` writes to `scope`'s shard rejected unfairly from `first` to `last`

@@ -87,6 +87,10 @@ struct Unfair {
     last: UnixNanos,
     rejected: f64,
     holders: BTreeMap<String, f64>,
+    /// The node's heaviest holder other than this shard, and its share, at the counter's
+    /// latest point (`unfair_rejection::heaviest_holder`): the one at the start of the next
+    /// interval.
+    holder: Option<(String, f64)>,
 }
 
 #[derive(Debug)]
@@ -505,11 +509,6 @@ impl Metrics {
             let series = &mut self.series[own];
             std::mem::replace(&mut series.ratio_peak, series.ratio.map(|(_, ratio)| ratio))
         });
-        let Some((at, rate)) = self.series[index].rate.filter(|(at, _)| *at == time) else { return };
-        if rate <= 0.0 {
-            return;
-        }
-        let own = own.unwrap_or(0.0);
         let own_series = own_index.map(|own| &self.series[own]);
         let own_bytes = own_series.and_then(|series| series.current).map_or(0.0, |(_, bytes)| bytes);
         // The node's other shards, in the order the batch detector meets them.
@@ -523,14 +522,18 @@ impl Metrics {
             .map(|other| (interner.get(other.key.2), other.current.map(|(_, bytes)| bytes)))
             .collect();
         others.sort_by(|left, right| left.0.cmp(&right.0));
-        let heaviest = others
-            .iter()
-            .filter_map(|(shard, bytes)| Some(((*shard)?, (*bytes)?)))
-            .max_by(|left, right| left.1.total_cmp(&right.1));
-        let Some((other_shard, other_bytes)) = heaviest else { return };
-        let node_bytes = own_bytes + others.iter().filter_map(|(_, bytes)| *bytes).sum::<f64>();
-        let settings = &config.unfair_rejection;
-        if own < settings.max_own_ratio && node_bytes > 0.0 && other_bytes / node_bytes >= settings.min_holder_share {
+        let now = unfair_rejection::heaviest_holder(own_bytes, others.into_iter());
+        let since = std::mem::replace(
+            &mut self.series[index].unfair.holder,
+            now.map(|(shard, share)| (shard.to_string(), share)),
+        );
+        let Some((at, rate)) = self.series[index].rate.filter(|(at, _)| *at == time) else { return };
+        if rate <= 0.0 {
+            return;
+        }
+        let since = since.as_ref().map(|(shard, share)| (shard.as_str(), *share));
+        let holder = unfair_rejection::unfair_holder(own.unwrap_or(0.0), now, || since, &config.unfair_rejection);
+        if let Some(other_shard) = holder {
             let other_shard = other_shard.to_string();
             let unfair = &mut self.series[index].unfair;
             unfair.first.get_or_insert(at);
