@@ -376,7 +376,7 @@ struct Kept {
     samples: SampleCache,
     /// How far behind the newest span the held timelines are settled, widened by late spans.
     settling: Settling,
-    /// Which clients called cluster URLs from which nodes.
+    /// Which clients called cluster URLs from which processes.
     callers: AddressCallers,
 }
 
@@ -538,8 +538,8 @@ impl RecognisedLines {
         }
     }
 
-    /// A client's lines: those that name it, and the unnamed switch lines of the nodes it is
-    /// the one client of, by `owned` ([`RecognisedLines::unnamed_by_owner`]), in time order.
+    /// A client's lines: those that name it, and the unnamed switch lines of the processes it
+    /// is the one client of, by `owned` ([`RecognisedLines::unnamed_by_owner`]), in time order.
     fn of_client(&self, client: &str, owned: &HashMap<&str, Vec<&Arc<LogEvent>>>) -> Vec<Arc<LogEvent>> {
         let mut events = self.by_client.get(client).cloned().unwrap_or_default();
         if let Some(unnamed) = owned.get(client) {
@@ -549,7 +549,7 @@ impl RecognisedLines {
         events
     }
 
-    /// The unnamed switch lines, by the one client of the node that logged them.
+    /// The unnamed switch lines, by the one client of the process that logged them.
     fn unnamed_by_owner<'a>(&'a self, callers: &'a AddressCallers) -> HashMap<&'a str, Vec<&'a Arc<LogEvent>>> {
         let mut owned: HashMap<&str, Vec<&Arc<LogEvent>>> = HashMap::new();
         for (process, events) in &self.unnamed_switches {
@@ -573,14 +573,14 @@ type Process = (Option<String>, String);
 struct AddressCallers {
     /// Per process, its clients (at most two are kept: two is already "several") and when a
     /// pass last saw one.
-    nodes: HashMap<Process, (Vec<String>, Instant)>,
+    processes: HashMap<Process, (Vec<String>, Instant)>,
     pruned: Option<Instant>,
 }
 
 impl AddressCallers {
     fn note(&mut self, (cluster, node): (Option<&str>, &str), client: &str, now: Instant) {
         let process = (cluster.map(str::to_string), node.to_string());
-        let (clients, seen) = self.nodes.entry(process).or_insert_with(|| (Vec::new(), now));
+        let (clients, seen) = self.processes.entry(process).or_insert_with(|| (Vec::new(), now));
         *seen = now;
         if clients.len() < 2 && !clients.iter().any(|known| known == client) {
             clients.push(client.to_string());
@@ -588,19 +588,19 @@ impl AddressCallers {
     }
 
     fn owner(&self, process: &Process) -> Option<&str> {
-        match self.nodes.get(process) {
+        match self.processes.get(process) {
             Some((clients, _)) if clients.len() == 1 => Some(&clients[0]),
             _ => None,
         }
     }
 
-    /// Forgets the nodes not seen for `window` (looked at once per `window` at most).
+    /// Forgets the processes not seen for `window` (looked at once per `window` at most).
     fn prune(&mut self, window: Duration, now: Instant) {
         if self.pruned.is_some_and(|pruned| now.duration_since(pruned) < window) {
             return;
         }
         self.pruned = Some(now);
-        self.nodes.retain(|_, (_, seen)| now.duration_since(*seen) < window);
+        self.processes.retain(|_, (_, seen)| now.duration_since(*seen) < window);
     }
 }
 
@@ -1400,6 +1400,28 @@ pub fn now_unix_nano() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_with_one_calling_client_owns_its_lines_until_another_calls_or_it_is_forgotten() {
+        let start = Instant::now();
+        let mut callers = AddressCallers::default();
+        let east = |node: &str| (Some("pulsar-east".to_string()), node.to_string());
+        callers.note((Some("pulsar-east"), "app-1"), "producer-1", start);
+        callers.note((Some("pulsar-east"), "app-1"), "producer-1", start);
+        callers.note((Some("pulsar-west"), "app-1"), "producer-9", start);
+        assert_eq!(callers.owner(&east("app-1")), Some("producer-1"));
+        assert_eq!(callers.owner(&(Some("pulsar-west".to_string()), "app-1".to_string())), Some("producer-9"));
+        assert_eq!(callers.owner(&east("app-2")), None);
+        // A second client calling from the process: the lines are no one's.
+        callers.note((Some("pulsar-east"), "app-1"), "producer-2", start);
+        assert_eq!(callers.owner(&east("app-1")), None);
+        // Not seen for a window: forgotten (and known anew from the next pass that sees it).
+        let window = Duration::from_secs(600);
+        callers.note((Some("pulsar-east"), "app-2"), "producer-3", start + window);
+        callers.prune(window, start + window + Duration::from_secs(1));
+        assert_eq!(callers.processes.len(), 1);
+        assert_eq!(callers.owner(&east("app-2")), Some("producer-3"));
+    }
 
     /// An `apply_lag` anomaly of observer nn-obs1 in prod/ns1, from 10 to `end`.
     fn apply_lag(end: i64, summary: &str) -> lagscope_model::Anomaly {
