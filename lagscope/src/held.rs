@@ -48,7 +48,7 @@ pub struct LateSpans<K> {
     horizon: UnixNanos,
 }
 
-impl<K: Eq + Hash> LateSpans<K> {
+impl<K: Eq + Hash + std::fmt::Debug> LateSpans<K> {
     pub fn new(horizon: UnixNanos) -> Self {
         Self { count: 0, wanted: None, reread_from: HashMap::new(), horizon }
     }
@@ -57,6 +57,7 @@ impl<K: Eq + Hash> LateSpans<K> {
     /// settling been `to_hold` ([`lagscope_analyzer::HeldTimelines::settling_to_hold`]): the
     /// entry is to be let go, and read anew when passed.
     pub fn note(&mut self, key: K, spans: u64, earliest: UnixNanos, to_hold: UnixNanos) {
+        tracing::debug!(entry = ?key, spans, earliest, settling_to_hold = to_hold, "late spans: read anew");
         self.count += spans;
         self.wanted = self.wanted.max(Some(to_hold));
         let from = earliest.saturating_sub(self.horizon.saturating_mul(2));

@@ -400,7 +400,7 @@ impl Kept {
 
 /// Takes what a cache's catch-up found late: counted on `counter`, and the settling widened
 /// for it (its gauge with it).
-fn take_late<K: Eq + std::hash::Hash>(
+fn take_late<K: Eq + std::hash::Hash + std::fmt::Debug>(
     late: &mut LateSpans<K>,
     counter: &Counter,
     settling: &mut Settling,
