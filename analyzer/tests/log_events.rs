@@ -7,7 +7,10 @@
 use lagscope_analyzer::log_events::{LogEventKind, classify};
 use lagscope_analyzer::stream::{Engine, SpanRec};
 use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, sort_anomalies};
-use lagscope_model::{Anomaly, AnomalyKind, CallFields, Component, LogRecord, Op, ResourceFields, Span, SpanKind};
+use lagscope_model::{
+    Anomaly, AnomalyKind, CallFields, Component, LogRecord, MetricKind, Op, PointValue, ResourceFields, Sample,
+    SeriesKey, SeriesMeta, Span, SpanKind,
+};
 use serde_json::json;
 
 const SECOND: i64 = 1_000_000_000;
@@ -262,6 +265,99 @@ fn switch_lines_naming_no_client_are_the_switches_of_the_one_client_that_calls_f
     assert_eq!(analyzed_both_ways(&two, &lines), Vec::new());
 }
 
+/// `client`'s TCP probe verdict on `host` (1 up, 0 down) at `second` after T0.
+fn probe(client: &str, host: &str, second: i64, up: f64) -> Sample {
+    let labels = [
+        ("lagscope.cluster", "pulsar-global"),
+        ("lagscope.node.id", "app-1"),
+        ("server.address", host),
+        ("lagscope.probe.kind", "tcp"),
+        ("lagscope.client.id", client),
+    ];
+    Sample {
+        series: SeriesKey {
+            name: "lagscope.probe.up".to_string(),
+            labels: labels.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+        }
+        .into(),
+        meta: SeriesMeta { kind: MetricKind::Gauge, unit: None, description: None }.into(),
+        time_unix_nano: T0 + second * SECOND,
+        start_time_unix_nano: None,
+        value: PointValue::Number(up),
+    }
+}
+
+#[test]
+fn a_logged_switch_back_that_did_not_wait_is_named_from_the_probes() {
+    // The lines of `unnamed_switches`: east → west at 0 s, back at 20 s, away at 40 s. The probe
+    // saw east down at -10 s and up again at 15 s, west up throughout: the switch back at 20 s
+    // came 5 s after east recovered, with west still up (apache/pulsar#14442).
+    let sends: Vec<Span> = [(-10, "pulsar-east"), (25, "pulsar-east"), (45, "pulsar-west"), (50, "pulsar-west")]
+        .into_iter()
+        .enumerate()
+        .map(|(index, (second, address))| send("producer-1", "app-1", index as u64 + 1, second, address))
+        .collect();
+    let mut probes = Vec::new();
+    for second in (-20..=60).step_by(5) {
+        probes.push(probe("producer-1", "pulsar-east", second, if (-10..15).contains(&second) { 0.0 } else { 1.0 }));
+        probes.push(probe("producer-1", "pulsar-west", second, 1.0));
+    }
+    let lines = unnamed_switches("app-1");
+    let found = analyzed_with_samples(&sends, &probes, &lines);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].evidence["source"], "client log");
+    assert!(found[0].cause.contains("apache/pulsar#14442"), "{}", found[0].cause);
+    let early = &found[0].evidence["early_switch_back"];
+    assert_eq!(early["at_unix_nano"], T0 + 20 * SECOND, "{early}");
+    assert_eq!(early["probe_up_seconds"], 5.0, "{early}");
+    // Without the probes: the general cause.
+    let found = analyzed_with_samples(&sends, &[], &lines);
+    assert!(!found[0].cause.contains("apache/pulsar#14442"), "{}", found[0].cause);
+}
+
+#[test]
+fn a_logged_switch_back_is_judged_before_its_probes_are_pruned() {
+    // As above, and the client sends on for 25 minutes: the streaming engine forgets probe
+    // verdicts older than its retention (10 minutes), long before its end.
+    let mut sends: Vec<Span> = Vec::new();
+    for (index, second) in (-10..1500).step_by(5).enumerate() {
+        let address = if (0..20).contains(&second) || second >= 40 { "pulsar-west" } else { "pulsar-east" };
+        sends.push(send("producer-1", "app-1", index as u64 + 1, second, address));
+    }
+    let mut probes = Vec::new();
+    for second in (-20..1500).step_by(5) {
+        probes.push(probe("producer-1", "pulsar-east", second, if (-10..15).contains(&second) { 0.0 } else { 1.0 }));
+        probes.push(probe("producer-1", "pulsar-west", second, 1.0));
+    }
+    let lines = unnamed_switches("app-1");
+    let config = AnalyzerConfig::default();
+    let input = AnalysisInput::from_telemetry(&sends, probes.clone(), config.stream.horizon()).with_logs(&lines);
+    let batch = analyze(&input, &config);
+    assert_eq!(batch.len(), 1, "{batch:#?}");
+    assert!(batch[0].cause.contains("apache/pulsar#14442"), "{}", batch[0].cause);
+    // The engine is given everything in time order, as a capture holds it.
+    let mut engine = Engine::new(&config, |_| true);
+    let events: Vec<_> = lines.iter().filter_map(classify).collect();
+    let mut order: Vec<(i64, usize, usize)> = Vec::new();
+    order.extend(probes.iter().enumerate().map(|(index, sample)| (sample.time_unix_nano, 0, index)));
+    order.extend(sends.iter().enumerate().map(|(index, span)| (span.end_unix_nano, 1, index)));
+    order.extend(events.iter().enumerate().map(|(index, event)| (event.time_unix_nano, 2, index)));
+    order.sort_unstable();
+    for (_, source, index) in order {
+        match source {
+            0 => engine.push_model_sample(&probes[index]),
+            1 => {
+                let record = SpanRec::from_span(&sends[index], &mut engine.interner);
+                engine.push_span(&record);
+            }
+            _ => engine.push_log_event(&events[index]),
+        }
+    }
+    let (mut streamed, _) = engine.finish();
+    sort_anomalies(&mut streamed);
+    assert_eq!(streamed, batch, "the streaming engine judged the line before it forgot the probes");
+}
+
 #[test]
 fn a_client_whose_lines_come_after_its_calls_is_judged_by_the_lines_alone() {
     // Its sends show two switches within the delay (east, west at 10 s, east at 30 s); its
@@ -351,10 +447,19 @@ fn disable_line(at_second: i64) -> LogRecord {
 }
 
 fn analyzed_both_ways(spans: &[Span], logs: &[LogRecord]) -> Vec<Anomaly> {
+    analyzed_with_samples(spans, &[], logs)
+}
+
+/// The batch detectors' anomalies, the streaming engine's held equal to them (samples first,
+/// then spans, then lines: lines later than everything they bear on).
+fn analyzed_with_samples(spans: &[Span], samples: &[Sample], logs: &[LogRecord]) -> Vec<Anomaly> {
     let config = AnalyzerConfig::default();
-    let batch =
-        analyze(&AnalysisInput::from_telemetry(spans, Vec::new(), config.stream.horizon()).with_logs(logs), &config);
+    let input = AnalysisInput::from_telemetry(spans, samples.to_vec(), config.stream.horizon()).with_logs(logs);
+    let batch = analyze(&input, &config);
     let mut engine = Engine::new(&config, |_| true);
+    for sample in samples {
+        engine.push_model_sample(sample);
+    }
     for span in spans {
         let record = SpanRec::from_span(span, &mut engine.interner);
         engine.push_span(&record);

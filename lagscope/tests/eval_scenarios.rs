@@ -391,14 +391,18 @@ fn the_demos_rounds_under_names_of_their_own_are_found_exactly() {
     // Each round of the demo starts its clusters' state ids over and its clients afresh (a
     // restarted Pulsar client goes back to its primary). Under the round's own names that is
     // nothing; under the first round's names it is state going back (apply lag against the
-    // first round's commits), sessions that forgot what they saw (stale reads below the first
-    // round's floors) and a switch back 20 s after a failover (flapping): what the demo showed
-    // from its second round on before its rounds were named.
+    // first round's commits) and sessions that forgot what they saw (stale reads below the first
+    // round's floors): what the demo showed from its second round on before its rounds were
+    // named. The Pulsar client's restart at its primary, 20 s after its failover, read as a
+    // switch back from the addresses of its calls (flapping) until its logged switches, which
+    // name no client, were taken as its own: a restart logs no switch, and misleads nothing now.
     // (The Pulsar client as long as in `mixed`, as the demo runs it: 200 s, ending 20 s after
     // its failover to the secondary.)
-    for (scenario, seconds) in
-        [("hdfs-publish-race", None), ("ozone-apply-lag", None), ("pulsar-switch-back-delay-lost-fixed", Some(200))]
-    {
+    for (scenario, seconds, misleads) in [
+        ("hdfs-publish-race", None, true),
+        ("ozone-apply-lag", None, true),
+        ("pulsar-switch-back-delay-lost-fixed", Some(200), false),
+    ] {
         let named = two_rounds(scenario, seconds, |round| Some(format!("round-{round}")));
         assert!(named.iter().any(|row| row.expected > 0) || scenario.ends_with("-fixed"), "{scenario}: {named:?}");
         for row in &named {
@@ -406,6 +410,6 @@ fn the_demos_rounds_under_names_of_their_own_are_found_exactly() {
         }
         let unnamed = two_rounds(scenario, seconds, |_| None);
         let false_positives: usize = unnamed.iter().map(|row| row.false_positives).sum();
-        assert!(false_positives > 0, "{scenario}: the same names in both rounds should mislead: {unnamed:?}");
+        assert_eq!(false_positives > 0, misleads, "{scenario}: the same names in both rounds: {unnamed:?}");
     }
 }

@@ -82,11 +82,32 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         flush(&mut run);
     }
     for ((cluster, client), switches) in &logged {
-        for run in runs(switches, min_gap, |switch| switch.time_unix_nano) {
-            anomalies.push(flapping_logged(*cluster, client, &run, min_gap));
+        let verdicts = |address: &str| {
+            probe_verdicts(
+                probes
+                    .iter()
+                    .map(|((_, labels), points)| (labels[0].as_str(), labels[2].as_str(), points.iter().copied())),
+                address,
+                client,
+            )
+        };
+        let switches: Vec<&LogEvent> = switches.iter().map(|event| &***event).collect();
+        for run in runs(&switches, min_gap, |switch| switch.time_unix_nano) {
+            let early = run.iter().find_map(|event| logged_early(event, min_gap, verdicts));
+            anomalies.push(flapping_logged(*cluster, client, &run, min_gap, early));
         }
     }
     anomalies
+}
+
+/// [`early_switch_back`] of a logged switch (its `from` and `to` URLs).
+pub(crate) fn logged_early(
+    event: &LogEvent,
+    min_gap: i64,
+    verdicts: impl Fn(&str) -> Vec<(i64, f64)>,
+) -> Option<EarlySwitch> {
+    let (from, to) = (event.fields.get("from")?, event.fields.get("to")?);
+    early_switch_back(event.time_unix_nano, from, to, min_gap, verdicts)
 }
 
 /// The switch lines of clients, per (cluster, client), in the order of `events`: a line's
@@ -95,13 +116,17 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
 pub(crate) fn logged_switches<'a, E: Borrow<LogEvent>>(
     events: &'a [E],
     owner: impl Fn(Option<&str>, &str) -> Option<&'a str>,
-) -> BTreeMap<(Option<&'a str>, &'a str), Vec<&'a LogEvent>> {
-    let mut logged: BTreeMap<(Option<&str>, &str), Vec<&LogEvent>> = BTreeMap::new();
-    for event in events.iter().map(Borrow::borrow).filter(|event| event.kind == LogEventKind::ClusterSwitch) {
+) -> BTreeMap<(Option<&'a str>, &'a str), Vec<&'a E>> {
+    let mut logged: BTreeMap<(Option<&str>, &str), Vec<&E>> = BTreeMap::new();
+    for item in events {
+        let event: &LogEvent = item.borrow();
+        if event.kind != LogEventKind::ClusterSwitch {
+            continue;
+        }
         let client = (event.client_id.as_deref())
             .or_else(|| event.node_id.as_deref().and_then(|node| owner(event.cluster.as_deref(), node)));
         if let Some(client) = client {
-            logged.entry((event.cluster.as_deref(), client)).or_default().push(event);
+            logged.entry((event.cluster.as_deref(), client)).or_default().push(item);
         }
     }
     logged
@@ -283,12 +308,49 @@ fn early_cause(early: &EarlySwitch, min_gap: i64) -> String {
     )
 }
 
-/// The anomaly for a run of switches the client logged. Shared with the streaming engine.
-pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEvent], min_gap: i64) -> Anomaly {
+/// The anomaly for a run of switches the client logged, with the first of them that did not
+/// wait as a switch-back delay says, if one did not. Shared with the streaming engine.
+pub(crate) fn flapping_logged(
+    cluster: Option<&str>,
+    client: &str,
+    run: &[&LogEvent],
+    min_gap: i64,
+    early: Option<EarlySwitch>,
+) -> Anomaly {
     let (start, end) = (run[0].time_unix_nano, run[run.len() - 1].time_unix_nano);
     let field = |event: &LogEvent, key: &str| event.fields.get(key).cloned().unwrap_or_else(|| "?".to_string());
     let path: Vec<String> =
         std::iter::once(field(run[0], "from")).chain(run.iter().map(|event| field(event, "to"))).collect();
+    let times: Vec<i64> = run.iter().map(|event| event.time_unix_nano).collect();
+    let lines: Vec<&str> = run.iter().map(|event| event.text.as_str()).collect();
+    let (cause, evidence) = match &early {
+        Some(early) => (
+            early_cause(early, min_gap),
+            evidence!({
+                "switches": run.len(),
+                "path": path,
+                "switch_times_unix_nano": times,
+                "source": "client log",
+                "lines": lines,
+                "early_switch_back": EarlyEvidence {
+                    at_unix_nano: early.at,
+                    from: &early.from,
+                    to: &early.to,
+                    probe_up_seconds: early.up_for as f64 / 1e9,
+                },
+            }),
+        ),
+        None => (
+            CAUSE.to_string(),
+            evidence!({
+                "switches": run.len(),
+                "path": path,
+                "switch_times_unix_nano": times,
+                "source": "client log",
+                "lines": lines,
+            }),
+        ),
+    };
     Anomaly {
         kind: AnomalyKind::FailoverFlapping,
         severity: Severity::Warning,
@@ -299,14 +361,8 @@ pub(crate) fn flapping_logged(cluster: Option<&str>, client: &str, run: &[&LogEv
         start_unix_nano: start,
         end_unix_nano: end,
         summary: summary(client, run.len(), end - start, &path, min_gap),
-        cause: CAUSE.to_string(),
-        evidence: evidence!({
-            "switches": run.len(),
-            "path": path,
-            "switch_times_unix_nano": run.iter().map(|event| event.time_unix_nano).collect::<Vec<_>>(),
-            "source": "client log",
-            "lines": run.iter().map(|event| event.text.as_str()).collect::<Vec<_>>(),
-        }),
+        cause,
+        evidence,
         open: false,
         fingerprint: format!("failover_flapping|{}|{client}|{start}", cluster.unwrap_or("")),
     }

@@ -248,6 +248,48 @@ struct RouterWindow {
 /// strings: verdicts are read in this order, as the batch detector reads its series.
 type ProbeKey = (Option<String>, Option<String>, Option<String>, String, String, String);
 
+/// A logged switch line: the process that logged it and the client it names (interned), and,
+/// once judged ([`Engine::judge_switch_lines`]), the client it was taken to be and whether it
+/// went back sooner than the switch-back delay allows.
+#[derive(Debug)]
+struct SwitchLine {
+    event: crate::log_events::LogEvent,
+    process: (Sym, Sym),
+    named: Sym,
+    judged: Option<(Sym, Option<failover_flapping::EarlySwitch>)>,
+}
+
+impl std::borrow::Borrow<crate::log_events::LogEvent> for SwitchLine {
+    fn borrow(&self) -> &crate::log_events::LogEvent {
+        &self.event
+    }
+}
+
+/// `client`'s probe verdicts on the cluster at `address` ([`failover_flapping::probe_verdicts`]).
+fn verdicts_of(
+    probes: &BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
+    address: &str,
+    client: &str,
+) -> Vec<(UnixNanos, f64)> {
+    failover_flapping::probe_verdicts(
+        probes.iter().map(|((_, _, _, probed, _, probe_client), points)| {
+            (probed.as_str(), probe_client.as_str(), points.iter().copied())
+        }),
+        address,
+        client,
+    )
+}
+
+/// [`failover_flapping::logged_early`] of `client`'s line, by the probes held.
+fn logged_early(
+    probes: &BTreeMap<ProbeKey, VecDeque<(UnixNanos, f64)>>,
+    client: &str,
+    event: &crate::log_events::LogEvent,
+    min_gap: i64,
+) -> Option<failover_flapping::EarlySwitch> {
+    failover_flapping::logged_early(event, min_gap, |address| verdicts_of(probes, address, client))
+}
+
 /// A metric series the engine was told about.
 #[derive(Debug)]
 struct SeriesInfo {
@@ -347,7 +389,10 @@ pub struct Engine<'c> {
     /// Logged switch lines (kept whole: they are rare). Whose they are is decided at the end,
     /// with [`Engine::switch_owners`] for lines that name no client; the clients found
     /// logging are judged by them rather than by their calls' addresses.
-    log_switches: Vec<crate::log_events::LogEvent>,
+    log_switches: Vec<SwitchLine>,
+    /// The lines of `log_switches` whose early switch back is still to be judged
+    /// ([`Engine::judge_switch_lines`]).
+    unjudged_switches: Vec<usize>,
     /// ((cluster, node), client) of the calls to cluster URLs, for the switch lines that name
     /// no client.
     switch_owners: failover_flapping::SwitchOwners<(Sym, Sym), Sym>,
@@ -432,6 +477,7 @@ impl<'c> Engine<'c> {
             data_ends: crate::open::DataEnds::default(),
             no_namenodes_errors: FxHashMap::default(),
             log_switches: Vec::new(),
+            unjudged_switches: Vec::new(),
             switch_owners: failover_flapping::SwitchOwners::default(),
             logged_disables: FxHashMap::default(),
             evidence_lines: VecDeque::new(),
@@ -541,7 +587,17 @@ impl<'c> Engine<'c> {
             && event.kind == crate::log_events::LogEventKind::ClusterSwitch
             && (event.client_id.is_some() || event.node_id.is_some())
         {
-            self.log_switches.push(event.clone());
+            let line = SwitchLine {
+                process: (
+                    self.interner.intern_opt(event.cluster.as_deref()),
+                    self.interner.intern_opt(event.node_id.as_deref()),
+                ),
+                named: self.interner.intern_opt(event.client_id.as_deref()),
+                judged: None,
+                event: event.clone(),
+            };
+            self.unjudged_switches.push(self.log_switches.len());
+            self.log_switches.push(line);
         }
         if self.kinds.no_namenodes_window
             && let Some(router) = event.router_answer()
@@ -725,7 +781,7 @@ impl<'c> Engine<'c> {
     /// the end for this: [`Engine::drain_found`]).
     fn judge_logged_switches(&mut self) {
         let mut log_switches = std::mem::take(&mut self.log_switches);
-        log_switches.sort_by_key(|event| event.time_unix_nano);
+        log_switches.sort_by_key(|line| line.event.time_unix_nano);
         let interner = &self.interner;
         let owners: BTreeMap<(Option<&str>, &str), &str> = self
             .switch_owners
@@ -746,10 +802,47 @@ impl<'c> Engine<'c> {
         self.anomalies.retain(|anomaly| !from_logging(anomaly));
         let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
         for ((cluster, client), switches) in &logged {
-            for run in failover_flapping::runs(switches, min_gap, |switch| switch.time_unix_nano) {
-                self.anomalies.push(failover_flapping::flapping_logged(*cluster, client, &run, min_gap));
+            for run in failover_flapping::runs(switches, min_gap, |line| line.event.time_unix_nano) {
+                // Judged as the data passed it, for the client it turned out to be (the probes it
+                // read are pruned since), else with what is left of them.
+                let early = run.iter().find_map(|line| match &line.judged {
+                    Some((judged_for, early)) if interner.get(*judged_for) == Some(*client) => early.clone(),
+                    _ => logged_early(&self.probes, client, &line.event, min_gap),
+                });
+                let events: Vec<&crate::log_events::LogEvent> = run.iter().map(|line| &line.event).collect();
+                self.anomalies.push(failover_flapping::flapping_logged(*cluster, client, &events, min_gap, early));
             }
         }
+    }
+
+    /// Judges, once the data has passed them (`before`: every call that started earlier is
+    /// processed, and every probe verdict up to then is in), the logged switch lines whose
+    /// client is known by then (named, or the one client calling cluster URLs from their
+    /// process so far): whether each went back sooner than the switch-back delay allows
+    /// ([`failover_flapping::logged_early`]), read before the probes it reads are pruned. A line
+    /// whose client is still unknown a retention later is left to the end.
+    fn judge_switch_lines(&mut self, before: UnixNanos) {
+        if self.unjudged_switches.is_empty() {
+            return;
+        }
+        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+        let forget_before = before.saturating_sub(self.retention);
+        let (lines, owners, probes, interner) =
+            (&mut self.log_switches, &self.switch_owners, &self.probes, &self.interner);
+        self.unjudged_switches.retain(|&index| {
+            let line = &mut lines[index];
+            if line.event.time_unix_nano >= before {
+                return true;
+            }
+            let client = if line.named.is_some() { Some(line.named) } else { owners.owner(&line.process).copied() };
+            match client.and_then(|client| Some((client, interner.get(client)?))) {
+                Some((client, name)) => {
+                    line.judged = Some((client, logged_early(probes, name, &line.event, min_gap)));
+                    false
+                }
+                None => line.event.time_unix_nano >= forget_before,
+            }
+        });
     }
 
     fn push_attempt(&mut self, span: &SpanRec) {
@@ -982,8 +1075,9 @@ impl<'c> Engine<'c> {
             }));
         }
         // Every call that started before the horizon is processed: so are the answers (log
-        // lines included, which no call releases).
+        // lines included, which no call releases), and the switch lines can be judged.
         self.release_answers(final_before.saturating_sub(1));
+        self.judge_switch_lines(final_before);
         // A hop ended after its attempt started, so that attempt's call is processed by now:
         // what still waits from before the horizon never joined.
         self.stats.unjoined_hops += self.traces.drop_ended(final_before);
@@ -1351,15 +1445,7 @@ impl<'c> Engine<'c> {
                     let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
                     let early = |time, from: Sym, to: Sym| {
                         let client_id = interner.get(client).unwrap_or_default();
-                        let verdicts = |address: &str| {
-                            failover_flapping::probe_verdicts(
-                                probes.iter().map(|((_, _, _, probed, _, probe_client), points)| {
-                                    (probed.as_str(), probe_client.as_str(), points.iter().copied())
-                                }),
-                                address,
-                                client_id,
-                            )
-                        };
+                        let verdicts = |address: &str| verdicts_of(probes, address, client_id);
                         let (from, to) = (interner.get(from).unwrap_or_default(), interner.get(to).unwrap_or_default());
                         failover_flapping::early_switch_back(time, from, to, min_gap, verdicts)
                     };
