@@ -91,8 +91,11 @@ impl<W: Write> Sink for LscapSink<W> {
                 let converted = lagscope_collector::otlp::samples_from_request(request);
                 converted.items.iter().try_for_each(|sample| self.writer.sample(sample))
             }
-            // Logs carry nothing the analyzer reads from an lscap capture.
-            Request::Logs(_) => Ok(()),
+            // The lines the analyzer recognises (a capture keeps those, not every record).
+            Request::Logs(request) => {
+                let converted = lagscope_collector::otlp::logs_from_request(request);
+                converted.items.iter().try_for_each(|log| self.writer.log(log))
+            }
         };
         match written {
             Ok(()) => self.requests += 1,

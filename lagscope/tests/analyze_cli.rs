@@ -135,6 +135,27 @@ fn malformed_input_fails_with_the_file_and_line() {
 }
 
 #[test]
+fn a_simulated_lscap_carries_the_recognised_log_lines() {
+    // The Pulsar client's switch lines (which name no client) decide its flapping: written to
+    // an lscap by `sim`, they must be there, as in the OTLP JSON capture of the same run.
+    let directory = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| directory.path().join(name).to_str().expect("path").to_string();
+    for out in [path("run.lscap"), path("run.jsonl")] {
+        let output = lagscope(&["sim", "--scenario", "pulsar-switch-back-delay-lost", "--out", &out]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let from_json = stdout_of(&lagscope(&["analyze", "--format", "json", &path("run.jsonl")]));
+    let from_lscap = stdout_of(&lagscope(&["analyze", "--format", "json", &path("run.lscap")]));
+    assert_eq!(from_lscap, from_json);
+    let parsed: serde_json::Value = serde_json::from_str(&from_lscap).expect("JSON");
+    let flapping: Vec<&serde_json::Value> = (parsed["anomalies"].as_array().into_iter().flatten())
+        .filter(|anomaly| anomaly["kind"] == "failover_flapping")
+        .collect();
+    assert_eq!(flapping.len(), 1, "{parsed:#}");
+    assert_eq!(flapping[0]["evidence"]["source"], "client log", "{:#}", flapping[0]);
+}
+
+#[test]
 fn an_lscap_conversion_analyzes_the_same_and_writes_jsonl() {
     let directory = tempfile::tempdir().expect("temp dir");
     let capture = fixture("hdfs-rbf-capture.jsonl");
