@@ -287,16 +287,19 @@ fn probe(client: &str, host: &str, second: i64, up: f64) -> Sample {
     }
 }
 
+/// producer-1's sends from app-1, at (second after T0, cluster address) each.
+fn sends_at(at: &[(i64, &str)]) -> Vec<Span> {
+    (at.iter().enumerate())
+        .map(|(index, (second, address))| send("producer-1", "app-1", index as u64 + 1, *second, address))
+        .collect()
+}
+
 #[test]
 fn a_logged_switch_back_that_did_not_wait_is_named_from_the_probes() {
     // The lines of `unnamed_switches`: east → west at 0 s, back at 20 s, away at 40 s. The probe
     // saw east down at -10 s and up again at 15 s, west up throughout: the switch back at 20 s
     // came 5 s after east recovered, with west still up (apache/pulsar#14442).
-    let sends: Vec<Span> = [(-10, "pulsar-east"), (25, "pulsar-east"), (45, "pulsar-west"), (50, "pulsar-west")]
-        .into_iter()
-        .enumerate()
-        .map(|(index, (second, address))| send("producer-1", "app-1", index as u64 + 1, second, address))
-        .collect();
+    let sends = sends_at(&[(-10, "pulsar-east"), (25, "pulsar-east"), (45, "pulsar-west"), (50, "pulsar-west")]);
     let mut probes = Vec::new();
     for second in (-20..=60).step_by(5) {
         probes.push(probe("producer-1", "pulsar-east", second, if (-10..15).contains(&second) { 0.0 } else { 1.0 }));
@@ -362,11 +365,7 @@ fn a_logged_switch_back_is_judged_before_its_probes_are_pruned() {
 fn a_client_whose_lines_come_after_its_calls_is_judged_by_the_lines_alone() {
     // Its sends show two switches within the delay (east, west at 10 s, east at 30 s); its
     // lines, pushed after every span, tell three: one anomaly, from the lines.
-    let spans: Vec<Span> = [(-10, "pulsar-east"), (10, "pulsar-west"), (30, "pulsar-east"), (45, "pulsar-west")]
-        .into_iter()
-        .enumerate()
-        .map(|(index, (second, address))| send("producer-1", "app-1", index as u64 + 1, second, address))
-        .collect();
+    let spans = sends_at(&[(-10, "pulsar-east"), (10, "pulsar-west"), (30, "pulsar-east"), (45, "pulsar-west")]);
     let by_address = analyzed_both_ways(&spans, &[]);
     assert_eq!(by_address.len(), 1, "{by_address:#?}");
     assert_eq!(by_address[0].evidence.get("source"), None);

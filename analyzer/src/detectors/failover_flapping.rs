@@ -293,6 +293,12 @@ struct EarlyEvidence<'a> {
     probe_up_seconds: f64,
 }
 
+impl<'a> EarlyEvidence<'a> {
+    fn of(early: &'a EarlySwitch) -> Self {
+        Self { at_unix_nano: early.at, from: &early.from, to: &early.to, probe_up_seconds: early.up_for as f64 / 1e9 }
+    }
+}
+
 /// The cause when a switch of the run went back to a cluster sooner after it recovered than
 /// the delay allows, with the cluster left still up.
 fn early_cause(early: &EarlySwitch, min_gap: i64) -> String {
@@ -332,12 +338,7 @@ pub(crate) fn flapping_logged(
                 "switch_times_unix_nano": times,
                 "source": "client log",
                 "lines": lines,
-                "early_switch_back": EarlyEvidence {
-                    at_unix_nano: early.at,
-                    from: &early.from,
-                    to: &early.to,
-                    probe_up_seconds: early.up_for as f64 / 1e9,
-                },
+                "early_switch_back": EarlyEvidence::of(early),
             }),
         ),
         None => (
@@ -392,12 +393,7 @@ pub(crate) fn flapping(
                 "path": path,
                 "switch_times_unix_nano": times,
                 "spans": spans,
-                "early_switch_back": EarlyEvidence {
-                    at_unix_nano: early.at,
-                    from: &early.from,
-                    to: &early.to,
-                    probe_up_seconds: early.up_for as f64 / 1e9,
-                },
+                "early_switch_back": EarlyEvidence::of(early),
             }),
         ),
         None => (
