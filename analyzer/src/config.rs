@@ -93,6 +93,13 @@ pub struct FailoverFlappingConfig {
     pub switch_back_delay_seconds: i64,
 }
 
+impl FailoverFlappingConfig {
+    /// The switch-back delay in nanoseconds: the least gap between switches that is no flapping.
+    pub fn switch_back_delay_nanos(&self) -> i64 {
+        self.switch_back_delay_seconds * 1_000_000_000
+    }
+}
+
 impl Default for FailoverFlappingConfig {
     fn default() -> Self {
         Self { switch_back_delay_seconds: 60 }

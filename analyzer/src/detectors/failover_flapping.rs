@@ -23,7 +23,7 @@ use crate::log_events::{LogEvent, LogEventKind};
 use crate::{AnalysisInput, AnalyzerConfig};
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+    let min_gap = config.failover_flapping.switch_back_delay_nanos();
     let probes = input.series().series_of(METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
     let mut owners = SwitchOwners::default();
@@ -31,6 +31,14 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         owners.note((cluster, node), client);
     }
     let logged = logged_switches(&input.log_events, |cluster, node| owners.owner(&(cluster, node)).copied());
+    // A client's verdicts on the cluster at an address.
+    let verdicts_of = |client: &str, address: &str| {
+        probe_verdicts(
+            probes.iter().map(|((_, labels), points)| (labels[0].as_str(), labels[2].as_str(), points.iter().copied())),
+            address,
+            client,
+        )
+    };
     for timeline in &input.timelines {
         if logged.keys().any(|(_, client)| *client == timeline.client_id) {
             continue;
@@ -56,15 +64,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             .collect();
         // Runs of switches each closer than the delay to the previous one.
         let mut run: Vec<&(i64, &str, &str, &TimelineAttempt)> = Vec::new();
-        let verdicts = |address: &str| {
-            probe_verdicts(
-                probes
-                    .iter()
-                    .map(|((_, labels), points)| (labels[0].as_str(), labels[2].as_str(), points.iter().copied())),
-                address,
-                &timeline.client_id,
-            )
-        };
+        let verdicts = |address: &str| verdicts_of(&timeline.client_id, address);
         let mut flush = |run: &mut Vec<&(i64, &str, &str, &TimelineAttempt)>| {
             if run.len() >= 2 {
                 let early =
@@ -82,15 +82,7 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
         flush(&mut run);
     }
     for ((cluster, client), switches) in &logged {
-        let verdicts = |address: &str| {
-            probe_verdicts(
-                probes
-                    .iter()
-                    .map(|((_, labels), points)| (labels[0].as_str(), labels[2].as_str(), points.iter().copied())),
-                address,
-                client,
-            )
-        };
+        let verdicts = |address: &str| verdicts_of(client, address);
         let switches: Vec<&LogEvent> = switches.iter().map(|event| &***event).collect();
         for run in runs(&switches, min_gap, |switch| switch.time_unix_nano) {
             let early = run.iter().find_map(|event| logged_early(event, min_gap, verdicts));

@@ -800,7 +800,7 @@ impl<'c> Engine<'c> {
         };
         self.windows_found.retain(|anomaly| !from_logging(anomaly));
         self.anomalies.retain(|anomaly| !from_logging(anomaly));
-        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+        let min_gap = self.config.failover_flapping.switch_back_delay_nanos();
         for ((cluster, client), switches) in &logged {
             for run in failover_flapping::runs(switches, min_gap, |line| line.event.time_unix_nano) {
                 // Judged as the data passed it, for the client it turned out to be (the probes it
@@ -825,7 +825,7 @@ impl<'c> Engine<'c> {
         if self.unjudged_switches.is_empty() {
             return;
         }
-        let min_gap = self.config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+        let min_gap = self.config.failover_flapping.switch_back_delay_nanos();
         let forget_before = before.saturating_sub(self.retention);
         let (lines, owners, probes, interner) =
             (&mut self.log_switches, &self.switch_owners, &self.probes, &self.interner);
@@ -1442,7 +1442,7 @@ impl<'c> Engine<'c> {
                     raised.push(Raise::Failing(run));
                 }
                 if kinds.failover_flapping {
-                    let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+                    let min_gap = config.failover_flapping.switch_back_delay_nanos();
                     let early = |time, from: Sym, to: Sym| {
                         let client_id = interner.get(client).unwrap_or_default();
                         let verdicts = |address: &str| verdicts_of(probes, address, client_id);
@@ -2102,7 +2102,7 @@ impl Raise {
                     .map(|((time, from, to, _, _), attempt)| (*time, name(*from), name(*to), attempt))
                     .collect();
                 let references: Vec<&failover_flapping::Switch<'_>> = switches.iter().collect();
-                let min_gap = config.failover_flapping.switch_back_delay_seconds * 1_000_000_000;
+                let min_gap = config.failover_flapping.switch_back_delay_nanos();
                 let early = run.iter().find_map(|switch| switch.4.clone());
                 failover_flapping::flapping(timeline, &references, min_gap, early)
             }
