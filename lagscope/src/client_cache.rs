@@ -17,7 +17,7 @@
 //! `through`, in its order (start time, then id); spans are kept with their ids, so that one
 //! span reached two ways is held once.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use crate::held::{self, CATCH_UP_LIMIT, Committed, LateSpans, shed, start_catch_up};
@@ -55,6 +55,9 @@ struct Held {
     /// of the client's own): what leaves when a trace's window moves, without a look at every
     /// span held.
     trace_keys: HashMap<String, Vec<SpanKey>>,
+    /// The clusters its own spans came from (their resources'): whose recognised log lines its
+    /// passes read.
+    clusters: BTreeSet<Option<String>>,
     last_passed: Instant,
 }
 
@@ -238,6 +241,7 @@ impl ClientCache {
             own: BTreeMap::new(),
             traces: HashMap::new(),
             trace_keys: HashMap::new(),
+            clusters: BTreeSet::new(),
             last_passed: now,
         };
         for (id, span) in spans.iter().filter(|(_, span)| span.call.client_id.as_deref() == Some(client_id)) {
@@ -271,6 +275,11 @@ impl ClientCache {
             self.held = self.held.saturating_sub(let_go.len());
         }
         held::release(let_go);
+    }
+
+    /// The clusters a held client's own spans came from (none when it is not held).
+    pub fn clusters_of(&self, client_id: &str) -> Option<&BTreeSet<Option<String>>> {
+        self.clients.get(client_id).map(|held| &held.clusters)
     }
 
     /// The held ones of `clients`, to be analysed at once (each joins what changed).
@@ -364,6 +373,9 @@ impl Held {
     fn own_span(&mut self, id: i64, span: &Span) -> Option<String> {
         let key = (span.start_unix_nano, id);
         self.own.insert(key, (span.trace_id.clone(), span.span_id.is_some()));
+        if !self.clusters.contains(&span.resource.cluster) {
+            self.clusters.insert(span.resource.cluster.clone());
+        }
         let trace = span.trace_id.clone()?;
         self.traces.entry(trace.clone()).or_default().push((key.0, id, span.end_unix_nano));
         Some(trace)

@@ -62,7 +62,7 @@ pub async fn run_live_analyzer(
         };
         let started = Instant::now();
         let (through_batch, first_queued) = (pending.through_batch, pending.first_queued);
-        let findings = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending).await;
+        let findings = analysis_pass(store.as_ref(), &metrics, &config, &mut kept, pending, None).await;
         let analysed = Analysed { findings, started, analysed: started.elapsed(), first_queued, through_batch };
         if to_writer.send(analysed).await.is_err() {
             break;
@@ -254,7 +254,12 @@ async fn analyze_marks(
             let claimed = std::mem::replace(&mut claims, held.claims) != held.claims;
             hold_samples(&mut kept.samples, &shards, claimed, marks.len() < MARKS_PER_PASS as usize);
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
-            let findings = analysis_pass(store, metrics, config, &mut kept, pass).await?;
+            let held: HashSet<i32> = shards.iter().copied().collect();
+            let mut findings = analysis_pass(store, metrics, config, &mut kept, pass, Some(&held)).await?;
+            let elsewhere = std::mem::take(&mut findings.elsewhere);
+            if !elsewhere.is_empty() {
+                coordinator.add_marks(&elsewhere).await?;
+            }
             recorder.store(store, metrics, findings).await?;
             recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
@@ -457,6 +462,9 @@ impl WrittenRollups {
 struct Findings {
     anomalies: Vec<Arc<lagscope_model::Anomaly>>,
     rollups: Vec<(ScopeKey, Vec<ReadRollup>)>,
+    /// Clients to analyse again whose shards another instance holds (several instances share
+    /// the database): marked for it.
+    elsewhere: Vec<Mark>,
 }
 
 /// What the passes' writes keep from one to the next: what was written (not written again
@@ -523,6 +531,33 @@ struct RecognisedLines {
 }
 
 impl RecognisedLines {
+    /// Reads `cluster`'s recognised lines of the scope window (as the store's read, at most
+    /// `max_logs_per_cluster`), replacing what was held of them; returns them.
+    async fn read(
+        &mut self,
+        store: &dyn Store,
+        cluster: &Option<String>,
+        config: &Config,
+        kept_from: Option<UnixNanos>,
+    ) -> Result<&[Arc<LogEvent>], lagscope_store::StoreError> {
+        let (window, limit) = (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster);
+        let events = match store.span_feed() {
+            // Held between passes: only the lines committed since are read and classified.
+            Some(feed) => self.held.read(feed, cluster, (window, limit), kept_from).await?,
+            None => {
+                // Only candidate lines (an index finds them) leave the store; classify decides.
+                let logs = store.recognised_logs(cluster.as_deref(), window, limit).await?;
+                let mut events: Vec<Arc<LogEvent>> = logs.iter().filter_map(classify).map(Arc::new).collect();
+                // A line stored twice is one line: the store keeps a record sent again once,
+                // but not one line forwarded by two shippers (observed twice).
+                take_once(&mut events);
+                events
+            }
+        };
+        self.by_cluster.insert(cluster.clone(), events);
+        Ok(&self.by_cluster[cluster])
+    }
+
     fn index_clients(&mut self) {
         self.by_client.clear();
         self.unnamed_switches.clear();
@@ -610,6 +645,7 @@ async fn analysis_pass(
     config: &Config,
     kept: &mut Kept,
     pending: Pending,
+    held_shards: Option<&HashSet<i32>>,
 ) -> Result<Findings, lagscope_store::StoreError> {
     let Kept { lines, scope_spans: cache, client_spans: client_cache, samples: sample_cache, settling, callers } = kept;
     // Before any read: every commit the marks name is visible to this pass's reads.
@@ -627,34 +663,29 @@ async fn analysis_pass(
     let [kept_from, samples_kept_from, logs_kept_from, _] =
         retention.map(|keep| keep.map(|keep| now_unix_nano() - keep));
     for cluster in &pending.log_clusters {
-        let (window, limit) = (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster);
-        let events = match store.span_feed() {
-            // Held between passes: only the lines committed since are read and classified.
-            Some(feed) => lines.held.read(feed, cluster, (window, limit), logs_kept_from).await?,
-            None => {
-                // Only candidate lines (an index finds them) leave the store; classify decides.
-                let logs = store.recognised_logs(cluster.as_deref(), window, limit).await?;
-                let mut events: Vec<Arc<LogEvent>> = logs.iter().filter_map(classify).map(Arc::new).collect();
-                // A line stored twice is one line: the store keeps a record sent again once,
-                // but not one line forwarded by two shippers (observed twice).
-                take_once(&mut events);
-                events
-            }
-        };
+        let events = lines.read(store, cluster, config, logs_kept_from).await?;
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
-        lines.by_cluster.insert(cluster.clone(), events);
     }
     let mut clients: BTreeSet<String> = pending.clients;
     if !pending.log_clusters.is_empty() {
         lines.index_clients();
         // Switch lines that name no client are their process's client's: its pass reads those
-        // of the clusters just read now, though it sent no span since.
+        // of the clusters just read now, though it sent no span since (the pass of the
+        // instance that holds its shard, when several share the database).
         let owners = (lines.unnamed_switches.keys())
             .filter(|process| pending.log_clusters.contains(&process.0))
             .filter_map(|process| callers.owner(process));
-        clients.extend(owners.map(str::to_string));
+        for owner in owners {
+            match held_shards {
+                Some(held) if !held.contains(&Mark::Client(owner.to_string()).shard()) => {
+                    findings.elsewhere.push(Mark::Client(owner.to_string()));
+                }
+                _ => {
+                    clients.insert(owner.to_string());
+                }
+            }
+        }
     }
-    let events_by_cluster = &lines.by_cluster;
     let traces: Vec<String> = pending.traces.into_iter().collect();
     clients.extend(store.clients_of_traces(&traces).await?);
     let client_limit = config.live.max_spans_per_client;
@@ -714,6 +745,32 @@ async fn analysis_pass(
             }
         }
     }
+    if held_shards.is_some() {
+        // Several instances share the database: a cluster's new lines were read by the holder
+        // of its mark, seldom the instance that analyses its clients and scopes. The lines of
+        // the clusters this pass's clients and scopes are in are brought up to date here (on a
+        // feed, only the lines committed since this instance last read them).
+        let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
+        for client_id in &clients {
+            match not_held.get(client_id.as_str()) {
+                Some(spans) => of_pass.extend(
+                    (spans.iter())
+                        .filter(|span| span.call.client_id.as_deref() == Some(client_id.as_str()))
+                        .map(|span| &span.resource.cluster),
+                ),
+                None => of_pass.extend(client_cache.clusters_of(client_id).into_iter().flatten()),
+            }
+        }
+        let stale: Vec<Option<String>> =
+            of_pass.into_iter().filter(|cluster| !pending.log_clusters.contains(*cluster)).cloned().collect();
+        for cluster in &stale {
+            lines.read(store, cluster, config, logs_kept_from).await?;
+        }
+        if !stale.is_empty() {
+            lines.index_clients();
+        }
+    }
+    let events_by_cluster = &lines.by_cluster;
     let mut work = Vec::with_capacity(clients.len());
     let unnamed_by_owner = lines.unnamed_by_owner(callers);
     let judged_from: HashMap<&str, i64> = (clients.iter())
@@ -1488,13 +1545,25 @@ mod tests {
             }
         };
 
-        let first = Findings { anomalies: vec![anomaly(20)], rollups: vec![(scope.clone(), vec![rollup(3)])] };
+        let first = Findings {
+            anomalies: vec![anomaly(20)],
+            rollups: vec![(scope.clone(), vec![rollup(3)])],
+            ..Findings::default()
+        };
         to_writer.send(pass(Ok(first), 1)).await.expect("sent");
         analysed_through(1).await;
         assert_eq!(stored(Arc::clone(&store)).await, (vec![20], vec![3]), "stored when counted");
         // Two passes queued at once: the later one's findings win.
-        let grown = Findings { anomalies: vec![anomaly(30)], rollups: vec![(scope.clone(), vec![rollup(4)])] };
-        let again = Findings { anomalies: vec![anomaly(40)], rollups: vec![(scope.clone(), vec![rollup(5)])] };
+        let grown = Findings {
+            anomalies: vec![anomaly(30)],
+            rollups: vec![(scope.clone(), vec![rollup(4)])],
+            ..Findings::default()
+        };
+        let again = Findings {
+            anomalies: vec![anomaly(40)],
+            rollups: vec![(scope.clone(), vec![rollup(5)])],
+            ..Findings::default()
+        };
         to_writer.send(pass(Ok(grown), 2)).await.expect("sent");
         to_writer.send(pass(Ok(again), 3)).await.expect("sent");
         let failed = StoreError::Corrupt { what: "pass", detail: "failed on purpose".to_string() };
