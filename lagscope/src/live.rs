@@ -252,6 +252,10 @@ async fn analyze_marks(
                 return Ok((false, true));
             }
             let claimed = std::mem::replace(&mut claims, held.claims) != held.claims;
+            if claimed {
+                // Lines committed while another instance held a cluster's mark were read there.
+                kept.lines.current.clear();
+            }
             hold_samples(&mut kept.samples, &shards, claimed, marks.len() < MARKS_PER_PASS as usize);
             let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
             let held: HashSet<i32> = shards.iter().copied().collect();
@@ -528,6 +532,10 @@ struct RecognisedLines {
     unnamed_switches: HashMap<Process, Vec<Arc<LogEvent>>>,
     /// What the store fed (SQLite): each cluster's lines, read and classified once.
     held: LineCache,
+    /// Several instances sharing the database: the clusters whose lines were read since this
+    /// instance last claimed shards, while it held their marks' shards. It reads every new line
+    /// of those (their marks are its own) and need not look again until it claims shards.
+    current: HashSet<Option<String>>,
 }
 
 impl RecognisedLines {
@@ -662,9 +670,16 @@ async fn analysis_pass(
     let retention = config.retention.durations().ok().unwrap_or_default();
     let [kept_from, samples_kept_from, logs_kept_from, _] =
         retention.map(|keep| keep.map(|keep| now_unix_nano() - keep));
+    // Whether this instance holds the mark of a cluster's new lines (always, on SQLite).
+    let holds_lines = |cluster: &Option<String>| {
+        held_shards.is_none_or(|held| held.contains(&Mark::LogCluster(cluster.clone()).shard()))
+    };
     for cluster in &pending.log_clusters {
         let events = lines.read(store, cluster, config, logs_kept_from).await?;
         scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
+        if held_shards.is_some() && holds_lines(cluster) {
+            lines.current.insert(cluster.clone());
+        }
     }
     let mut clients: BTreeSet<String> = pending.clients;
     if !pending.log_clusters.is_empty() {
@@ -749,7 +764,8 @@ async fn analysis_pass(
         // Several instances share the database: a cluster's new lines were read by the holder
         // of its mark, seldom the instance that analyses its clients and scopes. The lines of
         // the clusters this pass's clients and scopes are in are brought up to date here (on a
-        // feed, only the lines committed since this instance last read them).
+        // feed, only the lines committed since this instance last read them), unless this
+        // instance holds their mark and has read them since it last claimed shards.
         let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
         for client_id in &clients {
             match not_held.get(client_id.as_str()) {
@@ -761,10 +777,16 @@ async fn analysis_pass(
                 None => of_pass.extend(client_cache.clusters_of(client_id).into_iter().flatten()),
             }
         }
-        let stale: Vec<Option<String>> =
-            of_pass.into_iter().filter(|cluster| !pending.log_clusters.contains(*cluster)).cloned().collect();
+        let stale: Vec<Option<String>> = (of_pass.into_iter())
+            .filter(|cluster| !pending.log_clusters.contains(*cluster))
+            .filter(|cluster| !(holds_lines(cluster) && lines.current.contains(*cluster)))
+            .cloned()
+            .collect();
         for cluster in &stale {
             lines.read(store, cluster, config, logs_kept_from).await?;
+            if holds_lines(cluster) {
+                lines.current.insert(cluster.clone());
+            }
         }
         if !stale.is_empty() {
             lines.index_clients();
