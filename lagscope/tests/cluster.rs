@@ -105,6 +105,17 @@ async fn send_all(client: &reqwest::Client, requests: &[Request], targets: &[&st
     futures::future::join_all(senders).await;
 }
 
+/// The simulator's run of `sim`: its truth and its requests (on a blocking thread).
+async fn simulate(sim: SimConfig) -> (Truth, Vec<Request>) {
+    tokio::task::spawn_blocking(move || {
+        let mut requests = Vec::new();
+        let truth = lagscope_sim::run(&sim, &mut requests).expect("the simulator runs");
+        (truth, requests)
+    })
+    .await
+    .expect("sim thread")
+}
+
 /// Every anomaly the API lists, page by page.
 async fn all_anomalies(api: &str) -> Vec<Value> {
     let mut anomalies = Vec::new();
@@ -151,13 +162,7 @@ async fn two_instances_split_the_analysis_and_survive_one_being_killed() {
 
     let mut sim = SimConfig::new("mixed");
     sim.duration = Some(40 * SECOND);
-    let (truth, requests): (Truth, Vec<Request>) = tokio::task::spawn_blocking(move || {
-        let mut requests = Vec::new();
-        let truth = lagscope_sim::run(&sim, &mut requests).expect("the simulator runs");
-        (truth, requests)
-    })
-    .await
-    .expect("sim thread");
+    let (truth, requests) = simulate(sim).await;
     assert!(truth.anomalies.len() > 20, "the run must expect anomalies of many kinds");
     let run_started = Instant::now();
     eprintln!("{} requests, {} anomalies expected", requests.len(), truth.anomalies.len());
@@ -287,13 +292,7 @@ async fn lines_are_read_by_whichever_instance_analyses_their_clients_and_scopes(
         let analysed_at = holder_of(&api, analysed.shard()).await;
         assert_ne!(lines_at, analysed_at, "{scenario}: the lines and {analysed:?} must be held apart for this test");
         let sim = SimConfig::new(scenario);
-        let (truth, requests): (Truth, Vec<Request>) = tokio::task::spawn_blocking(move || {
-            let mut requests = Vec::new();
-            let truth = lagscope_sim::run(&sim, &mut requests).expect("the simulator runs");
-            (truth, requests)
-        })
-        .await
-        .expect("sim thread");
+        let (truth, requests) = simulate(sim).await;
         let client = reqwest::Client::new();
         let targets: Vec<&str> = instances.iter().map(|instance| instance.otlp_http.as_str()).collect();
         send_all(&client, &requests, &targets).await;
