@@ -257,13 +257,9 @@ async fn analyze_marks(
                 kept.lines.current.clear();
             }
             hold_samples(&mut kept.samples, &shards, claimed, marks.len() < MARKS_PER_PASS as usize);
-            let pass = resolve_marks(store, coordinator, &shards, &marks).await?;
             let held: HashSet<i32> = shards.iter().copied().collect();
-            let mut findings = analysis_pass(store, metrics, config, &mut kept, pass, Some(&held)).await?;
-            let elsewhere = std::mem::take(&mut findings.elsewhere);
-            if !elsewhere.is_empty() {
-                coordinator.add_marks(&elsewhere).await?;
-            }
+            let pass = resolve_marks(store, coordinator, &held, &marks).await?;
+            let findings = analysis_pass(store, metrics, config, &mut kept, pass, Some(&held)).await?;
             recorder.store(store, metrics, findings).await?;
             recorder.found.log_every(NEW_ANOMALIES_LOG_INTERVAL);
             coordinator.finish_marks(&marks).await?;
@@ -337,10 +333,9 @@ pub(crate) fn hold_samples(cache: &mut SampleCache, shards: &[i32], claimed: boo
 pub(crate) async fn resolve_marks(
     store: &dyn Store,
     coordinator: &dyn Coordinator,
-    shards: &[i32],
+    held: &HashSet<i32>,
     marks: &[lagscope_store::PendingMark],
 ) -> Result<Pending, lagscope_store::StoreError> {
-    let held: HashSet<i32> = shards.iter().copied().collect();
     let mut pass = Pending::default();
     let mut traces = Vec::new();
     for pending in marks {
@@ -362,19 +357,34 @@ pub(crate) async fn resolve_marks(
             }
         }
     }
+    let clients = store.clients_of_traces(&traces).await?;
+    route_clients(coordinator, held, clients, &mut pass.clients).await?;
+    Ok(pass)
+}
+
+/// Clients to analyse again: those whose shard is `held` here join `pass`, the others are
+/// marked for their shards' holders.
+async fn route_clients(
+    coordinator: &dyn Coordinator,
+    held: &HashSet<i32>,
+    clients: impl IntoIterator<Item = String>,
+    pass: &mut BTreeSet<String>,
+) -> Result<(), lagscope_store::StoreError> {
     let mut elsewhere = Vec::new();
-    for client_id in store.clients_of_traces(&traces).await? {
+    for client_id in clients {
         let mark = Mark::Client(client_id);
         if held.contains(&mark.shard()) {
             if let Mark::Client(client_id) = mark {
-                pass.clients.insert(client_id);
+                pass.insert(client_id);
             }
         } else {
             elsewhere.push(mark);
         }
     }
-    coordinator.add_marks(&elsewhere).await?;
-    Ok(pass)
+    if !elsewhere.is_empty() {
+        coordinator.add_marks(&elsewhere).await?;
+    }
+    Ok(())
 }
 
 /// What the live analyzer keeps from one pass to the next.
@@ -466,9 +476,6 @@ impl WrittenRollups {
 struct Findings {
     anomalies: Vec<Arc<lagscope_model::Anomaly>>,
     rollups: Vec<(ScopeKey, Vec<ReadRollup>)>,
-    /// Clients to analyse again whose shards another instance holds (several instances share
-    /// the database): marked for it.
-    elsewhere: Vec<Mark>,
 }
 
 /// What the passes' writes keep from one to the next: what was written (not written again
@@ -687,18 +694,13 @@ async fn analysis_pass(
         // Switch lines that name no client are their process's client's: its pass reads those
         // of the clusters just read now, though it sent no span since (the pass of the
         // instance that holds its shard, when several share the database).
-        let owners = (lines.unnamed_switches.keys())
+        let owners: Vec<String> = (lines.unnamed_switches.keys())
             .filter(|process| pending.log_clusters.contains(&process.0))
-            .filter_map(|process| callers.owner(process));
-        for owner in owners {
-            match held_shards {
-                Some(held) if !held.contains(&Mark::Client(owner.to_string()).shard()) => {
-                    findings.elsewhere.push(Mark::Client(owner.to_string()));
-                }
-                _ => {
-                    clients.insert(owner.to_string());
-                }
-            }
+            .filter_map(|process| callers.owner(process).map(str::to_string))
+            .collect();
+        match (held_shards, store.coordinator()) {
+            (Some(held), Some(coordinator)) => route_clients(coordinator, held, owners, &mut clients).await?,
+            _ => clients.extend(owners),
         }
     }
     let traces: Vec<String> = pending.traces.into_iter().collect();
@@ -1567,25 +1569,13 @@ mod tests {
             }
         };
 
-        let first = Findings {
-            anomalies: vec![anomaly(20)],
-            rollups: vec![(scope.clone(), vec![rollup(3)])],
-            ..Findings::default()
-        };
+        let first = Findings { anomalies: vec![anomaly(20)], rollups: vec![(scope.clone(), vec![rollup(3)])] };
         to_writer.send(pass(Ok(first), 1)).await.expect("sent");
         analysed_through(1).await;
         assert_eq!(stored(Arc::clone(&store)).await, (vec![20], vec![3]), "stored when counted");
         // Two passes queued at once: the later one's findings win.
-        let grown = Findings {
-            anomalies: vec![anomaly(30)],
-            rollups: vec![(scope.clone(), vec![rollup(4)])],
-            ..Findings::default()
-        };
-        let again = Findings {
-            anomalies: vec![anomaly(40)],
-            rollups: vec![(scope.clone(), vec![rollup(5)])],
-            ..Findings::default()
-        };
+        let grown = Findings { anomalies: vec![anomaly(30)], rollups: vec![(scope.clone(), vec![rollup(4)])] };
+        let again = Findings { anomalies: vec![anomaly(40)], rollups: vec![(scope.clone(), vec![rollup(5)])] };
         to_writer.send(pass(Ok(grown), 2)).await.expect("sent");
         to_writer.send(pass(Ok(again), 3)).await.expect("sent");
         let failed = StoreError::Corrupt { what: "pass", detail: "failed on purpose".to_string() };

@@ -455,7 +455,9 @@ mod tests {
             let every_mark_taken = marks.len() < limit as usize;
             cleared += usize::from(claimed || !every_mark_taken);
             crate::live::hold_samples(&mut cache, &shards, claimed, every_mark_taken);
-            let pass = crate::live::resolve_marks(&store, coordinator, &shards, &marks).await.expect("resolve");
+            let pass = crate::live::resolve_marks(&store, coordinator, &shards.iter().copied().collect(), &marks)
+                .await
+                .expect("resolve");
             cache.committed(&pass.sample_times, now);
             for scope in &pass.scopes {
                 let (cluster, namespace) = (scope.0.as_deref(), scope.1.as_deref());
