@@ -599,11 +599,12 @@ impl RecognisedLines {
         events
     }
 
-    /// The unnamed switch lines, by the one client of the process that logged them.
-    fn unnamed_by_owner<'a>(&'a self, callers: &'a AddressCallers) -> HashMap<&'a str, Vec<&'a Arc<LogEvent>>> {
+    /// The unnamed switch lines, by the one client of the process that logged them (every
+    /// process with such lines found in `owners`).
+    fn unnamed_by_owner<'a>(&'a self, owners: &'a ProcessOwners) -> HashMap<&'a str, Vec<&'a Arc<LogEvent>>> {
         let mut owned: HashMap<&str, Vec<&Arc<LogEvent>>> = HashMap::new();
         for (process, events) in &self.unnamed_switches {
-            if let Some(client) = callers.owner(process) {
+            if let Some(client) = owners.owner(process) {
                 owned.entry(client).or_default().extend(events);
             }
         }
@@ -617,40 +618,118 @@ type Process = (Option<String>, String);
 /// The clients that called cluster URLs (`server.address`) from each process, as this
 /// instance's client passes saw them: the switch lines a process logs without naming a client
 /// are the switches of its one such client (`failover_flapping`), and of no one where there
-/// are several. With several instances sharing a database, each knows the clients of the
-/// shards it holds. A process not seen for a scope window is forgotten.
+/// are several. A client not seen for a scope window is forgotten. With several instances
+/// sharing a database, each sees the clients of the shards it holds: what they saw is written
+/// to the database ([`Coordinator::note_process_clients`]) and the owners are read from there
+/// ([`ProcessOwners`]).
 #[derive(Default)]
 struct AddressCallers {
-    /// Per process, its clients (at most two are kept: two is already "several") and when a
-    /// pass last saw one.
-    processes: HashMap<Process, (Vec<String>, Instant)>,
+    /// Per process, its clients (at most two are kept: two is already "several"), each with
+    /// when a pass last saw it.
+    processes: HashMap<Process, Vec<(String, Instant)>>,
     pruned: Option<Instant>,
+    /// Several instances: when this instance last wrote each pair to the database.
+    written: HashMap<(Process, String), Instant>,
 }
 
 impl AddressCallers {
     fn note(&mut self, (cluster, node): (Option<&str>, &str), client: &str, now: Instant) {
         let process = (cluster.map(str::to_string), node.to_string());
-        let (clients, seen) = self.processes.entry(process).or_insert_with(|| (Vec::new(), now));
-        *seen = now;
-        if clients.len() < 2 && !clients.iter().any(|known| known == client) {
-            clients.push(client.to_string());
+        let clients = self.processes.entry(process).or_default();
+        if let Some((_, seen)) = clients.iter_mut().find(|(known, _)| known == client) {
+            *seen = now;
+        } else if clients.len() < 2 {
+            clients.push((client.to_string(), now));
         }
     }
 
     fn owner(&self, process: &Process) -> Option<&str> {
-        match self.processes.get(process) {
-            Some((clients, _)) if clients.len() == 1 => Some(&clients[0]),
+        match self.processes.get(process).map(Vec::as_slice) {
+            Some([(client, _)]) => Some(client),
             _ => None,
         }
     }
 
-    /// Forgets the processes not seen for `window` (looked at once per `window` at most).
-    fn prune(&mut self, window: Duration, now: Instant) {
+    /// Whether a pair seen at `now` is to be written to the database: it never was, or not for
+    /// a quarter of `window` (the database forgets pairs not written for a window). Noted as
+    /// written if so.
+    fn write_due(
+        &mut self,
+        (cluster, node): (Option<&str>, &str),
+        client: &str,
+        window: Duration,
+        now: Instant,
+    ) -> bool {
+        let pair = ((cluster.map(str::to_string), node.to_string()), client.to_string());
+        match self.written.get_mut(&pair) {
+            Some(written) if now.duration_since(*written) < window / 4 => false,
+            Some(written) => {
+                *written = now;
+                true
+            }
+            None => {
+                self.written.insert(pair, now);
+                true
+            }
+        }
+    }
+
+    /// Forgets the clients not seen for `window` (looked at once per `window` at most);
+    /// whether it looked.
+    fn prune(&mut self, window: Duration, now: Instant) -> bool {
         if self.pruned.is_some_and(|pruned| now.duration_since(pruned) < window) {
-            return;
+            return false;
         }
         self.pruned = Some(now);
-        self.processes.retain(|_, (_, seen)| now.duration_since(*seen) < window);
+        for clients in self.processes.values_mut() {
+            clients.retain(|(_, seen)| now.duration_since(*seen) < window);
+        }
+        self.processes.retain(|_, clients| !clients.is_empty());
+        self.written.retain(|_, written| now.duration_since(*written) < window);
+        true
+    }
+}
+
+/// The one client of each process a pass asks about (whose its unnamed switch lines are): from
+/// this instance's [`AddressCallers`] alone, or, with several instances sharing the database,
+/// from what every instance wrote there (the clients of one process may be analysed by
+/// different instances, each seeing only its own). Read once per process per pass.
+struct ProcessOwners<'a> {
+    shared: Option<(&'a dyn Coordinator, Duration)>,
+    known: HashMap<Process, Option<String>>,
+}
+
+impl<'a> ProcessOwners<'a> {
+    fn new(shared: Option<(&'a dyn Coordinator, Duration)>) -> Self {
+        Self { shared, known: HashMap::new() }
+    }
+
+    /// Finds the owners of `processes` not asked about before.
+    async fn find<'p>(
+        &mut self,
+        processes: impl IntoIterator<Item = &'p Process>,
+        callers: &AddressCallers,
+    ) -> Result<(), lagscope_store::StoreError> {
+        let asked: Vec<&Process> = processes.into_iter().filter(|process| !self.known.contains_key(*process)).collect();
+        match self.shared {
+            Some((coordinator, window)) if !asked.is_empty() => {
+                let keys: Vec<(Option<&str>, &str)> =
+                    asked.iter().map(|(cluster, node)| (cluster.as_deref(), node.as_str())).collect();
+                let owners = coordinator.process_owners(&keys, window).await?;
+                self.known.extend(asked.into_iter().cloned().zip(owners));
+            }
+            _ => {
+                for process in asked {
+                    self.known.insert(process.clone(), callers.owner(process).map(str::to_string));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The owner of a process found before.
+    fn owner(&self, process: &Process) -> Option<&str> {
+        self.known.get(process).and_then(Option::as_deref)
     }
 }
 
@@ -689,15 +768,20 @@ async fn analysis_pass(
         }
     }
     let mut clients: BTreeSet<String> = pending.clients;
+    // Several instances: who the clients of a process are is known from the database.
+    let callers_window = Duration::from_secs(config.live.scope_window_seconds.max(1) as u64);
+    let shared = held_shards.and(store.coordinator()).map(|coordinator| (coordinator, callers_window));
+    let mut owners = ProcessOwners::new(shared);
     if !pending.log_clusters.is_empty() {
         lines.index_clients();
         // Switch lines that name no client are their process's client's: its pass reads those
         // of the clusters just read now, though it sent no span since (the pass of the
         // instance that holds its shard, when several share the database).
-        let owners: Vec<String> = (lines.unnamed_switches.keys())
-            .filter(|process| pending.log_clusters.contains(&process.0))
-            .filter_map(|process| callers.owner(process).map(str::to_string))
-            .collect();
+        let new_lines: Vec<&Process> =
+            lines.unnamed_switches.keys().filter(|process| pending.log_clusters.contains(&process.0)).collect();
+        owners.find(new_lines.iter().copied(), callers).await?;
+        let owners: Vec<String> =
+            new_lines.iter().filter_map(|process| owners.owner(process).map(str::to_string)).collect();
         match (held_shards, store.coordinator()) {
             (Some(held), Some(coordinator)) => route_clients(coordinator, held, owners, &mut clients).await?,
             _ => clients.extend(owners),
@@ -796,7 +880,10 @@ async fn analysis_pass(
     }
     let events_by_cluster = &lines.by_cluster;
     let mut work = Vec::with_capacity(clients.len());
-    let unnamed_by_owner = lines.unnamed_by_owner(callers);
+    if !clients.is_empty() {
+        owners.find(lines.unnamed_switches.keys(), callers).await?;
+    }
+    let unnamed_by_owner = lines.unnamed_by_owner(&owners);
     let judged_from: HashMap<&str, i64> = (clients.iter())
         .filter_map(|client_id| Some((client_id.as_str(), client_cache.late().judged_from(client_id)?)))
         .collect();
@@ -865,14 +952,27 @@ async fn analysis_pass(
         },
     );
     let now = Instant::now();
+    let mut to_write = Vec::new();
     for (client_id, (found, let_go, address_callers)) in clients.iter().zip(found_of_clients) {
         client_cache.settled(client_id, let_go);
         findings.anomalies.extend(found);
-        for (cluster, node, client) in &address_callers {
-            callers.note((cluster.as_deref(), node), client, now);
+        for (cluster, node, client) in address_callers {
+            callers.note((cluster.as_deref(), &node), &client, now);
+            if shared.is_some() && callers.write_due((cluster.as_deref(), &node), &client, callers_window, now) {
+                to_write.push((cluster, node, client));
+            }
         }
     }
-    callers.prune(Duration::from_secs(config.live.scope_window_seconds.max(1) as u64), now);
+    let pruned = callers.prune(callers_window, now);
+    if let Some((coordinator, window)) = shared {
+        let seen: Vec<(Option<&str>, &str, &str)> = (to_write.iter())
+            .map(|(cluster, node, client)| (cluster.as_deref(), node.as_str(), client.as_str()))
+            .collect();
+        coordinator.note_process_clients(&seen).await?;
+        if pruned {
+            coordinator.forget_process_clients(window).await?;
+        }
+    }
     drop(not_held);
     times.client_analysis += lap.elapsed();
     let limit = config.live.max_spans_per_scope;
@@ -1499,9 +1599,30 @@ mod tests {
         // Not seen for a window: forgotten (and known anew from the next pass that sees it).
         let window = Duration::from_secs(600);
         callers.note((Some("pulsar-east"), "app-2"), "producer-3", start + window);
-        callers.prune(window, start + window + Duration::from_secs(1));
-        assert_eq!(callers.processes.len(), 1);
+        // Each client is forgotten on its own: app-1's second client, seen again, is its one.
+        callers.note((Some("pulsar-east"), "app-1"), "producer-2", start + window);
+        assert!(callers.prune(window, start + window + Duration::from_secs(1)));
+        assert_eq!(callers.processes.len(), 2);
         assert_eq!(callers.owner(&east("app-2")), Some("producer-3"));
+        assert_eq!(callers.owner(&east("app-1")), Some("producer-2"));
+        // Looked at once per window at most.
+        assert!(!callers.prune(window, start + window + Duration::from_secs(2)));
+    }
+
+    /// With several instances, a pair is written to the database when first seen, and again
+    /// once a quarter of the window has passed (the database forgets it after a window).
+    #[test]
+    fn a_seen_pair_is_written_again_before_the_database_forgets_it() {
+        let start = Instant::now();
+        let window = Duration::from_secs(600);
+        let mut callers = AddressCallers::default();
+        let process = (Some("pulsar-east"), "app-1");
+        assert!(callers.write_due(process, "producer-1", window, start));
+        assert!(!callers.write_due(process, "producer-1", window, start + window / 8));
+        assert!(callers.write_due(process, "producer-2", window, start + window / 8));
+        assert!(callers.write_due(process, "producer-1", window, start + window / 4));
+        assert!(!callers.write_due(process, "producer-1", window, start + window / 3));
+        assert!(callers.write_due((None, "app-1"), "producer-1", window, start + window / 3));
     }
 
     /// An `apply_lag` anomaly of observer nn-obs1 in prod/ns1, from 10 to `end`.

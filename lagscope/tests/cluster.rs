@@ -227,6 +227,51 @@ async fn two_instances_split_the_analysis_and_survive_one_being_killed() {
 }
 
 /// The instance holding `shard`, as `api` reports it.
+/// Instances `names` on one database, started one after another, each once the ones before
+/// hold their share of the shards: the shards then split in ranges, in start order.
+/// Each keeps its data in `directory`, named by its name and `tag`.
+async fn start_in_turn(
+    database_url: &str,
+    directory: &std::path::Path,
+    tag: &str,
+    names: &[&str],
+) -> Vec<ServeProcess> {
+    let mut instances: Vec<ServeProcess> = Vec::new();
+    for (count, name) in names.iter().enumerate() {
+        let data_dir = directory.join(format!("{name}{tag}"));
+        instances.push(ServeProcess::start(&data_dir, &serve_config(database_url, name)));
+        let api = instances[0].api.clone();
+        let fair = (lagscope_store::SHARDS as usize).div_ceil(count + 1);
+        wait_for("each instance holding its share", Duration::from_secs(30), async || {
+            let mut held = 0;
+            for other in &names[..=count] {
+                let shards = shards_of(&api, other).await;
+                if shards > fair {
+                    return false;
+                }
+                held += shards;
+            }
+            held == lagscope_store::SHARDS as usize
+        })
+        .await;
+    }
+    instances
+}
+
+/// Sends `requests` spread over `instances` ([`send_all`]), waits until every mark is
+/// analysed and returns every anomaly listed.
+async fn send_and_analyse(instances: &[ServeProcess], requests: &[Request]) -> Vec<Value> {
+    let client = reqwest::Client::new();
+    let targets: Vec<&str> = instances.iter().map(|instance| instance.otlp_http.as_str()).collect();
+    send_all(&client, requests, &targets).await;
+    let api = &instances[0].api;
+    wait_for("every mark analysed", Duration::from_secs(180), async || {
+        get(api, "/api/v1/cluster").await["pending_marks"].as_u64() == Some(0)
+    })
+    .await;
+    all_anomalies(api).await
+}
+
 async fn holder_of(api: &str, shard: i32) -> String {
     let cluster = get(api, "/api/v1/cluster").await;
     let holder = cluster["instances"].as_array().into_iter().flatten().find(|entry| {
@@ -268,39 +313,14 @@ async fn lines_are_read_by_whichever_instance_analyses_their_clients_and_scopes(
     ];
     for (round, (scenario, line_cluster, analysed, kind, from_lines)) in cases.into_iter().enumerate() {
         let database_url = postgres_support::fresh_database().await;
-        let mut instances = Vec::new();
-        for (count, name) in ["a", "b", "c"].into_iter().enumerate() {
-            let config = serve_config(&database_url, name);
-            instances.push(ServeProcess::start(&directory.path().join(format!("{name}{round}")), &config));
-            let api = instances[0].api.clone();
-            let fair = (lagscope_store::SHARDS as usize).div_ceil(count + 1);
-            wait_for("each instance holding its share", Duration::from_secs(30), async || {
-                let mut held = 0;
-                for other in ["a", "b", "c"].into_iter().take(count + 1) {
-                    let shards = shards_of(&api, other).await;
-                    if shards > fair {
-                        return false;
-                    }
-                    held += shards;
-                }
-                held == lagscope_store::SHARDS as usize
-            })
-            .await;
-        }
+        let instances = start_in_turn(&database_url, directory.path(), &round.to_string(), &["a", "b", "c"]).await;
         let api = instances[0].api.clone();
         let lines_at = holder_of(&api, Mark::LogCluster(Some(line_cluster.into())).shard()).await;
         let analysed_at = holder_of(&api, analysed.shard()).await;
         assert_ne!(lines_at, analysed_at, "{scenario}: the lines and {analysed:?} must be held apart for this test");
         let sim = SimConfig::new(scenario);
         let (truth, requests) = simulate(sim).await;
-        let client = reqwest::Client::new();
-        let targets: Vec<&str> = instances.iter().map(|instance| instance.otlp_http.as_str()).collect();
-        send_all(&client, &requests, &targets).await;
-        wait_for("every mark analysed", Duration::from_secs(180), async || {
-            get(&api, "/api/v1/cluster").await["pending_marks"].as_u64() == Some(0)
-        })
-        .await;
-        let anomalies = all_anomalies(&api).await;
+        let anomalies = send_and_analyse(&instances, &requests).await;
         let found: Vec<Found> = anomalies.iter().map(found).collect();
         for row in score(&truth, &found) {
             eprintln!(
@@ -321,4 +341,100 @@ async fn lines_are_read_by_whichever_instance_analyses_their_clients_and_scopes(
         }
     }
     assert!(failing.is_empty(), "every expected anomaly, with what the lines tell, nothing else: {failing:#?}");
+}
+
+/// `requests` with, after each of traces, a copy of its spans from `node` as the calls of
+/// another client of that process, `client`: to the same cluster URL throughout
+/// (`pulsar://pulsar-west`), each answered: a client that never switches.
+fn with_a_second_client(requests: Vec<Request>, node: &str, client: &str) -> Vec<Request> {
+    use lagscope_model::conventions::{CALL_ID, CLIENT_ID, NODE_ID, OUTCOME};
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
+    let text = |value: &str| Some(AnyValue { value: Some(any_value::Value::StringValue(value.to_string())) });
+    let mut out = Vec::with_capacity(requests.len() * 2);
+    for request in requests {
+        let Request::Traces(traces) = &request else {
+            out.push(request);
+            continue;
+        };
+        let mut copy = traces.clone();
+        copy.resource_spans.retain(|resource_spans| {
+            resource_spans.resource.as_ref().is_some_and(|resource| {
+                resource.attributes.iter().any(|attribute| attribute.key == NODE_ID && attribute.value == text(node))
+            })
+        });
+        for span in copy.resource_spans.iter_mut().flat_map(|r| &mut r.scope_spans).flat_map(|s| &mut s.spans) {
+            // Its own trace and span ids, its own calls, no failover events, every call answered.
+            span.trace_id[0] ^= 0xff;
+            span.span_id[0] ^= 0xff;
+            span.events.clear();
+            span.status = None;
+            span.attributes.retain(|attribute| attribute.key != "error.type");
+            for attribute in &mut span.attributes {
+                match attribute.key.as_str() {
+                    CLIENT_ID => attribute.value = text(client),
+                    CALL_ID => {
+                        let call = match attribute.value.as_ref().and_then(|value| value.value.as_ref()) {
+                            Some(any_value::Value::StringValue(call)) => call.rsplit('-').next().unwrap_or_default(),
+                            _ => "",
+                        };
+                        attribute.value = text(&format!("{client}-{call}"));
+                    }
+                    "server.address" => attribute.value = text("pulsar-west"),
+                    "lagscope.target.node" => attribute.value = text("broker-west-1"),
+                    OUTCOME => attribute.value = text("ok"),
+                    _ => {}
+                }
+            }
+        }
+        out.push(request);
+        if !copy.resource_spans.is_empty() {
+            out.push(Request::Traces(copy));
+        }
+    }
+    out
+}
+
+/// A process's switch lines that name no client are its one client's (`failover_flapping`),
+/// and no one's when several clients call cluster URLs from it. With the two clients of one
+/// process held by different instances, each instance sees only its own: which clients a
+/// process has is kept in the database, and neither instance takes the lines for its
+/// client's. The Pulsar scenario's client flaps (found from where its calls went); its
+/// neighbour, which never switched, has no flapping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_with_clients_on_two_instances_owns_no_unnamed_switch_lines() {
+    use lagscope_store::Mark;
+    let directory = tempfile::tempdir().expect("temp dir");
+    let database_url = postgres_support::fresh_database().await;
+    let instances = start_in_turn(&database_url, directory.path(), "", &["a", "b"]).await;
+    let api = instances[0].api.clone();
+    let first = "orders-producer-1";
+    let first_at = holder_of(&api, Mark::Client(first.into()).shard()).await;
+    let mut second = None;
+    for n in 2..64 {
+        let candidate = format!("orders-producer-{n}");
+        if holder_of(&api, Mark::Client(candidate.clone()).shard()).await != first_at {
+            second = Some(candidate);
+            break;
+        }
+    }
+    let second = second.expect("a client id held by the other instance");
+    let (_, requests) = simulate(SimConfig::new("pulsar-switch-back-delay-lost")).await;
+    let requests = with_a_second_client(requests, "orders-app-1", &second);
+    let anomalies = send_and_analyse(&instances, &requests).await;
+    let flapping = |client: &str| -> Vec<&Value> {
+        (anomalies.iter())
+            .filter(|anomaly| anomaly["kind"] == "failover_flapping" && anomaly["client_id"] == client)
+            .collect()
+    };
+    eprintln!("{first} held by {first_at}, {second} by the other: {:#?}", flapping(first));
+    assert!(flapping(&second).is_empty(), "{second} never switched: {:#?}", flapping(&second));
+    assert!(!flapping(first).is_empty(), "{first} flaps");
+    assert!(
+        flapping(first).iter().all(|anomaly| anomaly["evidence"]["source"].is_null()),
+        "the process's lines are no one's: {first}'s flapping is found from its calls: {:#?}",
+        flapping(first)
+    );
+    for instance in instances {
+        instance.stop();
+    }
 }

@@ -207,6 +207,25 @@ pub trait Coordinator: Send + Sync {
     async fn finish_marks(&self, marks: &[PendingMark]) -> Result<()>;
 
     async fn status(&self) -> Result<ClusterStatus>;
+
+    /// Records that each (cluster, node, client) was seen: the client called cluster URLs
+    /// (`server.address`) from the process of that cluster and node. A pair written again is
+    /// seen anew.
+    async fn note_process_clients(&self, seen: &[(Option<&str>, &str, &str)]) -> Result<()>;
+
+    /// Of each process (cluster, node) asked, its one client seen within `window` (written by
+    /// any instance), or `None` when it had none or several.
+    async fn process_owners(&self, processes: &[(Option<&str>, &str)], window: Duration)
+    -> Result<Vec<Option<String>>>;
+
+    /// Forgets the pairs not seen within `window`.
+    async fn forget_process_clients(&self, window: Duration) -> Result<()>;
+}
+
+/// A process's key as stored (`analysis_process_clients.process`): `[cluster, node]` as JSON,
+/// which keeps "no cluster" apart from an empty one.
+pub(crate) fn process_key(cluster: Option<&str>, node: &str) -> String {
+    serde_json::json!([cluster, node]).to_string()
 }
 
 #[cfg(test)]

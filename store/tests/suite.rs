@@ -1565,6 +1565,49 @@ async fn postgres_scope_marks_carry_their_oldest_sample_time() {
     assert_eq!(fresh, BTreeMap::from([(scope(Some("ns1")), Some(T0 + 11 * SECOND))]));
 }
 
+/// Which clients called cluster URLs from a process, as instances note them: a process with
+/// one client seen within the window has it as its owner, one with several has none, "no
+/// cluster" is not the empty cluster, and pairs not seen within the window are forgotten.
+#[tokio::test]
+async fn postgres_process_owners_are_the_one_client_seen_within_the_window() {
+    let (store, ()) = open_postgres().await;
+    let coordinator = store.coordinator().expect("coordinator");
+    let asked: [(Option<&str>, &str); 5] = [
+        (Some("east"), "app-1"),
+        (Some("east"), "app-2"),
+        (None, "app-1"),
+        (Some(""), "app-1"),
+        (Some("east"), "app-3"),
+    ];
+    let window = std::time::Duration::from_secs(600);
+    // Two instances note their own clients; the same pair twice in one call is one.
+    coordinator
+        .note_process_clients(&[(Some("east"), "app-1", "producer-1"), (Some("east"), "app-1", "producer-1")])
+        .await
+        .expect("a notes");
+    coordinator
+        .note_process_clients(&[(Some("east"), "app-2", "producer-2"), (None, "app-1", "producer-9")])
+        .await
+        .expect("b notes");
+    let owners = coordinator.process_owners(&asked, window).await.expect("owners");
+    let producer = |n: u32| Some(format!("producer-{n}"));
+    assert_eq!(owners, vec![producer(1), producer(2), producer(9), None, None]);
+    // A second client of app-1, noted by another instance: app-1's lines are no one's.
+    coordinator.note_process_clients(&[(Some("east"), "app-1", "producer-3")]).await.expect("c notes");
+    let owners = coordinator.process_owners(&asked, window).await.expect("owners");
+    assert_eq!(owners, vec![None, producer(2), producer(9), None, None]);
+    // Outside a short window nothing counts; forgotten, nothing is left to count.
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let short = std::time::Duration::from_millis(20);
+    assert_eq!(coordinator.process_owners(&asked, short).await.expect("owners"), vec![None; 5]);
+    coordinator.note_process_clients(&[(Some("east"), "app-1", "producer-1")]).await.expect("seen again");
+    assert_eq!(coordinator.process_owners(&asked, short).await.expect("owners")[0], producer(1));
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    coordinator.forget_process_clients(short).await.expect("forget");
+    assert_eq!(coordinator.process_owners(&asked, window).await.expect("owners"), vec![None; 5]);
+    assert!(coordinator.process_owners(&[], window).await.expect("none asked").is_empty());
+}
+
 /// Ingests committing at once (the committer keeps `concurrent_ingests` groups in flight)
 /// upsert the same series and mark the same clients, listed in opposite orders: none may
 /// deadlock or fail, and every sample and span is stored once.

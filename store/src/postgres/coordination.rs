@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::PgStore;
 use crate::Result;
-use crate::coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark, PendingMark, SHARDS};
+use crate::coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark, PendingMark, SHARDS, process_key};
 
 /// Writes marks (inside the caller's transaction when given one), a scope's with the oldest
 /// time of its samples in `sample_times` ([`Mark::sample_times`]). Rows are written in key
@@ -192,6 +192,64 @@ impl Coordinator for PgStore {
         .bind(&kinds)
         .bind(&keys)
         .bind(&seqs)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn note_process_clients(&self, seen: &[(Option<&str>, &str, &str)]) -> Result<()> {
+        // Each pair once (a statement may not update a row twice), in key order (two instances
+        // writing the same pairs lock them in the same order).
+        let pairs: BTreeSet<(String, String)> = (seen.iter())
+            .map(|(cluster, node, client)| (process_key(*cluster, node), super::copy::text(client).into_owned()))
+            .collect();
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let (processes, clients): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        sqlx::query(
+            "INSERT INTO analysis_process_clients (process, client_id, seen_at)
+             SELECT process, client_id, clock_timestamp()
+             FROM unnest($1::text[], $2::text[]) AS seen(process, client_id)
+             ORDER BY process, client_id
+             ON CONFLICT (process, client_id) DO UPDATE SET seen_at = excluded.seen_at",
+        )
+        .bind(&processes)
+        .bind(&clients)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn process_owners(
+        &self,
+        processes: &[(Option<&str>, &str)],
+        window: Duration,
+    ) -> Result<Vec<Option<String>>> {
+        if processes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = processes.iter().map(|(cluster, node)| process_key(*cluster, node)).collect();
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT process, min(client_id) FROM analysis_process_clients
+             WHERE process = ANY($1) AND seen_at > clock_timestamp() - $2 * interval '1 millisecond'
+             GROUP BY process HAVING count(*) = 1",
+        )
+        .bind(&keys)
+        .bind(window_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let owners: std::collections::HashMap<String, String> = rows.into_iter().collect();
+        Ok(keys.iter().map(|key| owners.get(key).cloned()).collect())
+    }
+
+    async fn forget_process_clients(&self, window: Duration) -> Result<()> {
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        sqlx::query(
+            "DELETE FROM analysis_process_clients WHERE seen_at <= clock_timestamp() - $1 * interval '1 millisecond'",
+        )
+        .bind(window_ms)
         .execute(&self.pool)
         .await?;
         Ok(())
