@@ -62,6 +62,38 @@ impl LineCache {
         Ok(held.events())
     }
 
+    /// [`LineCache::read`] of each of `clusters`, asking the store first, in one read for them
+    /// all, which have new lines ([`SpanFeed::recognised_logs_changed`]): only those are read;
+    /// the others' held lines are cut at their window's start, which is all a read would have
+    /// changed. Returns the lines of the clusters whose lines changed.
+    pub async fn refresh(
+        &mut self,
+        feed: &dyn SpanFeed,
+        clusters: &[Option<String>],
+        (window, limit): (i64, u32),
+        kept_from: Option<UnixNanos>,
+    ) -> Result<Vec<(Option<String>, Vec<Arc<LogEvent>>)>, StoreError> {
+        let asked: Vec<(Option<&str>, i64)> = (clusters.iter())
+            .map(|cluster| (cluster.as_deref(), self.clusters.get(cluster).map_or(0, |held| held.after)))
+            .collect();
+        let answers = feed.recognised_logs_changed(&asked, window).await?;
+        let mut changed = Vec::new();
+        for (cluster, answer) in clusters.iter().zip(answers) {
+            match answer {
+                (Some(false), latest) => {
+                    let held = self.clusters.entry(cluster.clone()).or_default();
+                    let from =
+                        latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)));
+                    if held.merge(Vec::new(), from, limit as usize) {
+                        changed.push((cluster.clone(), held.events()));
+                    }
+                }
+                _ => changed.push((cluster.clone(), self.read(feed, cluster, (window, limit), kept_from).await?)),
+            }
+        }
+        Ok(changed)
+    }
+
     /// Lines held over all clusters.
     #[cfg(test)]
     fn held(&self) -> usize {
@@ -71,13 +103,17 @@ impl LineCache {
 
 impl Held {
     /// Adds the lines `read`, and keeps the newest `limit` from time `from` on (`None`: the
-    /// cluster has no lines left).
-    fn merge(&mut self, read: Vec<(i64, lagscope_model::LogRecord)>, from: Option<UnixNanos>, limit: usize) {
+    /// cluster has no lines left). Whether what it holds changed.
+    fn merge(&mut self, read: Vec<(i64, lagscope_model::LogRecord)>, from: Option<UnixNanos>, limit: usize) -> bool {
+        let before = self.lines.len();
         let Some(from) = from else {
             self.lines.clear();
-            return;
+            return before > 0;
         };
         self.lines.retain(|line| line.time >= from);
+        if read.is_empty() {
+            return self.lines.len() != before;
+        }
         for (id, record) in read {
             self.after = self.after.max(id);
             if record.time_unix_nano < from {
@@ -94,6 +130,7 @@ impl Held {
         if self.lines.len() > limit {
             self.lines.drain(..self.lines.len() - limit);
         }
+        true
     }
 
     fn events(&self) -> Vec<Arc<LogEvent>> {
@@ -136,7 +173,7 @@ mod tests {
     }
 
     /// What a pass took from a read of the store before the cache.
-    async fn read_anew(store: &SqliteStore, cluster: &Option<String>, limit: u32) -> Vec<LogEvent> {
+    async fn read_anew(store: &dyn Store, cluster: &Option<String>, limit: u32) -> Vec<LogEvent> {
         let logs = store.recognised_logs(cluster.as_deref(), WINDOW, limit).await.expect("read");
         let mut events: Vec<LogEvent> = logs.iter().filter_map(classify).collect();
         take_once(&mut events);
@@ -150,9 +187,25 @@ mod tests {
     async fn held_lines_are_what_the_store_returns() {
         let directory = tempfile::tempdir().expect("tempdir");
         let store = SqliteStore::open_file(&directory.path().join("store.db")).await.expect("open");
+        held_lines_are_what(&store).await;
+    }
+
+    #[tokio::test]
+    async fn on_postgresql_held_lines_are_what_the_store_returns() {
+        let url = crate::postgres_support::fresh_database().await;
+        let store = lagscope_store::PgStore::connect(&url).await.expect("postgres");
+        held_lines_are_what(&store).await;
+    }
+
+    async fn held_lines_are_what(store: &dyn Store) {
+        let feed = store.span_feed().expect("a span feed");
         let clusters = [Some("c1".to_string()), Some("c2".to_string()), None];
         let mut caches: Vec<(u32, LineCache)> =
             [3_u32, 7, 1_000].into_iter().map(|limit| (limit, LineCache::default())).collect();
+        // The same limits through `refresh`, every cluster at once, with what each last gave.
+        let mut refreshed: Vec<(u32, LineCache, HashMap<Option<String>, Vec<Arc<LogEvent>>>)> =
+            [3_u32, 7, 1_000].into_iter().map(|limit| (limit, LineCache::default(), HashMap::new())).collect();
+        let mut unchanged = 0;
         let second = 1_000_000_000_i64;
         let mut random = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |bound: u64| {
@@ -202,7 +255,7 @@ mod tests {
             for cluster in &clusters {
                 for (limit, cache) in &mut caches {
                     let held: Vec<LogEvent> = cache
-                        .read(&store, cluster, (WINDOW, *limit), None)
+                        .read(feed, cluster, (WINDOW, *limit), None)
                         .await
                         .expect("read")
                         .iter()
@@ -210,13 +263,29 @@ mod tests {
                         .collect();
                     assert_eq!(
                         held,
-                        read_anew(&store, cluster, *limit).await,
+                        read_anew(store, cluster, *limit).await,
                         "batch {batch}, {cluster:?}, limit {limit}"
+                    );
+                }
+            }
+            for (limit, cache, given) in &mut refreshed {
+                let changed = cache.refresh(feed, &clusters, (WINDOW, *limit), None).await.expect("refresh");
+                unchanged += clusters.len() - changed.len();
+                given.extend(changed);
+                for cluster in &clusters {
+                    let held: Vec<LogEvent> =
+                        given.get(cluster).into_iter().flatten().map(|event| (**event).clone()).collect();
+                    assert_eq!(
+                        held,
+                        read_anew(store, cluster, *limit).await,
+                        "refreshed: batch {batch}, {cluster:?}, limit {limit}"
                     );
                 }
             }
             now += (next(8) as i64) * second;
         }
         assert!(caches.iter().all(|(_, cache)| cache.held() > 0));
+        // Clusters found unchanged were not read (and some were, or the check proves nothing).
+        assert!(unchanged > 0, "no refresh found a cluster unchanged");
     }
 }

@@ -545,6 +545,12 @@ struct RecognisedLines {
     current: HashSet<Option<String>>,
 }
 
+/// What a pass reads of a cluster's recognised lines: the scope window (nanoseconds) and the
+/// newest `live.max_logs_per_cluster` of it.
+fn lines_window(config: &Config) -> (i64, u32) {
+    (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster)
+}
+
 impl RecognisedLines {
     /// Reads `cluster`'s recognised lines of the scope window (as the store's read, at most
     /// `max_logs_per_cluster`), replacing what was held of them; returns them.
@@ -555,7 +561,7 @@ impl RecognisedLines {
         config: &Config,
         kept_from: Option<UnixNanos>,
     ) -> Result<&[Arc<LogEvent>], lagscope_store::StoreError> {
-        let (window, limit) = (config.live.scope_window_seconds * 1_000_000_000, config.live.max_logs_per_cluster);
+        let (window, limit) = lines_window(config);
         let events = match store.span_feed() {
             // Held between passes: only the lines committed since are read and classified.
             Some(feed) => self.held.read(feed, cluster, (window, limit), kept_from).await?,
@@ -571,6 +577,28 @@ impl RecognisedLines {
         };
         self.by_cluster.insert(cluster.clone(), events);
         Ok(&self.by_cluster[cluster])
+    }
+
+    /// [`RecognisedLines::read`] of each of `clusters`; on a feed, one read of the store first
+    /// finds the clusters with new lines, and only those are read ([`LineCache::refresh`]).
+    /// Whether any cluster's lines changed.
+    async fn refresh(
+        &mut self,
+        store: &dyn Store,
+        clusters: &[Option<String>],
+        config: &Config,
+        kept_from: Option<UnixNanos>,
+    ) -> Result<bool, lagscope_store::StoreError> {
+        let Some(feed) = store.span_feed() else {
+            for cluster in clusters {
+                self.read(store, cluster, config, kept_from).await?;
+            }
+            return Ok(!clusters.is_empty());
+        };
+        let changed = self.held.refresh(feed, clusters, lines_window(config), kept_from).await?;
+        let any = !changed.is_empty();
+        self.by_cluster.extend(changed);
+        Ok(any)
     }
 
     fn index_clients(&mut self) {
@@ -850,8 +878,9 @@ async fn analysis_pass(
         // Several instances share the database: a cluster's new lines were read by the holder
         // of its mark, seldom the instance that analyses its clients and scopes. The lines of
         // the clusters this pass's clients and scopes are in are brought up to date here (on a
-        // feed, only the lines committed since this instance last read them), unless this
-        // instance holds their mark and has read them since it last claimed shards.
+        // feed, one read finds which have lines committed since this instance last read them,
+        // and only those are read), unless this instance holds their mark and has read them
+        // since it last claimed shards.
         let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
         for client_id in &clients {
             match not_held.get(client_id.as_str()) {
@@ -868,15 +897,10 @@ async fn analysis_pass(
             .filter(|cluster| !(holds_lines(cluster) && lines.current.contains(*cluster)))
             .cloned()
             .collect();
-        for cluster in &stale {
-            lines.read(store, cluster, config, logs_kept_from).await?;
-            if holds_lines(cluster) {
-                lines.current.insert(cluster.clone());
-            }
-        }
-        if !stale.is_empty() {
+        if lines.refresh(store, &stale, config, logs_kept_from).await? {
             lines.index_clients();
         }
+        lines.current.extend(stale.into_iter().filter(|cluster| holds_lines(cluster)));
     }
     let events_by_cluster = &lines.by_cluster;
     let mut work = Vec::with_capacity(clients.len());

@@ -635,4 +635,16 @@ pub trait SpanFeed: Send + Sync {
         after: i64,
         limit: u32,
     ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)>;
+
+    /// For each (cluster, after) asked, what a reader holding that cluster's lines read through
+    /// id `after` must know before reading again ([`SpanFeed::recognised_logs_after`]): whether
+    /// the cluster has recognised lines of the window with ids above `after` (`None`: not
+    /// known, read again), and the time its window ends at (its latest log time; `None` when it
+    /// has no lines). One read for every cluster asked: a reader that finds nothing new needs
+    /// only to cut what it holds at the window's start.
+    async fn recognised_logs_changed(
+        &self,
+        asked: &[(Option<&str>, i64)],
+        window: i64,
+    ) -> Result<Vec<(Option<bool>, Option<i64>)>>;
 }

@@ -253,6 +253,59 @@ impl SpanFeed for PgStore {
         let records = rows.into_iter().map(|row| Ok((row.id, row.row.into_record()?))).collect::<Result<_>>()?;
         Ok((records, Some(latest)))
     }
+
+    async fn recognised_logs_changed(
+        &self,
+        asked: &[(Option<&str>, i64)],
+        window: i64,
+    ) -> Result<Vec<(Option<bool>, Option<i64>)>> {
+        recognised_logs_changed(&self.pool, asked, window).await
+    }
+}
+
+/// [`SpanFeed::recognised_logs_changed`] on PostgreSQL: the clusters asked, in one statement
+/// (a lateral read of each one's latest time, then whether it has a recognised line of the
+/// window above the id its reader holds). A cluster is matched with `=`, which the indexes
+/// on (cluster, time) serve; the lines of no cluster (`NULL`) are not asked about here: their
+/// reader reads them again.
+async fn recognised_logs_changed(
+    pool: &sqlx::PgPool,
+    asked: &[(Option<&str>, i64)],
+    window: i64,
+) -> Result<Vec<(Option<bool>, Option<i64>)>> {
+    let named: Vec<(usize, &str, i64)> =
+        (asked.iter().enumerate()).filter_map(|(index, (cluster, after))| Some((index, (*cluster)?, *after))).collect();
+    let mut answers = vec![(None, None); asked.len()];
+    if named.is_empty() {
+        return Ok(answers);
+    }
+    let through = feed::settled(pool, feed::Fed::Logs).await?;
+    let clusters: Vec<String> = named.iter().map(|(_, cluster, _)| copy::text(cluster).into_owned()).collect();
+    let afters: Vec<i64> = named.iter().map(|(_, _, after)| *after).collect();
+    let rows: Vec<(i64, Option<i64>, Option<bool>)> = sqlx::query_as(
+        "SELECT asked.n, latest.at, EXISTS (
+                 SELECT 1 FROM logs
+                 WHERE logs.cluster = asked.cluster AND recognised
+                   AND time_unix_nano >= latest.at - $3 AND id > asked.after AND id <= $4
+             )
+         FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS asked(cluster, after, n)
+         CROSS JOIN LATERAL (
+             SELECT max(time_unix_nano) AS at FROM logs WHERE logs.cluster = asked.cluster AND id <= $4
+         ) AS latest",
+    )
+    .bind(&clusters)
+    .bind(&afters)
+    .bind(window)
+    .bind(through)
+    .fetch_all(pool)
+    .await?;
+    for (n, latest, changed) in rows {
+        if let Some((index, ..)) = usize::try_from(n - 1).ok().and_then(|row| named.get(row)) {
+            // No lines at all: nothing new, and nothing to hold.
+            answers[*index] = (Some(latest.is_some() && changed == Some(true)), latest);
+        }
+    }
+    Ok(answers)
 }
 
 /// `query` with the id bound of a `_THROUGH` statement, when there is one.

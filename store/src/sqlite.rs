@@ -550,6 +550,14 @@ impl SpanFeed for SqliteStore {
     ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
         logs::recognised_for_cluster_after(&self.reader, cluster, window, after, limit).await
     }
+
+    async fn recognised_logs_changed(
+        &self,
+        asked: &[(Option<&str>, i64)],
+        window: i64,
+    ) -> Result<Vec<(Option<bool>, Option<i64>)>> {
+        logs::recognised_changed(&self.reader, asked, window).await
+    }
 }
 
 /// Rows per multi-row INSERT: one statement per chunk instead of one per row (each statement
