@@ -203,7 +203,8 @@ mod tests {
         let mut caches: Vec<(u32, LineCache)> =
             [3_u32, 7, 1_000].into_iter().map(|limit| (limit, LineCache::default())).collect();
         // The same limits through `refresh`, every cluster at once, with what each last gave.
-        let mut refreshed: Vec<(u32, LineCache, HashMap<Option<String>, Vec<Arc<LogEvent>>>)> =
+        type Given = HashMap<Option<String>, Vec<Arc<LogEvent>>>;
+        let mut refreshed: Vec<(u32, LineCache, Given)> =
             [3_u32, 7, 1_000].into_iter().map(|limit| (limit, LineCache::default(), HashMap::new())).collect();
         let mut unchanged = 0;
         let second = 1_000_000_000_i64;
