@@ -874,6 +874,7 @@ async fn analysis_pass(
             }
         }
     }
+    let lines_lap = Instant::now();
     if held_shards.is_some() {
         // Several instances share the database: a cluster's new lines were read by the holder
         // of its mark, seldom the instance that analyses its clients and scopes. The lines of
@@ -902,6 +903,7 @@ async fn analysis_pass(
         }
         lines.current.extend(stale.into_iter().filter(|cluster| holds_lines(cluster)));
     }
+    times.client_lines += lines_lap.elapsed();
     let events_by_cluster = &lines.by_cluster;
     let mut work = Vec::with_capacity(clients.len());
     if !clients.is_empty() {
@@ -1119,6 +1121,7 @@ async fn analysis_pass(
         client_reads_ms = times.client_reads.as_millis(),
         client_catch_up_ms = times.client_catch_up.as_millis(),
         client_probes_ms = times.client_probes.as_millis(),
+        client_lines_ms = times.client_lines.as_millis(),
         client_analysis_ms = times.client_analysis.as_millis(),
         scope_samples_ms = times.scope_samples.as_millis(),
         scope_spans_ms = times.scope_reads.saturating_sub(times.scope_samples).as_millis(),
@@ -1170,9 +1173,11 @@ struct PassTimes {
     logs_and_traces: Duration,
     /// Reading each client's spans (with their traces) and probe verdicts.
     client_reads: Duration,
-    /// Of `client_reads`, the client cache's catch-up, and the probe verdicts.
+    /// Of `client_reads`, the client cache's catch-up, the probe verdicts, and (several
+    /// instances on one database) bringing the lines of the pass's clusters up to date.
     client_catch_up: Duration,
     client_probes: Duration,
+    client_lines: Duration,
     /// (As `scope_analysis`.)
     client_analysis: Duration,
     /// Reading each scope's samples and spans (held or not), and the samples alone.

@@ -21,12 +21,12 @@ import re
 import sys
 
 # The stages a pass runs one after another; their sum is the pass's time. (The finer timings,
-# client_catch_up_ms, client_probes_ms, scope_catch_up_ms and scope_timelines_ms, are parts of
-# these and are summed apart.) A build that writes each pass's findings while the next pass runs
+# client_catch_up_ms, client_probes_ms, client_lines_ms, scope_catch_up_ms and
+# scope_timelines_ms, are parts of these and are summed apart.) A build that writes each pass's findings while the next pass runs
 # has no writes_ms in its pass lines: its writes are on lines of their own (WRITE_LINE).
 STAGES = ["logs_and_traces_ms", "client_reads_ms", "client_analysis_ms", "scope_samples_ms", "scope_spans_ms",
           "scope_analysis_ms", "writes_ms", "clusters_ms"]
-PARTS = ["client_catch_up_ms", "client_probes_ms", "scope_catch_up_ms", "scope_timelines_ms"]
+PARTS = ["client_catch_up_ms", "client_probes_ms", "client_lines_ms", "scope_catch_up_ms", "scope_timelines_ms"]
 FIELD = re.compile(r"\b(\w+_ms)=(\d+)")
 COUNT = re.compile(r"\b(clients|scopes)=(\d+)")
 WRITE_LINE = "pass findings stored"
