@@ -5,7 +5,10 @@
 //! the scope window, the newest `limit`. Read anew and classified on every such pass, those
 //! reads grew with the window to a tenth of the analyzer's time by minute 13 of a `mixed` run
 //! (BENCHMARKS.md, forty-sixth session). Here each cluster's lines are held, classified once,
-//! and a pass reads only the lines committed since ([`SpanFeed::recognised_logs_after`]).
+//! and a pass reads only the lines committed since ([`SpanFeed::recognised_logs_after`]). A pass
+//! that needs several clusters' lines up to date (several instances on one database, each
+//! analysing clusters whose lines another instance's marks bring) asks first, in one read,
+//! which have new lines ([`LineCache::refresh`]).
 //!
 //! Invariant: a held cluster holds exactly what `Store::recognised_logs` returned as of its
 //! last read, each line with its id, in its order (time, then id), and the id of the last line
@@ -44,28 +47,13 @@ struct Line {
 }
 
 impl LineCache {
-    /// The recognised lines of `cluster` ([`lagscope_store::Store::recognised_logs`]), each
-    /// line classified, in time order, a line sent again (the same identity) taken once, as a
-    /// pass takes them from a read of the store. Held lines older than `kept_from` (the logs'
-    /// retention cut-off) go, as the store's retention takes them.
-    pub async fn read(
-        &mut self,
-        feed: &dyn SpanFeed,
-        cluster: &Option<String>,
-        (window, limit): (i64, u32),
-        kept_from: Option<UnixNanos>,
-    ) -> Result<Vec<Arc<LogEvent>>, StoreError> {
-        let held = self.clusters.entry(cluster.clone()).or_default();
-        let (read, latest) = feed.recognised_logs_after(cluster.as_deref(), window, held.after, limit).await?;
-        let from = latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)));
-        held.merge(read, from, limit as usize);
-        Ok(held.events())
-    }
-
-    /// [`LineCache::read`] of each of `clusters`, asking the store first, in one read for them
-    /// all, which have new lines ([`SpanFeed::recognised_logs_changed`]): only those are read;
-    /// the others' held lines are cut at their window's start, which is all a read would have
-    /// changed. Returns the lines of the clusters whose lines changed.
+    /// The recognised lines of each of `clusters` ([`lagscope_store::Store::recognised_logs`]),
+    /// each line classified, in time order, a line sent again (the same identity) taken once, as
+    /// a pass takes them from a read of the store; the lines committed since the last refresh
+    /// read for all the clusters at once ([`SpanFeed::recognised_logs_after_each`]). Held lines
+    /// older than `kept_from` (the logs' retention cut-off) go, as the store's retention takes
+    /// them. Returns the lines of the clusters whose lines changed (new lines, or old ones cut at
+    /// the window's start); the others' are as last returned ([`LineCache::events`]).
     pub async fn refresh(
         &mut self,
         feed: &dyn SpanFeed,
@@ -76,22 +64,21 @@ impl LineCache {
         let asked: Vec<(Option<&str>, i64)> = (clusters.iter())
             .map(|cluster| (cluster.as_deref(), self.clusters.get(cluster).map_or(0, |held| held.after)))
             .collect();
-        let answers = feed.recognised_logs_changed(&asked, window).await?;
+        let answers = feed.recognised_logs_after_each(&asked, window, limit).await?;
         let mut changed = Vec::new();
-        for (cluster, answer) in clusters.iter().zip(answers) {
-            match answer {
-                (Some(false), latest) => {
-                    let held = self.clusters.entry(cluster.clone()).or_default();
-                    let from =
-                        latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)));
-                    if held.merge(Vec::new(), from, limit as usize) {
-                        changed.push((cluster.clone(), held.events()));
-                    }
-                }
-                _ => changed.push((cluster.clone(), self.read(feed, cluster, (window, limit), kept_from).await?)),
+        for (cluster, (read, latest)) in clusters.iter().zip(answers) {
+            let held = self.clusters.entry(cluster.clone()).or_default();
+            if held.merge(read, window_from(latest, window, kept_from), limit as usize) {
+                changed.push((cluster.clone(), held.events()));
             }
         }
         Ok(changed)
+    }
+
+    /// The lines of `cluster` as last returned.
+    #[cfg(test)]
+    fn events(&self, cluster: &Option<String>) -> Vec<Arc<LogEvent>> {
+        self.clusters.get(cluster).map(Held::events).unwrap_or_default()
     }
 
     /// Lines held over all clusters.
@@ -99,6 +86,12 @@ impl LineCache {
     fn held(&self) -> usize {
         self.clusters.values().map(|held| held.lines.len()).sum()
     }
+}
+
+/// Where a cluster's window starts: `window` before its latest log time, not before the logs'
+/// retention cut-off (`None`: it has no lines).
+fn window_from(latest: Option<UnixNanos>, window: i64, kept_from: Option<UnixNanos>) -> Option<UnixNanos> {
+    latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)))
 }
 
 impl Held {
@@ -255,13 +248,8 @@ mod tests {
             store.ingest(&IngestBatch { logs, ..IngestBatch::default() }).await.expect("ingest");
             for cluster in &clusters {
                 for (limit, cache) in &mut caches {
-                    let held: Vec<LogEvent> = cache
-                        .read(feed, cluster, (WINDOW, *limit), None)
-                        .await
-                        .expect("read")
-                        .iter()
-                        .map(|event| (**event).clone())
-                        .collect();
+                    cache.refresh(feed, std::slice::from_ref(cluster), (WINDOW, *limit), None).await.expect("read");
+                    let held: Vec<LogEvent> = cache.events(cluster).iter().map(|event| (**event).clone()).collect();
                     assert_eq!(
                         held,
                         read_anew(store, cluster, *limit).await,
@@ -286,7 +274,7 @@ mod tests {
             now += (next(8) as i64) * second;
         }
         assert!(caches.iter().all(|(_, cache)| cache.held() > 0));
-        // Clusters found unchanged were not read (and some were, or the check proves nothing).
+        // Some clusters were unchanged (and not given again), or the check proves nothing.
         assert!(unchanged > 0, "no refresh found a cluster unchanged");
     }
 }

@@ -552,36 +552,10 @@ fn lines_window(config: &Config) -> (i64, u32) {
 }
 
 impl RecognisedLines {
-    /// Reads `cluster`'s recognised lines of the scope window (as the store's read, at most
-    /// `max_logs_per_cluster`), replacing what was held of them; returns them.
-    async fn read(
-        &mut self,
-        store: &dyn Store,
-        cluster: &Option<String>,
-        config: &Config,
-        kept_from: Option<UnixNanos>,
-    ) -> Result<&[Arc<LogEvent>], lagscope_store::StoreError> {
-        let (window, limit) = lines_window(config);
-        let events = match store.span_feed() {
-            // Held between passes: only the lines committed since are read and classified.
-            Some(feed) => self.held.read(feed, cluster, (window, limit), kept_from).await?,
-            None => {
-                // Only candidate lines (an index finds them) leave the store; classify decides.
-                let logs = store.recognised_logs(cluster.as_deref(), window, limit).await?;
-                let mut events: Vec<Arc<LogEvent>> = logs.iter().filter_map(classify).map(Arc::new).collect();
-                // A line stored twice is one line: the store keeps a record sent again once,
-                // but not one line forwarded by two shippers (observed twice).
-                take_once(&mut events);
-                events
-            }
-        };
-        self.by_cluster.insert(cluster.clone(), events);
-        Ok(&self.by_cluster[cluster])
-    }
-
-    /// [`RecognisedLines::read`] of each of `clusters`; on a feed, one read of the store first
-    /// finds the clusters with new lines, and only those are read ([`LineCache::refresh`]).
-    /// Whether any cluster's lines changed.
+    /// Reads the recognised lines of the scope window of each of `clusters` (as the store's
+    /// read, at most `max_logs_per_cluster` each), replacing what was held of them. On a feed
+    /// they are held between passes: one read brings every cluster's lines committed since
+    /// ([`LineCache::refresh`]). Whether any cluster's lines changed.
     async fn refresh(
         &mut self,
         store: &dyn Store,
@@ -589,16 +563,23 @@ impl RecognisedLines {
         config: &Config,
         kept_from: Option<UnixNanos>,
     ) -> Result<bool, lagscope_store::StoreError> {
-        let Some(feed) = store.span_feed() else {
-            for cluster in clusters {
-                self.read(store, cluster, config, kept_from).await?;
-            }
-            return Ok(!clusters.is_empty());
-        };
-        let changed = self.held.refresh(feed, clusters, lines_window(config), kept_from).await?;
-        let any = !changed.is_empty();
-        self.by_cluster.extend(changed);
-        Ok(any)
+        let (window, limit) = lines_window(config);
+        if let Some(feed) = store.span_feed() {
+            let changed = self.held.refresh(feed, clusters, (window, limit), kept_from).await?;
+            let any = !changed.is_empty();
+            self.by_cluster.extend(changed);
+            return Ok(any);
+        }
+        for cluster in clusters {
+            // Only candidate lines (an index finds them) leave the store; classify decides.
+            let logs = store.recognised_logs(cluster.as_deref(), window, limit).await?;
+            let mut events: Vec<Arc<LogEvent>> = logs.iter().filter_map(classify).map(Arc::new).collect();
+            // A line stored twice is one line: the store keeps a record sent again once, but
+            // not one line forwarded by two shippers (observed twice).
+            take_once(&mut events);
+            self.by_cluster.insert(cluster.clone(), events);
+        }
+        Ok(!clusters.is_empty())
     }
 
     fn index_clients(&mut self) {
@@ -788,9 +769,11 @@ async fn analysis_pass(
     let holds_lines = |cluster: &Option<String>| {
         held_shards.is_none_or(|held| held.contains(&Mark::LogCluster(cluster.clone()).shard()))
     };
-    for cluster in &pending.log_clusters {
-        let events = lines.read(store, cluster, config, logs_kept_from).await?;
-        scopes.extend(events.iter().map(|event| (cluster.clone(), event.namespace.clone())));
+    let log_clusters: Vec<Option<String>> = pending.log_clusters.iter().cloned().collect();
+    lines.refresh(store, &log_clusters, config, logs_kept_from).await?;
+    for cluster in &log_clusters {
+        let events = lines.by_cluster.get(cluster).into_iter().flatten();
+        scopes.extend(events.map(|event| (cluster.clone(), event.namespace.clone())));
         if held_shards.is_some() && holds_lines(cluster) {
             lines.current.insert(cluster.clone());
         }

@@ -572,6 +572,11 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// What a read of a cluster's recognised lines committed after an id brings
+/// ([`SpanFeed::recognised_logs_after`]): the lines with their ids, and the time the cluster's
+/// window ends at (`None`: it has no lines).
+pub type RecognisedRead = (Vec<(i64, LogRecord)>, Option<i64>);
+
 /// Spans in the order they were committed, for a reader that keeps a scope's spans between
 /// reads and adds only what was committed since (the live analyzer's scope passes).
 ///
@@ -636,15 +641,13 @@ pub trait SpanFeed: Send + Sync {
         limit: u32,
     ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)>;
 
-    /// For each (cluster, after) asked, what a reader holding that cluster's lines read through
-    /// id `after` must know before reading again ([`SpanFeed::recognised_logs_after`]): whether
-    /// the cluster has recognised lines of the window with ids above `after` (`None`: not
-    /// known, read again), and the time its window ends at (its latest log time; `None` when it
-    /// has no lines). One read for every cluster asked: a reader that finds nothing new needs
-    /// only to cut what it holds at the window's start.
-    async fn recognised_logs_changed(
+    /// [`SpanFeed::recognised_logs_after`] of each (cluster, after) asked, in that order, as of
+    /// one settled id for them all: a pass that needs several clusters' new lines waits for the
+    /// ingests in flight once, not once per cluster.
+    async fn recognised_logs_after_each(
         &self,
         asked: &[(Option<&str>, i64)],
         window: i64,
-    ) -> Result<Vec<(Option<bool>, Option<i64>)>>;
+        limit: u32,
+    ) -> Result<Vec<RecognisedRead>>;
 }

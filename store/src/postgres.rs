@@ -254,55 +254,92 @@ impl SpanFeed for PgStore {
         Ok((records, Some(latest)))
     }
 
-    async fn recognised_logs_changed(
+    async fn recognised_logs_after_each(
         &self,
         asked: &[(Option<&str>, i64)],
         window: i64,
-    ) -> Result<Vec<(Option<bool>, Option<i64>)>> {
-        recognised_logs_changed(&self.pool, asked, window).await
+        limit: u32,
+    ) -> Result<Vec<crate::RecognisedRead>> {
+        recognised_logs_after_each(self, asked, window, limit).await
     }
 }
 
-/// [`SpanFeed::recognised_logs_changed`] on PostgreSQL: the clusters asked, in one statement
-/// (a lateral read of each one's latest time, then whether it has a recognised line of the
-/// window above the id its reader holds). A cluster is matched with `=`, which the indexes
-/// on (cluster, time) serve; the lines of no cluster (`NULL`) are not asked about here: their
-/// reader reads them again.
-async fn recognised_logs_changed(
-    pool: &sqlx::PgPool,
+/// A recognised line read for one of several clusters asked at once: the cluster's place in
+/// the question (from 1), and the line.
+#[derive(sqlx::FromRow)]
+struct AskedLogRow {
+    asked: i64,
+    #[sqlx(flatten)]
+    line: LogRowWithId,
+}
+
+/// [`SpanFeed::recognised_logs_after_each`] on PostgreSQL, the named clusters in one
+/// transaction: each one's latest time (a lateral read), then each one's new lines of its
+/// window (the newest `limit`), all as of one settled id. A cluster is matched with `=`, which
+/// the indexes on (cluster, time) serve; the lines of no cluster (`NULL`) are read on their own.
+async fn recognised_logs_after_each(
+    store: &PgStore,
     asked: &[(Option<&str>, i64)],
     window: i64,
-) -> Result<Vec<(Option<bool>, Option<i64>)>> {
-    let named: Vec<(usize, &str, i64)> =
-        (asked.iter().enumerate()).filter_map(|(index, (cluster, after))| Some((index, (*cluster)?, *after))).collect();
-    let mut answers = vec![(None, None); asked.len()];
+    limit: u32,
+) -> Result<Vec<crate::RecognisedRead>> {
+    let mut answers: Vec<crate::RecognisedRead> = vec![(Vec::new(), None); asked.len()];
+    let mut named: Vec<(usize, String, i64)> = Vec::new();
+    for (index, (cluster, after)) in asked.iter().enumerate() {
+        match cluster {
+            Some(cluster) => named.push((index, copy::text(cluster).into_owned(), *after)),
+            None => answers[index] = store.recognised_logs_after(None, window, *after, limit).await?,
+        }
+    }
     if named.is_empty() {
         return Ok(answers);
     }
-    let through = feed::settled(pool, feed::Fed::Logs).await?;
-    let clusters: Vec<String> = named.iter().map(|(_, cluster, _)| copy::text(cluster).into_owned()).collect();
-    let afters: Vec<i64> = named.iter().map(|(_, _, after)| *after).collect();
-    let rows: Vec<(i64, Option<i64>, Option<bool>)> = sqlx::query_as(
-        "SELECT asked.n, latest.at, EXISTS (
-                 SELECT 1 FROM logs
-                 WHERE logs.cluster = asked.cluster AND recognised
-                   AND time_unix_nano >= latest.at - $3 AND id > asked.after AND id <= $4
-             )
-         FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS asked(cluster, after, n)
+    let through = feed::settled(&store.pool, feed::Fed::Logs).await?;
+    let clusters: Vec<&str> = named.iter().map(|(_, cluster, _)| cluster.as_str()).collect();
+    let afters: Vec<i64> = named.iter().map(|(.., after)| *after).collect();
+    // The windows' ends and their rows from one snapshot.
+    let mut transaction = store.pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *transaction).await?;
+    let latest: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT asked.n, latest.at
+         FROM unnest($1::text[]) WITH ORDINALITY AS asked(cluster, n)
          CROSS JOIN LATERAL (
-             SELECT max(time_unix_nano) AS at FROM logs WHERE logs.cluster = asked.cluster AND id <= $4
+             SELECT max(time_unix_nano) AS at FROM logs WHERE logs.cluster = asked.cluster AND id <= $2
          ) AS latest",
     )
     .bind(&clusters)
-    .bind(&afters)
-    .bind(window)
     .bind(through)
-    .fetch_all(pool)
+    .fetch_all(&mut *transaction)
     .await?;
-    for (n, latest, changed) in rows {
-        if let Some((index, ..)) = usize::try_from(n - 1).ok().and_then(|row| named.get(row)) {
-            // No lines at all: nothing new, and nothing to hold.
-            answers[*index] = (Some(latest.is_some() && changed == Some(true)), latest);
+    let mut froms: Vec<Option<i64>> = vec![None; named.len()];
+    for (n, at) in latest {
+        if let Some(place) = usize::try_from(n - 1).ok().filter(|place| *place < named.len()) {
+            froms[place] = at.map(|at| at.saturating_sub(window));
+            answers[named[place].0].1 = at;
+        }
+    }
+    let rows: Vec<AskedLogRow> = sqlx::query_as(
+        "SELECT asked.n AS asked, recent.*
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS asked(cluster, after, from_time, n)
+         CROSS JOIN LATERAL (
+             SELECT * FROM logs
+             WHERE logs.cluster = asked.cluster AND recognised
+               AND time_unix_nano >= asked.from_time AND id > asked.after AND id <= $4
+             ORDER BY time_unix_nano DESC, id DESC LIMIT $5
+         ) AS recent
+         ORDER BY asked.n, recent.time_unix_nano, recent.id",
+    )
+    .bind(&clusters)
+    .bind(&afters)
+    .bind(&froms)
+    .bind(through)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *transaction)
+    .await?;
+    transaction.commit().await?;
+    for row in rows {
+        if let Some((index, ..)) = usize::try_from(row.asked - 1).ok().and_then(|place| named.get(place)) {
+            answers[*index].0.push((row.line.id, row.line.row.into_record()?));
         }
     }
     Ok(answers)
@@ -670,6 +707,10 @@ impl Store for PgStore {
         feed::mark_ingest(&mut transaction).await?;
         let spans_written = insert_spans(&mut transaction, &batch.spans).await?;
         let samples_written = insert_samples(&mut transaction, &batch.samples).await?;
+        if !batch.logs.is_empty() {
+            // Before a log id is drawn: the log feed waits for this transaction.
+            feed::mark_log_ingest(&mut transaction).await?;
+        }
         let logs_written = insert_logs(&mut transaction, &batch.logs).await?;
         // What the batch asks the live analyzer to look at, committed with it: whichever
         // instance holds the marks' shards analyses them, even if this one dies now.

@@ -551,12 +551,18 @@ impl SpanFeed for SqliteStore {
         logs::recognised_for_cluster_after(&self.reader, cluster, window, after, limit).await
     }
 
-    async fn recognised_logs_changed(
+    async fn recognised_logs_after_each(
         &self,
         asked: &[(Option<&str>, i64)],
         window: i64,
-    ) -> Result<Vec<(Option<bool>, Option<i64>)>> {
-        logs::recognised_changed(&self.reader, asked, window).await
+        limit: u32,
+    ) -> Result<Vec<crate::RecognisedRead>> {
+        // One writer: every committed line is visible to each read, in id order.
+        let mut answers = Vec::with_capacity(asked.len());
+        for (cluster, after) in asked {
+            answers.push(logs::recognised_for_cluster_after(&self.reader, *cluster, window, *after, limit).await?);
+        }
+        Ok(answers)
     }
 }
 

@@ -1839,6 +1839,57 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     assert!(settled >= last, "{settled} reaches {last}");
 }
 
+/// The log feed waits for the ingests in flight that write log records, and only for those: a
+/// batch of spans still being written does not hold back a read of new log lines (it waited
+/// for it, and failed if it ran longer than the feed waits).
+#[tokio::test]
+async fn postgres_log_feed_waits_only_for_ingests_that_write_logs() {
+    let (store, ()) = open_postgres().await;
+    let feed = store.span_feed().expect("PostgreSQL offers the feed");
+    let line = "NoNamenodesAvailableException: No namenodes available under nameservice ns60";
+    store.ingest(&IngestBatch { logs: vec![log(T0, line)], ..IngestBatch::default() }).await.expect("ingest");
+    let window = 60 * SECOND;
+    // Spans in flight, holding the ingest lock every ingest takes.
+    let (spans_in_flight, _) = ingest_in_flight(&store, 11, T0).await;
+    let read = feed
+        .recognised_logs_after_each(&[(Some("prod"), 0)], window, 100)
+        .await
+        .expect("a span ingest in flight does not hold back the log feed");
+    assert_eq!(read[0].0.len(), 1, "{read:?}");
+    spans_in_flight.rollback().await.expect("rollback");
+    // Log records in flight, as `PgStore::ingest` writes them: both locks, then a row.
+    let mut logs_in_flight = store.pool().begin().await.expect("begin");
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id(),
+                pg_advisory_xact_lock_shared(1818322803, 2)",
+    )
+    .execute(&mut *logs_in_flight)
+    .await
+    .expect("the ingest locks");
+    // (The body as the store writes it: JSON.)
+    sqlx::query("INSERT INTO logs (time_unix_nano, severity_number, body, cluster) VALUES ($1, 13, $2, 'prod')")
+        .bind(T0 + SECOND)
+        .bind(json!(format!("{line} (again)")).to_string())
+        .execute(&mut *logs_in_flight)
+        .await
+        .expect("a log row in flight");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let feed = store.span_feed().expect("feed");
+            feed.recognised_logs_after_each(&[(Some("prod"), 0)], window, 100).await.expect("read")
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the log feed answered past a log ingest still in flight");
+    logs_in_flight.commit().await.expect("commit");
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the log feed answers once the ingest commits")
+        .expect("task");
+    assert_eq!(read[0].0.len(), 2, "{read:?}");
+}
+
 /// Two instances on one PostgreSQL store two versions of one incident at once (around a lease
 /// hand-over): the partial window, from an upsert still in flight, and the whole. The upsert of
 /// the whole must not look for the partial before that upsert commits, or each misses the other

@@ -9,7 +9,9 @@
 //!
 //! How it is found, without making ingests wait for each other:
 //! 1. every ingest transaction first takes a shared advisory lock ([`INGEST_LOCK`]) and its
-//!    transaction id, in one statement, before it draws any id ([`mark_ingest`]);
+//!    transaction id, in one statement, before it draws any id ([`mark_ingest`]); one that
+//!    writes log records also takes the log lines' lock ([`LOG_INGEST_LOCK`]) before it draws a
+//!    log id, so that the log feed waits only for those (most batches carry no log records);
 //! 2. the reader reads the sequence's last id handed out, *then* lists the transaction ids of
 //!    the ingests holding that lock: an ingest that drew an id up to that last one held the
 //!    lock before the sequence was read, so it is either listed or already ended;
@@ -30,6 +32,11 @@ use crate::{Result, StoreError};
 
 /// The advisory lock every ingest transaction holds shared: (`'lags'`, 1), two int4 keys.
 pub(super) const INGEST_LOCK: (i32, i32) = (0x6c61_6773, 1);
+
+/// The advisory lock an ingest transaction that writes log records also holds shared:
+/// (`'lags'`, 2). (Builds before it took only [`INGEST_LOCK`]: while instances of such a build
+/// still ingest into the database, the log feed can miss a line they commit late.)
+pub(super) const LOG_INGEST_LOCK: (i32, i32) = (0x6c61_6773, 2);
 
 /// The longest a read waits for the ingests in flight when it asked.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
@@ -55,6 +62,16 @@ pub(super) async fn mark_ingest(connection: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
+/// Marks the ingest transaction as one the log feed waits for, before it writes log records.
+pub(super) async fn mark_log_ingest(connection: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1, $2)")
+        .bind(LOG_INGEST_LOCK.0)
+        .bind(LOG_INGEST_LOCK.1)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
 /// The highest id of `fed`'s table such that every row with an id up to it is committed, and a
 /// row committed later has a higher one (see the module documentation).
 pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
@@ -64,6 +81,10 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
         Fed::Logs => "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('logs', 'id')::regclass), 0)",
     };
     let (last,): (i64,) = sqlx::query_as(sequence).fetch_one(pool).await?;
+    let lock = match fed {
+        Fed::Spans => INGEST_LOCK,
+        Fed::Logs => LOG_INGEST_LOCK,
+    };
     // 2. The ingests running now: any that drew an id up to `last` is among them or ended.
     let running: Vec<String> = sqlx::query_scalar(
         "SELECT held.transactionid::text FROM pg_locks AS ingest
@@ -74,8 +95,8 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
                AND ingest.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND ingest.classid::bigint = $1 AND ingest.objid::bigint = $2 AND ingest.objsubid = 2",
     )
-    .bind(i64::from(INGEST_LOCK.0))
-    .bind(i64::from(INGEST_LOCK.1))
+    .bind(i64::from(lock.0))
+    .bind(i64::from(lock.1))
     .fetch_all(pool)
     .await?;
     // 3. Until they have ended (their commits visible to every read that follows).

@@ -103,35 +103,6 @@ pub(super) async fn recognised_for_cluster_after(
     Ok((records, Some(latest)))
 }
 
-/// [`crate::SpanFeed::recognised_logs_changed`]: each cluster's latest log time and whether it
-/// has recognised lines of the window above the id asked, in one read transaction (one writer:
-/// every committed line is visible, in id order).
-pub(super) async fn recognised_changed(
-    pool: &SqlitePool,
-    asked: &[(Option<&str>, i64)],
-    window: i64,
-) -> Result<Vec<(Option<bool>, Option<i64>)>> {
-    let mut transaction = pool.begin().await?;
-    let mut answers = Vec::with_capacity(asked.len());
-    for (cluster, after) in asked {
-        let (latest, changed): (Option<i64>, bool) = sqlx::query_as(
-            "SELECT latest.at, EXISTS (
-                 SELECT 1 FROM logs
-                 WHERE cluster IS ?1 AND recognised = 1 AND time_unix_nano >= latest.at - ?2 AND id > ?3
-             )
-             FROM (SELECT max(time_unix_nano) AS at FROM logs WHERE cluster IS ?1) AS latest",
-        )
-        .bind(cluster)
-        .bind(window)
-        .bind(after)
-        .fetch_one(&mut *transaction)
-        .await?;
-        answers.push((Some(latest.is_some() && changed), latest));
-    }
-    transaction.commit().await?;
-    Ok(answers)
-}
-
 /// Gives each log row stored before log records had an identity (migration 0013) the one its
 /// insert would give it now, and removes the rows that turn out to be copies of another (a
 /// record sent again, which the store kept twice then): afterwards a stored record is stored
