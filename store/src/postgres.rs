@@ -703,14 +703,10 @@ impl Store for PgStore {
             .chain(batch.logs.iter().map(|record| record.time_unix_nano));
         self.partitions.ensure_for(&self.pool, times).await;
         let mut transaction = self.pool.begin().await?;
-        // Before any id is drawn: the span feed waits for this transaction ([`feed`]).
-        feed::mark_ingest(&mut transaction).await?;
+        // Before any id is drawn: the feeds of the tables it writes wait for it ([`feed`]).
+        feed::mark_ingest(&mut transaction, !batch.spans.is_empty(), !batch.logs.is_empty()).await?;
         let spans_written = insert_spans(&mut transaction, &batch.spans).await?;
         let samples_written = insert_samples(&mut transaction, &batch.samples).await?;
-        if !batch.logs.is_empty() {
-            // Before a log id is drawn: the log feed waits for this transaction.
-            feed::mark_log_ingest(&mut transaction).await?;
-        }
         let logs_written = insert_logs(&mut transaction, &batch.logs).await?;
         // What the batch asks the live analyzer to look at, committed with it: whichever
         // instance holds the marks' shards analyses them, even if this one dies now.

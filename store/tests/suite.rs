@@ -1839,11 +1839,11 @@ async fn postgres_feed_waits_for_an_ingest_in_flight_with_lower_ids() {
     assert!(settled >= last, "{settled} reaches {last}");
 }
 
-/// The log feed waits for the ingests in flight that write log records, and only for those: a
-/// batch of spans still being written does not hold back a read of new log lines (it waited
-/// for it, and failed if it ran longer than the feed waits).
+/// Each feed waits for the ingests in flight that write its table, and only for those: a batch
+/// of spans still being written does not hold back a read of new log lines (it waited for it,
+/// and failed if it ran longer than the feed waits), nor a batch of log records a read of spans.
 #[tokio::test]
-async fn postgres_log_feed_waits_only_for_ingests_that_write_logs() {
+async fn postgres_each_feed_waits_only_for_ingests_that_write_its_table() {
     let (store, ()) = open_postgres().await;
     let feed = store.span_feed().expect("PostgreSQL offers the feed");
     let line = "NoNamenodesAvailableException: No namenodes available under nameservice ns60";
@@ -1857,15 +1857,13 @@ async fn postgres_log_feed_waits_only_for_ingests_that_write_logs() {
         .expect("a span ingest in flight does not hold back the log feed");
     assert_eq!(read[0].0.len(), 1, "{read:?}");
     spans_in_flight.rollback().await.expect("rollback");
-    // Log records in flight, as `PgStore::ingest` writes them: both locks, then a row.
+    // Log records in flight, as `PgStore::ingest` writes a batch of them alone: the log lines'
+    // lock, then a row.
     let mut logs_in_flight = store.pool().begin().await.expect("begin");
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock_shared(1818322803, 1), pg_current_xact_id(),
-                pg_advisory_xact_lock_shared(1818322803, 2)",
-    )
-    .execute(&mut *logs_in_flight)
-    .await
-    .expect("the ingest locks");
+    sqlx::query("SELECT pg_current_xact_id(), pg_advisory_xact_lock_shared(1818322803, 2)")
+        .execute(&mut *logs_in_flight)
+        .await
+        .expect("the log ingest lock");
     // (The body as the store writes it: JSON.)
     sqlx::query("INSERT INTO logs (time_unix_nano, severity_number, body, cluster) VALUES ($1, 13, $2, 'prod')")
         .bind(T0 + SECOND)
@@ -1873,6 +1871,7 @@ async fn postgres_log_feed_waits_only_for_ingests_that_write_logs() {
         .execute(&mut *logs_in_flight)
         .await
         .expect("a log row in flight");
+    feed.latest_span_id().await.expect("a log ingest in flight does not hold back the span feed");
     let waiting = tokio::spawn({
         let store = store.clone();
         async move {

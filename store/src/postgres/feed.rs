@@ -8,10 +8,10 @@
 //! row committed later has a higher id, the promise [`crate::SpanFeed`] makes.
 //!
 //! How it is found, without making ingests wait for each other:
-//! 1. every ingest transaction first takes a shared advisory lock ([`INGEST_LOCK`]) and its
-//!    transaction id, in one statement, before it draws any id ([`mark_ingest`]); one that
-//!    writes log records also takes the log lines' lock ([`LOG_INGEST_LOCK`]) before it draws a
-//!    log id, so that the log feed waits only for those (most batches carry no log records);
+//! 1. every ingest transaction first takes, for each fed table it writes, a shared advisory
+//!    lock ([`SPAN_INGEST_LOCK`], [`LOG_INGEST_LOCK`]) and its transaction id, in one
+//!    statement, before it draws any id ([`mark_ingest`]): each feed waits only for the
+//!    ingests that write its table (a batch of metric samples holds back neither);
 //! 2. the reader reads the sequence's last id handed out, *then* lists the transaction ids of
 //!    the ingests holding that lock: an ingest that drew an id up to that last one held the
 //!    lock before the sequence was read, so it is either listed or already ended;
@@ -30,12 +30,14 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::{Result, StoreError};
 
-/// The advisory lock every ingest transaction holds shared: (`'lags'`, 1), two int4 keys.
-pub(super) const INGEST_LOCK: (i32, i32) = (0x6c61_6773, 1);
+/// The advisory lock an ingest transaction that writes spans holds shared: (`'lags'`, 1), two
+/// int4 keys.
+pub(super) const SPAN_INGEST_LOCK: (i32, i32) = (0x6c61_6773, 1);
 
-/// The advisory lock an ingest transaction that writes log records also holds shared:
-/// (`'lags'`, 2). (Builds before it took only [`INGEST_LOCK`]: while instances of such a build
-/// still ingest into the database, the log feed can miss a line they commit late.)
+/// The advisory lock an ingest transaction that writes log records holds shared: (`'lags'`, 2).
+/// (Builds before it took [`SPAN_INGEST_LOCK`] in every ingest and waited on it for both feeds:
+/// while builds of both kinds share a database during an upgrade, a feed read by one can miss a
+/// row the other commits late, until that instance restarts.)
 pub(super) const LOG_INGEST_LOCK: (i32, i32) = (0x6c61_6773, 2);
 
 /// The longest a read waits for the ingests in flight when it asked.
@@ -51,24 +53,27 @@ pub(super) enum Fed {
     Logs,
 }
 
-/// Marks the transaction as an ingest the feed waits for: its shared lock and its transaction
-/// id, before any row is written (and so before any id is drawn).
-pub(super) async fn mark_ingest(connection: &mut PgConnection) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1, $2), pg_current_xact_id()")
-        .bind(INGEST_LOCK.0)
-        .bind(INGEST_LOCK.1)
-        .execute(connection)
-        .await?;
-    Ok(())
-}
-
-/// Marks the ingest transaction as one the log feed waits for, before it writes log records.
-pub(super) async fn mark_log_ingest(connection: &mut PgConnection) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1, $2)")
-        .bind(LOG_INGEST_LOCK.0)
-        .bind(LOG_INGEST_LOCK.1)
-        .execute(connection)
-        .await?;
+/// Marks the transaction as an ingest the feeds wait for, before any row is written (and so
+/// before any id is drawn): the lock of each fed table it writes and its transaction id. One
+/// that writes neither spans nor log records takes nothing.
+pub(super) async fn mark_ingest(connection: &mut PgConnection, spans: bool, logs: bool) -> Result<()> {
+    let mut locks = Vec::new();
+    if spans {
+        locks.push(SPAN_INGEST_LOCK);
+    }
+    if logs {
+        locks.push(LOG_INGEST_LOCK);
+    }
+    let statement = match locks.len() {
+        0 => return Ok(()),
+        1 => "SELECT pg_current_xact_id(), pg_advisory_xact_lock_shared($1, $2)",
+        _ => "SELECT pg_current_xact_id(), pg_advisory_xact_lock_shared($1, $2), pg_advisory_xact_lock_shared($1, $3)",
+    };
+    let mut query = sqlx::query(statement).bind(locks[0].0);
+    for lock in &locks {
+        query = query.bind(lock.1);
+    }
+    query.execute(connection).await?;
     Ok(())
 }
 
@@ -82,7 +87,7 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
     };
     let (last,): (i64,) = sqlx::query_as(sequence).fetch_one(pool).await?;
     let lock = match fed {
-        Fed::Spans => INGEST_LOCK,
+        Fed::Spans => SPAN_INGEST_LOCK,
         Fed::Logs => LOG_INGEST_LOCK,
     };
     // 2. The ingests running now: any that drew an id up to `last` is among them or ended.
