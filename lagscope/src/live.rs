@@ -660,26 +660,16 @@ impl AddressCallers {
     }
 
     /// Whether a pair seen at `now` is to be written to the database: it never was, or not for
-    /// a quarter of `window` (the database forgets pairs not written for a window). Noted as
-    /// written if so.
-    fn write_due(
-        &mut self,
-        (cluster, node): (Option<&str>, &str),
-        client: &str,
-        window: Duration,
-        now: Instant,
-    ) -> bool {
+    /// a quarter of `window` (the database forgets pairs not written for a window).
+    fn write_due(&self, (cluster, node): (Option<&str>, &str), client: &str, window: Duration, now: Instant) -> bool {
         let pair = ((cluster.map(str::to_string), node.to_string()), client.to_string());
-        match self.written.get_mut(&pair) {
-            Some(written) if now.duration_since(*written) < window / 4 => false,
-            Some(written) => {
-                *written = now;
-                true
-            }
-            None => {
-                self.written.insert(pair, now);
-                true
-            }
+        self.written.get(&pair).is_none_or(|written| now.duration_since(*written) >= window / 4)
+    }
+
+    /// Notes the pairs written to the database at `now`.
+    fn wrote(&mut self, pairs: Vec<(Option<String>, String, String)>, now: Instant) {
+        for (cluster, node, client) in pairs {
+            self.written.insert(((cluster, node), client), now);
         }
     }
 
@@ -862,9 +852,9 @@ async fn analysis_pass(
         // Several instances share the database: a cluster's new lines were read by the holder
         // of its mark, seldom the instance that analyses its clients and scopes. The lines of
         // the clusters this pass's clients and scopes are in are brought up to date here (on a
-        // feed, one read finds which have lines committed since this instance last read them,
-        // and only those are read), unless this instance holds their mark and has read them
-        // since it last claimed shards.
+        // feed, the lines committed since this instance last read them, for all those
+        // clusters in one read), unless this instance holds their mark and has read them since
+        // it last claimed shards.
         let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
         for client_id in &clients {
             match not_held.get(client_id.as_str()) {
@@ -978,6 +968,7 @@ async fn analysis_pass(
             .map(|(cluster, node, client)| (cluster.as_deref(), node.as_str(), client.as_str()))
             .collect();
         coordinator.note_process_clients(&seen).await?;
+        callers.wrote(to_write, now);
         if pruned {
             coordinator.forget_process_clients(window).await?;
         }
@@ -1629,12 +1620,15 @@ mod tests {
         let window = Duration::from_secs(600);
         let mut callers = AddressCallers::default();
         let process = (Some("pulsar-east"), "app-1");
+        let pair = |client: &str| (Some("pulsar-east".to_string()), "app-1".to_string(), client.to_string());
         assert!(callers.write_due(process, "producer-1", window, start));
-        assert!(!callers.write_due(process, "producer-1", window, start + window / 8));
-        assert!(callers.write_due(process, "producer-2", window, start + window / 8));
-        assert!(callers.write_due(process, "producer-1", window, start + window / 4));
-        assert!(!callers.write_due(process, "producer-1", window, start + window / 3));
-        assert!(callers.write_due((None, "app-1"), "producer-1", window, start + window / 3));
+        // Due until written.
+        assert!(callers.write_due(process, "producer-1", window, start + window / 8));
+        callers.wrote(vec![pair("producer-1")], start + window / 8);
+        assert!(!callers.write_due(process, "producer-1", window, start + window / 4));
+        assert!(callers.write_due(process, "producer-2", window, start + window / 4));
+        assert!(callers.write_due(process, "producer-1", window, start + window / 8 + window / 4));
+        assert!(callers.write_due((None, "app-1"), "producer-1", window, start + window / 4));
     }
 
     /// An `apply_lag` anomaly of observer nn-obs1 in prod/ns1, from 10 to `end`.
