@@ -7,8 +7,8 @@
 //! (BENCHMARKS.md, forty-sixth session). Here each cluster's lines are held, classified once,
 //! and a pass reads only the lines committed since ([`SpanFeed::recognised_logs_after`]). A pass
 //! that needs several clusters' lines up to date (several instances on one database, each
-//! analysing clusters whose lines another instance's marks bring) asks first, in one read,
-//! which have new lines ([`LineCache::refresh`]).
+//! analysing clusters whose lines another instance's marks bring) reads every one's new lines
+//! in one read ([`LineCache::refresh`]).
 //!
 //! Invariant: a held cluster holds exactly what `Store::recognised_logs` returned as of its
 //! last read, each line with its id, in its order (time, then id), and the id of the last line
@@ -68,7 +68,9 @@ impl LineCache {
         let mut changed = Vec::new();
         for (cluster, (read, latest)) in clusters.iter().zip(answers) {
             let held = self.clusters.entry(cluster.clone()).or_default();
-            if held.merge(read, window_from(latest, window, kept_from), limit as usize) {
+            // The window from the cluster's latest log time, not before the retention cut-off.
+            let from = latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)));
+            if held.merge(read, from, limit as usize) {
                 changed.push((cluster.clone(), held.events()));
             }
         }
@@ -86,12 +88,6 @@ impl LineCache {
     fn held(&self) -> usize {
         self.clusters.values().map(|held| held.lines.len()).sum()
     }
-}
-
-/// Where a cluster's window starts: `window` before its latest log time, not before the logs'
-/// retention cut-off (`None`: it has no lines).
-fn window_from(latest: Option<UnixNanos>, window: i64, kept_from: Option<UnixNanos>) -> Option<UnixNanos> {
-    latest.map(|latest| latest.saturating_sub(window).max(kept_from.unwrap_or(UnixNanos::MIN)))
 }
 
 impl Held {

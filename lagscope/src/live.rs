@@ -783,8 +783,8 @@ async fn analysis_pass(
         owners.find(new_lines.iter().copied(), callers).await?;
         let owners: Vec<String> =
             new_lines.iter().filter_map(|process| owners.owner(process).map(str::to_string)).collect();
-        match (held_shards, store.coordinator()) {
-            (Some(held), Some(coordinator)) => route_clients(coordinator, held, owners, &mut clients).await?,
+        match (held_shards, shared) {
+            (Some(held), Some((coordinator, _))) => route_clients(coordinator, held, owners, &mut clients).await?,
             _ => clients.extend(owners),
         }
     }
