@@ -252,7 +252,7 @@ pub struct LiveConfig {
     /// scope's pass reads only the samples from the oldest time committed to it since the last
     /// one. Scopes beyond it are read in full each pass; 0 holds none. On PostgreSQL the scope
     /// marks in the database carry the sample times; a scope is held there only while this
-    /// instance holds the shards of its marks (`live::hold_samples`).
+    /// instance holds the shards of its marks (`live::shards::hold_samples`).
     pub scope_cache_samples: usize,
     /// Held calls this long before a client's or scope's newest span (and the detectors'
     /// reach before that: the longest of the switch-back delay, the blind probe's and the

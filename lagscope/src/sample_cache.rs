@@ -21,7 +21,7 @@
 //!
 //! On PostgreSQL the marks come from the database (`analysis_marks`): a scope's mark carries
 //! the oldest sample time committed to it since it was last finished, and the invariant holds
-//! for the scopes `live::hold_samples` lets the cache hold: not across a round that took
+//! for the scopes `live::shards::hold_samples` lets the cache hold: not across a round that took
 //! shards (another instance may have finished their marks), nor through a pass that left marks
 //! of its shards waiting, nor for a scope whose cluster's samples of no namespace are marked in
 //! a shard held elsewhere (tested in `on_postgresql_a_held_scope_takes_exactly_what_the_store_reads`).
@@ -454,10 +454,11 @@ mod tests {
             let marks = coordinator.pending_marks(&shards, limit).await.expect("marks");
             let every_mark_taken = marks.len() < limit as usize;
             cleared += usize::from(claimed || !every_mark_taken);
-            crate::live::hold_samples(&mut cache, &shards, claimed, every_mark_taken);
-            let pass = crate::live::resolve_marks(&store, coordinator, &shards.iter().copied().collect(), &marks)
-                .await
-                .expect("resolve");
+            crate::live::shards::hold_samples(&mut cache, &shards, claimed, every_mark_taken);
+            let pass =
+                crate::live::shards::resolve_marks(&store, coordinator, &shards.iter().copied().collect(), &marks)
+                    .await
+                    .expect("resolve");
             cache.committed(&pass.sample_times, now);
             for scope in &pass.scopes {
                 let (cluster, namespace) = (scope.0.as_deref(), scope.1.as_deref());
