@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
+use super::*;
+
 use crate::{Result, StoreError};
 
 /// The advisory lock an ingest transaction that writes spans holds shared: (`'lags'`, 1), two
@@ -121,4 +123,221 @@ pub(super) async fn settled(pool: &PgPool, fed: Fed) -> Result<i64> {
         .await?;
     }
     Ok(last)
+}
+
+/// Reads by id range, bounded by what [`settled`] answered.
+#[async_trait]
+impl SpanFeed for PgStore {
+    async fn latest_span_id(&self) -> Result<i64> {
+        settled(&self.pool, Fed::Spans).await
+    }
+
+    async fn scope_spans_through(
+        &self,
+        cluster: Option<&str>,
+        namespace: Option<&str>,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        self.scope_rows(cluster, namespace, TimeRange::ALL, limit, Some(through)).await
+    }
+
+    async fn spans_between(&self, after: i64, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        if after >= through {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM spans WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3
+             ) AS gained ORDER BY start_unix_nano, id",
+        )
+        .bind(after)
+        .bind(through)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        IdentifiedSpanRow::with_ids(rows)
+    }
+
+    async fn client_spans_through(&self, client_id: &str, through: i64, limit: u32) -> Result<Vec<(i64, Span)>> {
+        IdentifiedSpanRow::with_ids(self.client_rows(client_id, TimeRange::ALL, limit, Some(through)).await?)
+    }
+
+    async fn trace_spans_through(&self, trace_ids: &[&str], through: i64) -> Result<Vec<(i64, Span)>> {
+        if trace_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
+            "SELECT * FROM spans
+             WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $2
+             ORDER BY start_unix_nano, id",
+        )
+        .bind(trace_ids)
+        .bind(through)
+        .fetch_all(&self.pool)
+        .await?;
+        IdentifiedSpanRow::with_ids(rows)
+    }
+
+    async fn scope_spans_between(
+        &self,
+        scopes: &[(Option<String>, Option<String>)],
+        after: i64,
+        through: i64,
+        limit: u32,
+    ) -> Result<Vec<Span>> {
+        if scopes.is_empty() || after >= through {
+            return Ok(Vec::new());
+        }
+        let (clusters, namespaces): (Vec<Option<&str>>, Vec<Option<&str>>) =
+            scopes.iter().map(|(cluster, namespace)| (cluster.as_deref(), namespace.as_deref())).unzip();
+        let rows: Vec<SpanRow> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM spans
+                 WHERE id > $1 AND id <= $2
+                   AND EXISTS (
+                       SELECT 1 FROM unnest($3::text[], $4::text[]) AS scope(cluster, namespace)
+                       WHERE scope.cluster IS NOT DISTINCT FROM spans.cluster
+                         AND scope.namespace IS NOT DISTINCT FROM spans.namespace
+                   )
+                 ORDER BY id LIMIT $5
+             ) AS gained ORDER BY start_unix_nano, id",
+        )
+        .bind(after)
+        .bind(through)
+        .bind(clusters)
+        .bind(namespaces)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SpanRow::into_span).collect()
+    }
+
+    async fn recognised_logs_after(
+        &self,
+        cluster: Option<&str>,
+        window: i64,
+        after: i64,
+        limit: u32,
+    ) -> Result<(Vec<(i64, LogRecord)>, Option<i64>)> {
+        let through = settled(&self.pool, Fed::Logs).await?;
+        // The window's end and its rows from one snapshot.
+        let mut transaction = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *transaction).await?;
+        let (latest,): (Option<i64>,) =
+            sqlx::query_as("SELECT max(time_unix_nano) FROM logs WHERE cluster IS NOT DISTINCT FROM $1 AND id <= $2")
+                .bind(cluster)
+                .bind(through)
+                .fetch_one(&mut *transaction)
+                .await?;
+        let Some(latest) = latest else { return Ok((Vec::new(), None)) };
+        let rows: Vec<LogRowWithId> = sqlx::query_as(
+            "SELECT * FROM (
+                 SELECT * FROM logs
+                 WHERE cluster IS NOT DISTINCT FROM $1 AND recognised
+                   AND time_unix_nano >= $2 AND id > $3 AND id <= $5
+                 ORDER BY time_unix_nano DESC, id DESC LIMIT $4
+             ) AS recent ORDER BY time_unix_nano, id",
+        )
+        .bind(cluster)
+        .bind(latest.saturating_sub(window))
+        .bind(after)
+        .bind(i64::from(limit))
+        .bind(through)
+        .fetch_all(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        let records = rows.into_iter().map(|row| Ok((row.id, row.row.into_record()?))).collect::<Result<_>>()?;
+        Ok((records, Some(latest)))
+    }
+
+    async fn recognised_logs_after_each(
+        &self,
+        asked: &[(Option<&str>, i64)],
+        window: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::RecognisedRead>> {
+        recognised_logs_after_each(self, asked, window, limit).await
+    }
+}
+
+/// A recognised line read for one of several clusters asked at once: the cluster's place in
+/// the question (from 1), and the line.
+#[derive(sqlx::FromRow)]
+struct AskedLogRow {
+    asked: i64,
+    #[sqlx(flatten)]
+    line: LogRowWithId,
+}
+
+/// [`SpanFeed::recognised_logs_after_each`] on PostgreSQL, the named clusters in one
+/// transaction: each one's latest time (a lateral read), then each one's new lines of its
+/// window (the newest `limit`), all as of one settled id. A cluster is matched with `=`, which
+/// the indexes on (cluster, time) serve; the lines of no cluster (`NULL`) are read on their own.
+async fn recognised_logs_after_each(
+    store: &PgStore,
+    asked: &[(Option<&str>, i64)],
+    window: i64,
+    limit: u32,
+) -> Result<Vec<crate::RecognisedRead>> {
+    let mut answers: Vec<crate::RecognisedRead> = vec![(Vec::new(), None); asked.len()];
+    let mut named: Vec<(usize, String, i64)> = Vec::new();
+    for (index, (cluster, after)) in asked.iter().enumerate() {
+        match cluster {
+            Some(cluster) => named.push((index, super::copy::text(cluster).into_owned(), *after)),
+            None => answers[index] = store.recognised_logs_after(None, window, *after, limit).await?,
+        }
+    }
+    if named.is_empty() {
+        return Ok(answers);
+    }
+    let through = settled(&store.pool, Fed::Logs).await?;
+    let clusters: Vec<&str> = named.iter().map(|(_, cluster, _)| cluster.as_str()).collect();
+    let afters: Vec<i64> = named.iter().map(|(.., after)| *after).collect();
+    // The windows' ends and their rows from one snapshot.
+    let mut transaction = store.pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *transaction).await?;
+    let latest: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT asked.n, latest.at
+         FROM unnest($1::text[]) WITH ORDINALITY AS asked(cluster, n)
+         CROSS JOIN LATERAL (
+             SELECT max(time_unix_nano) AS at FROM logs WHERE logs.cluster = asked.cluster AND id <= $2
+         ) AS latest",
+    )
+    .bind(&clusters)
+    .bind(through)
+    .fetch_all(&mut *transaction)
+    .await?;
+    let mut froms: Vec<Option<i64>> = vec![None; named.len()];
+    for (n, at) in latest {
+        if let Some(place) = usize::try_from(n - 1).ok().filter(|place| *place < named.len()) {
+            froms[place] = at.map(|at| at.saturating_sub(window));
+            answers[named[place].0].1 = at;
+        }
+    }
+    let rows: Vec<AskedLogRow> = sqlx::query_as(
+        "SELECT asked.n AS asked, recent.*
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS asked(cluster, after, from_time, n)
+         CROSS JOIN LATERAL (
+             SELECT * FROM logs
+             WHERE logs.cluster = asked.cluster AND recognised
+               AND time_unix_nano >= asked.from_time AND id > asked.after AND id <= $4
+             ORDER BY time_unix_nano DESC, id DESC LIMIT $5
+         ) AS recent
+         ORDER BY asked.n, recent.time_unix_nano, recent.id",
+    )
+    .bind(&clusters)
+    .bind(&afters)
+    .bind(&froms)
+    .bind(through)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *transaction)
+    .await?;
+    transaction.commit().await?;
+    for row in rows {
+        if let Some((index, ..)) = usize::try_from(row.asked - 1).ok().and_then(|place| named.get(place)) {
+            answers[*index].0.push((row.line.id, row.line.row.into_record()?));
+        }
+    }
+    Ok(answers)
 }
