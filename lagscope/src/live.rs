@@ -41,8 +41,8 @@ mod tests;
 mod written;
 
 use analysis::{
-    CLUSTER_METRICS, ClientWork, SCOPES_AT_ONCE, ScopeWork, Spans, Took, client_probes, is_client_pass_kind,
-    is_cluster_kind, on_threads, scope_analysis, settle,
+    ClientWork, SCOPES_AT_ONCE, ScopeWork, Spans, client_analysis, client_probes, cluster_analysis, on_threads,
+    scope_analysis,
 };
 use lines::{AddressCallers, Process, ProcessOwners, RecognisedLines};
 use shards::{route_clients, run_coordinated};
@@ -285,23 +285,7 @@ async fn analysis_pass(
     let client_count = clients.len();
     // Every client's spans first (the cache's, or read), then its analysis, on the pass's
     // threads: the analysis is pure, and most of a busy pass.
-    let mut not_held: HashMap<&str, Vec<lagscope_model::Span>> = HashMap::new();
-    for client_id in &clients {
-        match feed {
-            Some(feed) => match client_cache.load(feed, client_id, client_limit, kept_from, Instant::now()).await? {
-                Loaded::Held => metrics.client_reads_cached.add(1),
-                Loaded::ReadAndHeld => metrics.client_reads_full.add(1),
-                Loaded::Read(spans) => {
-                    metrics.client_reads_full.add(1);
-                    not_held.insert(client_id, spans.into_iter().map(|(_, span)| span).collect());
-                }
-            },
-            None => {
-                metrics.client_reads_full.add(1);
-                not_held.insert(client_id, store.client_spans(client_id, TimeRange::ALL, client_limit).await?);
-            }
-        }
-    }
+    let not_held = load_clients(store, client_cache, &clients, (client_limit, kept_from), metrics).await?;
     let lines_lap = Instant::now();
     if held_shards.is_some() {
         // Several instances share the database: a cluster's new lines were read by the holder
@@ -360,74 +344,15 @@ async fn analysis_pass(
     lap = Instant::now();
     let horizon = config.analyzer.stream.horizon();
     let settle_after = settling.after();
-    let found_of_clients = on_threads(
-        work,
-        threads,
-        |work| work.spans.len(),
-        |work| {
-            let started = Instant::now();
-            let mut spans = work.spans;
-            let span_count = spans.len();
-            let mut input = match &mut spans {
-                Spans::Held(held) => {
-                    held.refresh();
-                    let mut input = AnalysisInput::from_held(held, work.probes);
-                    // Calls judged by an earlier pass and unchanged since are not judged again.
-                    input.verdicts = held.take_verdicts();
-                    input
-                }
-                Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.probes, horizon),
-            };
-            input.log_events = work.log_events;
-            // Spans of shared traces bring in fragments of other clients' timelines: each
-            // client's anomalies come from its own, complete pass.
-            // (Kinds that name no client would be dropped below: they are not run.)
-            let found = analyze_held_kinds(&mut input, &config.analyzer, is_client_pass_kind)
-                .into_iter()
-                .filter(|anomaly| {
-                    anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
-                })
-                .collect::<Vec<_>>();
-            let address_callers: Vec<(Option<String>, String, String)> = (input.address_callers().into_iter())
-                .map(|(cluster, node, client)| (cluster.map(str::to_string), node.to_string(), client.to_string()))
-                .collect();
-            let mut let_go = Vec::new();
-            let analysed = started.elapsed();
-            if let Spans::Held(held) = spans {
-                let verdicts = std::mem::take(&mut input.verdicts);
-                let (timelines, _) = input.into_parts();
-                held.give_back(timelines);
-                held.give_back_verdicts(verdicts);
-                let_go = settle(held, &found, settle_after, config);
-            }
-            let took = Took::since(started, analysed, span_count, let_go.len());
-            took.log_if_slow("client", || work.client_id.to_string());
-            (found, let_go, address_callers)
-        },
-    );
-    let now = Instant::now();
-    let mut to_write = Vec::new();
-    for (client_id, (found, let_go, address_callers)) in clients.iter().zip(found_of_clients) {
-        client_cache.settled(client_id, let_go);
-        findings.anomalies.extend(found);
-        for (cluster, node, client) in address_callers {
-            callers.note((cluster.as_deref(), &node), &client, now);
-            if shared.is_some() && callers.write_due((cluster.as_deref(), &node), &client, callers_window, now) {
-                to_write.push((cluster, node, client));
-            }
-        }
+    let found_of_clients =
+        on_threads(work, threads, |work| work.spans.len(), |work| client_analysis(work, horizon, settle_after, config));
+    let mut address_callers = Vec::new();
+    for (client_id, found) in clients.iter().zip(found_of_clients) {
+        client_cache.settled(client_id, found.let_go);
+        findings.anomalies.extend(found.anomalies);
+        address_callers.extend(found.address_callers);
     }
-    let pruned = callers.prune(callers_window, now);
-    if let Some((coordinator, window)) = shared {
-        let seen: Vec<(Option<&str>, &str, &str)> = (to_write.iter())
-            .map(|(cluster, node, client)| (cluster.as_deref(), node.as_str(), client.as_str()))
-            .collect();
-        coordinator.note_process_clients(&seen).await?;
-        callers.wrote(to_write, now);
-        if pruned {
-            coordinator.forget_process_clients(window).await?;
-        }
-    }
+    callers.record(address_callers, shared.map(|(coordinator, _)| coordinator), callers_window, Instant::now()).await?;
     drop(not_held);
     times.client_analysis += lap.elapsed();
     let limit = config.live.max_spans_per_scope;
@@ -532,13 +457,7 @@ async fn analysis_pass(
     // Detectors comparing a node's namespaces (shards) with each other see the whole cluster.
     lap = Instant::now();
     for cluster in clusters {
-        let window = config.live.scope_window_seconds * 1_000_000_000;
-        let samples = store.cluster_samples(cluster.as_deref(), CLUSTER_METRICS, window).await?;
-        if samples.is_empty() {
-            continue;
-        }
-        let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
-        findings.anomalies.extend(analyze_kinds(&input, &config.analyzer, is_cluster_kind).into_iter().map(Arc::new));
+        findings.anomalies.extend(cluster_analysis(store, cluster.as_deref(), config).await?.into_iter().map(Arc::new));
     }
     times.clusters += lap.elapsed();
     tracing::debug!(
@@ -562,6 +481,36 @@ async fn analysis_pass(
         "analysis pass"
     );
     Ok(findings)
+}
+
+/// Every client's spans: held by the client cache (brought up to date from the span feed) or,
+/// when it cannot hold them (too many, or no span feed), read for this pass alone and returned.
+async fn load_clients<'c>(
+    store: &dyn Store,
+    client_cache: &mut ClientCache,
+    clients: &'c BTreeSet<String>,
+    (limit, kept_from): (u32, Option<i64>),
+    metrics: &SelfMetrics,
+) -> Result<HashMap<&'c str, Vec<lagscope_model::Span>>, lagscope_store::StoreError> {
+    let feed = store.span_feed();
+    let mut not_held = HashMap::new();
+    for client_id in clients {
+        match feed {
+            Some(feed) => match client_cache.load(feed, client_id, limit, kept_from, Instant::now()).await? {
+                Loaded::Held => metrics.client_reads_cached.add(1),
+                Loaded::ReadAndHeld => metrics.client_reads_full.add(1),
+                Loaded::Read(spans) => {
+                    metrics.client_reads_full.add(1);
+                    not_held.insert(client_id.as_str(), spans.into_iter().map(|(_, span)| span).collect());
+                }
+            },
+            None => {
+                metrics.client_reads_full.add(1);
+                not_held.insert(client_id.as_str(), store.client_spans(client_id, TimeRange::ALL, limit).await?);
+            }
+        }
+    }
+    Ok(not_held)
 }
 
 /// The samples of `chunk`'s scopes, read at once (the store reads them on several

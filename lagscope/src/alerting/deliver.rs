@@ -4,7 +4,13 @@
 use super::*;
 
 /// The body `receiver` takes for `alert`, as an outbox message.
-pub(super) fn message(receiver: &Receiver, alert: &Alert, event: &str, external_url: &str, now: i64) -> NewAlertMessage {
+pub(super) fn message(
+    receiver: &Receiver,
+    alert: &Alert,
+    event: &str,
+    external_url: &str,
+    now: i64,
+) -> NewAlertMessage {
     let body = match &receiver.kind {
         ReceiverKind::Alertmanager { .. } => alertmanager_body(std::slice::from_ref(alert)),
         ReceiverKind::Pagerduty { routing_key, .. } => pagerduty_body(alert, routing_key),
@@ -71,7 +77,13 @@ pub(super) async fn send(client: &reqwest::Client, receiver: &Receiver, body: &s
 /// The wait before attempt `attempts + 1` of message `id`: `first` doubling per attempt up to
 /// `longest`, times a jitter (0.5 to 1.5) drawn from the id and attempt so that a receiver
 /// coming back is not hit by every message at once; never shorter than its `Retry-After`.
-pub(super) fn back_off(id: i64, attempts: i64, retry_after: Option<Duration>, first: Duration, longest: Duration) -> Duration {
+pub(super) fn back_off(
+    id: i64,
+    attempts: i64,
+    retry_after: Option<Duration>,
+    first: Duration,
+    longest: Duration,
+) -> Duration {
     let doubled = first.saturating_mul(1u32 << attempts.clamp(0, 16) as u32).min(longest);
     let mut hash =
         (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (attempts as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -67,6 +67,16 @@ impl Spans<'_> {
     }
 }
 
+/// What one client's analysis found.
+pub(super) struct ClientFound {
+    pub(super) anomalies: Vec<Arc<lagscope_model::Anomaly>>,
+    /// The spans its settling let go of ([`settle`]).
+    pub(super) let_go: Vec<(SpanKey, lagscope_model::Span)>,
+    /// (cluster, node, client) of each cluster URL the client called from a process: whose
+    /// that process's unnamed switch lines are ([`AddressCallers`]).
+    pub(super) address_callers: Vec<(Option<String>, String, String)>,
+}
+
 /// What one scope's analysis found, and what building its timelines took.
 pub(super) struct ScopeFound {
     pub(super) anomalies: Vec<lagscope_model::Anomaly>,
@@ -95,6 +105,54 @@ pub(super) fn settle<A: Borrow<lagscope_model::Anomaly>>(
         return Vec::new();
     }
     held.settle(before, growing(found, before, &config.analyzer))
+}
+
+/// The client kinds over a client's spans (and the probes of the clusters it calls, its log
+/// lines): the anomalies about this client alone, from its own, complete timeline.
+pub(super) fn client_analysis(
+    work: ClientWork<'_>,
+    horizon: UnixNanos,
+    settle_after: UnixNanos,
+    config: &Config,
+) -> ClientFound {
+    let started = Instant::now();
+    let mut spans = work.spans;
+    let span_count = spans.len();
+    let mut input = match &mut spans {
+        Spans::Held(held) => {
+            held.refresh();
+            let mut input = AnalysisInput::from_held(held, work.probes);
+            // Calls judged by an earlier pass and unchanged since are not judged again.
+            input.verdicts = held.take_verdicts();
+            input
+        }
+        Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.probes, horizon),
+    };
+    input.log_events = work.log_events;
+    // Spans of shared traces bring in fragments of other clients' timelines: each client's
+    // anomalies come from its own, complete pass.
+    // (Kinds that name no client would be dropped below: they are not run.)
+    let anomalies = analyze_held_kinds(&mut input, &config.analyzer, is_client_pass_kind)
+        .into_iter()
+        .filter(|anomaly| {
+            anomaly.client_id.as_deref() == Some(work.client_id) && spans.reports(anomaly, work.judged_from)
+        })
+        .collect::<Vec<_>>();
+    let address_callers: Vec<(Option<String>, String, String)> = (input.address_callers().into_iter())
+        .map(|(cluster, node, client)| (cluster.map(str::to_string), node.to_string(), client.to_string()))
+        .collect();
+    let mut let_go = Vec::new();
+    let analysed = started.elapsed();
+    if let Spans::Held(held) = spans {
+        let verdicts = std::mem::take(&mut input.verdicts);
+        let (timelines, _) = input.into_parts();
+        held.give_back(timelines);
+        held.give_back_verdicts(verdicts);
+        let_go = settle(held, &anomalies, settle_after, config);
+    }
+    let took = Took::since(started, analysed, span_count, let_go.len());
+    took.log_if_slow("client", || work.client_id.to_string());
+    ClientFound { anomalies, let_go, address_callers }
 }
 
 /// The scope kinds over a scope's spans and samples, and the staleness of its reads per node
@@ -291,6 +349,22 @@ pub(super) const CLUSTER_METRICS: &[&str] = &[
     lagscope_model::conventions::METRIC_SHARD_LIMIT_BYTES,
     lagscope_model::conventions::METRIC_SHARD_REJECTIONS,
 ];
+
+/// The cluster kinds over a cluster's shard metrics of the scope window (every namespace's:
+/// they compare a node's shards with each other).
+pub(super) async fn cluster_analysis(
+    store: &dyn Store,
+    cluster: Option<&str>,
+    config: &Config,
+) -> Result<Vec<lagscope_model::Anomaly>, lagscope_store::StoreError> {
+    let window = config.live.scope_window_seconds * 1_000_000_000;
+    let samples = store.cluster_samples(cluster, CLUSTER_METRICS, window).await?;
+    if samples.is_empty() {
+        return Ok(Vec::new());
+    }
+    let input = AnalysisInput::from_telemetry(&[], samples, config.analyzer.stream.horizon());
+    Ok(analyze_kinds(&input, &config.analyzer, is_cluster_kind))
+}
 
 /// Kinds found once per cluster from the metrics of all its namespaces.
 pub(super) fn is_cluster_kind(kind: AnomalyKind) -> bool {

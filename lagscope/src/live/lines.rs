@@ -176,6 +176,38 @@ impl AddressCallers {
         self.written.retain(|_, written| now.duration_since(*written) < window);
         true
     }
+
+    /// Notes the (cluster, node, client) calls a pass saw at `now` and forgets the clients not
+    /// seen for `window`. With several instances (`shared`), also writes the pairs due
+    /// ([`AddressCallers::write_due`]), counted as written once the write succeeded, and lets
+    /// the database forget the pairs not written for a window when this one looked.
+    pub(super) async fn record(
+        &mut self,
+        seen: Vec<(Option<String>, String, String)>,
+        shared: Option<&dyn Coordinator>,
+        window: Duration,
+        now: Instant,
+    ) -> Result<(), lagscope_store::StoreError> {
+        let mut to_write = Vec::new();
+        for (cluster, node, client) in seen {
+            self.note((cluster.as_deref(), &node), &client, now);
+            if shared.is_some() && self.write_due((cluster.as_deref(), &node), &client, window, now) {
+                to_write.push((cluster, node, client));
+            }
+        }
+        let pruned = self.prune(window, now);
+        if let Some(coordinator) = shared {
+            let pairs: Vec<(Option<&str>, &str, &str)> = (to_write.iter())
+                .map(|(cluster, node, client)| (cluster.as_deref(), node.as_str(), client.as_str()))
+                .collect();
+            coordinator.note_process_clients(&pairs).await?;
+            self.wrote(to_write, now);
+            if pruned {
+                coordinator.forget_process_clients(window).await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The one client of each process a pass asks about (whose its unnamed switch lines are): from

@@ -1,3 +1,4 @@
+use super::analysis::Took;
 use super::written::{FORGET_AFTER_PASSES, NewAnomalies, WrittenAnomalies};
 use super::*;
 
