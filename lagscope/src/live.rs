@@ -289,34 +289,11 @@ async fn analysis_pass(
     let lines_lap = Instant::now();
     if held_shards.is_some() {
         // Several instances share the database: a cluster's new lines were read by the holder
-        // of its mark, seldom the instance that analyses its clients and scopes. The lines of
-        // the clusters this pass's clients and scopes are in are brought up to date here (on a
-        // feed, the lines committed since this instance last read them, for all those
-        // clusters in one read), unless this instance holds their mark and has read them since
-        // it last claimed shards.
-        let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
-        for client_id in &clients {
-            match not_held.get(client_id.as_str()) {
-                Some(spans) => of_pass.extend(
-                    (spans.iter())
-                        .filter(|span| span.call.client_id.as_deref() == Some(client_id.as_str()))
-                        .map(|span| &span.resource.cluster),
-                ),
-                None => of_pass.extend(client_cache.clusters_of(client_id).into_iter().flatten()),
-            }
-        }
-        let stale: Vec<Option<String>> = (of_pass.into_iter())
-            .filter(|cluster| !pending.log_clusters.contains(*cluster))
-            .filter(|cluster| !(holds_lines(cluster) && lines.current.contains(*cluster)))
-            .cloned()
-            .collect();
-        if lines.refresh(store, &stale, config, logs_kept_from).await? {
-            lines.index_clients();
-        }
-        lines.current.extend(stale.into_iter().filter(|cluster| holds_lines(cluster)));
+        // of its mark, seldom the instance that analyses its clients and scopes.
+        let of_pass = clusters_of_pass(&scopes, &clients, &not_held, client_cache);
+        lines.refresh_stale(store, of_pass, &pending.log_clusters, holds_lines, config, logs_kept_from).await?;
     }
     times.client_lines += lines_lap.elapsed();
-    let events_by_cluster = &lines.by_cluster;
     let mut work = Vec::with_capacity(clients.len());
     if !clients.is_empty() {
         owners.find(lines.unnamed_switches.keys(), callers).await?;
@@ -369,7 +346,6 @@ async fn analysis_pass(
         times.scope_samples += lap.elapsed();
         // From the scope cache, brought up to date after the samples: to the id the clients'
         // catch-up read for the first chunk, to a newer one for the others.
-        let mut not_held: HashMap<&ScopeKey, Vec<lagscope_model::Span>> = HashMap::new();
         let now = Instant::now();
         if let Some(feed) = feed {
             let latest = match latest.take() {
@@ -380,27 +356,7 @@ async fn analysis_pass(
             take_late(cache.late(), &metrics.analysis_scope_late_spans, settling, metrics);
             times.scope_catch_up += now.elapsed();
         }
-        for scope in chunk {
-            let source = match feed {
-                Some(feed) => {
-                    let (read, source) = cache.load(feed, scope, limit, kept_from, now).await?;
-                    if let Some(spans) = read {
-                        not_held.insert(scope, spans);
-                    }
-                    source
-                }
-                None => {
-                    let spans =
-                        store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
-                    not_held.insert(scope, spans);
-                    Source::Store
-                }
-            };
-            match source {
-                Source::Cached => metrics.scope_reads_cached.add(1),
-                Source::Store => metrics.scope_reads_full.add(1),
-            }
-        }
+        let not_held = load_scopes(store, cache, chunk, (limit, kept_from), now, metrics).await?;
         let judged_from: Vec<Option<i64>> = chunk.iter().map(|scope| cache.late().judged_from(scope)).collect();
         let mut held = cache.held_mut(chunk);
         let work: Vec<ScopeWork> = chunk
@@ -413,20 +369,7 @@ async fn analysis_pass(
                     (None, Some(held)) => Spans::Held(held),
                     (None, None) => Spans::Read(Vec::new()),
                 };
-                let (cluster, namespace) = scope;
-                let log_events = events_by_cluster
-                    .get(cluster)
-                    .map(|events| {
-                        // The namespace's lines, and every evidence line of the cluster
-                        // (matched to anomalies by node and shard when attached).
-                        events
-                            .iter()
-                            .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
-                            .map(Arc::clone)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                ScopeWork { spans, samples, log_events, judged_from }
+                ScopeWork { spans, samples, log_events: lines.of_scope(scope), judged_from }
             })
             .collect();
         times.scope_reads += lap.elapsed();
@@ -481,6 +424,63 @@ async fn analysis_pass(
         "analysis pass"
     );
     Ok(findings)
+}
+
+/// The spans of a chunk's scopes: held by the scope cache (brought up to date by the pass's
+/// catch-up) or, when it cannot hold them (too many, or no span feed), read for this pass alone
+/// and returned.
+async fn load_scopes<'c>(
+    store: &dyn Store,
+    cache: &mut ScopeCache,
+    chunk: &'c [ScopeKey],
+    (limit, kept_from): (u32, Option<i64>),
+    now: Instant,
+    metrics: &SelfMetrics,
+) -> Result<HashMap<&'c ScopeKey, Vec<lagscope_model::Span>>, lagscope_store::StoreError> {
+    let mut not_held = HashMap::new();
+    for scope in chunk {
+        let source = match store.span_feed() {
+            Some(feed) => {
+                let (read, source) = cache.load(feed, scope, limit, kept_from, now).await?;
+                if let Some(spans) = read {
+                    not_held.insert(scope, spans);
+                }
+                source
+            }
+            None => {
+                let spans = store.scope_spans(scope.0.as_deref(), scope.1.as_deref(), TimeRange::ALL, limit).await?;
+                not_held.insert(scope, spans);
+                Source::Store
+            }
+        };
+        match source {
+            Source::Cached => metrics.scope_reads_cached.add(1),
+            Source::Store => metrics.scope_reads_full.add(1),
+        }
+    }
+    Ok(not_held)
+}
+
+/// The clusters a pass's clients and scopes are in: a client's, from its own spans (those read
+/// for the pass, or the client cache's record of them).
+fn clusters_of_pass<'a>(
+    scopes: &'a [ScopeKey],
+    clients: &'a BTreeSet<String>,
+    not_held: &'a HashMap<&str, Vec<lagscope_model::Span>>,
+    client_cache: &'a ClientCache,
+) -> BTreeSet<&'a Option<String>> {
+    let mut of_pass: BTreeSet<&Option<String>> = scopes.iter().map(|(cluster, _)| cluster).collect();
+    for client_id in clients {
+        match not_held.get(client_id.as_str()) {
+            Some(spans) => of_pass.extend(
+                (spans.iter())
+                    .filter(|span| span.call.client_id.as_deref() == Some(client_id.as_str()))
+                    .map(|span| &span.resource.cluster),
+            ),
+            None => of_pass.extend(client_cache.clusters_of(client_id).into_iter().flatten()),
+        }
+    }
+    of_pass
 }
 
 /// Every client's spans: held by the client cache (brought up to date from the span feed) or,

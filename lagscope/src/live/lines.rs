@@ -32,6 +32,16 @@ pub(super) fn lines_window(config: &Config) -> (i64, u32) {
 }
 
 impl RecognisedLines {
+    /// A scope's lines: its namespace's, and every evidence line of its cluster (matched to
+    /// anomalies by node and shard when attached).
+    pub(super) fn of_scope(&self, (cluster, namespace): &ScopeKey) -> Vec<Arc<LogEvent>> {
+        let Some(events) = self.by_cluster.get(cluster) else { return Vec::new() };
+        (events.iter())
+            .filter(|event| event.namespace == *namespace || event.kind.is_evidence())
+            .map(Arc::clone)
+            .collect()
+    }
+
     /// Reads the recognised lines of the scope window of each of `clusters` (as the store's
     /// read, at most `max_logs_per_cluster` each), replacing what was held of them. On a feed
     /// they are held between passes: one read brings every cluster's lines committed since
@@ -60,6 +70,31 @@ impl RecognisedLines {
             self.by_cluster.insert(cluster.clone(), events);
         }
         Ok(!clusters.is_empty())
+    }
+
+    /// Several instances: brings the lines of `clusters` up to date (on a feed, those committed
+    /// since this instance last read them, all in one read), but for the clusters this pass
+    /// read already (`read_now`) and those whose mark this instance holds (`holds`) and has read
+    /// since it last claimed shards.
+    pub(super) async fn refresh_stale(
+        &mut self,
+        store: &dyn Store,
+        clusters: BTreeSet<&Option<String>>,
+        read_now: &BTreeSet<Option<String>>,
+        holds: impl Fn(&Option<String>) -> bool,
+        config: &Config,
+        kept_from: Option<UnixNanos>,
+    ) -> Result<(), lagscope_store::StoreError> {
+        let stale: Vec<Option<String>> = (clusters.into_iter())
+            .filter(|cluster| !read_now.contains(*cluster))
+            .filter(|cluster| !(holds(cluster) && self.current.contains(*cluster)))
+            .cloned()
+            .collect();
+        if self.refresh(store, &stale, config, kept_from).await? {
+            self.index_clients();
+        }
+        self.current.extend(stale.into_iter().filter(|cluster| holds(cluster)));
+        Ok(())
     }
 
     pub(super) fn index_clients(&mut self) {
