@@ -8,7 +8,8 @@ use axum::response::{IntoResponse, Response};
 use lagscope_analyzer::build_timelines;
 use lagscope_model::conventions::METRIC_COMMITTED_STATE;
 use lagscope_model::{AnomalyKind, ClientTimeline, Outcome, Severity, Span};
-use lagscope_store::{AnomalyFilter, Reduce, StoredAnomaly, TimeRange};
+use lagscope_selfmetrics::SelfMetrics;
+use lagscope_store::{AlertMessage, AnomalyFilter, Reduce, StoredAnomaly, TimeRange};
 use serde::{Deserialize, Serialize};
 
 use super::charts::{self, Bar, Line, STATE_UNIT};
@@ -141,9 +142,63 @@ async fn overview_page(
     for (kind, row) in &mut kinds {
         row.kind = kind.clone();
     }
-    // A cluster with open windows that has sent nothing for a while: they are judged by its
-    // own telemetry, so they stay open until it sends again (or its pipeline is fixed).
     let latest = state.store.latest_time().await?;
+    let clusters = cluster_rows(state, clusters, latest).await?;
+    let open = state
+        .store
+        .anomalies(&AnomalyFilter {
+            open: Some(true),
+            limit: OVERVIEW_LISTED as u32,
+            skip_evidence: true,
+            ..AnomalyFilter::default()
+        })
+        .await?;
+    let by_start = panels::by_start(&recent[..recent.len().min(OVERVIEW_LISTED)]);
+    let open_table = panels::anomaly_table(&panels::by_start(&open));
+    let metrics = &state.metrics;
+    let ingest = ingest_rows(metrics, latest);
+    let scrapes = scrape_rows(metrics);
+    // Paging: the latest alert messages and how their delivery went.
+    let messages = state.store.alert_messages(None, OVERVIEW_ALERT_MESSAGES).await?;
+    let alerts = alert_table(&messages);
+    let pending = messages.iter().filter(|message| message.state == "pending").count();
+    let failed = messages.iter().filter(|message| message.state == "failed").count();
+    let timeline = panels::anomaly_lanes(
+        &panels::by_start(&recent),
+        super::dashboards::AnomalyLane::Kind,
+        charts::Span { from: range.from, to: range.to },
+    );
+    let context = minijinja::context! {
+        timeline => timeline,
+        kinds => kinds.into_values().collect::<Vec<_>>(),
+        clusters => clusters,
+        open_table => open_table,
+        open_count => open_total,
+        open_cut => open_total > open.len(),
+        recent_table => panels::anomaly_table(&by_start),
+        recent_count => range_total,
+        recent_cut => range_total > by_start.len(),
+        cut_kinds => cut_kinds.iter().map(|kind| kind.as_str()).collect::<Vec<_>>(),
+        per_kind => OVERVIEW_PER_KIND,
+        ingest => ingest,
+        scrapes => scrapes,
+        alerts => alerts,
+        alerts_pending => pending,
+        alerts_failed => failed,
+        alerts_looked_at => messages.len(),
+    };
+    Ok(state.render("overview.html", "Overview", Some(&range), context))
+}
+
+/// The overview's cluster rows, the clusters in trouble first (critical, then warning), each
+/// group by name; a cluster with open windows that has sent nothing for [`SILENT_AFTER`] is
+/// called silent: its windows are judged by its own telemetry, so they stay open until it sends
+/// again (or its pipeline is fixed).
+async fn cluster_rows(
+    state: &UiState,
+    clusters: BTreeMap<Option<String>, ClusterCount>,
+    latest: Option<i64>,
+) -> Result<Vec<ClusterRow>, ApiError> {
     let own_latest = futures::future::try_join_all(clusters.iter().map(|(cluster, count)| async move {
         match (count.open, latest) {
             (0, _) | (_, None) => Ok(None),
@@ -174,22 +229,14 @@ async fn overview_page(
         "warning" => 1,
         _ => 2,
     });
-    let clusters = rows;
-    let open = state
-        .store
-        .anomalies(&AnomalyFilter {
-            open: Some(true),
-            limit: OVERVIEW_LISTED as u32,
-            skip_evidence: true,
-            ..AnomalyFilter::default()
-        })
-        .await?;
-    let by_start = panels::by_start(&recent[..recent.len().min(OVERVIEW_LISTED)]);
-    let open_table = panels::anomaly_table(&panels::by_start(&open));
-    let metrics = &state.metrics;
+    Ok(rows)
+}
+
+/// The overview's ingest health: the latest data, the queue, refusals, commits, batches analysed.
+fn ingest_rows(metrics: &SelfMetrics, latest: Option<i64>) -> Vec<(String, String)> {
     let queue_bytes = metrics.ingest_queue_bytes.get();
     let queue_capacity = metrics.ingest_queue_capacity_bytes.get().max(1);
-    let ingest = vec![
+    vec![
         ("latest data".to_string(), latest.map(time_text).unwrap_or_else(|| "none yet".to_string())),
         (
             "ingest queue".to_string(),
@@ -207,8 +254,12 @@ async fn overview_page(
             "batches analysed / marked".to_string(),
             format!("{} / {}", metrics.batches_analyzed.get(), metrics.batches_marked.get()),
         ),
-    ];
-    let scrapes: Vec<Vec<Cell>> = metrics
+    ]
+}
+
+/// The overview's scrape targets: each one's URL, whether it is up, its failures and last error.
+fn scrape_rows(metrics: &SelfMetrics) -> Vec<Vec<Cell>> {
+    metrics
         .scrapes
         .snapshot()
         .into_iter()
@@ -221,9 +272,11 @@ async fn overview_page(
                 Cell::text(status.last_error.clone().unwrap_or_default()),
             ]
         })
-        .collect();
-    // Paging: the latest alert messages and how their delivery went.
-    let messages = state.store.alert_messages(None, OVERVIEW_ALERT_MESSAGES).await?;
+        .collect()
+}
+
+/// The overview's latest alert messages and how their delivery went.
+fn alert_table(messages: &[AlertMessage]) -> Table {
     let mut alerts = Table::new(&["enqueued", "receiver", "event", "incident", "state", "attempts", "last error"]);
     for message in messages.iter().take(OVERVIEW_ALERTS_LISTED) {
         let state_class = match message.state.as_str() {
@@ -241,33 +294,7 @@ async fn overview_page(
             Cell::text(message.last_error.clone().unwrap_or_default()),
         ]);
     }
-    let pending = messages.iter().filter(|message| message.state == "pending").count();
-    let failed = messages.iter().filter(|message| message.state == "failed").count();
-    let timeline = panels::anomaly_lanes(
-        &panels::by_start(&recent),
-        super::dashboards::AnomalyLane::Kind,
-        charts::Span { from: range.from, to: range.to },
-    );
-    let context = minijinja::context! {
-        timeline => timeline,
-        kinds => kinds.into_values().collect::<Vec<_>>(),
-        clusters => clusters,
-        open_table => open_table,
-        open_count => open_total,
-        open_cut => open_total > open.len(),
-        recent_table => panels::anomaly_table(&by_start),
-        recent_count => range_total,
-        recent_cut => range_total > by_start.len(),
-        cut_kinds => cut_kinds.iter().map(|kind| kind.as_str()).collect::<Vec<_>>(),
-        per_kind => OVERVIEW_PER_KIND,
-        ingest => ingest,
-        scrapes => scrapes,
-        alerts => alerts,
-        alerts_pending => pending,
-        alerts_failed => failed,
-        alerts_looked_at => messages.len(),
-    };
-    Ok(state.render("overview.html", "Overview", Some(&range), context))
+    alerts
 }
 
 pub async fn anomaly(State(state): State<UiState>, Path(id): Path<String>) -> Response {
