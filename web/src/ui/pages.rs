@@ -589,20 +589,7 @@ async fn timeline_view(
     // Spans by id, for the router and server bars' times.
     let by_id: HashMap<&str, &Span> =
         spans.iter().filter_map(|span| span.span_id.as_deref().map(|id| (id, span))).collect();
-    // Which attempts broke a guarantee: their span ids are in an anomaly's evidence.
-    let mut flagged: HashMap<String, (i64, String)> = HashMap::new();
-    let mut floor_setters: HashMap<String, i64> = HashMap::new();
-    for stored in anomalies {
-        let evidence = stored.anomaly.evidence.value();
-        for id in super::span_ids(evidence, "spans") {
-            flagged.entry(id).or_insert((stored.id, stored.anomaly.kind.as_str().to_string()));
-        }
-        if let Some(setter) = evidence.get("floor_set_by") {
-            for id in super::span_ids(setter, "spans") {
-                floor_setters.entry(id).or_insert(stored.id);
-            }
-        }
-    }
+    let (flagged, floor_setters) = flagged_spans(anomalies);
     // The calls to draw, of every namespace: around the focus, else the most recent.
     let mut calls: Vec<(&ClientTimeline, &lagscope_model::TimelineCall)> =
         timelines.iter().flat_map(|timeline| timeline.calls.iter().map(move |call| (timeline, call))).collect();
@@ -683,74 +670,10 @@ async fn timeline_view(
                     text: None,
                 });
             }
-            let state_cell = |value: Option<i64>| Cell::text(value.map(|v| v.to_string()).unwrap_or_default());
-            let served_cell = match (attempt.served, below_floor) {
-                (Some(served), true) => Cell::class(served.to_string(), "critical"),
-                (served, _) => state_cell(served),
-            };
-            let node_role = |node: &Option<String>, role: &Option<String>| match (node, role) {
-                (Some(node), Some(role)) => format!("{node} ({role})"),
-                (Some(node), None) => node.clone(),
-                (None, Some(role)) => format!("({role})"),
-                (None, None) => String::new(),
-            };
-            let served_role = attempt.served_role.clone().or_else(|| attempt.reported.node_role.clone());
-            table.rows.push(vec![
-                Cell::text(time_text(attempt.start_unix_nano)),
-                Cell::text(call.op.as_ref().map(|op| op.as_str().to_string()).unwrap_or_default()),
-                Cell::text(call.rpc_method.clone().unwrap_or_default()),
-                Cell::text(attempt.attempt.map(|a| a.to_string()).unwrap_or_default()),
-                Cell::text(node_role(&attempt.target_node, &attempt.target_role)),
-                Cell::text(attempt.router_node.clone().unwrap_or_default()),
-                Cell::text(node_role(&attempt.served_by, &served_role)),
-                state_cell(attempt.carried),
-                state_cell(attempt.router_carried),
-                served_cell,
-                state_cell(attempt.returned),
-                state_cell(call.floor),
-                state_cell(attempt.committed.or(attempt.reported.namespace_committed)),
-                {
-                    let outcome = attempt.outcome.as_ref().map(|o| o.as_str().to_string()).unwrap_or_default();
-                    let text = match &attempt.error_type {
-                        Some(error) => format!("{outcome}: {}", error.rsplit('.').next().unwrap_or(error)),
-                        None => outcome,
-                    };
-                    if matches!(attempt.outcome, Some(Outcome::Ok) | None) {
-                        Cell::text(text)
-                    } else {
-                        Cell::class(text, "warning")
-                    }
-                },
-                match (flag, floor_setters.get(&span_id)) {
-                    (Some((id, kind)), _) => {
-                        Cell { class: Some("critical".to_string()), ..Cell::link(kind, format!("/anomalies/{id}")) }
-                    }
-                    (None, Some(id)) => Cell::link("set the floor", format!("/anomalies/{id}")),
-                    (None, None) => Cell::text(""),
-                },
-            ]);
+            table.rows.push(attempt_row(call, attempt, below_floor, flag, floor_setters.get(&span_id).copied()));
         }
     }
-    // Lanes in order: the client, then routers, then servers (each sorted by name).
-    let mut order: Vec<usize> = (0..lanes.len()).collect();
-    let rank = |name: &str| {
-        if name.starts_with("client ") {
-            0
-        } else if name.starts_with("router ") {
-            1
-        } else {
-            2
-        }
-    };
-    order.sort_by(|a, b| rank(&lanes[*a]).cmp(&rank(&lanes[*b])).then_with(|| lanes[*a].cmp(&lanes[*b])));
-    let mut position = vec![0; lanes.len()];
-    for (new, old) in order.iter().enumerate() {
-        position[*old] = new;
-    }
-    let names: Vec<String> = order.iter().map(|old| lanes[*old].clone()).collect();
-    for bar in &mut bars {
-        bar.lane = position[bar.lane];
-    }
+    let names = order_lanes(&lanes, &mut bars);
     let svg = charts::lanes(&names, &bars, charts::Span { from: range.from, to: range.to });
     let legend = [
         ("ok", charts::GREEN),
@@ -772,6 +695,106 @@ async fn timeline_view(
         spans_cut: own >= MAX_PAGE_SPANS as usize,
         namespaces,
     })
+}
+
+/// Which attempts broke a guarantee (their span ids are in an anomaly's evidence: the
+/// anomaly's id and kind) and which set the floor a stale read was judged against.
+fn flagged_spans(anomalies: &[StoredAnomaly]) -> (HashMap<String, (i64, String)>, HashMap<String, i64>) {
+    let mut flagged: HashMap<String, (i64, String)> = HashMap::new();
+    let mut floor_setters: HashMap<String, i64> = HashMap::new();
+    for stored in anomalies {
+        let evidence = stored.anomaly.evidence.value();
+        for id in super::span_ids(evidence, "spans") {
+            flagged.entry(id).or_insert((stored.id, stored.anomaly.kind.as_str().to_string()));
+        }
+        if let Some(setter) = evidence.get("floor_set_by") {
+            for id in super::span_ids(setter, "spans") {
+                floor_setters.entry(id).or_insert(stored.id);
+            }
+        }
+    }
+    (flagged, floor_setters)
+}
+
+/// A timeline table's row of one attempt: its states (the served one marked when below the
+/// floor), nodes, outcome, and the anomaly it broke a guarantee in or set the floor of.
+fn attempt_row(
+    call: &lagscope_model::TimelineCall,
+    attempt: &lagscope_model::TimelineAttempt,
+    below_floor: bool,
+    flag: Option<(i64, String)>,
+    floor_setter: Option<i64>,
+) -> Vec<Cell> {
+    let state_cell = |value: Option<i64>| Cell::text(value.map(|v| v.to_string()).unwrap_or_default());
+    let served_cell = match (attempt.served, below_floor) {
+        (Some(served), true) => Cell::class(served.to_string(), "critical"),
+        (served, _) => state_cell(served),
+    };
+    let node_role = |node: &Option<String>, role: &Option<String>| match (node, role) {
+        (Some(node), Some(role)) => format!("{node} ({role})"),
+        (Some(node), None) => node.clone(),
+        (None, Some(role)) => format!("({role})"),
+        (None, None) => String::new(),
+    };
+    let served_role = attempt.served_role.clone().or_else(|| attempt.reported.node_role.clone());
+    vec![
+        Cell::text(time_text(attempt.start_unix_nano)),
+        Cell::text(call.op.as_ref().map(|op| op.as_str().to_string()).unwrap_or_default()),
+        Cell::text(call.rpc_method.clone().unwrap_or_default()),
+        Cell::text(attempt.attempt.map(|a| a.to_string()).unwrap_or_default()),
+        Cell::text(node_role(&attempt.target_node, &attempt.target_role)),
+        Cell::text(attempt.router_node.clone().unwrap_or_default()),
+        Cell::text(node_role(&attempt.served_by, &served_role)),
+        state_cell(attempt.carried),
+        state_cell(attempt.router_carried),
+        served_cell,
+        state_cell(attempt.returned),
+        state_cell(call.floor),
+        state_cell(attempt.committed.or(attempt.reported.namespace_committed)),
+        {
+            let outcome = attempt.outcome.as_ref().map(|o| o.as_str().to_string()).unwrap_or_default();
+            let text = match &attempt.error_type {
+                Some(error) => format!("{outcome}: {}", error.rsplit('.').next().unwrap_or(error)),
+                None => outcome,
+            };
+            if matches!(attempt.outcome, Some(Outcome::Ok) | None) {
+                Cell::text(text)
+            } else {
+                Cell::class(text, "warning")
+            }
+        },
+        match (flag, floor_setter) {
+            (Some((id, kind)), _) => {
+                Cell { class: Some("critical".to_string()), ..Cell::link(kind, format!("/anomalies/{id}")) }
+            }
+            (None, Some(id)) => Cell::link("set the floor", format!("/anomalies/{id}")),
+            (None, None) => Cell::text(""),
+        },
+    ]
+}
+
+/// The lanes in order, the client's, then routers, then servers (each sorted by name), with
+/// each bar moved to its lane's new place.
+fn order_lanes(lanes: &[String], bars: &mut [Bar]) -> Vec<String> {
+    let mut order: Vec<usize> = (0..lanes.len()).collect();
+    let rank = |name: &str| {
+        if name.starts_with("client ") {
+            0
+        } else if name.starts_with("router ") {
+            1
+        } else {
+            2
+        }
+    };
+    order.sort_by(|a, b| rank(&lanes[*a]).cmp(&rank(&lanes[*b])).then_with(|| lanes[*a].cmp(&lanes[*b])));
+    let mut position = vec![0; lanes.len()];
+    for (new, old) in order.iter().enumerate() {
+        position[*old] = new;
+    }
+    for bar in bars.iter_mut() {
+        bar.lane = position[bar.lane];
+    }
+    order.iter().map(|old| lanes[*old].clone()).collect()
 }
 
 pub async fn dashboard(
