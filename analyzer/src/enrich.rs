@@ -284,7 +284,7 @@ type NodeAt<'a> = (String, SmallVec<[&'a Points; 2]>, &'a [NodeSeries<'a>]);
 /// One series of a node: its scope, its extra labels, its points.
 type NodeSeries<'a> = (&'a Scope, &'a Vec<String>, &'a Points);
 
-/// Series by (cluster, node): each node's, in the order [`series_of`] gives them.
+/// Series by (cluster, node): each node's, in the order [`SeriesIndex::series_of`](crate::series::SeriesIndex::series_of) gives them.
 type ByNode<'a> = FxHashMap<(Option<&'a str>, &'a str), Vec<NodeSeries<'a>>>;
 
 fn by_node(series: &BTreeMap<(Scope, Vec<String>), Points>) -> ByNode<'_> {

@@ -36,7 +36,7 @@ pub struct Delivery {
     /// This fraction of the export requests (drawn from the run's seed) is never delivered, as
     /// when an exporter gives up after its retries or a collector sheds load: spans, samples and
     /// log records go missing. Anomalies whose evidence was lost may be missed (the score then
-    /// judges only what is reported: see [`ScenarioScore::clean`]). 0: nothing lost.
+    /// judges only what is reported: see [`crate::eval::ScenarioScore::clean`]). 0: nothing lost.
     pub lose: f64,
 }
 

@@ -53,7 +53,7 @@ impl LineCache {
     /// read for all the clusters at once ([`SpanFeed::recognised_logs_after_each`]). Held lines
     /// older than `kept_from` (the logs' retention cut-off) go, as the store's retention takes
     /// them. Returns the lines of the clusters whose lines changed (new lines, or old ones cut at
-    /// the window's start); the others' are as last returned ([`LineCache::events`]).
+    /// the window's start); the others' are as last returned.
     pub async fn refresh(
         &mut self,
         feed: &dyn SpanFeed,
