@@ -4,6 +4,9 @@
 use super::*;
 
 impl Engine<'_> {
+    /// Holds a client attempt in its call: the open call of its id that started within a
+    /// horizon before it, else a new one. A copy of an attempt the call holds (an export sent
+    /// again) is counted and dropped.
     pub(super) fn push_attempt(&mut self, span: &SpanRec) {
         let state = self
             .clients
@@ -150,6 +153,8 @@ impl Engine<'_> {
         Some((open, call_id))
     }
 
+    /// Holds a router or server span until its attempt joins it: by trace when it has trace
+    /// context, else by (client, call id) until the call is final. A copy is taken once.
     pub(super) fn push_hop(&mut self, span: &SpanRec) {
         let hop = matches!(span.component, known::ROUTER | known::SERVER);
         if span.is_trace_hop() {
@@ -252,6 +257,8 @@ impl Engine<'_> {
         }
     }
 
+    /// A call the horizon has passed: its attempts joined (through their traces, and the hops
+    /// of its call id to the nearest attempt), then processed ([`Engine::process_call`]).
     pub(super) fn finalize(&mut self, open: OpenCall, call_id: Option<CallId>) {
         self.stats.calls += 1;
         let (client, namespace) = (open.client, open.namespace);
