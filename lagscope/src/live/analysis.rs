@@ -43,6 +43,22 @@ impl Spans<'_> {
         }
     }
 
+    /// The analysis input of these spans: held ones joined again where they changed since the
+    /// last pass (their timelines lent to the analysis, to be given back), read ones joined now.
+    pub(super) fn input(
+        &mut self,
+        samples: impl Into<lagscope_analyzer::IndexedSamples>,
+        horizon: UnixNanos,
+    ) -> AnalysisInput {
+        match self {
+            Self::Held(held) => {
+                held.refresh();
+                AnalysisInput::from_held(held, samples)
+            }
+            Self::Read(spans) => AnalysisInput::from_span_refs(spans, samples, horizon),
+        }
+    }
+
     fn first_start(&self) -> Option<i64> {
         match self {
             Self::Held(held) => held.first_start(),
@@ -118,16 +134,11 @@ pub(super) fn client_analysis(
     let started = Instant::now();
     let mut spans = work.spans;
     let span_count = spans.len();
-    let mut input = match &mut spans {
-        Spans::Held(held) => {
-            held.refresh();
-            let mut input = AnalysisInput::from_held(held, work.probes);
-            // Calls judged by an earlier pass and unchanged since are not judged again.
-            input.verdicts = held.take_verdicts();
-            input
-        }
-        Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.probes, horizon),
-    };
+    let mut input = spans.input(work.probes, horizon);
+    if let Spans::Held(held) = &mut spans {
+        // Calls judged by an earlier pass and unchanged since are not judged again.
+        input.verdicts = held.take_verdicts();
+    }
     input.log_events = work.log_events;
     // Spans of shared traces bring in fragments of other clients' timelines: each client's
     // anomalies come from its own, complete pass.
@@ -161,14 +172,7 @@ pub(super) fn scope_analysis(work: ScopeWork<'_>, limit: u32, settle_after: Unix
     let started = Instant::now();
     let mut spans = work.spans;
     let span_count = spans.len();
-    let mut input = match &mut spans {
-        // Joins what changed since the last pass; the timelines are lent to the analysis.
-        Spans::Held(held) => {
-            held.refresh();
-            AnalysisInput::from_held(held, work.samples)
-        }
-        Spans::Read(spans) => AnalysisInput::from_span_refs(spans, work.samples, config.analyzer.stream.horizon()),
-    };
+    let mut input = spans.input(work.samples, config.analyzer.stream.horizon());
     let timelines = started.elapsed();
     input.log_events = work.log_events;
     let mut anomalies = analyze_kinds(&input, &config.analyzer, is_scope_kind);
