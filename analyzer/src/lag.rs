@@ -125,6 +125,24 @@ pub fn lag_rows(input: &AnalysisInput) -> LagRows {
     LagRows { reads: read_lags(input, committed), apply: apply_lags(input, committed), rejections: rejections(input) }
 }
 
+/// The applied-state rows of `input`'s samples, against the committed states its samples and
+/// timelines report and `also_committed` ((cluster, namespace), time, state), e.g. what spans
+/// reported when the input holds only samples: [`lag_rows`]' `apply` without building the
+/// spans' timelines.
+pub fn apply_lag_rows(
+    input: &AnalysisInput,
+    also_committed: impl IntoIterator<Item = (NamespaceKey, i64, i64)>,
+) -> Vec<ApplyLagPoint> {
+    let mut reports = crate::committed::committed_reports(input);
+    for (key, at, state) in also_committed {
+        reports.entry(key).or_default().push((at, state));
+    }
+    for points in reports.values_mut() {
+        points.sort_unstable();
+    }
+    apply_lags(input, &crate::committed::first_seen(reports))
+}
+
 fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ReadLag> {
     let mut rows = Vec::new();
     for timeline in &input.timelines {

@@ -210,6 +210,20 @@ async fn every_endpoint_answers_as_documented() {
     {
         assert!(text.contains(family), "/metrics lacks {family}");
     }
+    // The read gauges count every read of the last minutes, as the raw lag analytics do (they
+    // once counted only the oldest 20 000 spans' reads of the last minute: the feed has more).
+    let gauge_reads: f64 = text
+        .lines()
+        .filter(|line| line.starts_with("lagscope_reads{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let lag = api.get("/api/v1/lag", "/api/v1/lag?from=0", 200).await;
+    assert_eq!(lag["input"]["truncated"], false, "{:#}", lag["input"]);
+    assert!(lag["input"]["spans"].as_u64().unwrap_or(0) > u64::from(lagscope_web::MAX_GAUGE_ROWS));
+    let raw_reads: u64 =
+        lag["reads"].as_array().expect("reads").iter().filter_map(|bucket| bucket["reads"].as_u64()).sum();
+    assert!(raw_reads > 0);
+    assert_eq!(gauge_reads, raw_reads as f64, "/metrics reads against /api/v1/lag's");
     let exported: BTreeSet<&str> =
         text.lines().filter(|line| !line.starts_with('#')).filter_map(|line| line.split(['{', ' ']).next()).collect();
     let grafana = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/grafana");

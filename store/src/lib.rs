@@ -317,6 +317,15 @@ pub struct StoreStats {
 }
 
 /// A number of anomalies of one kind, cluster, severity and status.
+/// A committed state a span reported: its cluster and namespace, when the span ended, the state.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct CommittedOnSpan {
+    pub cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub end_unix_nano: UnixNanos,
+    pub state_committed: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct AnomalyCount {
     pub kind: String,
@@ -404,6 +413,11 @@ pub trait Store: Send + Sync + 'static {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Sample>>;
+
+    /// The committed states spans whose start lies in `range` report
+    /// (`lagscope.state.committed`), oldest first, at most `limit`: what the apply-lag gauges
+    /// read beside the `lagscope.server.committed_state` samples, without reading spans whole.
+    async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<CommittedOnSpan>>;
 
     /// The client ids appearing in the given traces (for spans that name no client).
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>>;

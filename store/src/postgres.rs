@@ -251,6 +251,19 @@ impl Store for PgStore {
         rows.into_iter().map(SpanRow::into_span).collect()
     }
 
+    async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
+        Ok(sqlx::query_as(
+            "SELECT cluster, namespace, end_unix_nano, state_committed FROM spans
+             WHERE start_unix_nano >= $1 AND start_unix_nano < $2 AND state_committed IS NOT NULL
+             ORDER BY start_unix_nano, id LIMIT $3",
+        )
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     async fn samples_in_range(
         &self,
         cluster: Option<&str>,

@@ -176,6 +176,19 @@ impl Store for SqliteStore {
         samples::in_range(&self.reader, cluster, namespace, range, limit).await
     }
 
+    async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
+        Ok(sqlx::query_as(
+            "SELECT cluster, namespace, end_unix_nano, state_committed FROM spans
+             WHERE start_unix_nano >= ?1 AND start_unix_nano < ?2 AND state_committed IS NOT NULL
+             ORDER BY start_unix_nano, id LIMIT ?3",
+        )
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {
         spans::clients_of_traces(&self.reader, trace_ids).await
     }

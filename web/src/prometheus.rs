@@ -5,11 +5,16 @@
 //!   still holds;
 //! - `lagscope_window_open_seconds{kind,cluster,namespace,node}`: how long each open window
 //!   has lasted, up to the latest data;
-//! - over the last [`GAUGE_WINDOW`] of data, per (cluster, namespace, node):
-//!   `lagscope_reads{..}`, `lagscope_reads_behind_committed{..}`,
-//!   `lagscope_read_behind_states{..,quantile}`, `lagscope_read_behind_seconds{..,quantile}`,
-//!   `lagscope_apply_lag_states{..,quantile}`, `lagscope_apply_lag_seconds{..,quantile}`
-//!   (quantile 0.5, 0.99 and 1 for the maximum).
+//! - per (cluster, namespace, node), over the whole minutes that hold the last
+//!   [`GAUGE_WINDOW`] of data, from the read rollups the live analyzer writes (every read, at
+//!   the cost of a few rows per node): `lagscope_reads{..}`,
+//!   `lagscope_reads_behind_committed{..}`, `lagscope_read_behind_states{..,quantile}`,
+//!   `lagscope_read_behind_seconds{..,quantile}`;
+//! - per (cluster, namespace, node), over the last [`GAUGE_WINDOW`] of data, from the
+//!   applied-state samples and the committed states samples and spans reported:
+//!   `lagscope_apply_lag_states{..,quantile}`, `lagscope_apply_lag_seconds{..,quantile}`.
+//!
+//! Quantiles are 0.5, 0.99 and 1 (the maximum).
 //!
 //! Label values come from telemetry: they are escaped as the exposition format requires,
 //! and each family is capped at [`MAX_SERIES_PER_FAMILY`] series.
@@ -17,14 +22,16 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use lagscope_model::{LagQuery, Percentiles};
-use lagscope_store::AnomalyFilter;
+use lagscope_analyzer::{AnalysisInput, LagRows, apply_lag_rows};
+use lagscope_model::{LagQuery, Percentiles, rollup_step_of};
+use lagscope_store::{AnomalyFilter, TimeRange};
 
-use crate::{ApiError, ApiState, load_lag_rows};
+use crate::lag::{MAX_ROLLUPS, staleness_by_node};
+use crate::{ApiError, ApiState, LagAggregator};
 
 /// The stretch of the latest data the lag and staleness gauges cover.
 pub const GAUGE_WINDOW: i64 = 60 * 1_000_000_000;
-/// Spans and samples one scrape reads at most for those gauges.
+/// Samples, and spans' committed states, one scrape reads at most for the apply-lag gauges.
 pub const MAX_GAUGE_ROWS: u32 = 20_000;
 /// Series per metric family at most (telemetry decides label values).
 pub const MAX_SERIES_PER_FAMILY: usize = 2_000;
@@ -116,78 +123,107 @@ pub async fn analysis_gauges(state: &ApiState) -> Result<String, ApiError> {
         windows.set(&labels, seconds.max(windows.get(&labels)));
     }
     let mut families = vec![open, windows];
-    if let (Some(latest), Some(aggregate)) = (latest, state.lag.clone()) {
-        let query = LagQuery {
-            cluster: None,
-            namespace: None,
-            from_unix_nano: latest - GAUGE_WINDOW,
-            to_unix_nano: latest + 1,
-            step_seconds: None,
-        };
-        let loaded =
-            load_lag_rows(state.store.as_ref(), &query, MAX_GAUGE_ROWS, MAX_GAUGE_ROWS, state.call_horizon).await?;
-        let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query))
-            .await
-            .map_err(|error| ApiError::Analysis(error.to_string()))?
-            .map_err(ApiError::Analysis)?;
-        let mut reads = Family::new("lagscope_reads", "Reads served in the last minute of data.");
-        let mut behind = Family::new(
-            "lagscope_reads_behind_committed",
-            "Reads served below the namespace's committed state, in the last minute of data.",
-        );
-        let mut read_states = Family::new(
-            "lagscope_read_behind_states",
-            "Served state behind the committed state at read time, in states (last minute of data).",
-        );
-        let mut read_seconds = Family::new(
-            "lagscope_read_behind_seconds",
-            "Served state behind the committed state at read time, in seconds (last minute of data).",
-        );
-        let mut apply_states = Family::new(
-            "lagscope_apply_lag_states",
-            "A node's applied state behind its namespace's committed state, in states (last minute of data).",
-        );
-        let mut apply_seconds = Family::new(
-            "lagscope_apply_lag_seconds",
-            "A node's applied state behind its namespace's committed state, in seconds (last minute of data).",
-        );
-        let quantiles = |family: &mut Family, scope: [(&str, Option<&str>); 3], p: &Percentiles| {
-            for (quantile, value) in [("0.5", p.p50), ("0.99", p.p99), ("1", p.max)] {
-                let [a, b, c] = scope;
-                family.set(&[a, b, c, ("quantile", Some(quantile))], value);
-            }
-        };
-        for bucket in &report.reads {
-            let scope = [
-                ("cluster", bucket.cluster.as_deref()),
-                ("namespace", bucket.namespace.as_deref()),
-                ("node", bucket.node.as_deref()),
-            ];
-            reads.set(&scope, bucket.reads as f64);
-            behind.set(&scope, bucket.stale_reads as f64);
-            if let Some(p) = &bucket.behind_states {
-                quantiles(&mut read_states, scope, p);
-            }
-            if let Some(p) = &bucket.behind_seconds {
-                quantiles(&mut read_seconds, scope, p);
-            }
+    if let Some(latest) = latest {
+        families.extend(read_gauges(state, latest).await?);
+        if let Some(aggregate) = state.lag.clone() {
+            families.extend(apply_gauges(state, aggregate, latest).await?);
         }
-        for bucket in &report.apply_lag {
-            let scope = [
-                ("cluster", bucket.cluster.as_deref()),
-                ("namespace", bucket.namespace.as_deref()),
-                ("node", bucket.node.as_deref()),
-            ];
-            quantiles(&mut apply_states, scope, &bucket.behind_states);
-            quantiles(&mut apply_seconds, scope, &bucket.behind_seconds);
-        }
-        families.extend([reads, behind, read_states, read_seconds, apply_states, apply_seconds]);
     }
     let mut out = String::new();
     for family in &families {
         family.render(&mut out);
     }
     Ok(out)
+}
+
+/// `quantile` 0.5, 0.99 and 1 (the maximum) of `p` under `scope`.
+fn set_quantiles(family: &mut Family, scope: [(&str, Option<&str>); 3], p: &Percentiles) {
+    for (quantile, value) in [("0.5", p.p50), ("0.99", p.p99), ("1", p.max)] {
+        let [a, b, c] = scope;
+        family.set(&[a, b, c, ("quantile", Some(quantile))], value);
+    }
+}
+
+/// The read gauges, from the per-minute read rollups the live analyzer writes (every read of
+/// the range, however many; percentiles within 1/16 as `/api/v1/staleness` gives them): the
+/// whole minutes that hold the last [`GAUGE_WINDOW`] of data.
+async fn read_gauges(state: &ApiState, latest: i64) -> Result<[Family; 4], ApiError> {
+    let minutes = TimeRange { from: rollup_step_of(latest - GAUGE_WINDOW), to: latest + 1 };
+    let rollups = state.store.read_rollups(minutes, MAX_ROLLUPS).await?;
+    let mut reads = Family::new("lagscope_reads", "Reads served in the minutes holding the last minute of data.");
+    let mut behind = Family::new(
+        "lagscope_reads_behind_committed",
+        "Reads served below the namespace's committed state, in the minutes holding the last minute of data.",
+    );
+    let mut read_states = Family::new(
+        "lagscope_read_behind_states",
+        "Served state behind the committed state at read time, in states (the minutes holding the last minute of data).",
+    );
+    let mut read_seconds = Family::new(
+        "lagscope_read_behind_seconds",
+        "Served state behind the committed state at read time, in seconds (the minutes holding the last minute of data).",
+    );
+    for node in staleness_by_node(&rollups) {
+        let scope = [
+            ("cluster", node.cluster.as_deref()),
+            ("namespace", node.namespace.as_deref()),
+            ("node", node.node.as_deref()),
+        ];
+        reads.set(&scope, node.reads as f64);
+        behind.set(&scope, node.behind_reads as f64);
+        if let Some(p) = &node.behind_states {
+            set_quantiles(&mut read_states, scope, p);
+        }
+        if let Some(p) = &node.behind_seconds {
+            set_quantiles(&mut read_seconds, scope, p);
+        }
+    }
+    Ok([reads, behind, read_states, read_seconds])
+}
+
+/// The apply-lag gauges over the last [`GAUGE_WINDOW`] of data: the applied-state samples
+/// against the committed states samples and spans reported (the spans read for their
+/// committed state only), aggregated as `/api/v1/lag` aggregates them.
+async fn apply_gauges(state: &ApiState, aggregate: LagAggregator, latest: i64) -> Result<[Family; 2], ApiError> {
+    let range = TimeRange { from: latest - GAUGE_WINDOW, to: latest + 1 };
+    let samples = state.store.samples_in_range(None, None, range, MAX_GAUGE_ROWS).await?;
+    let committed = state.store.committed_on_spans(range, MAX_GAUGE_ROWS).await?;
+    let query = LagQuery {
+        cluster: None,
+        namespace: None,
+        from_unix_nano: range.from,
+        to_unix_nano: range.to,
+        step_seconds: None,
+    };
+    let report = tokio::task::spawn_blocking(move || {
+        let input = AnalysisInput::from_telemetry(&[], samples, 0);
+        let reported = committed
+            .into_iter()
+            .map(|span| ((span.cluster, span.namespace), span.end_unix_nano, span.state_committed));
+        let rows = LagRows { apply: apply_lag_rows(&input, reported), ..LagRows::default() };
+        aggregate(&rows, &query)
+    })
+    .await
+    .map_err(|error| ApiError::Analysis(error.to_string()))?
+    .map_err(ApiError::Analysis)?;
+    let mut apply_states = Family::new(
+        "lagscope_apply_lag_states",
+        "A node's applied state behind its namespace's committed state, in states (last minute of data).",
+    );
+    let mut apply_seconds = Family::new(
+        "lagscope_apply_lag_seconds",
+        "A node's applied state behind its namespace's committed state, in seconds (last minute of data).",
+    );
+    for bucket in &report.apply_lag {
+        let scope = [
+            ("cluster", bucket.cluster.as_deref()),
+            ("namespace", bucket.namespace.as_deref()),
+            ("node", bucket.node.as_deref()),
+        ];
+        set_quantiles(&mut apply_states, scope, &bucket.behind_states);
+        set_quantiles(&mut apply_seconds, scope, &bucket.behind_seconds);
+    }
+    Ok([apply_states, apply_seconds])
 }
 
 #[cfg(test)]
