@@ -219,7 +219,7 @@ async fn every_endpoint_answers_as_documented() {
         .sum();
     let lag = api.get("/api/v1/lag", "/api/v1/lag?from=0", 200).await;
     assert_eq!(lag["input"]["truncated"], false, "{:#}", lag["input"]);
-    assert!(lag["input"]["spans"].as_u64().unwrap_or(0) > u64::from(lagscope_web::MAX_GAUGE_ROWS));
+    assert!(lag["input"]["spans"].as_u64().unwrap_or(0) > 20_000, "{:#}", lag["input"]);
     let raw_reads: u64 =
         lag["reads"].as_array().expect("reads").iter().filter_map(|bucket| bucket["reads"].as_u64()).sum();
     assert!(raw_reads > 0);

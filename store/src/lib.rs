@@ -414,6 +414,11 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Sample>>;
 
+    /// Metric samples of the series named `names` whose time lies in `range`, the oldest
+    /// `limit`, in [`Store::samples_in_range`]'s order: what a reader of a few metrics takes
+    /// without reading every series' samples.
+    async fn named_samples_in_range(&self, names: &[&str], range: TimeRange, limit: u32) -> Result<Vec<Sample>>;
+
     /// The committed states spans whose start lies in `range` report
     /// (`lagscope.state.committed`), oldest first, at most `limit`: what the apply-lag gauges
     /// read beside the `lagscope.server.committed_state` samples, without reading spans whole.

@@ -251,6 +251,24 @@ impl Store for PgStore {
         rows.into_iter().map(SpanRow::into_span).collect()
     }
 
+    async fn named_samples_in_range(&self, names: &[&str], range: TimeRange, limit: u32) -> Result<Vec<Sample>> {
+        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+            "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+             FROM samples JOIN series ON series.id = samples.series_id
+             WHERE series.name = ANY($1)
+               AND samples.time_unix_nano >= $2 AND samples.time_unix_nano < $3
+             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $4",
+        )
+        .bind(names)
+        .bind(range.from)
+        .bind(range.to)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    }
+
     async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
         Ok(sqlx::query_as(
             "SELECT cluster, namespace, end_unix_nano, state_committed FROM spans

@@ -176,6 +176,10 @@ impl Store for SqliteStore {
         samples::in_range(&self.reader, cluster, namespace, range, limit).await
     }
 
+    async fn named_samples_in_range(&self, names: &[&str], range: TimeRange, limit: u32) -> Result<Vec<Sample>> {
+        samples::named_in_range(&self.reader, names, range, limit).await
+    }
+
     async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
         Ok(sqlx::query_as(
             "SELECT cluster, namespace, end_unix_nano, state_committed FROM spans

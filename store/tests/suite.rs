@@ -1248,12 +1248,14 @@ async fn range_reads_filter_scope_time_and_limit(store: &dyn Store) {
         span.call.namespace = Some(namespace.to_string());
         span
     };
-    let spans = vec![
+    let mut spans = vec![
         in_scope("a", 1, T0, "c1", "ns1"),
         in_scope("a", 2, T0 + SECOND, "c1", "ns1"),
         in_scope("b", 3, T0 + 2 * SECOND, "c1", "ns2"),
         in_scope("c", 4, T0 + 3 * SECOND, "c2", "ns1"),
     ];
+    spans[1].call.state.committed = Some(70);
+    spans[3].call.state.committed = Some(90);
     let applied = "lagscope.server.applied_state";
     let samples = vec![
         sample(
@@ -1313,6 +1315,35 @@ async fn range_reads_filter_scope_time_and_limit(store: &dyn Store) {
     let later =
         store.samples_in_range(None, None, TimeRange { from: T0 + SECOND, to: i64::MAX }, 100).await.expect("samples");
     assert_eq!(values(later), [3.0]);
+
+    let named = store.named_samples_in_range(&[applied], TimeRange::ALL, 100).await.expect("named");
+    assert_eq!(values(named), [1.0, 2.0, 4.0], "the named series only, in time and series order");
+    let named = store.named_samples_in_range(&[applied, "lagscope.probe.up"], TimeRange::ALL, 2).await.expect("named");
+    assert_eq!(values(named), [1.0, 2.0], "the oldest first");
+    let named = store
+        .named_samples_in_range(&["lagscope.probe.up"], TimeRange { from: T0 + 2 * SECOND, to: i64::MAX }, 100)
+        .await
+        .expect("named");
+    assert!(named.is_empty());
+    let hostile = store.named_samples_in_range(&["x') OR 1=1 --"], TimeRange::ALL, 100).await.expect("hostile");
+    assert!(hostile.is_empty());
+
+    let committed = store.committed_on_spans(TimeRange::ALL, 100).await.expect("committed");
+    let reported = |committed: Vec<lagscope_store::CommittedOnSpan>| {
+        committed
+            .into_iter()
+            .map(|on| (on.cluster, on.namespace, on.end_unix_nano, on.state_committed))
+            .collect::<Vec<_>>()
+    };
+    let end = |index: i64| T0 + index * SECOND + SECOND / 10;
+    assert_eq!(
+        reported(committed),
+        [(Some("c1".into()), Some("ns1".into()), end(1), 70), (Some("c2".into()), Some("ns1".into()), end(3), 90)]
+    );
+    let later = store.committed_on_spans(TimeRange { from: T0 + 2 * SECOND, to: i64::MAX }, 100).await.expect("later");
+    assert_eq!(reported(later).len(), 1);
+    let limited = store.committed_on_spans(TimeRange::ALL, 1).await.expect("limited");
+    assert_eq!(reported(limited)[0].3, 70, "the oldest first");
 }
 
 /// Now, to the nanosecond (retention works on wall-clock cut-offs; PostgreSQL keeps recent

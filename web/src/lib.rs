@@ -19,6 +19,5 @@ pub use error::ApiError;
 pub use lag::{
     LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows, parse_step, read_range,
 };
-pub use prometheus::{GAUGE_WINDOW, MAX_GAUGE_ROWS};
 pub use query::OPENAPI;
 pub use time_param::parse_time;

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use lagscope_analyzer::{AnalysisInput, LagRows, apply_lag_rows};
+use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE};
 use lagscope_model::{LagQuery, Percentiles, rollup_step_of};
 use lagscope_store::{AnomalyFilter, TimeRange};
 
@@ -32,7 +33,7 @@ use crate::{ApiError, ApiState, LagAggregator};
 /// The stretch of the latest data the lag and staleness gauges cover.
 pub const GAUGE_WINDOW: i64 = 60 * 1_000_000_000;
 /// Samples, and spans' committed states, one scrape reads at most for the apply-lag gauges.
-pub const MAX_GAUGE_ROWS: u32 = 20_000;
+pub const MAX_GAUGE_ROWS: u32 = 200_000;
 /// Series per metric family at most (telemetry decides label values).
 pub const MAX_SERIES_PER_FAMILY: usize = 2_000;
 /// Open anomalies one scrape reads at most.
@@ -186,8 +187,16 @@ async fn read_gauges(state: &ApiState, latest: i64) -> Result<[Family; 4], ApiEr
 /// committed state only), aggregated as `/api/v1/lag` aggregates them.
 async fn apply_gauges(state: &ApiState, aggregate: LagAggregator, latest: i64) -> Result<[Family; 2], ApiError> {
     let range = TimeRange { from: latest - GAUGE_WINDOW, to: latest + 1 };
-    let samples = state.store.samples_in_range(None, None, range, MAX_GAUGE_ROWS).await?;
+    let names = [METRIC_APPLIED_STATE, METRIC_COMMITTED_STATE];
+    let samples = state.store.named_samples_in_range(&names, range, MAX_GAUGE_ROWS).await?;
     let committed = state.store.committed_on_spans(range, MAX_GAUGE_ROWS).await?;
+    if samples.len() >= MAX_GAUGE_ROWS as usize || committed.len() >= MAX_GAUGE_ROWS as usize {
+        tracing::warn!(
+            samples = samples.len(),
+            committed_on_spans = committed.len(),
+            "/metrics: the apply-lag gauges cover only the oldest {MAX_GAUGE_ROWS} samples or spans of the last minute"
+        );
+    }
     let query = LagQuery {
         cluster: None,
         namespace: None,

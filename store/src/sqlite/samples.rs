@@ -347,3 +347,29 @@ pub(super) async fn in_range(
     .await?;
     rows.into_iter().map(ScopeSampleRow::into_sample).collect()
 }
+
+/// Samples of the series named `names` whose time lies in `range`, oldest first, at most `limit`.
+pub(super) async fn named_in_range(
+    pool: &SqlitePool,
+    names: &[&str],
+    range: TimeRange,
+    limit: u32,
+) -> Result<Vec<Sample>> {
+    let names = serde_json::to_string(names)
+        .map_err(|error| crate::StoreError::Corrupt { what: "metric names", detail: error.to_string() })?;
+    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
+        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+         FROM samples JOIN series ON series.id = samples.series_id
+         WHERE series.name IN (SELECT value FROM json_each(?1))
+           AND samples.time_unix_nano >= ?2 AND samples.time_unix_nano < ?3
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?4",
+    )
+    .bind(names)
+    .bind(range.from)
+    .bind(range.to)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+}
