@@ -252,14 +252,12 @@ impl Store for PgStore {
     }
 
     async fn named_samples_in_range(&self, names: &[&str], range: TimeRange, limit: u32) -> Result<Vec<Sample>> {
-        let rows: Vec<ScopeSampleRow> = sqlx::query_as(
-            "SELECT series.name, series.labels, series.kind, series.unit, series.description,
-                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-             FROM samples JOIN series ON series.id = samples.series_id
-             WHERE series.name = ANY($1)
+        let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
+            crate::rows::scope_samples_select!(),
+            "WHERE series.name = ANY($1)
                AND samples.time_unix_nano >= $2 AND samples.time_unix_nano < $3
-             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $4",
-        )
+             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $4"
+        ))
         .bind(names)
         .bind(range.from)
         .bind(range.to)
@@ -290,15 +288,13 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<Sample>> {
         let rows: Vec<ScopeSampleRow> = scoped(
-            sqlx::query_as(
-                "SELECT series.name, series.labels, series.kind, series.unit, series.description,
-                    samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-             FROM samples JOIN series ON series.id = samples.series_id
-             WHERE ($1::text IS NULL OR series.cluster = $1)
+            sqlx::query_as(concat!(
+                crate::rows::scope_samples_select!(),
+                "WHERE ($1::text IS NULL OR series.cluster = $1)
                AND ($2::text IS NULL OR series.namespace = $2 OR series.namespace IS NULL)
                AND samples.time_unix_nano >= $3 AND samples.time_unix_nano < $4
-             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $5",
-            ),
+             ORDER BY samples.time_unix_nano, samples.series_id LIMIT $5"
+            )),
             cluster,
             namespace,
             range,

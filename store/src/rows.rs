@@ -241,6 +241,16 @@ pub(crate) fn point_value(value: Option<f64>, distribution: Option<&str>) -> Res
     })
 }
 
+/// The columns a [`ScopeSampleRow`] reads, of samples joined to their series (both backends).
+macro_rules! scope_samples_select {
+    () => {
+        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
+         FROM samples JOIN series ON series.id = samples.series_id "
+    };
+}
+pub(crate) use scope_samples_select;
+
 #[derive(FromRow)]
 pub(crate) struct ScopeSampleRow {
     pub(crate) name: String,

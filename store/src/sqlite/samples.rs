@@ -329,15 +329,13 @@ pub(super) async fn in_range(
     range: TimeRange,
     limit: u32,
 ) -> Result<Vec<Sample>> {
-    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
-        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
-                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-         FROM samples JOIN series ON series.id = samples.series_id
-         WHERE (?1 IS NULL OR series.cluster = ?1)
+    let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
+        crate::rows::scope_samples_select!(),
+        "WHERE (?1 IS NULL OR series.cluster = ?1)
            AND (?2 IS NULL OR series.namespace = ?2 OR series.namespace IS NULL)
            AND samples.time_unix_nano >= ?3 AND samples.time_unix_nano < ?4
-         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?5",
-    )
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?5"
+    ))
     .bind(cluster)
     .bind(namespace)
     .bind(range.from)
@@ -355,16 +353,13 @@ pub(super) async fn named_in_range(
     range: TimeRange,
     limit: u32,
 ) -> Result<Vec<Sample>> {
-    let names = serde_json::to_string(names)
-        .map_err(|error| crate::StoreError::Corrupt { what: "metric names", detail: error.to_string() })?;
-    let rows: Vec<ScopeSampleRow> = sqlx::query_as(
-        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
-                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-         FROM samples JOIN series ON series.id = samples.series_id
-         WHERE series.name IN (SELECT value FROM json_each(?1))
+    let names = to_json_text(&names);
+    let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
+        crate::rows::scope_samples_select!(),
+        "WHERE series.name IN (SELECT value FROM json_each(?1))
            AND samples.time_unix_nano >= ?2 AND samples.time_unix_nano < ?3
-         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?4",
-    )
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?4"
+    ))
     .bind(names)
     .bind(range.from)
     .bind(range.to)
