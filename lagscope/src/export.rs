@@ -98,7 +98,7 @@ fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telem
         )
         .await?;
         let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
-        let lagscope_web::RangeTelemetry { spans, samples, truncated } =
+        let lagscope_web::RangeTelemetry { spans, samples, truncated, .. } =
             lagscope_web::read_range(store.as_ref(), cluster, namespace, range, request.max_spans, request.max_spans)
                 .await?;
         Ok((source, spans, samples, truncated))

@@ -35,6 +35,8 @@ pub struct LoadedRows {
     pub spans: usize,
     pub samples: usize,
     pub truncated: bool,
+    /// [`RangeTelemetry::complete_before`].
+    pub complete_before: Option<i64>,
 }
 
 /// A scope's spans and samples of a time range, as lag analytics and exports read them.
@@ -43,6 +45,19 @@ pub struct RangeTelemetry {
     pub samples: Vec<lagscope_model::Sample>,
     /// Whether a read limit was reached (the newest data of the range is missing).
     pub truncated: bool,
+    /// When a read limit was reached: the time before which the range was read whole.
+    pub complete_before: Option<i64>,
+}
+
+/// When a read of rows oldest first took its `max` (`read` of them, the last at `last`): the
+/// time before which it holds every row of the range (rows of that very time may be missing).
+fn cut_at(read: usize, max: u32, last: Option<i64>) -> Option<i64> {
+    last.filter(|_| read >= max as usize)
+}
+
+/// The time before which both reads hold every row of the range, when either was cut.
+fn complete_before(spans: Option<i64>, samples: Option<i64>) -> Option<i64> {
+    spans.into_iter().chain(samples).min()
 }
 
 /// Reads the spans and samples of `cluster`/`namespace` (`None` = any) in `range`, at most
@@ -58,7 +73,11 @@ pub async fn read_range(
     let spans = store.spans_in_range(cluster, namespace, range, max_spans).await?;
     let samples = store.samples_in_range(cluster, namespace, range, max_samples).await?;
     let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
-    Ok(RangeTelemetry { spans, samples, truncated })
+    let complete_before = complete_before(
+        cut_at(spans.len(), max_spans, spans.last().map(|span| span.start_unix_nano)),
+        cut_at(samples.len(), max_samples, samples.last().map(|sample| sample.time_unix_nano)),
+    );
+    Ok(RangeTelemetry { spans, samples, truncated, complete_before })
 }
 
 /// Reads the scope's spans and samples in the query's range and extracts the raw lag rows.
@@ -70,14 +89,14 @@ pub async fn load_lag_rows(
     call_horizon: i64,
 ) -> Result<LoadedRows, StoreError> {
     let range = TimeRange { from: query.from_unix_nano, to: query.to_unix_nano };
-    let RangeTelemetry { spans, samples, truncated } =
+    let RangeTelemetry { spans, samples, truncated, complete_before } =
         read_range(store, query.cluster.as_deref(), query.namespace.as_deref(), range, max_spans, max_samples).await?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
     let rows =
         tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples, call_horizon)))
             .await
             .map_err(|error| StoreError::Corrupt { what: "lag rows", detail: error.to_string() })?;
-    Ok(LoadedRows { rows, spans: n_spans, samples: n_samples, truncated })
+    Ok(LoadedRows { rows, spans: n_spans, samples: n_samples, truncated, complete_before })
 }
 
 /// Read rollups (node-minutes) one staleness request or panel reads at most (the oldest of
@@ -234,7 +253,12 @@ pub(crate) async fn lag(
     if let Value::Object(object) = &mut value {
         object.insert(
             "input".to_string(),
-            json!({ "spans": loaded.spans, "samples": loaded.samples, "truncated": loaded.truncated }),
+            json!({
+                "spans": loaded.spans,
+                "samples": loaded.samples,
+                "truncated": loaded.truncated,
+                "complete_before_unix_nano": loaded.complete_before,
+            }),
         );
     }
     Ok(Json(value))
@@ -265,7 +289,18 @@ pub fn parse_step(text: &str) -> Result<i64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_step;
+    use super::{complete_before, cut_at, parse_step};
+
+    #[test]
+    fn a_cut_range_is_whole_before_the_earlier_cut() {
+        assert_eq!(cut_at(2, 3, Some(5)), None, "under the limit");
+        assert_eq!(cut_at(3, 3, Some(5)), Some(5), "at the limit");
+        assert_eq!(cut_at(0, 0, None), None, "nothing read");
+        assert_eq!(complete_before(None, None), None);
+        assert_eq!(complete_before(Some(5), None), Some(5));
+        assert_eq!(complete_before(None, Some(3)), Some(3));
+        assert_eq!(complete_before(Some(5), Some(3)), Some(3), "the earlier cut");
+    }
 
     #[test]
     fn steps_parse_with_units_and_name_the_bad_ones() {
