@@ -129,16 +129,42 @@ async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Resu
     // `ctes` and the column list are this module's text: nothing of the caller reaches it.
     match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
         Ok((text,)) => {
-            let rows: Vec<SpanRow> = serde_json::from_str(&text).map_err(|error| crate::StoreError::Corrupt {
+            let SpanList(spans) = serde_json::from_str(&text).map_err(|error| crate::StoreError::Corrupt {
                 what: "spans",
                 detail: format!("reading spans as JSON: {error}"),
             })?;
-            rows.into_iter().map(SpanRow::into_span).collect()
+            Ok(spans)
         }
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
             spans_picked_by_row(pool, ctes, binds).await
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+/// Spans read from a JSON array of [`SpanRow`]s, each made a span as it is read: half a million
+/// rows were held whole beside the spans made of them (about 1 KB each).
+struct SpanList(Vec<Span>);
+
+impl<'de> serde::Deserialize<'de> for SpanList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Rows;
+        impl<'de> serde::de::Visitor<'de> for Rows {
+            type Value = SpanList;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("an array of span rows")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut rows: A) -> std::result::Result<SpanList, A::Error> {
+                let mut spans = Vec::with_capacity(rows.size_hint().unwrap_or(0));
+                while let Some(row) = rows.next_element::<SpanRow>()? {
+                    spans.push(row.into_span().map_err(serde::de::Error::custom)?);
+                }
+                Ok(SpanList(spans))
+            }
+        }
+        deserializer.deserialize_seq(Rows)
     }
 }
 
