@@ -150,6 +150,29 @@ pub struct UpsertOutcome {
     pub superseded: u64,
 }
 
+impl UpsertOutcome {
+    /// Counts what an upsert's `RETURNING id, first_seen, last_seen` says of one anomaly: no
+    /// row, unchanged; a row seen before, updated. A new row's id is returned, to be
+    /// superseded and then counted by [`UpsertOutcome::inserted`] (both backends).
+    pub(crate) fn found(&mut self, returned: Option<(i64, i64, i64)>) -> Option<i64> {
+        match returned {
+            Some((id, first_seen, last_seen)) if first_seen == last_seen => return Some(id),
+            Some(_) => self.updated += 1,
+            None => self.unchanged += 1,
+        }
+        None
+    }
+
+    /// Counts a new row `id` once superseding replaced the stored anomalies `superseded` (the
+    /// new row itself among them, when one stored before replaced it at once).
+    pub(crate) fn inserted(&mut self, id: i64, superseded: &[i64]) {
+        self.superseded += superseded.len() as u64;
+        if !superseded.contains(&id) {
+            self.inserted.push(id);
+        }
+    }
+}
+
 /// One series with its samples in a time range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeriesSamples {

@@ -60,16 +60,9 @@ pub(super) async fn upsert(
         .bind(anomaly.open)
         .fetch_optional(&mut **transaction)
         .await?;
-        match returned {
-            Some((id, first_seen, last_seen)) if first_seen == last_seen => {
-                let superseded = supersede(transaction, anomaly, id, seen_at).await?;
-                outcome.superseded += superseded.len() as u64;
-                if !superseded.contains(&id) {
-                    outcome.inserted.push(id);
-                }
-            }
-            Some(_) => outcome.updated += 1,
-            None => outcome.unchanged += 1,
+        if let Some(id) = outcome.found(returned) {
+            let superseded = supersede(transaction, anomaly, id, seen_at).await?;
+            outcome.inserted(id, &superseded);
         }
     }
     Ok(outcome)

@@ -128,13 +128,7 @@ async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Resu
     let sql = format!("WITH {ctes} SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (SELECT id FROM picked)");
     // `ctes` and the column list are this module's text: nothing of the caller reaches it.
     match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
-        Ok((text,)) => {
-            let SpanList(spans) = serde_json::from_str(&text).map_err(|error| crate::StoreError::Corrupt {
-                what: "spans",
-                detail: format!("reading spans as JSON: {error}"),
-            })?;
-            Ok(spans)
-        }
+        Ok((text,)) => parse_rows::<SpanRow>(&text),
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
             spans_picked_by_row(pool, ctes, binds).await
         }
@@ -142,30 +136,60 @@ async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Resu
     }
 }
 
-/// Spans read from a JSON array of [`SpanRow`]s, each made a span as it is read: half a million
-/// rows were held whole beside the spans made of them (about 1 KB each).
-struct SpanList(Vec<Span>);
+/// A row of a JSON span read ([`SPAN_JSON_ARRAY`], [`SPAN_JSON_ARRAY_WITH_IDS`]), made what
+/// the read returns as it is parsed: half a million rows were held whole beside the spans made
+/// of them (about 1 KB each).
+trait JsonRow: serde::de::DeserializeOwned {
+    type Item;
+    fn into_item(self) -> Result<Self::Item>;
+}
 
-impl<'de> serde::Deserialize<'de> for SpanList {
+impl JsonRow for SpanRow {
+    type Item = Span;
+    fn into_item(self) -> Result<Span> {
+        self.into_span()
+    }
+}
+
+impl JsonRow for (i64, SpanRow) {
+    type Item = (i64, Span);
+    fn into_item(self) -> Result<(i64, Span)> {
+        Ok((self.0, self.1.into_span()?))
+    }
+}
+
+/// What a JSON array of `R`s reads as.
+struct Parsed<R: JsonRow>(Vec<R::Item>);
+
+impl<'de, R: JsonRow> serde::Deserialize<'de> for Parsed<R> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Rows;
-        impl<'de> serde::de::Visitor<'de> for Rows {
-            type Value = SpanList;
+        struct Rows<R>(std::marker::PhantomData<R>);
+        impl<'de, R: JsonRow> serde::de::Visitor<'de> for Rows<R> {
+            type Value = Parsed<R>;
 
             fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
                 formatter.write_str("an array of span rows")
             }
 
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut rows: A) -> std::result::Result<SpanList, A::Error> {
-                let mut spans = Vec::with_capacity(rows.size_hint().unwrap_or(0));
-                while let Some(row) = rows.next_element::<SpanRow>()? {
-                    spans.push(row.into_span().map_err(serde::de::Error::custom)?);
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut rows: A) -> std::result::Result<Parsed<R>, A::Error> {
+                let mut items = Vec::with_capacity(rows.size_hint().unwrap_or(0));
+                while let Some(row) = rows.next_element::<R>()? {
+                    items.push(row.into_item().map_err(serde::de::Error::custom)?);
                 }
-                Ok(SpanList(spans))
+                Ok(Parsed(items))
             }
         }
-        deserializer.deserialize_seq(Rows)
+        deserializer.deserialize_seq(Rows(std::marker::PhantomData))
     }
+}
+
+/// The rows of a JSON span read's text, each made what the read returns.
+fn parse_rows<R: JsonRow>(text: &str) -> Result<Vec<R::Item>> {
+    let Parsed::<R>(items) = serde_json::from_str(text).map_err(|error| crate::StoreError::Corrupt {
+        what: "spans",
+        detail: format!("reading spans as JSON: {error}"),
+    })?;
+    Ok(items)
 }
 
 /// [`spans_picked`] with each span's id (what the span feed's readers keep spans by).
@@ -175,12 +199,7 @@ async fn spans_picked_with_ids(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]
     );
     // `ctes` and the column list are this module's text: nothing of the caller reaches it.
     match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
-        Ok((text,)) => {
-            let rows: Vec<(i64, SpanRow)> = serde_json::from_str(&text).map_err(|error| {
-                crate::StoreError::Corrupt { what: "spans", detail: format!("reading spans as JSON: {error}") }
-            })?;
-            rows.into_iter().map(|(id, row)| Ok((id, row.into_span()?))).collect()
-        }
+        Ok((text,)) => parse_rows::<(i64, SpanRow)>(&text),
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
             spans_picked_with_ids_by_row(pool, ctes, binds).await
         }
