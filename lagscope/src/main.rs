@@ -170,9 +170,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         if demo {
             let target = lagscope::sim_cmd::Target::OtlpHttp(format!("http://{}", server.otlp_http_addr));
+            let first_round = match server.store() {
+                Some(store) => next_demo_round(store.as_ref()).await?,
+                None => 1,
+            };
             std::thread::Builder::new()
                 .name("demo".to_string())
-                .spawn(move || feed_demo(&target))
+                .spawn(move || feed_demo(&target, first_round))
                 .context("cannot start the demo feed")?;
             eprintln!(
                 "lagscope demo: feeding the simulator's mixed scenario in real time; open http://{}/",
@@ -404,9 +408,10 @@ fn start_native_server(
 /// clusters and clients are named after it (`round-2.hdfs-publish-race.hdfs-prod`): a round
 /// starts its clusters' state ids over and its clients are new sessions, which, under the
 /// names of the round before, would be state going back and sessions that forgot what they
-/// saw (anomalies the demo did not stage).
-fn feed_demo(target: &lagscope::sim_cmd::Target) {
-    for round in 1u64.. {
+/// saw (anomalies the demo did not stage). A demo started again on the same store goes on from
+/// the rounds it holds ([`next_demo_round`]).
+fn feed_demo(target: &lagscope::sim_cmd::Target, first_round: u64) {
+    for round in first_round.. {
         let mut config = lagscope_sim::SimConfig::new("mixed");
         config.seed = round;
         config.start_unix_nano = jiff::Timestamp::now().as_nanosecond() as i64;
@@ -424,6 +429,20 @@ fn feed_demo(target: &lagscope::sim_cmd::Target) {
             }
         }
     }
+}
+
+/// The round after the last one the store holds telemetry of (`round-N.` clusters), 1 for a
+/// store without any: a demo started again on the same data goes on from where it stopped
+/// instead of sending a round's names again with its state ids started over.
+async fn next_demo_round(store: &dyn lagscope_store::Store) -> anyhow::Result<u64> {
+    let scopes = store.scopes().await.context("cannot read the store's clusters for the demo")?;
+    let last = (scopes.iter())
+        .filter_map(|scope| scope.cluster.as_deref()?.strip_prefix("round-")?.split_once('.')?.0.parse::<u64>().ok())
+        .max();
+    if let Some(last) = last {
+        eprintln!("lagscope demo: the store holds rounds up to {last}; going on with round {}", last + 1);
+    }
+    Ok(last.map_or(1, |last| last + 1))
 }
 
 /// Ctrl-C or SIGTERM.

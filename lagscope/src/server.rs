@@ -146,6 +146,11 @@ impl Stack {
 }
 
 impl Server {
+    /// The single-tenant service's store; `None` with tenants on (each tenant opens its own).
+    pub fn store(&self) -> Option<Arc<dyn Store>> {
+        self.store.as_ref().map(OpenStore::shared)
+    }
+
     /// Opens the store (or, with tenants on, gets ready to open one per tenant), binds the
     /// listeners and starts serving.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {

@@ -57,3 +57,43 @@ fn the_demo_fills_the_pages_within_seconds() {
     assert_eq!(status, 200, "{body}");
     serve.stop();
 }
+
+/// A demo started again on the data of an earlier one goes on with the next round: sending
+/// round 1's cluster and client names again, with state ids started over, would read as state
+/// going backwards and sessions that forgot what they saw, anomalies the demo did not stage.
+#[test]
+fn a_demo_started_again_goes_on_with_the_next_round() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    let client = reqwest::blocking::Client::new();
+    // The clusters of the rounds the demo has sent, once the store holds any.
+    let rounds_sent = |serve: &ServeProcess| -> std::collections::BTreeSet<String> {
+        let started = Instant::now();
+        loop {
+            let body = (client.get(format!("http://{}/api/v1/clusters", serve.api)).send())
+                .and_then(|response| response.text())
+                .unwrap_or_default();
+            let clusters: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let rounds: std::collections::BTreeSet<String> = (clusters["clusters"].as_array().into_iter().flatten())
+                .filter_map(|cluster| cluster["cluster"].as_str()?.split_once('.').map(|(round, _)| round.to_string()))
+                .collect();
+            if !rounds.is_empty() {
+                return rounds;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "the demo sent nothing within 60 s");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    let first = ServeProcess::start_with(&data, "", &["--demo"]);
+    assert_eq!(rounds_sent(&first), ["round-1".to_string()].into());
+    first.stop();
+    let again = ServeProcess::start_with(&data, "", &["--demo"]);
+    // The store's clusters now: round 1's, and round 2's once its first telemetry is stored.
+    let started = Instant::now();
+    while !rounds_sent(&again).contains("round-2") {
+        assert!(started.elapsed() < Duration::from_secs(60), "no round 2 within 60 s: {:?}", rounds_sent(&again));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(rounds_sent(&again), ["round-1".to_string(), "round-2".to_string()].into());
+    again.stop();
+}
