@@ -119,6 +119,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("overview.html", include_str!("templates/overview.html")),
     ("anomaly.html", include_str!("templates/anomaly.html")),
     ("client.html", include_str!("templates/client.html")),
+    ("clients.html", include_str!("templates/clients.html")),
     ("dashboard.html", include_str!("templates/dashboard.html")),
     ("error.html", include_str!("templates/error.html")),
     ("timeline.html", include_str!("templates/timeline.html")),

@@ -569,16 +569,77 @@ pub struct ClientSearch {
     id: Option<String>,
 }
 
-/// The navigation bar's client search (a plain GET form): on to that client's timeline.
+/// The navigation bar's client search (a plain GET form): on to that client's timeline when
+/// a client has that id, or the only one whose id begins with it; else the clients whose ids
+/// begin with it (a page of them), or, when none does, the ids that follow it in order.
 pub async fn client_search(
     State(state): State<UiState>,
     query: Result<Query<ClientSearch>, QueryRejection>,
 ) -> Response {
-    match query_params(query) {
-        Ok(ClientSearch { id: Some(id) }) if !id.trim().is_empty() => {
-            axum::response::Redirect::to(&format!("/clients/{}", encode_path(id.trim()))).into_response()
+    let typed = match query_params(query) {
+        Ok(ClientSearch { id: Some(id) }) if !id.trim().is_empty() => id.trim().to_string(),
+        Ok(_) => return state.error_page(ApiError::BadRequest("parameter id: give a client id".to_string())),
+        Err(error) => return state.error_page(error),
+    };
+    match search_clients(&state, &typed).await {
+        Ok(Found::One(id)) => axum::response::Redirect::to(&format!("/clients/{}", encode_path(&id))).into_response(),
+        Ok(Found::Beginning(ids)) => {
+            let more = ids.len() > CLIENT_SEARCH_LIST;
+            let message = format!(
+                "{}{} clients whose ids begin with {typed:?}",
+                if more { "the first " } else { "" },
+                ids.len().min(CLIENT_SEARCH_LIST)
+            );
+            state.render("clients.html", "clients", None, client_list(&message, &ids, &typed))
         }
-        Ok(_) => state.error_page(ApiError::BadRequest("parameter id: give a client id".to_string())),
+        Ok(Found::Following(ids)) => {
+            let message = if ids.is_empty() {
+                format!("no client {typed:?}, and no client id sorts after it")
+            } else {
+                format!("no client {typed:?} and none whose id begins with it; the ids that follow it:")
+            };
+            let mut response = state.render("clients.html", "clients", None, client_list(&message, &ids, &typed));
+            *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
+            response
+        }
         Err(error) => state.error_page(error),
+    }
+}
+
+/// The most clients the search lists.
+const CLIENT_SEARCH_LIST: usize = 50;
+
+/// What the client search found for what was typed.
+enum Found {
+    /// A client with that id, or the only one whose id begins with it.
+    One(String),
+    /// The clients whose ids begin with it (up to one more than are listed).
+    Beginning(Vec<String>),
+    /// None: the ids that follow it in order.
+    Following(Vec<String>),
+}
+
+async fn search_clients(state: &UiState, typed: &str) -> Result<Found, ApiError> {
+    let store = state.store.as_ref();
+    if !store.client_spans(typed, TimeRange::ALL, 1).await?.is_empty() {
+        return Ok(Found::One(typed.to_string()));
+    }
+    let after = store.clients(Some(typed), CLIENT_SEARCH_LIST as u32 + 1).await?;
+    let beginning: Vec<String> = after.iter().take_while(|id| id.starts_with(typed)).cloned().collect();
+    Ok(match beginning.len() {
+        0 => Found::Following(after.into_iter().take(5).collect()),
+        1 => Found::One(beginning.into_iter().next().expect("one")),
+        _ => Found::Beginning(beginning),
+    })
+}
+
+fn client_list(message: &str, ids: &[String], typed: &str) -> minijinja::Value {
+    let clients: Vec<minijinja::Value> = (ids.iter().take(CLIENT_SEARCH_LIST))
+        .map(|id| minijinja::context! { id => id, href => format!("/clients/{}", encode_path(id)) })
+        .collect();
+    minijinja::context! {
+        message => message,
+        clients => clients,
+        api_link => format!("/api/v1/clients?after={}&limit={}", encode_path(typed), CLIENT_SEARCH_LIST),
     }
 }
