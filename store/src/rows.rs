@@ -12,7 +12,7 @@ use crate::{Result, StoreError, StoredAnomaly};
 
 /// A stored span, column for column. Private: the rest of the workspace sees [`Span`].
 /// Deserialized from a JSON array too, the fields in this order (SQLite's
-/// [`crate::sqlite`] reads many spans as one JSON text: see `SPAN_JSON_ARRAY` there).
+/// [`crate::sqlite`] reads many spans as one JSON text: see `SPAN_JSON_ARRAY_WITH_IDS` there).
 #[derive(FromRow, serde::Deserialize)]
 pub(crate) struct SpanRow {
     pub(crate) trace_id: Option<String>,

@@ -70,16 +70,16 @@ pub(super) async fn insert(transaction: &mut Transaction<'_, Sqlite>, spans: &[S
     .await
 }
 
-/// The spans of a `spans` subquery as one JSON text: an array of [`SpanRow`]s, each an array
-/// in `SpanRow`'s field order (the resource columns nested), oldest first. sqlx's SQLite driver
-/// copies every column of every row it returns, which for a page's two thousand spans of 42
-/// columns took most of the page's time; SQLite writes the same rows as JSON in a fraction.
-/// Spans hold no floating-point column, so nothing is rounded on the way.
-const SPAN_JSON_ARRAY: &str = concat!("json_group_array(", span_json_row!(), " ORDER BY start_unix_nano, id)");
-
-/// [`SPAN_JSON_ARRAY`] with each span's id: `[[id, span], ...]`.
-const SPAN_JSON_ARRAY_WITH_IDS: &str =
-    concat!("json_group_array(json_array(id, ", span_json_row!(), ") ORDER BY start_unix_nano, id)");
+/// The spans of a `spans` subquery as one JSON text, with their ids: `[[id, span], ...]`, each
+/// span an array in [`SpanRow`]'s field order (the resource columns nested). sqlx's SQLite
+/// driver copies every column of every row it returns, which for a page's two thousand spans of
+/// 42 columns took most of the page's time; SQLite writes the same rows as JSON in a fraction.
+/// Spans hold no floating-point column, so nothing is rounded on the way. The rows come in the
+/// order the ids were picked (most picks are in start order) and are put in start order after
+/// parsing where they are not ([`in_start_order`]): ordered inside the aggregate, SQLite built
+/// a temporary B-tree of every row's text (spilled to disk past its cache), which took about as
+/// long as the read itself.
+const SPAN_JSON_ARRAY_WITH_IDS: &str = concat!("json_group_array(json_array(spans.id, ", span_json_row!(), "))");
 
 /// One span row as a JSON array, in [`SpanRow`]'s field order.
 macro_rules! span_json_row {
@@ -122,89 +122,91 @@ fn bind_all<'q, O>(
 }
 
 /// The spans whose ids the common table expressions `ctes` pick (the last of them named
-/// `picked(id)`), oldest first: as one JSON text ([`SPAN_JSON_ARRAY`]), or row by row when that
-/// text would pass SQLite's length limit (a few enormous spans, which telemetry may hold).
+/// `picked(id)`), oldest first: as one JSON text ([`SPAN_JSON_ARRAY_WITH_IDS`]), or row by row
+/// when that text would pass SQLite's length limit (a few enormous spans, which telemetry may
+/// hold).
 async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
-    let sql = format!("WITH {ctes} SELECT {SPAN_JSON_ARRAY} AS spans FROM spans WHERE id IN (SELECT id FROM picked)");
+    match spans_picked_json(pool, ctes, binds).await? {
+        Some(rows) => Ok(rows.into_iter().map(|(_, span)| span).collect()),
+        None => spans_picked_by_row(pool, ctes, binds).await,
+    }
+}
+
+/// [`spans_picked`] with each span's id (what the span feed's readers keep spans by).
+async fn spans_picked_with_ids(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<(i64, Span)>> {
+    match spans_picked_json(pool, ctes, binds).await? {
+        Some(rows) => Ok(rows),
+        None => spans_picked_with_ids_by_row(pool, ctes, binds).await,
+    }
+}
+
+/// The picked spans with their ids, read as one JSON text, in start order; `None` when the
+/// text would pass SQLite's length limit.
+async fn spans_picked_json(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Option<Vec<(i64, Span)>>> {
+    // The picked ids are distinct (every pick reads them from `spans`, or unites such reads),
+    // and scanned first (CROSS JOIN keeps that order of the loops), each row then found by id.
+    let sql = format!(
+        "WITH {ctes} SELECT {SPAN_JSON_ARRAY_WITH_IDS} AS spans FROM picked CROSS JOIN spans ON spans.id = picked.id"
+    );
     // `ctes` and the column list are this module's text: nothing of the caller reaches it.
     match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
-        Ok((text,)) => parse_rows::<SpanRow>(&text),
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
-            spans_picked_by_row(pool, ctes, binds).await
-        }
+        Ok((text,)) => Ok(Some(in_start_order(parse_rows(&text)?))),
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => Ok(None),
         Err(error) => Err(error.into()),
     }
 }
 
-/// A row of a JSON span read ([`SPAN_JSON_ARRAY`], [`SPAN_JSON_ARRAY_WITH_IDS`]), made what
-/// the read returns as it is parsed: half a million rows were held whole beside the spans made
-/// of them (about 1 KB each).
-trait JsonRow: serde::de::DeserializeOwned {
-    type Item;
-    fn into_item(self) -> Result<Self::Item>;
-}
+/// What a JSON array of `[id, span row]`s reads as: each row made a span as it is parsed (half
+/// a million rows were held whole beside the spans made of them, about 1 KB each).
+struct Parsed(Vec<(i64, Span)>);
 
-impl JsonRow for SpanRow {
-    type Item = Span;
-    fn into_item(self) -> Result<Span> {
-        self.into_span()
-    }
-}
-
-impl JsonRow for (i64, SpanRow) {
-    type Item = (i64, Span);
-    fn into_item(self) -> Result<(i64, Span)> {
-        Ok((self.0, self.1.into_span()?))
-    }
-}
-
-/// What a JSON array of `R`s reads as.
-struct Parsed<R: JsonRow>(Vec<R::Item>);
-
-impl<'de, R: JsonRow> serde::Deserialize<'de> for Parsed<R> {
+impl<'de> serde::Deserialize<'de> for Parsed {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct Rows<R>(std::marker::PhantomData<R>);
-        impl<'de, R: JsonRow> serde::de::Visitor<'de> for Rows<R> {
-            type Value = Parsed<R>;
+        struct Rows;
+        impl<'de> serde::de::Visitor<'de> for Rows {
+            type Value = Parsed;
 
             fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("an array of span rows")
+                formatter.write_str("an array of span rows with their ids")
             }
 
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut rows: A) -> std::result::Result<Parsed<R>, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut rows: A) -> std::result::Result<Parsed, A::Error> {
                 let mut items = Vec::with_capacity(rows.size_hint().unwrap_or(0));
-                while let Some(row) = rows.next_element::<R>()? {
-                    items.push(row.into_item().map_err(serde::de::Error::custom)?);
+                while let Some((id, row)) = rows.next_element::<(i64, SpanRow)>()? {
+                    items.push((id, row.into_span().map_err(serde::de::Error::custom)?));
                 }
                 Ok(Parsed(items))
             }
         }
-        deserializer.deserialize_seq(Rows(std::marker::PhantomData))
+        deserializer.deserialize_seq(Rows)
     }
 }
 
-/// The rows of a JSON span read's text, each made what the read returns.
-fn parse_rows<R: JsonRow>(text: &str) -> Result<Vec<R::Item>> {
-    let Parsed::<R>(items) = serde_json::from_str(text).map_err(|error| crate::StoreError::Corrupt {
+/// The rows of a JSON span read's text, as spans with their ids.
+fn parse_rows(text: &str) -> Result<Vec<(i64, Span)>> {
+    let Parsed(items) = serde_json::from_str(text).map_err(|error| crate::StoreError::Corrupt {
         what: "spans",
         detail: format!("reading spans as JSON: {error}"),
     })?;
     Ok(items)
 }
 
-/// [`spans_picked`] with each span's id (what the span feed's readers keep spans by).
-async fn spans_picked_with_ids(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<(i64, Span)>> {
-    let sql = format!(
-        "WITH {ctes} SELECT {SPAN_JSON_ARRAY_WITH_IDS} AS spans FROM spans WHERE id IN (SELECT id FROM picked)"
-    );
-    // `ctes` and the column list are this module's text: nothing of the caller reaches it.
-    match bind_all(sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql)), binds).fetch_one(pool).await {
-        Ok((text,)) => parse_rows::<(i64, SpanRow)>(&text),
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(SQLITE_TOOBIG) => {
-            spans_picked_with_ids_by_row(pool, ctes, binds).await
-        }
-        Err(error) => Err(error.into()),
+/// `rows` by start, then id: the order of every span read. Rows picked in that order, or in
+/// its reverse (the newest first), are not moved, or only swapped; the rest are moved once each.
+fn in_start_order(mut rows: Vec<(i64, Span)>) -> Vec<(i64, Span)> {
+    let key = |(id, span): &(i64, Span)| (span.start_unix_nano, *id);
+    if rows.is_sorted_by_key(key) {
+        return rows;
     }
+    if rows.is_sorted_by_key(|row| std::cmp::Reverse(key(row))) {
+        rows.reverse();
+        return rows;
+    }
+    let mut order: Vec<(i64, i64, usize)> =
+        rows.iter().enumerate().map(|(index, (id, span))| (span.start_unix_nano, *id, index)).collect();
+    order.sort_unstable();
+    let mut slots: Vec<Option<(i64, Span)>> = rows.into_iter().map(Some).collect();
+    order.into_iter().map(|(_, _, index)| slots[index].take().expect("each row once")).collect()
 }
 
 /// [`spans_picked_with_ids`] one sqlx row per span.
