@@ -283,7 +283,36 @@ pub fn spans_frame(spans: &[Span]) -> Result<DataFrame> {
 /// Writes the spans as `spans.parquet` in `dir` (see [`spans_frame`]).
 pub fn export_spans_parquet(dir: &Path, spans: &[Span]) -> Result<Exported> {
     std::fs::create_dir_all(dir).map_err(|source| AnalyticsError::Io { path: dir.to_path_buf(), source })?;
-    write_frame(&dir.join("spans.parquet"), spans_frame(spans)?, "start_unix_nano")
+    write_spans(dir.join("spans.parquet"), spans, SPANS_PER_BATCH)
+}
+
+/// Spans made a frame and written at a time by [`export_spans_parquet`] (a row group each).
+const SPANS_PER_BATCH: usize = 100_000;
+
+/// Writes `spans` to `path`, `per_batch` of them made a frame at a time: a frame of every span
+/// at once held about as much memory again as the spans.
+fn write_spans(path: PathBuf, spans: &[Span], per_batch: usize) -> Result<Exported> {
+    let file = std::fs::File::create(&path).map_err(|source| AnalyticsError::Io { path: path.clone(), source })?;
+    let mut writer = None;
+    // (No span: one empty frame, so that the file still has the columns.)
+    for chunk in spans.chunks(per_batch).chain(spans.is_empty().then_some(&[][..])) {
+        let frame = with_timestamp(spans_frame(chunk)?, "start_unix_nano")?;
+        let writer = match &mut writer {
+            Some(writer) => writer,
+            None => writer.insert(
+                ParquetWriter::new(
+                    file.try_clone().map_err(|source| AnalyticsError::Io { path: path.clone(), source })?,
+                )
+                .with_compression(ParquetCompression::Zstd(None))
+                .batched(frame.schema())?,
+            ),
+        };
+        writer.write_batch(&frame)?;
+    }
+    if let Some(writer) = writer {
+        writer.finish()?;
+    }
+    Ok(Exported { path, rows: spans.len() })
 }
 
 /// One file [`export_parquet`] wrote.
@@ -314,12 +343,72 @@ pub fn export_parquet(dir: &Path, rows: &LagRows, query: &LagQuery) -> Result<Ve
 
 /// Writes `frame` with its `time` column (nanoseconds) as a timestamp column `time`/`bucket`.
 fn write_frame(path: &Path, frame: DataFrame, time: &str) -> Result<Exported> {
-    let timestamp = time.trim_end_matches("_unix_nano");
-    let mut frame = frame
-        .lazy()
-        .with_column(col(time).cast(DataType::Datetime(TimeUnit::Nanoseconds, Some(TimeZone::UTC))).alias(timestamp))
-        .collect()?;
+    let mut frame = with_timestamp(frame, time)?;
     let file = std::fs::File::create(path).map_err(|source| AnalyticsError::Io { path: path.to_path_buf(), source })?;
     ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).finish(&mut frame)?;
     Ok(Exported { path: path.to_path_buf(), rows: frame.height() })
+}
+
+/// `frame` with its `time` column (nanoseconds) also as a UTC timestamp column named without
+/// the `_unix_nano` (`time`, `bucket`, `start`).
+fn with_timestamp(frame: DataFrame, time: &str) -> Result<DataFrame> {
+    let timestamp = time.trim_end_matches("_unix_nano");
+    Ok(frame
+        .lazy()
+        .with_column(col(time).cast(DataType::Datetime(TimeUnit::Nanoseconds, Some(TimeZone::UTC))).alias(timestamp))
+        .collect()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_model::{CallFields, ResourceFields, SpanKind};
+
+    use super::*;
+
+    fn span(index: i64) -> Span {
+        Span {
+            trace_id: Some(format!("{index:032x}")),
+            span_id: Some(format!("{index:016x}")),
+            parent_span_id: None,
+            name: format!("op-{index}"),
+            kind: SpanKind::Client,
+            start_unix_nano: 1_000 + index,
+            end_unix_nano: 2_000 + index,
+            status_code: 0,
+            status_message: None,
+            resource: ResourceFields::default(),
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields { client_id: Some(format!("client-{}", index % 3)), ..CallFields::default() },
+            attributes: Default::default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    fn read_back(path: &Path) -> DataFrame {
+        ParquetReader::new(std::fs::File::open(path).expect("written")).finish().expect("a Parquet file")
+    }
+
+    #[test]
+    fn spans_written_in_batches_read_back_whole_and_in_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let spans: Vec<Span> = (0..7).map(span).collect();
+        // 3 + 3 + 1, and all at once: the same frame.
+        let batched = write_spans(dir.path().join("batched.parquet"), &spans, 3).expect("batched");
+        let whole = write_spans(dir.path().join("whole.parquet"), &spans, 100).expect("whole");
+        assert_eq!((batched.rows, whole.rows), (7, 7));
+        let (batched, whole) = (read_back(&batched.path), read_back(&whole.path));
+        assert!(batched.equals_missing(&whole), "{batched}\n{whole}");
+        let names: Vec<String> = (batched.column("name").expect("name").str().expect("text").iter())
+            .map(|name| name.expect("a name").to_string())
+            .collect();
+        assert_eq!(names, (0..7).map(|index| format!("op-{index}")).collect::<Vec<_>>());
+        assert!(batched.column("start").expect("a timestamp column").dtype().is_temporal());
+        // No span: a file with the columns and no row.
+        let empty = write_spans(dir.path().join("empty.parquet"), &[], 3).expect("empty");
+        let empty = read_back(&empty.path);
+        assert_eq!((empty.height(), empty.width()), (0, whole.width()));
+    }
 }

@@ -79,8 +79,9 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
     };
     let (n_spans, n_samples) = (spans.len(), samples.len());
     // (Export takes no configuration: the calls are those the default analyzer sees.)
-    let input = AnalysisInput::from_telemetry(&spans, samples, lagscope_analyzer::StreamConfig::default().horizon());
-    let rows = lag_rows(&input);
+    // The timelines go once their rows are made: the spans' own file is written after.
+    let rows =
+        lag_rows(&AnalysisInput::from_telemetry(&spans, samples, lagscope_analyzer::StreamConfig::default().horizon()));
     let query = query_for(request, &rows, &spans);
     let mut files = export_parquet(&request.dir, &rows, &query)?;
     files.push(export_spans_parquet(&request.dir, &spans)?);
