@@ -70,8 +70,12 @@ pub async fn read_range(
     max_spans: u32,
     max_samples: u32,
 ) -> Result<RangeTelemetry, StoreError> {
-    let spans = store.spans_in_range(cluster, namespace, range, max_spans).await?;
-    let samples = store.samples_in_range(cluster, namespace, range, max_samples).await?;
+    // Side by side: each read has a connection of its own (on SQLite, a thread each).
+    let (spans, samples) = futures::future::try_join(
+        store.spans_in_range(cluster, namespace, range, max_spans),
+        store.samples_in_range(cluster, namespace, range, max_samples),
+    )
+    .await?;
     let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
     let complete_before = complete_before(
         cut_at(spans.len(), max_spans, spans.last().map(|span| span.start_unix_nano)),
