@@ -293,25 +293,14 @@ const SPANS_PER_BATCH: usize = 100_000;
 /// at once held about as much memory again as the spans.
 fn write_spans(path: PathBuf, spans: &[Span], per_batch: usize) -> Result<Exported> {
     let file = std::fs::File::create(&path).map_err(|source| AnalyticsError::Io { path: path.clone(), source })?;
-    let mut writer = None;
-    // (No span: one empty frame, so that the file still has the columns.)
-    for chunk in spans.chunks(per_batch).chain(spans.is_empty().then_some(&[][..])) {
-        let frame = with_timestamp(spans_frame(chunk)?, "start_unix_nano")?;
-        let writer = match &mut writer {
-            Some(writer) => writer,
-            None => writer.insert(
-                ParquetWriter::new(
-                    file.try_clone().map_err(|source| AnalyticsError::Io { path: path.clone(), source })?,
-                )
-                .with_compression(ParquetCompression::Zstd(None))
-                .batched(frame.schema())?,
-            ),
-        };
-        writer.write_batch(&frame)?;
+    // The columns, from a frame of no span (a file of no span still has them).
+    let columns = with_timestamp(spans_frame(&[])?, "start_unix_nano")?;
+    let mut writer =
+        ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).batched(columns.schema())?;
+    for chunk in spans.chunks(per_batch) {
+        writer.write_batch(&with_timestamp(spans_frame(chunk)?, "start_unix_nano")?)?;
     }
-    if let Some(writer) = writer {
-        writer.finish()?;
-    }
+    writer.finish()?;
     Ok(Exported { path, rows: spans.len() })
 }
 

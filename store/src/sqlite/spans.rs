@@ -126,10 +126,7 @@ fn bind_all<'q, O>(
 /// when that text would pass SQLite's length limit (a few enormous spans, which telemetry may
 /// hold).
 async fn spans_picked(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
-    match spans_picked_json(pool, ctes, binds).await? {
-        Some(rows) => Ok(rows.into_iter().map(|(_, span)| span).collect()),
-        None => spans_picked_by_row(pool, ctes, binds).await,
-    }
+    Ok(spans_picked_with_ids(pool, ctes, binds).await?.into_iter().map(|(_, span)| span).collect())
 }
 
 /// [`spans_picked`] with each span's id (what the span feed's readers keep spans by).
@@ -224,14 +221,6 @@ struct IdSpanRow {
     row_id: i64,
     #[sqlx(flatten)]
     span: SpanRow,
-}
-
-/// [`spans_picked`] one sqlx row per span.
-async fn spans_picked_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
-    let sql =
-        format!("WITH {ctes} SELECT * FROM spans WHERE id IN (SELECT id FROM picked) ORDER BY start_unix_nano, id");
-    let rows: Vec<SpanRow> = bind_all(sqlx::query_as(sqlx::AssertSqlSafe(sql)), binds).fetch_all(pool).await?;
-    rows.into_iter().map(SpanRow::into_span).collect()
 }
 
 /// Picks a client's spans in ?2..?3 (the most recent ?4), then every span of their traces: ids
@@ -436,6 +425,11 @@ mod tests {
 
     use super::*;
     use crate::{IngestBatch, Store};
+
+    /// [`spans_picked`] one sqlx row per span.
+    async fn spans_picked_by_row(pool: &SqlitePool, ctes: &str, binds: &[Bind<'_>]) -> Result<Vec<Span>> {
+        Ok(spans_picked_with_ids_by_row(pool, ctes, binds).await?.into_iter().map(|(_, span)| span).collect())
+    }
 
     fn span(trace: u8, id: u8, client: Option<&str>, start: i64, follower_read: Option<bool>) -> Span {
         Span {

@@ -91,12 +91,13 @@ impl UiState {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal error (see the service's log)".to_string())
             }
         };
-        let mut response = self.render(
-            "error.html",
-            status.canonical_reason().unwrap_or("error"),
-            None,
-            minijinja::context! { status => status.as_u16(), message => message },
-        );
+        let context = minijinja::context! { status => status.as_u16(), message => message };
+        self.render_as(status, "error.html", status.canonical_reason().unwrap_or("error"), context)
+    }
+
+    /// [`UiState::render`] answered with `status`.
+    fn render_as(&self, status: StatusCode, name: &str, title: &str, context: minijinja::Value) -> Response {
+        let mut response = self.render(name, title, None, context);
         *response.status_mut() = status;
         response
     }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use lagscope_analyzer::build_timelines;
 use lagscope_model::conventions::METRIC_COMMITTED_STATE;
@@ -598,16 +599,17 @@ pub async fn client_search(
             } else {
                 format!("no client {typed:?} and none whose id begins with it; the ids that follow it:")
             };
-            let mut response = state.render("clients.html", "clients", None, client_list(&message, &ids, &typed));
-            *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
-            response
+            state.render_as(StatusCode::NOT_FOUND, "clients.html", "clients", client_list(&message, &ids, &typed))
         }
         Err(error) => state.error_page(error),
     }
 }
 
-/// The most clients the search lists.
+/// The most clients the search lists whose ids begin with what was typed.
 const CLIENT_SEARCH_LIST: usize = 50;
+
+/// The ids that follow it the search lists when none begins with what was typed.
+const CLIENT_SEARCH_FOLLOWING: usize = 5;
 
 /// What the client search found for what was typed.
 enum Found {
@@ -627,7 +629,7 @@ async fn search_clients(state: &UiState, typed: &str) -> Result<Found, ApiError>
     let after = store.clients(Some(typed), CLIENT_SEARCH_LIST as u32 + 1).await?;
     let beginning: Vec<String> = after.iter().take_while(|id| id.starts_with(typed)).cloned().collect();
     Ok(match beginning.len() {
-        0 => Found::Following(after.into_iter().take(5).collect()),
+        0 => Found::Following(after.into_iter().take(CLIENT_SEARCH_FOLLOWING).collect()),
         1 => Found::One(beginning.into_iter().next().expect("one")),
         _ => Found::Beginning(beginning),
     })
