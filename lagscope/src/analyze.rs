@@ -60,6 +60,9 @@ pub struct Timings {
     /// The threads that decoded OTLP JSON, when some was read: then `read` is the time the
     /// engine waited for them, not the time they took.
     pub json_decode_threads: Option<usize>,
+    /// Whether a store's pages were read and decoded on other threads, ahead of the engine:
+    /// then `read` is the time the engine waited for them.
+    pub read_ahead: bool,
 }
 
 /// Reads every capture, runs every detector, returns what was read and found.
@@ -153,12 +156,71 @@ pub fn analyze_store_emitting(
 ) -> anyhow::Result<Report> {
     anyhow::ensure!(source.range.from < source.range.to, "--from must be before --to");
     let mut run = Run::new(config, kinds, emit, 1, Reporter::new("analyze", progress, 0));
-    let name = crate::stored::runtime()?.block_on(async {
+    // The engine runs on this thread; the runtime's threads read and decode the store's pages.
+    let name = crate::stored::runtime_on_threads(READ_AHEAD_THREADS)?.block_on(async {
         let (name, store) = source.open().await?;
-        run.store(store.as_ref(), source.range).await.with_context(|| format!("cannot analyze {name}"))?;
+        run.store(Arc::from(store), source.range).await.with_context(|| format!("cannot analyze {name}"))?;
         anyhow::Ok(name)
     })?;
     run.finish(Some(name))
+}
+
+/// The threads that read and decode a store's pages ahead of the engine.
+const READ_AHEAD_THREADS: usize = 2;
+
+/// Pages read ahead of the engine, at most, per table.
+const PAGES_AHEAD: usize = 2;
+
+/// Reads every row of `range` a page at a time (a [`Pager`] over `fetch`) on the runtime's
+/// threads, at most [`PAGES_AHEAD`] pages ahead of whoever receives them. The last page sent
+/// is empty, or an error.
+fn read_ahead<T: Send + 'static, Page: Future<Output = lagscope_store::Result<Vec<T>>> + Send + 'static>(
+    range: TimeRange,
+    mut fetch: impl FnMut(TimeRange, u32) -> Page + Send + 'static,
+    time_of: impl Fn(&T) -> i64 + Send + Sync + 'static,
+) -> tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>> {
+    let (pages, received) = tokio::sync::mpsc::channel(PAGES_AHEAD);
+    tokio::spawn(async move {
+        let mut pager = Pager::new(range);
+        loop {
+            let page = pager.next(&mut fetch, &time_of).await;
+            let last = !matches!(&page, Ok(rows) if !rows.is_empty());
+            // (Nobody receiving: the analysis ended early, on an error of its own.)
+            if pages.send(page).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    received
+}
+
+/// One table's rows as [`read_ahead`] hands them over.
+struct Ahead<T> {
+    what: &'static str,
+    /// The rows received and not taken yet, in the table's order.
+    rows: VecDeque<T>,
+    pages: tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>>,
+    /// Whether the last page came.
+    done: bool,
+}
+
+impl<T> Ahead<T> {
+    fn new(what: &'static str, pages: tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>>) -> Self {
+        Self { what, rows: VecDeque::new(), pages, done: false }
+    }
+
+    /// Receives the next page once the rows received are all taken (none after the last).
+    async fn refill(&mut self) -> anyhow::Result<()> {
+        if self.rows.is_empty() && !self.done {
+            match self.pages.recv().await {
+                Some(Ok(page)) if page.is_empty() => self.done = true,
+                Some(Ok(page)) => self.rows = page.into(),
+                Some(Err(error)) => return Err(error.context(format!("cannot read the {}", self.what))),
+                None => bail!("the reading of the {} stopped before their last page", self.what),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One offline analysis in progress.
@@ -168,6 +230,8 @@ struct Run<'c, 'e> {
     decode_threads: usize,
     /// Whether an OTLP JSON capture was read.
     json_read: bool,
+    /// Whether a store's pages were read ahead.
+    read_ahead: bool,
     anomaly_count: usize,
     requests: usize,
     log_records: usize,
@@ -191,6 +255,7 @@ impl<'c, 'e> Run<'c, 'e> {
             emit,
             decode_threads: decode_threads.max(1),
             json_read: false,
+            read_ahead: false,
             anomaly_count: 0,
             requests: 0,
             log_records: 0,
@@ -210,6 +275,7 @@ impl<'c, 'e> Run<'c, 'e> {
             mut emit,
             decode_threads,
             json_read,
+            read_ahead,
             mut anomaly_count,
             requests,
             log_records,
@@ -242,6 +308,7 @@ impl<'c, 'e> Run<'c, 'e> {
                 detectors: detect,
                 writing,
                 json_decode_threads: json_read.then_some(decode_threads),
+                read_ahead,
             },
             stream: Some(stats),
             store,
@@ -319,10 +386,43 @@ impl<'c, 'e> Run<'c, 'e> {
     /// What a store holds in `range`: its spans (a store reads them in start order, held
     /// back until no span still to come can have ended before them), metric samples and log
     /// records, merged into one stream in the order they ended, a page of each at a time.
-    async fn store(&mut self, store: &dyn Store, range: TimeRange) -> anyhow::Result<()> {
-        let (mut span_pager, mut sample_pager, mut log_pager) =
-            (Pager::new(range), Pager::new(range), Pager::new(range));
-        let (mut spans, mut samples, mut logs) = (VecDeque::new(), VecDeque::new(), VecDeque::new());
+    async fn store(&mut self, store: Arc<dyn Store>, range: TimeRange) -> anyhow::Result<()> {
+        // Each table's pages are read and decoded on the runtime's threads, ahead of the
+        // engine, which runs on this one.
+        let mut spans = Ahead::new("spans", {
+            let store = store.clone();
+            read_ahead(
+                range,
+                move |range, limit| {
+                    let store = store.clone();
+                    async move { store.spans_in_range(None, None, range, limit).await }
+                },
+                |span: &Span| span.start_unix_nano,
+            )
+        });
+        let mut samples = Ahead::new("metric samples", {
+            let store = store.clone();
+            read_ahead(
+                range,
+                move |range, limit| {
+                    let store = store.clone();
+                    async move { store.samples_in_range(None, None, range, limit).await }
+                },
+                |sample: &Sample| sample.time_unix_nano,
+            )
+        });
+        let mut logs = Ahead::new("log records", {
+            let store = store.clone();
+            read_ahead(
+                range,
+                move |range, limit| {
+                    let store = store.clone();
+                    async move { store.logs(range, limit).await }
+                },
+                |log: &LogRecord| log.time_unix_nano,
+            )
+        });
+        self.read_ahead = true;
         // Spans read, waiting for their turn by (end, order read).
         let mut ending: BTreeMap<(UnixNanos, u64), Span> = BTreeMap::new();
         let mut read_spans = 0u64;
@@ -331,44 +431,27 @@ impl<'c, 'e> Run<'c, 'e> {
         let mut first = None;
         let started = Instant::now();
         let (read_before, writing_before) = (self.read, self.writing);
+        let (spans, samples, logs) = (&mut spans, &mut samples, &mut logs);
         loop {
             let reading = Instant::now();
-            span_pager
-                .refill(
-                    &mut spans,
-                    async |range, limit| store.spans_in_range(None, None, range, limit).await,
-                    |span: &Span| span.start_unix_nano,
-                )
-                .await?;
-            sample_pager
-                .refill(
-                    &mut samples,
-                    async |range, limit| store.samples_in_range(None, None, range, limit).await,
-                    |sample: &Sample| sample.time_unix_nano,
-                )
-                .await?;
-            log_pager
-                .refill(
-                    &mut logs,
-                    async |range, limit| store.logs(range, limit).await,
-                    |log: &LogRecord| log.time_unix_nano,
-                )
-                .await?;
+            spans.refill().await?;
+            samples.refill().await?;
+            logs.refill().await?;
             self.read += reading.elapsed().as_secs_f64();
             // Every span still to come starts at or after the next one in start order: a span
             // waiting that ended before that is the next to end.
-            if let Some(next) = spans.front()
+            if let Some(next) = spans.rows.front()
                 && ending.first_key_value().is_none_or(|((end, _), _)| *end > next.start_unix_nano)
             {
-                let span = spans.pop_front().expect("a span is next");
+                let span = spans.rows.pop_front().expect("a span is next");
                 first.get_or_insert(span.start_unix_nano);
                 ending.insert((span.end_unix_nano.max(span.start_unix_nano), read_spans), span);
                 read_spans += 1;
                 continue;
             }
             let span_at = ending.first_key_value().map(|((end, _), _)| *end);
-            let sample_at = samples.front().map(|sample: &Sample| sample.time_unix_nano);
-            let log_at = logs.front().map(|log: &LogRecord| log.time_unix_nano);
+            let sample_at = samples.rows.front().map(|sample: &Sample| sample.time_unix_nano);
+            let log_at = logs.rows.front().map(|log: &LogRecord| log.time_unix_nano);
             let at = [span_at, sample_at, log_at].into_iter().flatten().min();
             let Some(at) = at else { break };
             if span_at == Some(at) {
@@ -376,11 +459,11 @@ impl<'c, 'e> Run<'c, 'e> {
                 let record = SpanRec::from_span(&span, &mut self.engine.interner);
                 self.engine.push_span(&record);
             } else if sample_at == Some(at) {
-                let sample = samples.pop_front().expect("a sample is next");
+                let sample = samples.rows.pop_front().expect("a sample is next");
                 first.get_or_insert(sample.time_unix_nano);
                 self.engine.push_model_sample(&sample);
             } else {
-                let log = logs.pop_front().expect("a log record is next");
+                let log = logs.rows.pop_front().expect("a log record is next");
                 first.get_or_insert(log.time_unix_nano);
                 self.log_records += 1;
                 if let Some(event) = lagscope_analyzer::log_events::classify(&log) {
@@ -572,4 +655,54 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
 fn rfc3339(unix_nano: i64) -> String {
     jiff::Timestamp::from_nanosecond(i128::from(unix_nano))
         .map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use lagscope_store::StoreError;
+
+    use super::*;
+
+    /// A table of `times` read ahead, failing at the read that starts at `failing_from`: the
+    /// rows received, then the error that ended them, if one did.
+    async fn drain(times: Vec<i64>, failing_from: Option<i64>) -> (Vec<i64>, Option<String>) {
+        let table = Arc::new(times);
+        let fetch = move |range: TimeRange, limit: u32| {
+            let table = table.clone();
+            async move {
+                if failing_from == Some(range.from) {
+                    return Err(StoreError::Corrupt { what: "span", detail: format!("row at {}", range.from) });
+                }
+                let rows = table.iter().copied().filter(|time| (range.from..range.to).contains(time));
+                Ok(rows.take(limit as usize).collect())
+            }
+        };
+        let mut ahead = Ahead::new("spans", read_ahead(TimeRange::ALL, fetch, |time: &i64| *time));
+        let mut rows = Vec::new();
+        loop {
+            if let Err(error) = ahead.refill().await {
+                return (rows, Some(format!("{error:#}")));
+            }
+            if ahead.rows.is_empty() {
+                return (rows, None);
+            }
+            rows.extend(ahead.rows.drain(..));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pages_read_ahead_come_in_order_and_an_error_ends_them_by_name() {
+        // Several pages, seven rows an instant (a page ends inside an instant's rows).
+        let times: Vec<i64> = (0..i64::from(crate::stored::PAGE) * 5 / 2).map(|row| row / 7).collect();
+        let (rows, error) = drain(times.clone(), None).await;
+        assert!(rows == times && error.is_none(), "{} of {} rows, {error:?}", rows.len(), times.len());
+        assert_eq!(drain(Vec::new(), None).await, (Vec::new(), None));
+        // The second page's read (from the first page's last instant on) fails: the first
+        // page's rows came, then the error, by name.
+        let first = &times[..crate::stored::PAGE as usize];
+        let second_from = first[first.len() - 1];
+        let (rows, error) = drain(times.clone(), Some(second_from)).await;
+        assert!(rows == first, "{} rows, {} expected", rows.len(), first.len());
+        assert_eq!(error, Some(format!("cannot read the spans: stored span is corrupt: row at {second_from}")));
+    }
 }

@@ -187,8 +187,8 @@ fn progress(counts: &Counts, started: Instant, verb: &str) {
 }
 
 /// Hands every row of a time-ordered table of the store to `each`, a page at a time.
-async fn page_through<T>(
-    mut fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
+async fn page_through<T, Page: Future<Output = lagscope_store::Result<Vec<T>>>>(
+    mut fetch: impl FnMut(TimeRange, u32) -> Page,
     time_of: impl Fn(&T) -> i64,
     mut each: impl FnMut(T) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {

@@ -237,6 +237,7 @@ fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     // Decoding on other threads, `read` is what the engine waited for.
     let decoded_on = match timings.json_decode_threads {
         Some(threads) if threads > 1 => format!(" (waited for: OTLP JSON decoded on {threads} threads)"),
+        _ if timings.read_ahead => " (waited for: the store's pages read ahead on other threads)".to_owned(),
         _ => String::new(),
     };
     eprintln!(

@@ -2,7 +2,6 @@
 //! opening it by `--data-dir` or `--database-url`, and reading a time-ordered table of it a
 //! page at a time.
 
-use std::collections::VecDeque;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -45,6 +44,17 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
 }
 
+/// A runtime whose tasks run on `threads` threads of their own (what `block_on` runs stays on
+/// the calling thread).
+pub(crate) fn runtime_on_threads(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("lagscope-read")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 /// Reads every row of `range` that a time-ordered range read returns (`Store::spans_in_range`,
 /// `samples_in_range`, `logs`), a page at a time. The next page starts at the last row's time
 /// and skips the rows of that time already seen (range reads order rows totally, so the same
@@ -64,9 +74,9 @@ impl Pager {
     }
 
     /// The next rows in the table's order; empty once every row was handed out.
-    pub(crate) async fn next<T>(
+    pub(crate) async fn next<T, Page: Future<Output = lagscope_store::Result<Vec<T>>>>(
         &mut self,
-        mut fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
+        mut fetch: impl FnMut(TimeRange, u32) -> Page,
         time_of: impl Fn(&T) -> i64,
     ) -> anyhow::Result<Vec<T>> {
         while !self.done {
@@ -92,20 +102,6 @@ impl Pager {
             }
         }
         Ok(Vec::new())
-    }
-
-    /// Puts the next rows in `rows` once it is empty (none once every row was handed out,
-    /// without asking the store again).
-    pub(crate) async fn refill<T>(
-        &mut self,
-        rows: &mut VecDeque<T>,
-        fetch: impl AsyncFnMut(TimeRange, u32) -> lagscope_store::Result<Vec<T>>,
-        time_of: impl Fn(&T) -> i64,
-    ) -> anyhow::Result<()> {
-        if rows.is_empty() {
-            rows.extend(self.next(fetch, time_of).await?);
-        }
-        Ok(())
     }
 }
 
