@@ -1,6 +1,6 @@
 //! `lagscope analyze`: the detectors over captures (OTLP JSON, lscap) or a store's contents, offline.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
 use lagscope_store::{Store, TimeRange};
 
 use crate::progress::{Position, Progress, Reporter};
-use crate::stored::Pager;
+use crate::read_ahead::{Ahead, span_slices};
 
 /// How `analyze` prints what it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -165,63 +165,9 @@ pub fn analyze_store_emitting(
     run.finish(Some(name))
 }
 
-/// The threads that read and decode a store's pages ahead of the engine.
+/// The threads that read and decode a store's pages ahead of the engine, and the tasks that
+/// read its spans.
 const READ_AHEAD_THREADS: usize = 2;
-
-/// Pages read ahead of the engine, at most, per table.
-const PAGES_AHEAD: usize = 2;
-
-/// Reads every row of `range` a page at a time (a [`Pager`] over `fetch`) on the runtime's
-/// threads, at most [`PAGES_AHEAD`] pages ahead of whoever receives them. The last page sent
-/// is empty, or an error.
-fn read_ahead<T: Send + 'static, Page: Future<Output = lagscope_store::Result<Vec<T>>> + Send + 'static>(
-    range: TimeRange,
-    mut fetch: impl FnMut(TimeRange, u32) -> Page + Send + 'static,
-    time_of: impl Fn(&T) -> i64 + Send + Sync + 'static,
-) -> tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>> {
-    let (pages, received) = tokio::sync::mpsc::channel(PAGES_AHEAD);
-    tokio::spawn(async move {
-        let mut pager = Pager::new(range);
-        loop {
-            let page = pager.next(&mut fetch, &time_of).await;
-            let last = !matches!(&page, Ok(rows) if !rows.is_empty());
-            // (Nobody receiving: the analysis ended early, on an error of its own.)
-            if pages.send(page).await.is_err() || last {
-                break;
-            }
-        }
-    });
-    received
-}
-
-/// One table's rows as [`read_ahead`] hands them over.
-struct Ahead<T> {
-    what: &'static str,
-    /// The rows received and not taken yet, in the table's order.
-    rows: VecDeque<T>,
-    pages: tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>>,
-    /// Whether the last page came.
-    done: bool,
-}
-
-impl<T> Ahead<T> {
-    fn new(what: &'static str, pages: tokio::sync::mpsc::Receiver<anyhow::Result<Vec<T>>>) -> Self {
-        Self { what, rows: VecDeque::new(), pages, done: false }
-    }
-
-    /// Receives the next page once the rows received are all taken (none after the last).
-    async fn refill(&mut self) -> anyhow::Result<()> {
-        if self.rows.is_empty() && !self.done {
-            match self.pages.recv().await {
-                Some(Ok(page)) if page.is_empty() => self.done = true,
-                Some(Ok(page)) => self.rows = page.into(),
-                Some(Err(error)) => return Err(error.context(format!("cannot read the {}", self.what))),
-                None => bail!("the reading of the {} stopped before their last page", self.what),
-            }
-        }
-        Ok(())
-    }
-}
 
 /// One offline analysis in progress.
 struct Run<'c, 'e> {
@@ -389,45 +335,52 @@ impl<'c, 'e> Run<'c, 'e> {
     async fn store(&mut self, store: Arc<dyn Store>, range: TimeRange) -> anyhow::Result<()> {
         // Each table's pages are read and decoded on the runtime's threads, ahead of the
         // engine, which runs on this one.
-        let mut spans = Ahead::new("spans", {
-            let store = store.clone();
-            read_ahead(
-                range,
+        // For progress: how far through the data the reading is.
+        let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+        let slices = span_slices(store.as_ref(), range, last).await.context("cannot read the spans")?;
+        let mut spans = Ahead::spawn(
+            "spans",
+            slices,
+            READ_AHEAD_THREADS,
+            {
+                let store = store.clone();
                 move |range, limit| {
                     let store = store.clone();
                     async move { store.spans_in_range(None, None, range, limit).await }
-                },
-                |span: &Span| span.start_unix_nano,
-            )
-        });
-        let mut samples = Ahead::new("metric samples", {
-            let store = store.clone();
-            read_ahead(
-                range,
+                }
+            },
+            |span: &Span| span.start_unix_nano,
+        );
+        let mut samples = Ahead::spawn(
+            "metric samples",
+            vec![range],
+            1,
+            {
+                let store = store.clone();
                 move |range, limit| {
                     let store = store.clone();
                     async move { store.samples_in_range(None, None, range, limit).await }
-                },
-                |sample: &Sample| sample.time_unix_nano,
-            )
-        });
-        let mut logs = Ahead::new("log records", {
-            let store = store.clone();
-            read_ahead(
-                range,
+                }
+            },
+            |sample: &Sample| sample.time_unix_nano,
+        );
+        let mut logs = Ahead::spawn(
+            "log records",
+            vec![range],
+            1,
+            {
+                let store = store.clone();
                 move |range, limit| {
                     let store = store.clone();
                     async move { store.logs(range, limit).await }
-                },
-                |log: &LogRecord| log.time_unix_nano,
-            )
-        });
+                }
+            },
+            |log: &LogRecord| log.time_unix_nano,
+        );
         self.read_ahead = true;
         // Spans read, waiting for their turn by (end, order read).
         let mut ending: BTreeMap<(UnixNanos, u64), Span> = BTreeMap::new();
         let mut read_spans = 0u64;
-        // For progress: how far through the data the reading is.
-        let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
         let mut first = None;
         let started = Instant::now();
         let (read_before, writing_before) = (self.read, self.writing);
@@ -655,54 +608,4 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
 fn rfc3339(unix_nano: i64) -> String {
     jiff::Timestamp::from_nanosecond(i128::from(unix_nano))
         .map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use lagscope_store::StoreError;
-
-    use super::*;
-
-    /// A table of `times` read ahead, failing at the read that starts at `failing_from`: the
-    /// rows received, then the error that ended them, if one did.
-    async fn drain(times: Vec<i64>, failing_from: Option<i64>) -> (Vec<i64>, Option<String>) {
-        let table = Arc::new(times);
-        let fetch = move |range: TimeRange, limit: u32| {
-            let table = table.clone();
-            async move {
-                if failing_from == Some(range.from) {
-                    return Err(StoreError::Corrupt { what: "span", detail: format!("row at {}", range.from) });
-                }
-                let rows = table.iter().copied().filter(|time| (range.from..range.to).contains(time));
-                Ok(rows.take(limit as usize).collect())
-            }
-        };
-        let mut ahead = Ahead::new("spans", read_ahead(TimeRange::ALL, fetch, |time: &i64| *time));
-        let mut rows = Vec::new();
-        loop {
-            if let Err(error) = ahead.refill().await {
-                return (rows, Some(format!("{error:#}")));
-            }
-            if ahead.rows.is_empty() {
-                return (rows, None);
-            }
-            rows.extend(ahead.rows.drain(..));
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn pages_read_ahead_come_in_order_and_an_error_ends_them_by_name() {
-        // Several pages, seven rows an instant (a page ends inside an instant's rows).
-        let times: Vec<i64> = (0..i64::from(crate::stored::PAGE) * 5 / 2).map(|row| row / 7).collect();
-        let (rows, error) = drain(times.clone(), None).await;
-        assert!(rows == times && error.is_none(), "{} of {} rows, {error:?}", rows.len(), times.len());
-        assert_eq!(drain(Vec::new(), None).await, (Vec::new(), None));
-        // The second page's read (from the first page's last instant on) fails: the first
-        // page's rows came, then the error, by name.
-        let first = &times[..crate::stored::PAGE as usize];
-        let second_from = first[first.len() - 1];
-        let (rows, error) = drain(times.clone(), Some(second_from)).await;
-        assert!(rows == first, "{} rows, {} expected", rows.len(), first.len());
-        assert_eq!(error, Some(format!("cannot read the spans: stored span is corrupt: row at {second_from}")));
-    }
 }
