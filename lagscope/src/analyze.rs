@@ -14,10 +14,10 @@ use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
+use lagscope_store::paging::{Ahead, spans_ahead};
 use lagscope_store::{Store, TimeRange};
 
 use crate::progress::{Position, Progress, Reporter};
-use crate::read_ahead::{Ahead, span_slices};
 
 /// How `analyze` prints what it found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -337,20 +337,9 @@ impl<'c, 'e> Run<'c, 'e> {
         // engine, which runs on this one.
         // For progress: how far through the data the reading is.
         let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
-        let slices = span_slices(store.as_ref(), range, last).await.context("cannot read the spans")?;
-        let mut spans = Ahead::spawn(
-            "spans",
-            slices,
-            READ_AHEAD_THREADS,
-            {
-                let store = store.clone();
-                move |range, limit| {
-                    let store = store.clone();
-                    async move { store.spans_in_range(None, None, range, limit).await }
-                }
-            },
-            |span: &Span| span.start_unix_nano,
-        );
+        let mut spans = spans_ahead(store.clone(), None, None, range, last, READ_AHEAD_THREADS)
+            .await
+            .context("cannot read the spans")?;
         let mut samples = Ahead::spawn(
             "metric samples",
             vec![range],
@@ -387,9 +376,9 @@ impl<'c, 'e> Run<'c, 'e> {
         let (spans, samples, logs) = (&mut spans, &mut samples, &mut logs);
         loop {
             let reading = Instant::now();
-            spans.refill().await?;
-            samples.refill().await?;
-            logs.refill().await?;
+            spans.refill().await.context("cannot read the spans")?;
+            samples.refill().await.context("cannot read the metric samples")?;
+            logs.refill().await.context("cannot read the log records")?;
             self.read += reading.elapsed().as_secs_f64();
             // Every span still to come starts at or after the next one in start order: a span
             // waiting that ended before that is the next to end.

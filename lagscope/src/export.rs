@@ -2,6 +2,7 @@
 //! spans they came from, as Parquet files for notebooks, DuckDB, Spark or polars.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
@@ -91,7 +92,8 @@ pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
 type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
 
 fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telemetry> {
-    crate::stored::runtime()?.block_on(async {
+    // The spans are read by tasks on the runtime's threads.
+    crate::stored::runtime_on_threads(2)?.block_on(async {
         let (source, store) = crate::stored::open(
             request.database_url.as_deref(),
             &request.data_dir,
@@ -99,9 +101,15 @@ fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telem
         )
         .await?;
         let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
-        let lagscope_web::RangeTelemetry { spans, samples, truncated, .. } =
-            lagscope_web::read_range(store.as_ref(), cluster, namespace, range, request.max_spans, request.max_spans)
-                .await?;
+        let lagscope_web::RangeTelemetry { spans, samples, truncated, .. } = lagscope_web::read_range(
+            &Arc::from(store),
+            cluster,
+            namespace,
+            range,
+            request.max_spans,
+            request.max_spans,
+        )
+        .await?;
         Ok((source, spans, samples, truncated))
     })
 }

@@ -21,7 +21,6 @@ pub mod migrate;
 pub mod native_server;
 pub mod output;
 pub mod progress;
-mod read_ahead;
 mod retention;
 mod sample_cache;
 mod scope_cache;

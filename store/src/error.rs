@@ -15,4 +15,8 @@ pub enum StoreError {
          so the span feed cannot answer yet"
     )]
     Unsettled { running: usize, waited: std::time::Duration },
+    #[error("more rows share one instant than one read can hold")]
+    InstantTooLarge,
+    #[error("the reading of the {what} stopped before their last page")]
+    ReadStopped { what: &'static str },
 }

@@ -11,6 +11,7 @@ mod anomaly_query;
 mod cluster_latest;
 mod coordination;
 mod error;
+pub mod paging;
 mod postgres;
 mod rows;
 mod sqlite;

@@ -12,6 +12,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
 use lagscope_model::{LagQuery, LagReport, Percentiles, ReadRollup, rollup_step_of};
+use lagscope_store::paging::spans_ahead;
 use lagscope_store::{Store, StoreError, TimeRange};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -60,22 +61,39 @@ fn complete_before(spans: Option<i64>, samples: Option<i64>) -> Option<i64> {
     spans.into_iter().chain(samples).min()
 }
 
+/// Tasks that read a range's spans, slice by slice (`lagscope_store::paging::spans_ahead`).
+const SPAN_READERS: usize = 2;
+
 /// Reads the spans and samples of `cluster`/`namespace` (`None` = any) in `range`, at most
 /// `max_spans` and `max_samples`, oldest first.
 pub async fn read_range(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     cluster: Option<&str>,
     namespace: Option<&str>,
     range: TimeRange,
     max_spans: u32,
     max_samples: u32,
 ) -> Result<RangeTelemetry, StoreError> {
-    // Side by side: each read has a connection of its own (on SQLite, a thread each).
-    let (spans, samples) = futures::future::try_join(
-        store.spans_in_range(cluster, namespace, range, max_spans),
-        store.samples_in_range(cluster, namespace, range, max_samples),
-    )
-    .await?;
+    // The spans read a page at a time by tasks of the runtime, in slices of time that they take
+    // in turn (the store's query for one slice runs while another's text is parsed), taken
+    // here in order up to the cut; the samples read side by side, on a connection of their own.
+    let spans = async {
+        let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+        let (cluster, namespace) = (cluster.map(str::to_owned), namespace.map(str::to_owned));
+        let mut ahead = spans_ahead(store.clone(), cluster, namespace, range, last, SPAN_READERS).await?;
+        let mut spans = Vec::new();
+        while spans.len() < max_spans as usize {
+            ahead.refill().await?;
+            if ahead.rows.is_empty() {
+                break;
+            }
+            let wanted = (max_spans as usize - spans.len()).min(ahead.rows.len());
+            spans.extend(ahead.rows.drain(..wanted));
+        }
+        Ok(spans)
+    };
+    let (spans, samples) =
+        futures::future::try_join(spans, store.samples_in_range(cluster, namespace, range, max_samples)).await?;
     let truncated = spans.len() >= max_spans as usize || samples.len() >= max_samples as usize;
     let complete_before = complete_before(
         cut_at(spans.len(), max_spans, spans.last().map(|span| span.start_unix_nano)),
@@ -86,7 +104,7 @@ pub async fn read_range(
 
 /// Reads the scope's spans and samples in the query's range and extracts the raw lag rows.
 pub async fn load_lag_rows(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     query: &LagQuery,
     max_spans: u32,
     max_samples: u32,
@@ -246,8 +264,7 @@ pub(crate) async fn lag(
     let Some(aggregate) = state.lag.clone() else {
         return Err(ApiError::Unavailable("lag analytics are not enabled in this build".to_string()));
     };
-    let loaded =
-        load_lag_rows(state.store.as_ref(), &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES, state.call_horizon).await?;
+    let loaded = load_lag_rows(&state.store, &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES, state.call_horizon).await?;
     let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded)))
         .await
         .map_err(|error| ApiError::Analysis(error.to_string()))?

@@ -7,8 +7,7 @@ use lagscope_model::{PointValue, Sample, SeriesKey, SeriesMeta};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use crate::rows::{
-    BucketPointsRow, SampleRow, ScopeSampleRow, SeriesRow, point_value, series_identity, series_with_buckets,
-    to_json_text,
+    BucketPointsRow, SampleRow, SeriesRow, point_value, series_identity, series_with_buckets, to_json_text,
 };
 use crate::{Reduce, Result, SeriesSamples, TimeRange, bucket_width};
 
@@ -329,13 +328,12 @@ pub(super) async fn in_range(
     range: TimeRange,
     limit: u32,
 ) -> Result<Vec<Sample>> {
-    let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
-        crate::rows::scope_samples_select!(),
-        "WHERE (?1 IS NULL OR series.cluster = ?1)
+    let rows: Vec<ScopeSeriesRow> = sqlx::query_as(sqlx::AssertSqlSafe(picked_by_series(
+        "(?1 IS NULL OR series.cluster = ?1)
            AND (?2 IS NULL OR series.namespace = ?2 OR series.namespace IS NULL)
            AND samples.time_unix_nano >= ?3 AND samples.time_unix_nano < ?4
-         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?5"
-    ))
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?5",
+    )))
     .bind(cluster)
     .bind(namespace)
     .bind(range.from)
@@ -343,7 +341,7 @@ pub(super) async fn in_range(
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
-    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    in_time_order(rows)
 }
 
 /// Samples of the series named `names` whose time lies in `range`, oldest first, at most `limit`.
@@ -354,17 +352,48 @@ pub(super) async fn named_in_range(
     limit: u32,
 ) -> Result<Vec<Sample>> {
     let names = to_json_text(&names);
-    let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
-        crate::rows::scope_samples_select!(),
-        "WHERE series.name IN (SELECT value FROM json_each(?1))
+    let rows: Vec<ScopeSeriesRow> = sqlx::query_as(sqlx::AssertSqlSafe(picked_by_series(
+        "series.name IN (SELECT value FROM json_each(?1))
            AND samples.time_unix_nano >= ?2 AND samples.time_unix_nano < ?3
-         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?4"
-    ))
+         ORDER BY samples.time_unix_nano, samples.series_id LIMIT ?4",
+    )))
     .bind(names)
     .bind(range.from)
     .bind(range.to)
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
-    rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+    in_time_order(rows)
+}
+
+/// The samples that `pick` (a condition on `samples` joined to `series`, with its order and
+/// limit) picks, read a row per series: its columns once and its picked samples as one JSON
+/// array ([`ScopeSeriesRow`]). A row per sample repeated its series' columns, each parsed
+/// again into a series key, and sqlx hands SQLite's rows over one at a time: 223 420 samples
+/// took 3.8 s.
+fn picked_by_series(pick: &str) -> String {
+    format!(
+        "WITH picked AS (
+             SELECT samples.series_id, samples.time_unix_nano, samples.start_time_unix_nano, samples.value,
+                    samples.distribution
+             FROM samples JOIN series ON series.id = samples.series_id
+             WHERE {pick}
+         )
+         SELECT series.id, series.name, series.labels, series.kind, series.unit, series.description,
+                json_group_array(json_array(picked.time_unix_nano, picked.start_time_unix_nano,
+                                            {VALUE_TEXT}, picked.distribution)) AS points
+         FROM picked JOIN series ON series.id = picked.series_id
+         GROUP BY series.id"
+    )
+}
+
+/// The samples of [`picked_by_series`]'s rows by time, then series (the order they were
+/// picked in; a series' points come in no particular order).
+fn in_time_order(rows: Vec<ScopeSeriesRow>) -> Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    for row in rows {
+        row.append_to(&mut samples)?;
+    }
+    samples.sort_unstable_by_key(|(series, sample)| (sample.time_unix_nano, *series));
+    Ok(samples.into_iter().map(|(_, sample)| sample).collect())
 }
