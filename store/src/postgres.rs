@@ -264,7 +264,7 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+        ScopeSampleRow::into_samples(rows)
     }
 
     async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
@@ -302,7 +302,7 @@ impl Store for PgStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter().map(ScopeSampleRow::into_sample).collect()
+        ScopeSampleRow::into_samples(rows)
     }
 
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {

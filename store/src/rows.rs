@@ -2,6 +2,9 @@
 //! `FromRow` derive is generic over the database), turned into domain types here. Private to
 //! the store: the rest of the workspace sees only the model's types.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use lagscope_model::{
     Anomaly, AnomalyKind, CallFields, LogRecord, MetricKind, Op, Outcome, PointValue, Sample, SeriesKey, SeriesMeta,
     Severity, Span, SpanKind, StateFields,
@@ -244,7 +247,7 @@ pub(crate) fn point_value(value: Option<f64>, distribution: Option<&str>) -> Res
 /// The columns a [`ScopeSampleRow`] reads, of samples joined to their series (both backends).
 macro_rules! scope_samples_select {
     () => {
-        "SELECT series.name, series.labels, series.kind, series.unit, series.description,
+        "SELECT samples.series_id, series.name, series.labels, series.kind, series.unit, series.description,
                 samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
          FROM samples JOIN series ON series.id = samples.series_id "
     };
@@ -253,6 +256,7 @@ pub(crate) use scope_samples_select;
 
 #[derive(FromRow)]
 pub(crate) struct ScopeSampleRow {
+    pub(crate) series_id: i64,
     pub(crate) name: String,
     pub(crate) labels: String,
     pub(crate) kind: String,
@@ -265,16 +269,28 @@ pub(crate) struct ScopeSampleRow {
 }
 
 impl ScopeSampleRow {
-    pub(crate) fn into_sample(self) -> Result<Sample> {
-        let value = point_value(self.value, self.distribution.as_deref())?;
-        let (series, meta) = series_identity(self.name, &self.labels, &self.kind, self.unit, self.description)?;
-        Ok(Sample {
-            series,
-            meta,
-            time_unix_nano: self.time_unix_nano,
-            start_time_unix_nano: self.start_time_unix_nano,
-            value,
-        })
+    /// The samples of `rows`, those of one series sharing its key and meta (read from its
+    /// first row: a read of many samples of few series parses each series' labels once).
+    pub(crate) fn into_samples(rows: Vec<ScopeSampleRow>) -> Result<Vec<Sample>> {
+        let mut series = HashMap::new();
+        rows.into_iter()
+            .map(|row| {
+                let identity = match series.entry(row.series_id) {
+                    Entry::Occupied(known) => known.into_mut(),
+                    Entry::Vacant(new) => {
+                        new.insert(series_identity(row.name, &row.labels, &row.kind, row.unit, row.description)?)
+                    }
+                };
+                let (key, meta) = (identity.0.clone(), identity.1.clone());
+                Ok(Sample {
+                    series: key,
+                    meta,
+                    time_unix_nano: row.time_unix_nano,
+                    start_time_unix_nano: row.start_time_unix_nano,
+                    value: point_value(row.value, row.distribution.as_deref())?,
+                })
+            })
+            .collect()
     }
 }
 

@@ -1344,6 +1344,23 @@ async fn range_reads_filter_scope_time_and_limit(store: &dyn Store) {
     assert_eq!(reported(later).len(), 1);
     let limited = store.committed_on_spans(TimeRange::ALL, 1).await.expect("limited");
     assert_eq!(reported(limited)[0].3, 70, "the oldest first");
+
+    // A series' samples of one read share its key and meta (its labels parsed once).
+    let again = sample(
+        applied,
+        &[("lagscope.cluster", "c1"), ("lagscope.namespace", "ns1")],
+        T0 + 5 * SECOND,
+        PointValue::Number(5.0),
+        MetricKind::Gauge,
+    );
+    store.ingest(&IngestBatch { samples: vec![again], ..IngestBatch::default() }).await.expect("ingest");
+    let c1_ns1 = store.samples_in_range(Some("c1"), Some("ns1"), TimeRange::ALL, 100).await.expect("samples");
+    assert_eq!(values(c1_ns1.clone()), [1.0, 3.0, 5.0]);
+    assert!(std::sync::Arc::ptr_eq(&c1_ns1[0].series, &c1_ns1[2].series), "one key for the series");
+    assert!(std::sync::Arc::ptr_eq(&c1_ns1[0].meta, &c1_ns1[2].meta), "one meta for the series");
+    let named = store.named_samples_in_range(&[applied], TimeRange::ALL, 100).await.expect("named");
+    assert_eq!(values(named.clone()), [1.0, 2.0, 4.0, 5.0]);
+    assert!(std::sync::Arc::ptr_eq(&named[0].series, &named[3].series), "one key for the series");
 }
 
 /// Now, to the nanosecond (retention works on wall-clock cut-offs; PostgreSQL keeps recent
