@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use lagscope_store::{PgStore, SqliteStore, Store};
 
-pub(crate) use lagscope_store::paging::{PAGE, Pager};
+pub(crate) use lagscope_store::paging::PAGE;
 
 /// The store at `database_url` (PostgreSQL) or in `data_dir` (SQLite), and how to name it in
 /// messages. `missing`: when there is no SQLite store in `data_dir`, refuse with this advice
