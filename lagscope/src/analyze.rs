@@ -14,7 +14,7 @@ use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
 use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
-use lagscope_store::paging::{Ahead, spans_ahead};
+use lagscope_store::paging::{logs_ahead, samples_ahead, spans_ahead};
 use lagscope_store::{Store, TimeRange};
 
 use crate::progress::{Position, Progress, Reporter};
@@ -333,39 +333,15 @@ impl<'c, 'e> Run<'c, 'e> {
     /// back until no span still to come can have ended before them), metric samples and log
     /// records, merged into one stream in the order they ended, a page of each at a time.
     async fn store(&mut self, store: Arc<dyn Store>, range: TimeRange) -> anyhow::Result<()> {
-        // Each table's pages are read and decoded on the runtime's threads, ahead of the
-        // engine, which runs on this one.
         // For progress: how far through the data the reading is.
         let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+        // Each table's pages are read and decoded on the runtime's threads, ahead of the
+        // engine, which runs on this one.
         let mut spans = spans_ahead(store.clone(), None, None, range, last, READ_AHEAD_THREADS)
             .await
             .context("cannot read the spans")?;
-        let mut samples = Ahead::spawn(
-            "metric samples",
-            vec![range],
-            1,
-            {
-                let store = store.clone();
-                move |range, limit| {
-                    let store = store.clone();
-                    async move { store.samples_in_range(None, None, range, limit).await }
-                }
-            },
-            |sample: &Sample| sample.time_unix_nano,
-        );
-        let mut logs = Ahead::spawn(
-            "log records",
-            vec![range],
-            1,
-            {
-                let store = store.clone();
-                move |range, limit| {
-                    let store = store.clone();
-                    async move { store.logs(range, limit).await }
-                }
-            },
-            |log: &LogRecord| log.time_unix_nano,
-        );
+        let mut samples = samples_ahead(store.clone(), range);
+        let mut logs = logs_ahead(store.clone(), range);
         self.read_ahead = true;
         // Spans read, waiting for their turn by (end, order read).
         let mut ending: BTreeMap<(UnixNanos, u64), Span> = BTreeMap::new();

@@ -23,7 +23,7 @@ use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use lagscope_model::{Anomaly, LogRecord, Sample, Span, UnixNanos};
-use lagscope_store::paging::{Ahead, spans_ahead};
+use lagscope_store::paging::{Ahead, logs_ahead, samples_ahead, spans_ahead};
 use lagscope_store::{AnomalyFilter, IngestBatch, Store, TimeRange};
 use serde::{Deserialize, Serialize};
 
@@ -115,32 +115,8 @@ pub fn export_dump(out: &Path, data_dir: &Path, database_url: Option<&str>) -> a
         let store: Arc<dyn Store> = Arc::from(store);
         let last = store.latest_time().await?.unwrap_or(i64::MIN);
         let spans = spans_ahead(store.clone(), None, None, TimeRange::ALL, last, 2).await?;
-        let samples = Ahead::spawn(
-            "metric samples",
-            vec![TimeRange::ALL],
-            1,
-            {
-                let store = store.clone();
-                move |range, limit| {
-                    let store = store.clone();
-                    async move { store.samples_in_range(None, None, range, limit).await }
-                }
-            },
-            |sample: &Sample| sample.time_unix_nano,
-        );
-        let logs = Ahead::spawn(
-            "log records",
-            vec![TimeRange::ALL],
-            1,
-            {
-                let store = store.clone();
-                move |range, limit| {
-                    let store = store.clone();
-                    async move { store.logs(range, limit).await }
-                }
-            },
-            |log: &LogRecord| log.time_unix_nano,
-        );
+        let samples = samples_ahead(store.clone(), TimeRange::ALL);
+        let logs = logs_ahead(store.clone(), TimeRange::ALL);
         write_all(spans, |span| writer.write(&Record::Span(Box::new(span)))).await?;
         write_all(samples, |sample| writer.write(&Record::Sample(Box::new(sample)))).await?;
         write_all(logs, |log| writer.write(&Record::Log(Box::new(log)))).await?;

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use lagscope_model::Span;
+use lagscope_model::{LogRecord, Sample, Span};
 use tokio::sync::mpsc::{Receiver, channel};
 
 use crate::{Result, Store, StoreError, TimeRange};
@@ -177,6 +177,25 @@ pub async fn spans_ahead(
         async move { store.spans_in_range(cluster.as_deref(), namespace.as_deref(), range, limit).await }
     };
     Ok(Ahead::spawn("spans", slices, readers, fetch, |span: &Span| span.start_unix_nano))
+}
+
+/// The metric samples of every scope in `range`, read ahead by one task on the current
+/// runtime.
+pub fn samples_ahead(store: Arc<dyn Store>, range: TimeRange) -> Ahead<Sample> {
+    let fetch = move |range, limit| {
+        let store = store.clone();
+        async move { store.samples_in_range(None, None, range, limit).await }
+    };
+    Ahead::spawn("metric samples", vec![range], 1, fetch, |sample: &Sample| sample.time_unix_nano)
+}
+
+/// The log records in `range`, read ahead by one task on the current runtime.
+pub fn logs_ahead(store: Arc<dyn Store>, range: TimeRange) -> Ahead<LogRecord> {
+    let fetch = move |range, limit| {
+        let store = store.clone();
+        async move { store.logs(range, limit).await }
+    };
+    Ahead::spawn("log records", vec![range], 1, fetch, |log: &LogRecord| log.time_unix_nano)
 }
 
 /// [`spans_ahead`]'s slices once its first page is read, full: `first_page` is its first and
