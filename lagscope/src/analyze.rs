@@ -349,7 +349,6 @@ impl<'c, 'e> Run<'c, 'e> {
         let mut first = None;
         let started = Instant::now();
         let (read_before, writing_before) = (self.read, self.writing);
-        let (spans, samples, logs) = (&mut spans, &mut samples, &mut logs);
         loop {
             let reading = Instant::now();
             spans.refill().await.context("cannot read the spans")?;
