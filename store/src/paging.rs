@@ -151,10 +151,10 @@ impl<T: Send + 'static> Ahead<T> {
 }
 
 /// The spans of `cluster`/`namespace` (`None`: any) in `range`, read ahead by `readers` tasks
-/// on the current runtime: in slices of about [`PAGES_PER_SLICE`] pages each as dense as the
-/// first page (read here to tell, and handed over as it is when it holds them all), at most
-/// [`MAX_SLICES`] up to `last` (the latest time the store held), the last slice open to
-/// `range.to` (for rows stored since).
+/// on the current runtime: the first page read here, then the rest in slices of about
+/// [`PAGES_PER_SLICE`] pages each as dense as the first page, at most [`MAX_SLICES`] up to
+/// `last` (the latest time the store held), the last slice open to `range.to` (for rows stored
+/// since).
 pub async fn spans_ahead(
     store: Arc<dyn Store>,
     cluster: Option<String>,
@@ -163,20 +163,22 @@ pub async fn spans_ahead(
     last: i64,
     readers: usize,
 ) -> Result<Ahead<Span>> {
-    let first_page = store.spans_in_range(cluster.as_deref(), namespace.as_deref(), range, PAGE).await?;
-    let (Some(first), Some(page_end)) = (first_page.first(), first_page.last()) else {
-        return Ok(Ahead::ready("spans", first_page));
-    };
+    let mut first_page = store.spans_in_range(cluster.as_deref(), namespace.as_deref(), range, PAGE).await?;
     if first_page.len() < PAGE as usize {
         return Ok(Ahead::ready("spans", first_page));
     }
-    let slices = slices(range, (first.start_unix_nano, page_end.start_unix_nano), last);
-    drop(first_page);
+    let (first, page_end) = (first_page[0].start_unix_nano, first_page[first_page.len() - 1].start_unix_nano);
+    // The page holds every span of the range before its last instant: those are handed over as
+    // they are, and the slices start at that instant (whose spans it may not hold all of).
+    first_page.truncate(first_page.partition_point(|span| span.start_unix_nano < page_end));
+    let slices = slices(TimeRange { from: page_end, to: range.to }, (first, page_end), last);
     let fetch = move |range, limit| {
         let (store, cluster, namespace) = (store.clone(), cluster.clone(), namespace.clone());
         async move { store.spans_in_range(cluster.as_deref(), namespace.as_deref(), range, limit).await }
     };
-    Ok(Ahead::spawn("spans", slices, readers, fetch, |span: &Span| span.start_unix_nano))
+    let mut ahead = Ahead::spawn("spans", slices, readers, fetch, |span: &Span| span.start_unix_nano);
+    ahead.rows = first_page.into();
+    Ok(ahead)
 }
 
 /// The metric samples of every scope in `range`, read ahead by one task on the current
@@ -198,8 +200,8 @@ pub fn logs_ahead(store: Arc<dyn Store>, range: TimeRange) -> Ahead<LogRecord> {
     Ahead::spawn("log records", vec![range], 1, fetch, |log: &LogRecord| log.time_unix_nano)
 }
 
-/// [`spans_ahead`]'s slices once its first page is read, full: `first_page` is its first and
-/// last rows' times.
+/// [`spans_ahead`]'s slices of `range` once its first page is read, full: `first_page` is its
+/// first and last rows' times (the slices' width is judged from them).
 fn slices(range: TimeRange, (first, page_end): (i64, i64), last: i64) -> Vec<TimeRange> {
     let width = (page_end.saturating_sub(first).max(1).saturating_mul(PAGES_PER_SLICE))
         .max(last.saturating_sub(first) / MAX_SLICES + 1);

@@ -244,7 +244,8 @@ pub(crate) fn point_value(value: Option<f64>, distribution: Option<&str>) -> Res
     })
 }
 
-/// The columns a [`ScopeSampleRow`] reads, of samples joined to their series (both backends).
+/// The columns a [`ScopeSampleRow`] reads, of samples joined to their series (PostgreSQL; SQLite
+/// reads a range's samples a row per series, `sqlite/samples.rs`).
 macro_rules! scope_samples_select {
     () => {
         "SELECT samples.series_id, series.name, series.labels, series.kind, series.unit, series.description,

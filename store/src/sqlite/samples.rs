@@ -256,8 +256,7 @@ pub(super) async fn for_scope(
          )
          SELECT scope.id, scope.name, scope.labels, scope.kind, scope.unit, scope.description,
                 json_group_array(json_array(samples.time_unix_nano, samples.start_time_unix_nano,
-                                            {VALUE_TEXT}, samples.distribution)
-                                 ORDER BY samples.time_unix_nano) AS points
+                                            {VALUE_TEXT}, samples.distribution)) AS points
          FROM samples JOIN scope ON scope.id = samples.series_id, latest
          WHERE samples.time_unix_nano >= max(latest.at - ?3, ?5)
          GROUP BY scope.id
@@ -270,14 +269,7 @@ pub(super) async fn for_scope(
     .bind(from)
     .fetch_all(pool)
     .await?;
-    let mut samples = Vec::new();
-    for row in rows {
-        row.append_to(&mut samples)?;
-    }
-    // Each series' samples are in time order and the series in id order: a stable sort by time
-    // orders samples of one time by series.
-    samples.sort_by_key(|(_, sample)| sample.time_unix_nano);
-    Ok(samples)
+    in_time_order(rows)
 }
 
 /// A series of a scope with its samples of the window, as
@@ -341,7 +333,7 @@ pub(super) async fn in_range(
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
-    in_time_order(rows)
+    Ok(in_time_order(rows)?.into_iter().map(|(_, sample)| sample).collect())
 }
 
 /// Samples of the series named `names` whose time lies in `range`, oldest first, at most `limit`.
@@ -363,7 +355,7 @@ pub(super) async fn named_in_range(
     .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
-    in_time_order(rows)
+    Ok(in_time_order(rows)?.into_iter().map(|(_, sample)| sample).collect())
 }
 
 /// The samples that `pick` (a condition on `samples` joined to `series`, with its order and
@@ -387,13 +379,14 @@ fn picked_by_series(pick: &str) -> String {
     )
 }
 
-/// The samples of [`picked_by_series`]'s rows by time, then series (the order they were
-/// picked in; a series' points come in no particular order).
-fn in_time_order(rows: Vec<ScopeSeriesRow>) -> Result<Vec<Sample>> {
+/// The samples of rows a series each ([`for_scope`], [`picked_by_series`]), with their series'
+/// ids, by time, then series (a series' points come in no particular order: the aggregate
+/// does not order them, which would sort every series' points once more).
+fn in_time_order(rows: Vec<ScopeSeriesRow>) -> Result<Vec<(i64, Sample)>> {
     let mut samples = Vec::new();
     for row in rows {
         row.append_to(&mut samples)?;
     }
     samples.sort_unstable_by_key(|(series, sample)| (sample.time_unix_nano, *series));
-    Ok(samples.into_iter().map(|(_, sample)| sample).collect())
+    Ok(samples)
 }
