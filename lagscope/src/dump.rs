@@ -34,6 +34,9 @@ const FORMAT: &str = "lagscope-dump";
 const VERSION: u32 = 1;
 /// Records committed per import transaction.
 const IMPORT_BATCH: usize = 5_000;
+/// Anomalies committed per import transaction, at most: with their evidence they are the
+/// largest records (tens of kilobytes), and [`PARSED_AHEAD`] batches wait in memory.
+const IMPORT_ANOMALIES: usize = 500;
 /// Progress is printed every this many records.
 const PROGRESS_EVERY: u64 = 100_000;
 
@@ -74,6 +77,13 @@ pub struct Counts {
 impl Counts {
     fn total(&self) -> u64 {
         self.spans + self.samples + self.logs + self.anomalies
+    }
+
+    fn add(&mut self, other: Counts) {
+        self.spans += other.spans;
+        self.samples += other.samples;
+        self.logs += other.logs;
+        self.anomalies += other.anomalies;
     }
 }
 
@@ -241,87 +251,178 @@ pub fn import(files: &[PathBuf], data_dir: &Path, database_url: Option<&str>) ->
     })
 }
 
+/// Batches parsed and waiting for the store, at most (the parsing thread blocks beyond).
+const PARSED_AHEAD: usize = 2;
+
+/// One import transaction's records, parsed, and the lines they came from.
+#[derive(Default)]
+struct Parsed {
+    batch: IngestBatch,
+    anomalies: Vec<DumpedAnomaly>,
+    counts: Counts,
+    /// Their first and last line numbers.
+    lines: (usize, usize),
+}
+
+impl Parsed {
+    fn len(&self) -> usize {
+        self.batch.spans.len() + self.batch.samples.len() + self.batch.logs.len() + self.anomalies.len()
+    }
+}
+
+/// Imports one dump file. A thread of its own decompresses and parses it, a batch of
+/// [`IMPORT_BATCH`] records at a time and at most [`PARSED_AHEAD`] batches ahead, while the
+/// store commits the batch before: parsing and the store's writes, which took turns on one
+/// thread, overlap. The batches are committed in the file's order, so whatever stops the
+/// import (a line that does not parse, a batch the store refuses) leaves every line before
+/// the batch it was in imported, and the error says which.
 async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, started: Instant) -> anyhow::Result<()> {
     let reader = open_dump(path)?;
-    let mut batch = IngestBatch::default();
-    let mut anomalies: Vec<DumpedAnomaly> = Vec::new();
-    // The first line of the batch being gathered (for saying how far an import got).
-    let mut batch_start = 2;
-    for (index, line) in reader.lines().enumerate() {
-        let number = index + 1;
-        let line = line.with_context(|| format!("{}:{number}: cannot read", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let record: Record = serde_json::from_str(&line)
-            .with_context(|| format!("{}:{number}: not a lagscope dump record", path.display()))?;
-        match record {
-            Record::Header(header) if number == 1 => {
-                if header.format != FORMAT || header.version != VERSION {
-                    bail!(
-                        "{}: a {} dump version {}; this lagscope reads {FORMAT} version {VERSION}",
-                        path.display(),
-                        header.format,
-                        header.version
-                    );
-                }
-                continue;
-            }
-            _ if number == 1 => {
-                bail!("{}: not a lagscope dump (no header line; see `lagscope export --dump`)", path.display())
-            }
-            Record::Header(_) => bail!("{}:{number}: a second header line", path.display()),
-            Record::Span(span) => {
-                batch.spans.push(*span);
-                counts.spans += 1;
-            }
-            Record::Sample(sample) => {
-                batch.samples.push(*sample);
-                counts.samples += 1;
-            }
-            Record::Log(log) => {
-                batch.logs.push(*log);
-                counts.logs += 1;
-            }
-            Record::Anomaly(anomaly) => {
-                anomalies.push(*anomaly);
-                counts.anomalies += 1;
-            }
-        }
-        if batch.spans.len() + batch.samples.len() + batch.logs.len() + anomalies.len() >= IMPORT_BATCH {
+    let (sender, mut receiver) = tokio::sync::mpsc::channel(PARSED_AHEAD);
+    let parser = {
+        let path = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("lagscope-import-parse".into())
+            .spawn(move || parse_dump(&path, reader, &sender))
+            .context("cannot start the thread parsing the dump")?
+    };
+    // The line after the last batch committed.
+    let mut imported_before = None;
+    let outcome = async {
+        while let Some(parsed) = receiver.recv().await {
+            let Parsed { mut batch, mut anomalies, counts: parsed_counts, lines } = parsed.map_err(|error| {
+                let imported = match imported_before {
+                    Some(line) => format!("the lines before {line} are imported"),
+                    None => "nothing of it was imported".to_string(),
+                };
+                error.context(format!("{}: import stopped; {imported}", path.display()))
+            })?;
             commit(store, &mut batch, &mut anomalies).await.with_context(|| {
                 format!(
-                    "{}:{batch_start}-{number}: import stopped; the lines before {batch_start} are imported",
-                    path.display()
+                    "{}:{}-{}: import stopped; the lines before {} are imported",
+                    path.display(),
+                    lines.0,
+                    lines.1,
+                    lines.0
                 )
             })?;
-            batch_start = number + 1;
+            imported_before = Some(lines.1 + 1);
+            let before = counts.total();
+            counts.add(parsed_counts);
+            if before / PROGRESS_EVERY != counts.total() / PROGRESS_EVERY {
+                let seconds = started.elapsed().as_secs_f64();
+                let total = counts.total();
+                eprintln!("imported {total} records in {seconds:.1} s ({:.0}/s)", total as f64 / seconds.max(1e-9));
+            }
         }
-        progress(counts, started, "imported");
+        anyhow::Ok(())
     }
-    commit(store, &mut batch, &mut anomalies).await.with_context(|| {
-        format!("{}:{batch_start}-: import stopped; the lines before {batch_start} are imported", path.display())
-    })
+    .await;
+    // The parser stops at its next batch once nothing receives them.
+    drop(receiver);
+    parser.join().map_err(|_| anyhow::anyhow!("{}: the thread parsing the dump panicked", path.display()))?;
+    outcome
+}
+
+/// Reads and parses a dump's lines (the header checked first), handing each batch of
+/// [`IMPORT_BATCH`] records (or [`IMPORT_ANOMALIES`] anomalies) to `batches`; a line that does not parse ends them with its error.
+/// Returns when the file is read or nothing receives the batches any more.
+fn parse_dump(
+    path: &Path,
+    reader: Box<dyn BufRead + Send>,
+    batches: &tokio::sync::mpsc::Sender<anyhow::Result<Parsed>>,
+) {
+    let mut parsed = Parsed::default();
+    for (index, line) in reader.lines().enumerate() {
+        let number = index + 1;
+        match parse_line(path, number, line) {
+            Ok(None) => {}
+            Ok(Some(record)) => {
+                if parsed.len() == 0 {
+                    parsed.lines.0 = number;
+                }
+                parsed.lines.1 = number;
+                match record {
+                    Record::Span(span) => {
+                        parsed.batch.spans.push(*span);
+                        parsed.counts.spans += 1;
+                    }
+                    Record::Sample(sample) => {
+                        parsed.batch.samples.push(*sample);
+                        parsed.counts.samples += 1;
+                    }
+                    Record::Log(log) => {
+                        parsed.batch.logs.push(*log);
+                        parsed.counts.logs += 1;
+                    }
+                    Record::Anomaly(anomaly) => {
+                        parsed.anomalies.push(*anomaly);
+                        parsed.counts.anomalies += 1;
+                    }
+                    Record::Header(_) => unreachable!("parse_line refuses headers after the first line"),
+                }
+                let full = parsed.len() >= IMPORT_BATCH || parsed.anomalies.len() >= IMPORT_ANOMALIES;
+                if full && batches.blocking_send(Ok(std::mem::take(&mut parsed))).is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                let _ = batches.blocking_send(Err(error));
+                return;
+            }
+        }
+    }
+    if parsed.len() > 0 {
+        let _ = batches.blocking_send(Ok(parsed));
+    }
+}
+
+/// One line of a dump: `None` for the header (checked) and blank lines.
+fn parse_line(path: &Path, number: usize, line: std::io::Result<String>) -> anyhow::Result<Option<Record>> {
+    let line = line.with_context(|| format!("{}:{number}: cannot read", path.display()))?;
+    if line.trim().is_empty() {
+        return Ok(None);
+    }
+    let record: Record = serde_json::from_str(&line)
+        .with_context(|| format!("{}:{number}: not a lagscope dump record", path.display()))?;
+    match record {
+        Record::Header(header) if number == 1 => {
+            if header.format != FORMAT || header.version != VERSION {
+                bail!(
+                    "{}: a {} dump version {}; this lagscope reads {FORMAT} version {VERSION}",
+                    path.display(),
+                    header.format,
+                    header.version
+                );
+            }
+            Ok(None)
+        }
+        _ if number == 1 => {
+            bail!("{}: not a lagscope dump (no header line; see `lagscope export --dump`)", path.display())
+        }
+        Record::Header(_) => bail!("{}:{number}: a second header line", path.display()),
+        record => Ok(Some(record)),
+    }
 }
 
 /// Ingests the batch and upserts the anomalies, each with its first-seen time (so the
-/// anomaly keeps when it was first reported; its last-seen time becomes the same).
+/// anomaly keeps when it was first reported; its last-seen time becomes the same), all of
+/// them in one transaction.
 async fn commit(store: &dyn Store, batch: &mut IngestBatch, anomalies: &mut Vec<DumpedAnomaly>) -> anyhow::Result<()> {
     if !batch.is_empty() {
         store.ingest(batch).await.context("the store refused a batch")?;
         *batch = IngestBatch::default();
     }
-    for dumped in anomalies.drain(..) {
-        store
-            .upsert_anomalies(std::slice::from_ref(&dumped.anomaly), dumped.first_seen_unix_nano)
-            .await
-            .context("the store refused an anomaly")?;
+    if !anomalies.is_empty() {
+        let seen: Vec<(Anomaly, UnixNanos)> =
+            anomalies.drain(..).map(|dumped| (dumped.anomaly, dumped.first_seen_unix_nano)).collect();
+        store.upsert_anomalies_seen_at(&seen).await.context("the store refused an anomaly")?;
     }
     Ok(())
 }
 
 /// A dump's lines, gzip-compressed (as `export --dump` writes) or not.
-fn open_dump(path: &Path) -> anyhow::Result<Box<dyn BufRead>> {
+fn open_dump(path: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut reader = BufReader::new(file);
     let gzipped =

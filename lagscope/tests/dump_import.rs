@@ -153,3 +153,74 @@ fn bad_dumps_are_refused_with_file_and_line() {
     assert!(!ok);
     assert!(stderr.contains("no store at"), "{stderr}");
 }
+
+/// A dump that breaks after more than one import transaction: the batches before the bad
+/// line's are committed (the import parses ahead of the store, in order), the error names the
+/// line and says how far the import got, and running it again once mended stores the rest
+/// without storing anything twice.
+#[test]
+fn an_import_stopped_by_a_bad_line_keeps_the_batches_before_it() {
+    use lagscope_model::{CallFields, ResourceFields, Span, SpanKind};
+    let directory = tempfile::tempdir().expect("temp dir");
+    let target = directory.path().join("store");
+    let header =
+        "{\"header\":{\"format\":\"lagscope-dump\",\"version\":1,\"source\":\"t\",\"lagscope_version\":\"0\"}}\n";
+    let span_line = |index: i64| {
+        let span = Span {
+            trace_id: Some(format!("{index:032x}")),
+            span_id: Some(format!("{index:016x}")),
+            parent_span_id: None,
+            name: "getFileInfo".into(),
+            kind: SpanKind::Client,
+            start_unix_nano: 1_700_000_000_000_000_000 + index * 1_000_000,
+            end_unix_nano: 1_700_000_000_000_000_000 + index * 1_000_000 + 500_000,
+            status_code: 0,
+            status_message: None,
+            resource: ResourceFields::default(),
+            scope_name: None,
+            scope_version: None,
+            scope_attributes: Default::default(),
+            call: CallFields { client_id: Some(format!("client-{}", index % 7)), ..CallFields::default() },
+            attributes: Default::default(),
+            events: Vec::new(),
+            links: Vec::new(),
+        };
+        serde_json::json!({ "span": span }).to_string() + "\n"
+    };
+    // Line 1 the header, lines 2-6001 six thousand spans (one transaction of 5 000, then
+    // 1 000 more), line 6002 broken.
+    let good: String = (0..6_000).map(span_line).collect();
+    let broken = directory.path().join("broken.jsonl");
+    std::fs::write(&broken, format!("{header}{good}{{\"span\":{{\"name\":3}}}}\n")).expect("write");
+    let (ok, stderr) =
+        lagscope(&["import", "--data-dir", target.to_str().expect("path"), broken.to_str().expect("path")]);
+    assert!(!ok, "a broken dump was imported");
+    assert!(stderr.contains("broken.jsonl:6002: not a lagscope dump record"), "{stderr}");
+    assert!(stderr.contains("import stopped; the lines before 5002 are imported"), "{stderr}");
+    let stored = || {
+        tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+            let store = SqliteStore::open_dir(&target).await.expect("store");
+            let stats = store.stats().await.expect("stats");
+            store.close().await;
+            stats.spans
+        })
+    };
+    assert_eq!(stored(), 5_000, "exactly the transaction before the bad line's");
+
+    // Mended (the bad line dropped) and run again: the rest, nothing twice.
+    let mended = directory.path().join("mended.jsonl");
+    std::fs::write(&mended, format!("{header}{good}")).expect("write");
+    let (ok, stderr) =
+        lagscope(&["import", "--data-dir", target.to_str().expect("path"), mended.to_str().expect("path")]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("imported 6000 spans"), "{stderr}");
+    assert_eq!(stored(), 6_000);
+
+    // A bad first line: nothing of it is imported, and the error says so.
+    let capture = directory.path().join("capture.jsonl");
+    std::fs::write(&capture, "{\"resourceSpans\":[]}\n").expect("write");
+    let (ok, stderr) =
+        lagscope(&["import", "--data-dir", target.to_str().expect("path"), capture.to_str().expect("path")]);
+    assert!(!ok);
+    assert!(stderr.contains("capture.jsonl: import stopped; nothing of it was imported"), "{stderr}");
+}

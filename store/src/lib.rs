@@ -152,6 +152,16 @@ pub struct UpsertOutcome {
 }
 
 impl UpsertOutcome {
+    /// Adds what another upsert did.
+    pub fn add(&mut self, other: UpsertOutcome) {
+        self.inserted.extend(other.inserted);
+        self.updated += other.updated;
+        self.unchanged += other.unchanged;
+        self.superseded += other.superseded;
+    }
+}
+
+impl UpsertOutcome {
     /// Counts what an upsert's `RETURNING id, first_seen, last_seen` says of one anomaly: no
     /// row, unchanged; a row seen before, updated. A new row's id is returned, to be
     /// superseded and then counted by [`UpsertOutcome::inserted`] (both backends).
@@ -457,6 +467,12 @@ pub trait Store: Send + Sync + 'static {
     /// written again unchanged would cost a write and a change in the alerter's feed.
     /// `last_seen` is therefore when the anomaly last changed.
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome>;
+
+    /// [`Store::upsert_anomalies`] of anomalies each seen at its own time, in one transaction
+    /// and in their order: what `import` stores of a dump, where every anomaly keeps when it
+    /// was first reported (a transaction each cost a commit, and on SQLite a sync to disk,
+    /// per anomaly).
+    async fn upsert_anomalies_seen_at(&self, anomalies: &[(Anomaly, UnixNanos)]) -> Result<UpsertOutcome>;
 
     /// Anomalies matching the filter, newest first.
     async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>>;

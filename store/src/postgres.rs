@@ -326,6 +326,16 @@ impl Store for PgStore {
         Ok(outcome)
     }
 
+    async fn upsert_anomalies_seen_at(&self, anomalies: &[(Anomaly, UnixNanos)]) -> Result<UpsertOutcome> {
+        let mut transaction = self.pool.begin().await?;
+        let mut outcome = UpsertOutcome::default();
+        for (anomaly, seen_at) in anomalies {
+            outcome.add(anomalies::upsert(&mut transaction, std::slice::from_ref(anomaly), *seen_at).await?);
+        }
+        transaction.commit().await?;
+        Ok(outcome)
+    }
+
     async fn anomalies(&self, filter: &AnomalyFilter) -> Result<Vec<StoredAnomaly>> {
         let rows: Vec<AnomalyRow> =
             crate::anomaly_query::list(Dialect::Postgres, filter).build_query_as().fetch_all(&self.pool).await?;

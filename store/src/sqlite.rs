@@ -28,6 +28,12 @@ use crate::{
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
+/// Page cache of the writing connection, KiB (SQLite's default is 2 000). Every ingest
+/// updates the spans' and samples' indexes at keys spread over the whole file (trace and
+/// span ids, series): with the default cache each of those updates read its pages again from
+/// the operating system's cache, a system call and a copy each.
+const WRITER_CACHE_KIB: u32 = 65_536;
+
 /// The file name of the database inside a data directory.
 pub const DATABASE_FILE: &str = "lagscope.sqlite";
 
@@ -60,8 +66,11 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let writer =
-            SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.map_err(open_error)?;
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone().pragma("cache_size", format!("-{WRITER_CACHE_KIB}")))
+            .await
+            .map_err(open_error)?;
         MIGRATIONS.run(&writer).await?;
         let (identified, removed) = logs::identify_old_rows(&writer).await?;
         if identified + removed > 0 {
@@ -200,6 +209,16 @@ impl Store for SqliteStore {
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
         let mut transaction = self.writer.begin().await?;
         let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        transaction.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn upsert_anomalies_seen_at(&self, anomalies: &[(Anomaly, UnixNanos)]) -> Result<UpsertOutcome> {
+        let mut transaction = self.writer.begin().await?;
+        let mut outcome = UpsertOutcome::default();
+        for (anomaly, seen_at) in anomalies {
+            outcome.add(anomalies::upsert(&mut transaction, std::slice::from_ref(anomaly), *seen_at).await?);
+        }
         transaction.commit().await?;
         Ok(outcome)
     }

@@ -38,6 +38,7 @@ macro_rules! store_suite {
             case!(scope_and_cluster_samples_take_their_series_and_window);
             case!(scope_samples_come_back_whole_in_time_order);
             case!(anomalies_are_unique_by_fingerprint_and_filterable);
+            case!(anomalies_seen_at_their_own_times_keep_them);
             case!(a_window_found_whole_replaces_its_partial_version);
             case!(a_flapping_found_from_calls_and_then_from_lines_is_one);
             case!(the_newest_of_a_kind_in_a_range_end_last_and_include_windows_across_its_end);
@@ -928,6 +929,31 @@ async fn a_flapping_found_from_calls_and_then_from_lines_is_one(store: &dyn Stor
             "failover_flapping|pulsar-east|p2|183"
         ]
     );
+}
+
+/// Anomalies upserted together, each seen at its own time (an import's): each keeps its own
+/// first and last seen, and they are upserted in their order (the same fingerprint twice is
+/// one anomaly, changed by the second), as one upsert each would.
+async fn anomalies_seen_at_their_own_times_keep_them(store: &dyn Store) {
+    let grown = Anomaly { end_unix_nano: T0 + 3 * SECOND, ..anomaly("a", "c1", T0) };
+    let outcome = store
+        .upsert_anomalies_seen_at(&[
+            (anomaly("a", "c1", T0), T0 + 5 * SECOND),
+            (anomaly("b", "c2", T0 + 100 * SECOND), T0 + 7 * SECOND),
+            (grown.clone(), T0 + 9 * SECOND),
+            (anomaly("b", "c2", T0 + 100 * SECOND), T0 + 11 * SECOND),
+        ])
+        .await
+        .expect("upserted");
+    assert_eq!((outcome.inserted.len(), outcome.updated, outcome.unchanged), (2, 1, 1));
+    let all = store.anomalies(&AnomalyFilter { limit: 10, ..AnomalyFilter::default() }).await.expect("all");
+    let seen: Vec<_> = all
+        .iter()
+        .map(|stored| (stored.anomaly.fingerprint.as_str(), stored.first_seen_unix_nano, stored.last_seen_unix_nano))
+        .collect();
+    assert_eq!(seen, [("b", T0 + 7 * SECOND, T0 + 7 * SECOND), ("a", T0 + 5 * SECOND, T0 + 9 * SECOND)]);
+    assert_eq!(all[1].anomaly.end_unix_nano, grown.end_unix_nano);
+    assert!(store.upsert_anomalies_seen_at(&[]).await.expect("nothing").inserted.is_empty());
 }
 
 async fn anomalies_are_unique_by_fingerprint_and_filterable(store: &dyn Store) {
