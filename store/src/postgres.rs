@@ -30,11 +30,11 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use self::copy::CopyRows;
 use self::ingest::{identify_old_logs, insert_logs, insert_samples, insert_spans};
-use self::reads::{IdentifiedSpanRow, MAX_PARALLEL_TRACE_READS, scoped};
+use self::reads::{IdentifiedSpanRow, MAX_PARALLEL_TRACE_READS, fetch_identified_span_rows, fetch_span_rows, scoped};
 use crate::anomaly_query::Dialect;
 use crate::rows::{
-    AnomalyRow, BucketRow, LogColumns, LogRow, LogRowWithId, RollupRow, SampleRow, ScopeSampleRow, SeriesRow, SpanRow,
-    series_with_buckets, to_json_text,
+    AnomalyRow, BucketRow, LogColumns, LogRow, LogRowWithId, RangeSampleRow, RollupRow, SampleRow, SeriesRow, SpanRow,
+    samples_of_series, series_with_buckets, to_json_text,
 };
 use crate::{
     AlertCursor, AlertIncident, AlertMessage, AnomalyCount, AnomalyFilter, DeliveryOutcome, IngestBatch, IngestReceipt,
@@ -234,26 +234,29 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Span>> {
-        let rows: Vec<SpanRow> = scoped(
-            sqlx::query_as(
-                "SELECT * FROM spans
+        let rows = fetch_span_rows(
+            scoped(
+                sqlx::query(
+                    "SELECT * FROM spans
              WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR namespace = $2)
                AND start_unix_nano >= $3 AND start_unix_nano < $4
              ORDER BY start_unix_nano, id LIMIT $5",
+                ),
+                cluster,
+                namespace,
+                range,
+                limit,
             ),
-            cluster,
-            namespace,
-            range,
-            limit,
+            &self.pool,
         )
-        .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(SpanRow::into_span).collect()
     }
 
     async fn named_samples_in_range(&self, names: &[&str], range: TimeRange, limit: u32) -> Result<Vec<Sample>> {
-        let rows: Vec<ScopeSampleRow> = sqlx::query_as(concat!(
-            crate::rows::scope_samples_select!(),
+        let mut transaction = snapshot(&self.pool).await?;
+        let rows: Vec<RangeSampleRow> = sqlx::query_as(concat!(
+            range_samples_select!(),
             "WHERE series.name = ANY($1)
                AND samples.time_unix_nano >= $2 AND samples.time_unix_nano < $3
              ORDER BY samples.time_unix_nano, samples.series_id LIMIT $4"
@@ -262,9 +265,9 @@ impl Store for PgStore {
         .bind(range.from)
         .bind(range.to)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *transaction)
         .await?;
-        ScopeSampleRow::into_samples(rows)
+        with_their_series(transaction, rows).await
     }
 
     async fn committed_on_spans(&self, range: TimeRange, limit: u32) -> Result<Vec<crate::CommittedOnSpan>> {
@@ -287,9 +290,10 @@ impl Store for PgStore {
         range: TimeRange,
         limit: u32,
     ) -> Result<Vec<Sample>> {
-        let rows: Vec<ScopeSampleRow> = scoped(
+        let mut transaction = snapshot(&self.pool).await?;
+        let rows: Vec<RangeSampleRow> = scoped(
             sqlx::query_as(concat!(
-                crate::rows::scope_samples_select!(),
+                range_samples_select!(),
                 "WHERE ($1::text IS NULL OR series.cluster = $1)
                AND ($2::text IS NULL OR series.namespace = $2 OR series.namespace IS NULL)
                AND samples.time_unix_nano >= $3 AND samples.time_unix_nano < $4
@@ -300,9 +304,9 @@ impl Store for PgStore {
             range,
             limit,
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *transaction)
         .await?;
-        ScopeSampleRow::into_samples(rows)
+        with_their_series(transaction, rows).await
     }
 
     async fn clients_of_traces(&self, trace_ids: &[String]) -> Result<Vec<String>> {
@@ -796,4 +800,43 @@ impl Store for PgStore {
             anomalies: count(anomalies),
         })
     }
+}
+
+/// The columns of a [`RangeSampleRow`], of samples joined to their series (whose columns the
+/// query may filter on, but does not read).
+macro_rules! range_samples_select {
+    () => {
+        "SELECT samples.series_id, samples.time_unix_nano, samples.start_time_unix_nano, samples.value,
+                samples.distribution
+         FROM samples JOIN series ON series.id = samples.series_id "
+    };
+}
+use range_samples_select;
+
+/// A read-only transaction whose reads all see one snapshot: a range's samples and then their
+/// series, which retention could otherwise remove in between.
+async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    let mut transaction = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *transaction).await?;
+    Ok(transaction)
+}
+
+/// The samples of `rows`, each with its series, the series read once each in `transaction`.
+async fn with_their_series(
+    mut transaction: Transaction<'static, Postgres>,
+    rows: Vec<RangeSampleRow>,
+) -> Result<Vec<Sample>> {
+    let mut ids: Vec<i64> = rows.iter().map(|row| row.series_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let series: Vec<SeriesRow> = if ids.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as("SELECT id, name, labels, kind, unit, description FROM series WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *transaction)
+            .await?
+    };
+    transaction.commit().await?;
+    samples_of_series(rows, series)
 }

@@ -3,7 +3,6 @@
 //! the store: the rest of the workspace sees only the model's types.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 
 use lagscope_model::{
     Anomaly, AnomalyKind, CallFields, LogRecord, MetricKind, Op, Outcome, PointValue, Sample, SeriesKey, SeriesMeta,
@@ -244,55 +243,42 @@ pub(crate) fn point_value(value: Option<f64>, distribution: Option<&str>) -> Res
     })
 }
 
-/// The columns a [`ScopeSampleRow`] reads, of samples joined to their series (PostgreSQL; SQLite
-/// reads a range's samples a row per series, `sqlite/samples.rs`).
-macro_rules! scope_samples_select {
-    () => {
-        "SELECT samples.series_id, series.name, series.labels, series.kind, series.unit, series.description,
-                samples.time_unix_nano, samples.start_time_unix_nano, samples.value, samples.distribution
-         FROM samples JOIN series ON series.id = samples.series_id "
-    };
-}
-pub(crate) use scope_samples_select;
-
+/// A sample of a range read, without its series' columns (PostgreSQL: the series are read
+/// apart, once each, [`samples_of_series`]; SQLite reads a range's samples a row per series,
+/// `sqlite/samples.rs`).
 #[derive(FromRow)]
-pub(crate) struct ScopeSampleRow {
+pub(crate) struct RangeSampleRow {
     pub(crate) series_id: i64,
-    pub(crate) name: String,
-    pub(crate) labels: String,
-    pub(crate) kind: String,
-    pub(crate) unit: Option<String>,
-    pub(crate) description: Option<String>,
     pub(crate) time_unix_nano: i64,
     pub(crate) start_time_unix_nano: Option<i64>,
     pub(crate) value: Option<f64>,
     pub(crate) distribution: Option<String>,
 }
 
-impl ScopeSampleRow {
-    /// The samples of `rows`, those of one series sharing its key and meta (read from its
-    /// first row: a read of many samples of few series parses each series' labels once).
-    pub(crate) fn into_samples(rows: Vec<ScopeSampleRow>) -> Result<Vec<Sample>> {
-        let mut series = HashMap::new();
-        rows.into_iter()
-            .map(|row| {
-                let identity = match series.entry(row.series_id) {
-                    Entry::Occupied(known) => known.into_mut(),
-                    Entry::Vacant(new) => {
-                        new.insert(series_identity(row.name, &row.labels, &row.kind, row.unit, row.description)?)
-                    }
-                };
-                let (key, meta) = (identity.0.clone(), identity.1.clone());
-                Ok(Sample {
-                    series: key,
-                    meta,
-                    time_unix_nano: row.time_unix_nano,
-                    start_time_unix_nano: row.start_time_unix_nano,
-                    value: point_value(row.value, row.distribution.as_deref())?,
-                })
-            })
-            .collect()
+/// The samples of `rows`, in their order, each with its series from `series` (which must hold
+/// every series the rows name), the samples of one series sharing its key and meta: a range's
+/// hundreds of thousands of samples of a few thousand series carry and parse each series'
+/// labels once, not once a sample.
+pub(crate) fn samples_of_series(rows: Vec<RangeSampleRow>, series: Vec<SeriesRow>) -> Result<Vec<Sample>> {
+    let mut identities = HashMap::with_capacity(series.len());
+    for row in series {
+        identities.insert(row.id, series_identity(row.name, &row.labels, &row.kind, row.unit, row.description)?);
     }
+    rows.into_iter()
+        .map(|row| {
+            let (key, meta) = identities.get(&row.series_id).ok_or_else(|| StoreError::Corrupt {
+                what: "samples.series_id",
+                detail: format!("series {} of a sample is not stored", row.series_id),
+            })?;
+            Ok(Sample {
+                series: key.clone(),
+                meta: meta.clone(),
+                time_unix_nano: row.time_unix_nano,
+                start_time_unix_nano: row.start_time_unix_nano,
+                value: point_value(row.value, row.distribution.as_deref())?,
+            })
+        })
+        .collect()
 }
 
 #[derive(FromRow)]

@@ -146,15 +146,17 @@ impl SpanFeed for PgStore {
         if after >= through {
             return Ok(Vec::new());
         }
-        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
-            "SELECT * FROM (
+        let rows = fetch_identified_span_rows(
+            sqlx::query(
+                "SELECT * FROM (
                  SELECT * FROM spans WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3
              ) AS gained ORDER BY start_unix_nano, id",
+            )
+            .bind(after)
+            .bind(through)
+            .bind(i64::from(limit)),
+            &self.pool,
         )
-        .bind(after)
-        .bind(through)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
         .await?;
         IdentifiedSpanRow::with_ids(rows)
     }
@@ -167,14 +169,16 @@ impl SpanFeed for PgStore {
         if trace_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let rows: Vec<IdentifiedSpanRow> = sqlx::query_as(
-            "SELECT * FROM spans
+        let rows = fetch_identified_span_rows(
+            sqlx::query(
+                "SELECT * FROM spans
              WHERE trace_id = ANY($1) AND trace_id IS NOT NULL AND span_id IS NOT NULL AND id <= $2
              ORDER BY start_unix_nano, id",
+            )
+            .bind(trace_ids)
+            .bind(through),
+            &self.pool,
         )
-        .bind(trace_ids)
-        .bind(through)
-        .fetch_all(&self.pool)
         .await?;
         IdentifiedSpanRow::with_ids(rows)
     }
@@ -191,8 +195,9 @@ impl SpanFeed for PgStore {
         }
         let (clusters, namespaces): (Vec<Option<&str>>, Vec<Option<&str>>) =
             scopes.iter().map(|(cluster, namespace)| (cluster.as_deref(), namespace.as_deref())).unzip();
-        let rows: Vec<SpanRow> = sqlx::query_as(
-            "SELECT * FROM (
+        let rows = fetch_span_rows(
+            sqlx::query(
+                "SELECT * FROM (
                  SELECT * FROM spans
                  WHERE id > $1 AND id <= $2
                    AND EXISTS (
@@ -202,13 +207,14 @@ impl SpanFeed for PgStore {
                    )
                  ORDER BY id LIMIT $5
              ) AS gained ORDER BY start_unix_nano, id",
+            )
+            .bind(after)
+            .bind(through)
+            .bind(clusters)
+            .bind(namespaces)
+            .bind(i64::from(limit)),
+            &self.pool,
         )
-        .bind(after)
-        .bind(through)
-        .bind(clusters)
-        .bind(namespaces)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
         .await?;
         rows.into_iter().map(SpanRow::into_span).collect()
     }
