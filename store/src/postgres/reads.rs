@@ -66,18 +66,7 @@ pub(super) async fn fetch_span_rows<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     pool: &PgPool,
 ) -> Result<Vec<SpanRow>> {
-    use futures::TryStreamExt;
-    let mut rows = query.fetch(pool);
-    let mut columns = None;
-    let mut spans = Vec::new();
-    while let Some(row) = rows.try_next().await? {
-        let columns = match &columns {
-            Some(columns) => columns,
-            None => columns.insert(SpanColumns::of(&row)?),
-        };
-        spans.push(columns.decode(&row)?);
-    }
-    Ok(spans)
+    fetch_decoded(query, pool, SpanColumns::of, SpanColumns::decode).await
 }
 
 /// [`fetch_span_rows`] with each row's `id`.
@@ -85,18 +74,35 @@ pub(super) async fn fetch_identified_span_rows<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     pool: &PgPool,
 ) -> Result<Vec<IdentifiedSpanRow>> {
+    fetch_decoded(
+        query,
+        pool,
+        |row| Ok((SpanColumns::of(row)?, row.try_column("id")?.ordinal())),
+        |(columns, id), row| Ok(IdentifiedSpanRow { id: row.try_get(*id)?, span: columns.decode(row)? }),
+    )
+    .await
+}
+
+/// The rows `query` reads, each decoded by `decode` as it arrives with what `columns` found
+/// in the first row.
+async fn fetch_decoded<'q, C, T>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    pool: &PgPool,
+    columns: impl Fn(&PgRow) -> Result<C>,
+    decode: impl Fn(&C, &PgRow) -> Result<T>,
+) -> Result<Vec<T>> {
     use futures::TryStreamExt;
     let mut rows = query.fetch(pool);
-    let mut columns = None;
-    let mut spans = Vec::new();
+    let mut found = None;
+    let mut decoded = Vec::new();
     while let Some(row) = rows.try_next().await? {
-        let (columns, id) = match &columns {
-            Some(columns) => columns,
-            None => columns.insert((SpanColumns::of(&row)?, row.try_column("id")?.ordinal())),
+        let found = match &found {
+            Some(found) => found,
+            None => found.insert(columns(&row)?),
         };
-        spans.push(IdentifiedSpanRow { id: row.try_get(*id)?, span: columns.decode(&row)? });
+        decoded.push(decode(found, &row)?);
     }
-    Ok(spans)
+    Ok(decoded)
 }
 
 /// Two statements made of the same pieces: `$plain` joins them, `$bounded` puts `$bound` (an
