@@ -325,8 +325,9 @@ async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, starte
 }
 
 /// Reads and parses a dump's lines (the header checked first), handing each batch of
-/// [`IMPORT_BATCH`] records (or [`IMPORT_ANOMALIES`] anomalies) to `batches`; a line that does not parse ends them with its error.
-/// Returns when the file is read or nothing receives the batches any more.
+/// [`IMPORT_BATCH`] records (or [`IMPORT_ANOMALIES`] anomalies) to `batches`; a line that
+/// does not parse ends them with its error. Returns when the file is read or nothing receives
+/// the batches any more.
 fn parse_dump(
     path: &Path,
     reader: Box<dyn BufRead + Send>,
@@ -416,7 +417,7 @@ async fn commit(store: &dyn Store, batch: &mut IngestBatch, anomalies: &mut Vec<
     if !anomalies.is_empty() {
         let seen: Vec<(Anomaly, UnixNanos)> =
             anomalies.drain(..).map(|dumped| (dumped.anomaly, dumped.first_seen_unix_nano)).collect();
-        store.upsert_anomalies_seen_at(&seen).await.context("the store refused an anomaly")?;
+        store.upsert_anomalies_seen_at(&seen).await.context("the store refused a batch of anomalies")?;
     }
     Ok(())
 }
