@@ -184,7 +184,7 @@ impl DumpWriter {
             Record::Log(_) => self.counts.logs += 1,
             Record::Anomaly(_) => self.counts.anomalies += 1,
         }
-        progress(&self.counts, self.started, "dumped");
+        progress(self.counts.total() - 1, &self.counts, self.started, "dumped");
         Ok(())
     }
 
@@ -212,9 +212,11 @@ impl<W: Write> Write for GzipEndingOnFlush<W> {
     }
 }
 
-fn progress(counts: &Counts, started: Instant, verb: &str) {
+/// A progress line when the records counted passed a multiple of [`PROGRESS_EVERY`] since
+/// there were `before` of them.
+fn progress(before: u64, counts: &Counts, started: Instant, verb: &str) {
     let total = counts.total();
-    if total > 0 && total.is_multiple_of(PROGRESS_EVERY) {
+    if before / PROGRESS_EVERY != total / PROGRESS_EVERY {
         let seconds = started.elapsed().as_secs_f64();
         eprintln!("{verb} {total} records in {seconds:.1} s ({:.0}/s)", total as f64 / seconds.max(1e-9));
     }
@@ -259,14 +261,38 @@ const PARSED_AHEAD: usize = 2;
 struct Parsed {
     batch: IngestBatch,
     anomalies: Vec<DumpedAnomaly>,
-    counts: Counts,
     /// Their first and last line numbers.
     lines: (usize, usize),
 }
 
 impl Parsed {
-    fn len(&self) -> usize {
-        self.batch.spans.len() + self.batch.samples.len() + self.batch.logs.len() + self.anomalies.len()
+    /// Adds the record of line `number` (not a header).
+    fn push(&mut self, number: usize, record: Record) {
+        if self.counts().total() == 0 {
+            self.lines.0 = number;
+        }
+        self.lines.1 = number;
+        match record {
+            Record::Span(span) => self.batch.spans.push(*span),
+            Record::Sample(sample) => self.batch.samples.push(*sample),
+            Record::Log(log) => self.batch.logs.push(*log),
+            Record::Anomaly(anomaly) => self.anomalies.push(*anomaly),
+            Record::Header(_) => unreachable!("parse_line refuses headers after the first line"),
+        }
+    }
+
+    /// Whether it is a transaction's worth.
+    fn full(&self) -> bool {
+        self.counts().total() >= IMPORT_BATCH as u64 || self.anomalies.len() >= IMPORT_ANOMALIES
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            spans: self.batch.spans.len() as u64,
+            samples: self.batch.samples.len() as u64,
+            logs: self.batch.logs.len() as u64,
+            anomalies: self.anomalies.len() as u64,
+        }
     }
 }
 
@@ -290,14 +316,15 @@ async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, starte
     let mut imported_before = None;
     let outcome = async {
         while let Some(parsed) = receiver.recv().await {
-            let Parsed { mut batch, mut anomalies, counts: parsed_counts, lines } = parsed.map_err(|error| {
+            let parsed = parsed.map_err(|error| {
                 let imported = match imported_before {
                     Some(line) => format!("the lines before {line} are imported"),
                     None => "nothing of it was imported".to_string(),
                 };
                 error.context(format!("{}: import stopped; {imported}", path.display()))
             })?;
-            commit(store, &mut batch, &mut anomalies).await.with_context(|| {
+            let (parsed_counts, lines) = (parsed.counts(), parsed.lines);
+            commit(store, parsed.batch, parsed.anomalies).await.with_context(|| {
                 format!(
                     "{}:{}-{}: import stopped; the lines before {} are imported",
                     path.display(),
@@ -309,11 +336,7 @@ async fn import_file(path: &Path, store: &dyn Store, counts: &mut Counts, starte
             imported_before = Some(lines.1 + 1);
             let before = counts.total();
             counts.add(parsed_counts);
-            if before / PROGRESS_EVERY != counts.total() / PROGRESS_EVERY {
-                let seconds = started.elapsed().as_secs_f64();
-                let total = counts.total();
-                eprintln!("imported {total} records in {seconds:.1} s ({:.0}/s)", total as f64 / seconds.max(1e-9));
-            }
+            progress(before, counts, started, "imported");
         }
         anyhow::Ok(())
     }
@@ -339,31 +362,8 @@ fn parse_dump(
         match parse_line(path, number, line) {
             Ok(None) => {}
             Ok(Some(record)) => {
-                if parsed.len() == 0 {
-                    parsed.lines.0 = number;
-                }
-                parsed.lines.1 = number;
-                match record {
-                    Record::Span(span) => {
-                        parsed.batch.spans.push(*span);
-                        parsed.counts.spans += 1;
-                    }
-                    Record::Sample(sample) => {
-                        parsed.batch.samples.push(*sample);
-                        parsed.counts.samples += 1;
-                    }
-                    Record::Log(log) => {
-                        parsed.batch.logs.push(*log);
-                        parsed.counts.logs += 1;
-                    }
-                    Record::Anomaly(anomaly) => {
-                        parsed.anomalies.push(*anomaly);
-                        parsed.counts.anomalies += 1;
-                    }
-                    Record::Header(_) => unreachable!("parse_line refuses headers after the first line"),
-                }
-                let full = parsed.len() >= IMPORT_BATCH || parsed.anomalies.len() >= IMPORT_ANOMALIES;
-                if full && batches.blocking_send(Ok(std::mem::take(&mut parsed))).is_err() {
+                parsed.push(number, record);
+                if parsed.full() && batches.blocking_send(Ok(std::mem::take(&mut parsed))).is_err() {
                     return;
                 }
             }
@@ -373,7 +373,7 @@ fn parse_dump(
             }
         }
     }
-    if parsed.len() > 0 {
+    if parsed.counts().total() > 0 {
         let _ = batches.blocking_send(Ok(parsed));
     }
 }
@@ -409,14 +409,13 @@ fn parse_line(path: &Path, number: usize, line: std::io::Result<String>) -> anyh
 /// Ingests the batch and upserts the anomalies, each with its first-seen time (so the
 /// anomaly keeps when it was first reported; its last-seen time becomes the same), all of
 /// them in one transaction.
-async fn commit(store: &dyn Store, batch: &mut IngestBatch, anomalies: &mut Vec<DumpedAnomaly>) -> anyhow::Result<()> {
+async fn commit(store: &dyn Store, batch: IngestBatch, anomalies: Vec<DumpedAnomaly>) -> anyhow::Result<()> {
     if !batch.is_empty() {
-        store.ingest(batch).await.context("the store refused a batch")?;
-        *batch = IngestBatch::default();
+        store.ingest(&batch).await.context("the store refused a batch")?;
     }
     if !anomalies.is_empty() {
         let seen: Vec<(Anomaly, UnixNanos)> =
-            anomalies.drain(..).map(|dumped| (dumped.anomaly, dumped.first_seen_unix_nano)).collect();
+            anomalies.into_iter().map(|dumped| (dumped.anomaly, dumped.first_seen_unix_nano)).collect();
         store.upsert_anomalies_seen_at(&seen).await.context("the store refused a batch of anomalies")?;
     }
     Ok(())

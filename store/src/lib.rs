@@ -135,6 +135,16 @@ impl StoredAnomaly {
     }
 }
 
+/// `anomalies`, each seen at `seen_at`, as the backends' upserts take them.
+pub(crate) fn seen_at_once(anomalies: &[Anomaly], seen_at: UnixNanos) -> Vec<(&Anomaly, UnixNanos)> {
+    anomalies.iter().map(|anomaly| (anomaly, seen_at)).collect()
+}
+
+/// Anomalies each seen at its own time, as the backends' upserts take them.
+pub(crate) fn seen_each(anomalies: &[(Anomaly, UnixNanos)]) -> Vec<(&Anomaly, UnixNanos)> {
+    anomalies.iter().map(|(anomaly, seen_at)| (anomaly, *seen_at)).collect()
+}
+
 /// What upserting anomalies changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct UpsertOutcome {
@@ -149,16 +159,6 @@ pub struct UpsertOutcome {
     /// (`supersede`): closed, no longer listed. (A new anomaly replaced at once by one stored
     /// before is counted here, not in `inserted`.)
     pub superseded: u64,
-}
-
-impl UpsertOutcome {
-    /// Adds what another upsert did.
-    pub fn add(&mut self, other: UpsertOutcome) {
-        self.inserted.extend(other.inserted);
-        self.updated += other.updated;
-        self.unchanged += other.unchanged;
-        self.superseded += other.superseded;
-    }
 }
 
 impl UpsertOutcome {

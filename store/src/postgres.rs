@@ -41,6 +41,7 @@ use crate::{
     NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, SpanFeed, Store,
     StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome, bucket_width,
 };
+use crate::{seen_at_once, seen_each};
 
 pub use self::partitions::{PARTITIONED_TABLES, day_partition_name};
 
@@ -325,17 +326,14 @@ impl Store for PgStore {
 
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
         let mut transaction = self.pool.begin().await?;
-        let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        let outcome = anomalies::upsert(&mut transaction, &seen_at_once(anomalies, seen_at)).await?;
         transaction.commit().await?;
         Ok(outcome)
     }
 
     async fn upsert_anomalies_seen_at(&self, anomalies: &[(Anomaly, UnixNanos)]) -> Result<UpsertOutcome> {
         let mut transaction = self.pool.begin().await?;
-        let mut outcome = UpsertOutcome::default();
-        for (anomaly, seen_at) in anomalies {
-            outcome.add(anomalies::upsert(&mut transaction, std::slice::from_ref(anomaly), *seen_at).await?);
-        }
+        let outcome = anomalies::upsert(&mut transaction, &seen_each(anomalies)).await?;
         transaction.commit().await?;
         Ok(outcome)
     }

@@ -25,6 +25,7 @@ use crate::{
     NewAlertMessage, Reduce, Result, RetentionCutoffs, RetentionReport, Scope, SeriesSamples, SpanFeed, Store,
     StoreError, StoreStats, StoredAnomaly, TimeRange, UpsertOutcome,
 };
+use crate::{seen_at_once, seen_each};
 
 static MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -208,17 +209,14 @@ impl Store for SqliteStore {
 
     async fn upsert_anomalies(&self, anomalies: &[Anomaly], seen_at: UnixNanos) -> Result<UpsertOutcome> {
         let mut transaction = self.writer.begin().await?;
-        let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        let outcome = anomalies::upsert(&mut transaction, &seen_at_once(anomalies, seen_at)).await?;
         transaction.commit().await?;
         Ok(outcome)
     }
 
     async fn upsert_anomalies_seen_at(&self, anomalies: &[(Anomaly, UnixNanos)]) -> Result<UpsertOutcome> {
         let mut transaction = self.writer.begin().await?;
-        let mut outcome = UpsertOutcome::default();
-        for (anomaly, seen_at) in anomalies {
-            outcome.add(anomalies::upsert(&mut transaction, std::slice::from_ref(anomaly), *seen_at).await?);
-        }
+        let outcome = anomalies::upsert(&mut transaction, &seen_each(anomalies)).await?;
         transaction.commit().await?;
         Ok(outcome)
     }
@@ -287,7 +285,7 @@ impl Store for SqliteStore {
             return Ok(UpsertOutcome::default());
         }
         let mut transaction = self.writer.begin().await?;
-        let outcome = anomalies::upsert(&mut transaction, anomalies, seen_at).await?;
+        let outcome = anomalies::upsert(&mut transaction, &seen_at_once(anomalies, seen_at)).await?;
         upsert_rollups(&mut transaction, rollups).await?;
         transaction.commit().await?;
         Ok(outcome)

@@ -6,16 +6,18 @@ use super::*;
 
 /// Upserts `anomalies` in `transaction`, the rows locked in fingerprint order (so instances
 /// upserting the same anomalies around a lease hand-over never deadlock).
+/// Upserts each anomaly as seen at its time, in fingerprint order (those of one fingerprint in
+/// their order), each incident's lock taken first and in order: two transactions upserting
+/// the same anomalies cannot each wait for the other.
 pub(super) async fn upsert(
     transaction: &mut Transaction<'_, Postgres>,
-    anomalies: &[Anomaly],
-    seen_at: UnixNanos,
+    anomalies: &[(&Anomaly, UnixNanos)],
 ) -> Result<UpsertOutcome> {
-    let mut ordered: Vec<&Anomaly> = anomalies.iter().collect();
-    ordered.sort_by(|left, right| left.fingerprint.cmp(&right.fingerprint));
-    lock_subjects(transaction, &ordered).await?;
+    let mut ordered = anomalies.to_vec();
+    ordered.sort_by(|(left, _), (right, _)| left.fingerprint.cmp(&right.fingerprint));
+    lock_subjects(transaction, ordered.iter().map(|(anomaly, _)| *anomaly)).await?;
     let mut outcome = UpsertOutcome::default();
-    for anomaly in ordered {
+    for (anomaly, seen_at) in ordered {
         // `first_seen = last_seen` only on the row's first insert: that tells new from known.
         // Found again exactly as stored, the row is not written and returns nothing.
         let returned: Option<(i64, i64, i64)> = sqlx::query_as(
@@ -73,9 +75,11 @@ pub(super) async fn upsert(
 /// storing another version of one of these incidents waits for this transaction to commit
 /// and then finds its row. Taken first and in one order, they cannot deadlock with one
 /// another or with the row locks taken after them.
-async fn lock_subjects(transaction: &mut Transaction<'_, Postgres>, anomalies: &[&Anomaly]) -> Result<()> {
-    let mut keys: Vec<(i32, i32)> =
-        anomalies.iter().filter_map(|anomaly| crate::supersede::lock_key(anomaly)).collect();
+async fn lock_subjects<'a>(
+    transaction: &mut Transaction<'_, Postgres>,
+    anomalies: impl Iterator<Item = &'a Anomaly>,
+) -> Result<()> {
+    let mut keys: Vec<(i32, i32)> = anomalies.filter_map(crate::supersede::lock_key).collect();
     if keys.is_empty() {
         return Ok(());
     }

@@ -8,13 +8,13 @@ use crate::rows::{AnomalyRow, to_json_text};
 use crate::supersede;
 use crate::{AnomalyFilter, Result, StoredAnomaly, UpsertOutcome};
 
+/// Upserts each anomaly as seen at its time, in their order.
 pub(super) async fn upsert(
     transaction: &mut Transaction<'_, Sqlite>,
-    anomalies: &[Anomaly],
-    seen_at: UnixNanos,
+    anomalies: &[(&Anomaly, UnixNanos)],
 ) -> Result<UpsertOutcome> {
     let mut outcome = UpsertOutcome::default();
-    for anomaly in anomalies {
+    for &(anomaly, seen_at) in anomalies {
         // `first_seen = last_seen` only on the row's first insert: that tells new from known.
         // Found again exactly as stored (every pass over a client's recent spans finds its
         // anomalies of the last minutes again), the row is not written and returns nothing.
