@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lagscope_analyzer::LagRows;
+use lagscope_analyzer::{ApplyLagPoint, LagRows, ReadLag, RejectionCount};
 use lagscope_model::{ApplyLagBucket, LagQuery, LagReport, Percentiles, ReadStalenessBucket, RejectionBucket, Span};
 use polars::prelude::*;
 
@@ -33,42 +33,52 @@ pub struct LagFrames {
 
 impl LagFrames {
     pub fn new(rows: &LagRows) -> Result<Self> {
-        let reads = &rows.reads;
-        let apply = &rows.apply;
-        let rejections = &rows.rejections;
         Ok(Self {
-            reads: df!(
-                "cluster" => reads.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
-                "namespace" => reads.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
-                "node" => reads.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
-                "role" => reads.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
-                "client_id" => reads.iter().map(|row| row.client_id.clone()).collect::<Vec<_>>(),
-                "time_unix_nano" => reads.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
-                "served" => reads.iter().map(|row| row.served).collect::<Vec<_>>(),
-                "committed" => reads.iter().map(|row| row.committed).collect::<Vec<_>>(),
-                "behind_states" => reads.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
-                "behind_seconds" => reads.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
-            )?,
-            apply: df!(
-                "cluster" => apply.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
-                "namespace" => apply.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
-                "node" => apply.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
-                "time_unix_nano" => apply.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
-                "applied" => apply.iter().map(|row| row.applied).collect::<Vec<_>>(),
-                "committed" => apply.iter().map(|row| row.committed).collect::<Vec<_>>(),
-                "behind_states" => apply.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
-                "behind_seconds" => apply.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
-            )?,
-            rejections: df!(
-                "cluster" => rejections.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
-                "namespace" => rejections.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
-                "node" => rejections.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
-                "role" => rejections.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
-                "time_unix_nano" => rejections.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
-                "rejections" => rejections.iter().map(|row| row.rejections).collect::<Vec<_>>(),
-            )?,
+            reads: reads_frame(&rows.reads)?,
+            apply: apply_frame(&rows.apply)?,
+            rejections: rejections_frame(&rows.rejections)?,
         })
     }
+}
+
+/// The read rows as a frame (`reads.parquet`'s columns).
+pub fn reads_frame(reads: &[ReadLag]) -> Result<DataFrame> {
+    Ok(df!(
+        "cluster" => reads.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+        "namespace" => reads.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+        "node" => reads.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+        "role" => reads.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
+        "client_id" => reads.iter().map(|row| row.client_id.clone()).collect::<Vec<_>>(),
+        "time_unix_nano" => reads.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+        "served" => reads.iter().map(|row| row.served).collect::<Vec<_>>(),
+        "committed" => reads.iter().map(|row| row.committed).collect::<Vec<_>>(),
+        "behind_states" => reads.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
+        "behind_seconds" => reads.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
+    )?)
+}
+
+fn apply_frame(apply: &[ApplyLagPoint]) -> Result<DataFrame> {
+    Ok(df!(
+        "cluster" => apply.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+        "namespace" => apply.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+        "node" => apply.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+        "time_unix_nano" => apply.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+        "applied" => apply.iter().map(|row| row.applied).collect::<Vec<_>>(),
+        "committed" => apply.iter().map(|row| row.committed).collect::<Vec<_>>(),
+        "behind_states" => apply.iter().map(|row| row.behind_states).collect::<Vec<_>>(),
+        "behind_seconds" => apply.iter().map(|row| row.behind_seconds).collect::<Vec<_>>(),
+    )?)
+}
+
+fn rejections_frame(rejections: &[RejectionCount]) -> Result<DataFrame> {
+    Ok(df!(
+        "cluster" => rejections.iter().map(|row| row.cluster.clone()).collect::<Vec<_>>(),
+        "namespace" => rejections.iter().map(|row| row.namespace.clone()).collect::<Vec<_>>(),
+        "node" => rejections.iter().map(|row| row.node.clone()).collect::<Vec<_>>(),
+        "role" => rejections.iter().map(|row| row.role.clone()).collect::<Vec<_>>(),
+        "time_unix_nano" => rejections.iter().map(|row| row.time_unix_nano).collect::<Vec<_>>(),
+        "rejections" => rejections.iter().map(|row| row.rejections).collect::<Vec<_>>(),
+    )?)
 }
 
 /// The aggregates of a query, as data frames (one row per group and bucket).
@@ -286,22 +296,111 @@ pub fn export_spans_parquet(dir: &Path, spans: &[Span]) -> Result<Exported> {
     write_spans(dir.join("spans.parquet"), spans, SPANS_PER_BATCH)
 }
 
-/// Spans made a frame and written at a time by [`export_spans_parquet`] (a row group each).
+/// Spans made a frame and written at a time by [`SpansFile`] (a row group each).
 const SPANS_PER_BATCH: usize = 100_000;
 
-/// Writes `spans` to `path`, `per_batch` of them made a frame at a time: a frame of every span
-/// at once held about as much memory again as the spans.
+/// Writes `spans` to `path`, `per_batch` of them made a frame at a time.
 fn write_spans(path: PathBuf, spans: &[Span], per_batch: usize) -> Result<Exported> {
-    let file = std::fs::File::create(&path).map_err(|source| AnalyticsError::Io { path: path.clone(), source })?;
-    // The columns, from a frame of no span (a file of no span still has them).
-    let columns = with_timestamp(spans_frame(&[])?, "start_unix_nano")?;
-    let mut writer =
-        ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).batched(columns.schema())?;
+    let mut file = SpansFile::create_batched(path, per_batch)?;
     for chunk in spans.chunks(per_batch) {
-        writer.write_batch(&with_timestamp(spans_frame(chunk)?, "start_unix_nano")?)?;
+        file.write(chunk)?;
     }
-    writer.finish()?;
-    Ok(Exported { path, rows: spans.len() })
+    file.finish()
+}
+
+/// A Parquet file written a frame at a time, a row group each, with its `time` column
+/// (nanoseconds) also as a UTC timestamp ([`with_timestamp`]).
+struct FrameFile {
+    path: PathBuf,
+    writer: polars::io::parquet::write::BatchedWriter<std::fs::File>,
+    time: &'static str,
+    rows: usize,
+}
+
+impl FrameFile {
+    /// A file of the columns of `empty`, a frame of no row.
+    fn create(path: PathBuf, empty: DataFrame, time: &'static str) -> Result<Self> {
+        let file = std::fs::File::create(&path).map_err(|source| AnalyticsError::Io { path: path.clone(), source })?;
+        let columns = with_timestamp(empty, time)?;
+        let writer =
+            ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).batched(columns.schema())?;
+        Ok(Self { path, writer, time, rows: 0 })
+    }
+
+    fn write(&mut self, frame: DataFrame) -> Result<()> {
+        if frame.height() > 0 {
+            self.rows += frame.height();
+            self.writer.write_batch(&with_timestamp(frame, self.time)?)?;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Exported> {
+        self.writer.finish()?;
+        Ok(Exported { path: self.path, rows: self.rows })
+    }
+}
+
+/// `spans.parquet` written as the spans come ([`spans_frame`]): a frame of every span at
+/// once held about as much memory again as the spans.
+pub struct SpansFile {
+    file: FrameFile,
+    waiting: Vec<Span>,
+    per_batch: usize,
+}
+
+impl SpansFile {
+    pub fn create(path: PathBuf) -> Result<Self> {
+        Self::create_batched(path, SPANS_PER_BATCH)
+    }
+
+    fn create_batched(path: PathBuf, per_batch: usize) -> Result<Self> {
+        Ok(Self {
+            file: FrameFile::create(path, spans_frame(&[])?, "start_unix_nano")?,
+            waiting: Vec::new(),
+            per_batch,
+        })
+    }
+
+    /// Adds `span`, writing a row group when enough wait.
+    pub fn push(&mut self, span: Span) -> Result<()> {
+        self.waiting.push(span);
+        if self.waiting.len() >= self.per_batch {
+            self.file.write(spans_frame(&self.waiting)?)?;
+            self.waiting.clear();
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, spans: &[Span]) -> Result<()> {
+        self.file.write(spans_frame(spans)?)
+    }
+
+    pub fn finish(mut self) -> Result<Exported> {
+        if !self.waiting.is_empty() {
+            self.file.write(spans_frame(&self.waiting)?)?;
+        }
+        self.file.finish()
+    }
+}
+
+/// `reads.parquet` ([`reads_frame`]) written as the rows are completed, in order.
+pub struct ReadsFile {
+    file: FrameFile,
+}
+
+impl ReadsFile {
+    pub fn create(path: PathBuf) -> Result<Self> {
+        Ok(Self { file: FrameFile::create(path, reads_frame(&[])?, "time_unix_nano")? })
+    }
+
+    pub fn write(&mut self, rows: &[ReadLag]) -> Result<()> {
+        self.file.write(reads_frame(rows)?)
+    }
+
+    pub fn finish(self) -> Result<Exported> {
+        self.file.finish()
+    }
 }
 
 /// One file [`export_parquet`] wrote.
@@ -330,12 +429,43 @@ pub fn export_parquet(dir: &Path, rows: &LagRows, query: &LagQuery) -> Result<Ve
     files.into_iter().map(|(name, frame, time)| write_frame(&dir.join(name), frame, time)).collect()
 }
 
+/// With the read rows already written ([`ReadsFile`] at `reads`), writes the rest of
+/// [`export_parquet`]'s files into `dir`: the applied-state and rejection rows, and the
+/// aggregates of `query`, taken from the read rows read back (only the columns they group and
+/// measure). Returns every file, the read rows' first, in [`export_parquet`]'s order.
+pub fn export_parquet_with_reads(
+    dir: &Path,
+    reads: Exported,
+    apply: &[ApplyLagPoint],
+    rejections: &[RejectionCount],
+    query: &LagQuery,
+) -> Result<Vec<Exported>> {
+    let file =
+        std::fs::File::open(&reads.path).map_err(|source| AnalyticsError::Io { path: reads.path.clone(), source })?;
+    let columns = ["cluster", "namespace", "node", "time_unix_nano", "behind_states", "behind_seconds"];
+    let read_back =
+        ParquetReader::new(file).with_columns(Some(columns.iter().map(|name| name.to_string()).collect())).finish()?;
+    let frames = LagFrames { reads: read_back, apply: apply_frame(apply)?, rejections: rejections_frame(rejections)? };
+    let aggregates = LagAggregates::new(&frames, query)?;
+    let files = [
+        ("apply_lag.parquet", frames.apply, "time_unix_nano"),
+        ("rejections.parquet", frames.rejections, "time_unix_nano"),
+        ("reads_by_step.parquet", aggregates.reads, "bucket_unix_nano"),
+        ("apply_lag_by_step.parquet", aggregates.apply, "bucket_unix_nano"),
+        ("rejections_by_step.parquet", aggregates.rejections, "bucket_unix_nano"),
+    ];
+    let written: Result<Vec<Exported>> =
+        files.into_iter().map(|(name, frame, time)| write_frame(&dir.join(name), frame, time)).collect();
+    Ok(std::iter::once(reads).chain(written?).collect())
+}
+
 /// Writes `frame` with its `time` column (nanoseconds) as a timestamp column `time`/`bucket`.
-fn write_frame(path: &Path, frame: DataFrame, time: &str) -> Result<Exported> {
-    let mut frame = with_timestamp(frame, time)?;
-    let file = std::fs::File::create(path).map_err(|source| AnalyticsError::Io { path: path.to_path_buf(), source })?;
-    ParquetWriter::new(file).with_compression(ParquetCompression::Zstd(None)).finish(&mut frame)?;
-    Ok(Exported { path: path.to_path_buf(), rows: frame.height() })
+/// (Through the batched writer, as the spans and read rows are: it keeps the timestamp's time
+/// zone, which writing a whole frame at once left out.)
+fn write_frame(path: &Path, frame: DataFrame, time: &'static str) -> Result<Exported> {
+    let mut file = FrameFile::create(path.to_path_buf(), frame.clear(), time)?;
+    file.write(frame)?;
+    file.finish()
 }
 
 /// `frame` with its `time` column (nanoseconds) also as a UTC timestamp column named without

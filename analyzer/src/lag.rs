@@ -10,7 +10,7 @@
 use lagscope_model::conventions::{METRIC_APPLIED_STATE, METRIC_SHARD_REJECTIONS};
 use std::collections::BTreeMap;
 
-use lagscope_model::{ClientTimeline, ReadRollup, TimelineAttempt, rollup_step_of};
+use lagscope_model::{ClientTimeline, ReadRollup, TimelineAttempt, TimelineCall, rollup_step_of};
 use serde::Serialize;
 
 use crate::AnalysisInput;
@@ -18,6 +18,9 @@ use crate::committed::{NamespaceKey, ReportsThrough};
 use crate::detectors::shard_pressure::SHARD_ROLE;
 use crate::floor::served_of;
 use crate::series::increases;
+
+mod windows;
+pub use windows::{FirstAttempts, WindowedLag, reach};
 
 /// A read a server served, and how far behind the namespace it was.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -149,31 +152,36 @@ fn read_lags(input: &AnalysisInput, committed: &crate::committed::CommittedRepor
         let mut through = None;
         for read in served_reads_of(timeline, committed) {
             let through = through.get_or_insert_with(|| ReportsThrough::new(read.committed));
-            let (committed, behind_states, behind_seconds) = match read.behind(through) {
-                Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
-                None => (None, None, None),
-            };
-            let attempt = read.attempt;
-            rows.push(ReadLag {
-                cluster: timeline.cluster.clone(),
-                namespace: timeline.namespace.clone(),
-                node: read.node().cloned(),
-                role: attempt
-                    .served_role
-                    .clone()
-                    .or_else(|| attempt.reported.node_role.clone())
-                    .or_else(|| attempt.target_role.clone()),
-                client_id: timeline.client_id.clone(),
-                time_unix_nano: read.at,
-                served: read.served,
-                committed,
-                behind_states,
-                behind_seconds,
-            });
+            rows.push(read_row(timeline, &read, read.behind(through)));
         }
     }
     rows.sort_by(|left, right| (left.time_unix_nano, &left.client_id).cmp(&(right.time_unix_nano, &right.client_id)));
     rows
+}
+
+/// The row of a read of `timeline`, `behind` its namespace by (committed, states, seconds).
+fn read_row(timeline: &ClientTimeline, read: &LagRead<'_>, behind: Option<(i64, i64, f64)>) -> ReadLag {
+    let (committed, behind_states, behind_seconds) = match behind {
+        Some((committed, states, seconds)) => (Some(committed), Some(states), Some(seconds)),
+        None => (None, None, None),
+    };
+    let attempt = read.attempt;
+    ReadLag {
+        cluster: timeline.cluster.clone(),
+        namespace: timeline.namespace.clone(),
+        node: read.node().cloned(),
+        role: attempt
+            .served_role
+            .clone()
+            .or_else(|| attempt.reported.node_role.clone())
+            .or_else(|| attempt.target_role.clone()),
+        client_id: timeline.client_id.clone(),
+        time_unix_nano: read.at,
+        served: read.served,
+        committed,
+        behind_states,
+        behind_seconds,
+    }
 }
 
 /// A served read of a timeline, as the read rows and the rollups count it: at its end, on the
@@ -206,12 +214,12 @@ fn served_reads_of<'a>(
 ) -> impl Iterator<Item = LagRead<'a>> {
     let key: NamespaceKey = (timeline.cluster.clone(), timeline.namespace.clone());
     let committed = committed.get(&key).map(Vec::as_slice).unwrap_or_default();
-    timeline.calls.iter().flat_map(served_of).map(move |(attempt, served)| LagRead {
-        attempt,
-        served,
-        at: attempt.end_unix_nano,
-        committed,
-    })
+    timeline.calls.iter().flat_map(move |call| served_reads_in(call, committed))
+}
+
+/// The served reads of one call, against its namespace's first-seen committed states.
+fn served_reads_in<'a>(call: &'a TimelineCall, committed: &'a [(i64, i64)]) -> impl Iterator<Item = LagRead<'a>> {
+    served_of(call).map(move |(attempt, served)| LagRead { attempt, served, at: attempt.end_unix_nano, committed })
 }
 
 fn apply_lags(input: &AnalysisInput, committed: &crate::committed::CommittedReports) -> Vec<ApplyLagPoint> {

@@ -32,7 +32,10 @@ pub use config::{
 pub use enrich::enrich;
 pub use floor::{CallFloors, FloorContribution, FloorSource, floors, seen_before};
 pub use held::{CallVerdicts, HeldTimelines, SpanKey, growing};
-pub use lag::{ApplyLagPoint, LagRows, ReadLag, RejectionCount, apply_lag_rows, lag_rows, read_rollups};
+pub use lag::{
+    ApplyLagPoint, FirstAttempts, LagRows, ReadLag, RejectionCount, WindowedLag, apply_lag_rows, lag_rows, reach,
+    read_rollups,
+};
 pub use series::IndexedSamples;
 pub use timeline::build_timelines;
 

@@ -31,6 +31,22 @@ pub fn build_timelines(spans: &[Span], horizon: UnixNanos) -> Vec<ClientTimeline
 
 /// [`build_timelines`] of spans held elsewhere (the live analyzer's caches keep them boxed).
 pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTimeline> {
+    build_timelines_after(spans, horizon, |_, _| None)
+}
+
+/// A call id of a client in a namespace: (client id, namespace, call id).
+pub(crate) type CallIdOf<'s> = (&'s str, Option<&'s str>, &'s str);
+
+/// [`build_timelines_of`] of spans that follow others, not given: `open_before(id, first)`
+/// says when the last call of a call id that began before `first` (the start of the id's first
+/// attempt among `spans`) began, if one did. The id's first attempts that start within the
+/// horizon of that belong to that call, as they would among all the spans: they are grouped
+/// as a call of their own here, but not as one that starts with them.
+pub(crate) fn build_timelines_after(
+    spans: &[&Span],
+    horizon: UnixNanos,
+    open_before: impl Fn(CallIdOf<'_>, UnixNanos) -> Option<UnixNanos>,
+) -> Vec<ClientTimeline> {
     let mut by_id: ById<'_> = HashMap::default();
     by_id.reserve(spans.len());
     let mut seen: HashSet<(&str, &str, UnixNanos)> = HashSet::default();
@@ -69,8 +85,15 @@ pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTime
         .map(|((client_id, namespace), (first_index, calls))| {
             let (client_id, namespace) = (client_id.to_string(), namespace.map(str::to_string));
             let mut timeline_calls: Vec<TimelineCall> = calls
-                .into_values()
-                .flat_map(|attempt_indexes| calls_within(spans, attempt_indexes, horizon))
+                .into_iter()
+                .flat_map(|(key, attempt_indexes)| {
+                    calls_within(spans, attempt_indexes, horizon, |first| match key {
+                        CallKey::Call(call_id) => {
+                            open_before((client_id.as_str(), namespace.as_deref(), call_id), first)
+                        }
+                        CallKey::Lone(_) => None,
+                    })
+                })
                 .map(|mut attempt_indexes| {
                     attempt_indexes.sort_by_key(|index| (spans[*index].call.attempt, spans[*index].start_unix_nano));
                     build_call(spans, &attempt_indexes, &hops)
@@ -98,15 +121,28 @@ pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTime
 type CallAttempts<'s> = BTreeMap<CallKey<'s>, Vec<usize>>;
 
 /// The attempts of one call id as the calls they are: in start order, a call per run of
-/// attempts that start within `horizon` of the run's first.
-fn calls_within(spans: &[&Span], mut attempt_indexes: Vec<usize>, horizon: UnixNanos) -> Vec<Vec<usize>> {
+/// attempts that start within `horizon` of the run's first. `open(first)`: the first start of
+/// a call of the id begun before these attempts, the first of which starts at `first`
+/// ([`build_timelines_after`]), whose run they may go on.
+fn calls_within(
+    spans: &[&Span],
+    mut attempt_indexes: Vec<usize>,
+    horizon: UnixNanos,
+    open: impl FnOnce(UnixNanos) -> Option<UnixNanos>,
+) -> Vec<Vec<usize>> {
     attempt_indexes.sort_by_key(|index| spans[*index].start_unix_nano);
     let mut calls: Vec<Vec<usize>> = Vec::new();
+    // The first start of the run the attempts go on.
+    let mut first = attempt_indexes.first().and_then(|index| open(spans[*index].start_unix_nano));
     for index in attempt_indexes {
         let start = spans[index].start_unix_nano;
-        match calls.last_mut() {
-            Some(call) if start <= spans[call[0]].start_unix_nano.saturating_add(horizon) => call.push(index),
-            _ => calls.push(vec![index]),
+        match (first, calls.last_mut()) {
+            (Some(first), Some(call)) if start <= first.saturating_add(horizon) => call.push(index),
+            (Some(first), None) if start <= first.saturating_add(horizon) => calls.push(vec![index]),
+            _ => {
+                calls.push(vec![index]);
+                first = Some(start);
+            }
         }
     }
     calls

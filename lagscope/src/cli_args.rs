@@ -319,8 +319,11 @@ pub(crate) struct ExportArgs {
     #[arg(long, default_value_t = 5_000_000)]
     pub(crate) max_spans: u32,
     /// OTLP JSON capture files (.json, .jsonl, optionally .gz) to read instead of the
-    /// store.
+    /// store. They are not held in memory: their spans are set aside on disk, in a directory
+    /// of DIR removed at the end, and joined a few minutes of them at a time.
     pub(crate) captures: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) progress: lagscope::progress::ProgressArgs,
 }
 
 /// `lagscope eval`: see [`Command::Eval`].

@@ -1,13 +1,24 @@
 //! `lagscope export --parquet DIR`: lag analytics (raw rows and per-step aggregates) and the
 //! spans they came from, as Parquet files for notebooks, DuckDB, Spark or polars.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use lagscope_analytics::{Exported, export_parquet, export_spans_parquet};
-use lagscope_analyzer::{AnalysisInput, LagRows, lag_rows};
-use lagscope_model::{LagQuery, Span};
+use anyhow::Context;
+use lagscope_analytics::{
+    Exported, ReadsFile, SpansFile, export_parquet, export_parquet_with_reads, export_spans_parquet,
+};
+use lagscope_analyzer::{AnalysisInput, FirstAttempts, WindowedLag, lag_rows};
+use lagscope_collector::capture::stream_requests_decoding_on;
+use lagscope_model::{LagQuery, Sample, Span};
 use lagscope_store::TimeRange;
+
+use crate::analyze::default_decode_threads;
+use crate::progress::{Position, Progress, Reporter};
 
 /// What to export and where from.
 #[derive(Debug, Clone)]
@@ -25,6 +36,8 @@ pub struct ExportRequest {
     pub step_seconds: Option<i64>,
     /// The most spans (and samples) read from the store.
     pub max_spans: u32,
+    /// How a capture's export reports its progress on stderr.
+    pub progress: Progress,
 }
 
 /// What an export read and wrote.
@@ -40,53 +53,313 @@ pub struct ExportReport {
 pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
     let range = TimeRange { from: request.from.unwrap_or(i64::MIN), to: request.to.unwrap_or(i64::MAX) };
     anyhow::ensure!(range.from < range.to, "--from must be before --to");
-    let (source, spans, samples, truncated) = if request.captures.is_empty() {
-        read_store(request, range)?
-    } else {
-        if let Some(lscap) = request.captures.iter().find(|path| crate::lscap::is_lscap(path)) {
-            anyhow::bail!(
-                "{}: an lscap capture, which keeps only what the detectors read (not what the Parquet \
-                 files hold); export --parquet reads OTLP JSON captures (.json, .jsonl, optionally .gz) or the \
-                 store: pass the OTLP JSON capture it was made from",
-                lscap.display()
-            );
-        }
-        let capture = crate::analyze::read_captures(&request.captures)?;
-        // The store's semantics: a namespace filter takes spans of that namespace, and samples
-        // of that namespace or of none.
-        let cluster_ok =
-            |cluster: Option<&str>| request.cluster.as_deref().is_none_or(|wanted| cluster == Some(wanted));
-        let namespace_is =
-            |namespace: Option<&str>| request.namespace.as_deref().is_none_or(|wanted| namespace == Some(wanted));
-        let in_range = |time: i64| time >= range.from && time < range.to;
-        let spans: Vec<Span> = capture
-            .spans
-            .into_iter()
-            .filter(|span| cluster_ok(span.resource.cluster.as_deref()) && namespace_is(span.call.namespace.as_deref()))
-            .filter(|span| in_range(span.start_unix_nano))
-            .collect();
-        let samples = capture
-            .samples
-            .into_iter()
-            .filter(|sample| {
-                let namespace = sample.series.label(lagscope_model::conventions::NAMESPACE);
-                cluster_ok(sample.series.label(lagscope_model::conventions::CLUSTER))
-                    && (namespace.is_none() || namespace_is(namespace))
-            })
-            .filter(|sample| in_range(sample.time_unix_nano))
-            .collect();
-        let names: Vec<String> = request.captures.iter().map(|path| path.display().to_string()).collect();
-        (names.join(", "), spans, samples, false)
-    };
+    if !request.captures.is_empty() {
+        return export_captures(request, range);
+    }
+    let (source, spans, samples, truncated) = read_store(request, range)?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
     // (Export takes no configuration: the calls are those the default analyzer sees.)
     // The timelines go once their rows are made: the spans' own file is written after.
     let rows =
         lag_rows(&AnalysisInput::from_telemetry(&spans, samples, lagscope_analyzer::StreamConfig::default().horizon()));
-    let query = query_for(request, &rows, &spans);
+    let times = rows
+        .reads
+        .iter()
+        .map(|row| row.time_unix_nano)
+        .chain(rows.apply.iter().map(|row| row.time_unix_nano))
+        .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
+        .chain(spans.iter().map(|span| span.start_unix_nano));
+    let query = query_for(request, Times::of(times));
     let mut files = export_parquet(&request.dir, &rows, &query)?;
     files.push(export_spans_parquet(&request.dir, &spans)?);
     Ok(ExportReport { source, spans: n_spans, samples: n_samples, truncated, files })
+}
+
+/// [`export`] of capture files.
+///
+/// The capture is not held: its spans are written to `spans.parquet` as they are read, and
+/// set aside on disk (in a directory of `request.dir` that goes at the end) by the window of
+/// time they start in. The read rows are then made a window at a time ([`WindowedLag`]), from
+/// the spans within its reach, and written as they are completed. Memory holds the metric
+/// samples, the spans of a few windows, and the aggregates' columns of the read rows.
+/// Every file is written in that directory first and moved into `request.dir` at the end:
+/// an export stopped by a bad line leaves no file half written.
+fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<ExportReport> {
+    if let Some(lscap) = request.captures.iter().find(|path| crate::lscap::is_lscap(path)) {
+        anyhow::bail!(
+            "{}: an lscap capture, which keeps only what the detectors read (not what the Parquet \
+             files hold); export --parquet reads OTLP JSON captures (.json, .jsonl, optionally .gz) or the \
+             store: pass the OTLP JSON capture it was made from",
+            lscap.display()
+        );
+    }
+    std::fs::create_dir_all(&request.dir).with_context(|| format!("cannot create {}", request.dir.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix(".lagscope-export-")
+        .tempdir_in(&request.dir)
+        .with_context(|| format!("cannot create a working directory in {}", request.dir.display()))?;
+    let horizon = lagscope_analyzer::StreamConfig::default().horizon();
+    let mut reporter = Reporter::new("export", request.progress, request.captures.len());
+
+    // The store's semantics: a namespace filter takes spans of that namespace, and samples
+    // of that namespace or of none.
+    let cluster_ok = |cluster: Option<&str>| request.cluster.as_deref().is_none_or(|wanted| cluster == Some(wanted));
+    let namespace_is =
+        |namespace: Option<&str>| request.namespace.as_deref().is_none_or(|wanted| namespace == Some(wanted));
+    let in_range = |time: i64| time >= range.from && time < range.to;
+    let mut spans_file = SpansFile::create(work.path().join("spans.parquet"))?;
+    let mut spill = Spill::new(work.path().join("windows"), horizon)?;
+    let mut first_attempts = FirstAttempts::default();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut starts = Times::default();
+    let mut read_spans = 0u64;
+    for path in &request.captures {
+        reporter.file(path);
+        let (reader, bytes_read) = crate::analyze::open_capture_counted(path)?;
+        let mut failure = None;
+        let name = path.display().to_string();
+        let read = stream_requests_decoding_on(default_decode_threads(), &name, reader, |decoded| {
+            let taken = (|| -> anyhow::Result<()> {
+                for span in decoded.spans {
+                    if !(cluster_ok(span.resource.cluster.as_deref())
+                        && namespace_is(span.call.namespace.as_deref())
+                        && in_range(span.start_unix_nano))
+                    {
+                        continue;
+                    }
+                    first_attempts.note(&span);
+                    starts.add(span.start_unix_nano);
+                    spill.push(read_spans, &span)?;
+                    read_spans += 1;
+                    spans_file.push(span)?;
+                }
+                samples.extend(decoded.samples.into_iter().filter(|sample| {
+                    let namespace = sample.series.label(lagscope_model::conventions::NAMESPACE);
+                    cluster_ok(sample.series.label(lagscope_model::conventions::CLUSTER))
+                        && (namespace.is_none() || namespace_is(namespace))
+                        && in_range(sample.time_unix_nano)
+                }));
+                Ok(())
+            })();
+            let now = Instant::now();
+            if reporter.due(now) {
+                reporter.report(now, bytes_read.load(Ordering::Relaxed), read_spans, None);
+            }
+            taken.map_err(|error| {
+                let message = format!("{error:#}");
+                failure = Some(error);
+                message
+            })
+        });
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        read.map_err(anyhow::Error::new)?;
+    }
+    let spans_written = spans_file.finish()?;
+    spill.finish()?;
+    let n_samples = samples.len();
+
+    // The read rows, a window of two horizons at a time.
+    let mut lag = WindowedLag::new(samples.into(), first_attempts, horizon);
+    let mut reads_file = ReadsFile::create(work.path().join("reads.parquet"))?;
+    let mut times = starts;
+    let steps: BTreeSet<i64> = spill.windows().map(|window| window.div_euclid(SPILLED_PER_STEP)).collect();
+    let (first_step, last_step) = (steps.first().copied(), steps.last().copied());
+    let mut held: BTreeMap<i64, Vec<(u64, Span)>> = BTreeMap::new();
+    for &step in &steps {
+        let (from, to) = (step * SPILLED_PER_STEP * horizon, (step + 1) * SPILLED_PER_STEP * horizon);
+        let (least, most) = lagscope_analyzer::reach(from, to, horizon);
+        let (first_window, last_window) = (least.div_euclid(horizon), (most - 1).div_euclid(horizon));
+        held.retain(|window, _| *window >= first_window);
+        for window in first_window..=last_window {
+            if let std::collections::btree_map::Entry::Vacant(entry) = held.entry(window) {
+                entry.insert(spill.read(window)?);
+            }
+        }
+        let mut in_reach: Vec<&(u64, Span)> = held.values().flatten().collect();
+        in_reach.sort_unstable_by_key(|(order, _)| *order);
+        let in_reach: Vec<&Span> = in_reach.into_iter().map(|(_, span)| span).collect();
+        let rows = lag.window(&in_reach, from, to);
+        rows.iter().for_each(|row| times.add(row.time_unix_nano));
+        reads_file.write(&rows)?;
+        let now = Instant::now();
+        if reporter.due(now) {
+            let (first, last) = (first_step.unwrap_or(step), last_step.unwrap_or(step));
+            let position = Position::Joined { at: step - first, of: last - first + 1 };
+            reporter.report_at(now, position, read_spans, None);
+        }
+    }
+    drop(held);
+    let rows = lag.finish();
+    rows.reads.iter().for_each(|row| times.add(row.time_unix_nano));
+    reads_file.write(&rows.reads)?;
+    let reads = reads_file.finish()?;
+    rows.apply.iter().for_each(|row| times.add(row.time_unix_nano));
+    rows.rejections.iter().for_each(|row| times.add(row.time_unix_nano));
+    let query = query_for(request, times);
+    let mut files = export_parquet_with_reads(work.path(), reads, &rows.apply, &rows.rejections, &query)?;
+    files.push(spans_written);
+    // Into place: every file, or none.
+    spill.remove()?;
+    for file in &mut files {
+        let name = file.path.file_name().expect("a file's name").to_owned();
+        let place = request.dir.join(name);
+        std::fs::rename(&file.path, &place)
+            .with_context(|| format!("cannot move {} to {}", file.path.display(), place.display()))?;
+        file.path = place;
+    }
+    drop(reporter);
+    let names: Vec<String> = request.captures.iter().map(|path| path.display().to_string()).collect();
+    Ok(ExportReport {
+        source: names.join(", "),
+        spans: read_spans as usize,
+        samples: n_samples,
+        truncated: false,
+        files,
+    })
+}
+
+/// Spill windows (each a horizon long) whose reads are made at a time: the spans of that many
+/// and of the three around them (one before, two after) are held.
+const SPILLED_PER_STEP: i64 = 2;
+
+/// The first and last of some times.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    first: i64,
+    last: i64,
+}
+
+impl Default for Times {
+    fn default() -> Self {
+        Self { first: i64::MAX, last: i64::MIN }
+    }
+}
+
+impl Times {
+    fn of(times: impl IntoIterator<Item = i64>) -> Self {
+        let mut span = Self::default();
+        times.into_iter().for_each(|time| span.add(time));
+        span
+    }
+
+    fn add(&mut self, time: i64) {
+        self.first = self.first.min(time);
+        self.last = self.last.max(time);
+    }
+}
+
+/// The spans of a capture set aside on disk by the window of time (a horizon long) they
+/// start in, as JSON lines of their order read and the span (without what the timelines do
+/// not read: [`for_timelines`]).
+struct Spill {
+    dir: PathBuf,
+    width: i64,
+    windows: BTreeSet<i64>,
+    /// The files being written, the most recently written last.
+    open: Vec<(i64, std::io::BufWriter<std::fs::File>)>,
+}
+
+/// Spill files kept open at once (a capture in time order writes one or two at a time).
+const SPILL_FILES_OPEN: usize = 16;
+
+impl Spill {
+    fn new(dir: PathBuf, width: i64) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Self { dir, width, windows: BTreeSet::new(), open: Vec::new() })
+    }
+
+    fn path(&self, window: i64) -> PathBuf {
+        self.dir.join(format!("{window}.jsonl"))
+    }
+
+    fn push(&mut self, order: u64, span: &Span) -> anyhow::Result<()> {
+        let window = span.start_unix_nano.div_euclid(self.width);
+        let place = match self.open.iter().rposition(|(open, _)| *open == window) {
+            Some(place) => place,
+            None => {
+                if self.open.len() >= SPILL_FILES_OPEN {
+                    let (_, mut file) = self.open.remove(0);
+                    file.flush().context("cannot write the spans set aside")?;
+                }
+                let path = self.path(window);
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                self.windows.insert(window);
+                self.open.push((window, std::io::BufWriter::with_capacity(1 << 16, file)));
+                self.open.len() - 1
+            }
+        };
+        let file = &mut self.open[place].1;
+        write!(file, "{order}\t").context("cannot write the spans set aside")?;
+        serde_json::to_writer(&mut *file, &for_timelines(span)).context("cannot write the spans set aside")?;
+        file.write_all(b"\n").context("cannot write the spans set aside")?;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        for (_, mut file) in self.open.drain(..) {
+            file.flush().context("cannot write the spans set aside")?;
+        }
+        Ok(())
+    }
+
+    fn windows(&self) -> impl Iterator<Item = i64> + '_ {
+        self.windows.iter().copied()
+    }
+
+    /// The spans set aside of `window`, with their order read.
+    fn read(&self, window: i64) -> anyhow::Result<Vec<(u64, Span)>> {
+        if !self.windows.contains(&window) {
+            return Ok(Vec::new());
+        }
+        let path = self.path(window);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        text.lines()
+            .map(|line| {
+                let (order, span) = line.split_once('\t').context("a span set aside without its order")?;
+                Ok((order.parse()?, serde_json::from_str(span)?))
+            })
+            .collect::<anyhow::Result<_>>()
+            .with_context(|| format!("cannot read back {}", path.display()))
+    }
+
+    fn remove(self) -> anyhow::Result<()> {
+        std::fs::remove_dir_all(&self.dir).with_context(|| format!("cannot remove {}", self.dir.display()))
+    }
+}
+
+/// `span` with what the timelines read, and no more: its other attributes, events, links and
+/// scope go (they are in `spans.parquet` where they have columns).
+fn for_timelines(span: &Span) -> Span {
+    let server_address = span.attributes.get("server.address").cloned();
+    let mut slim = Span {
+        trace_id: span.trace_id.clone(),
+        span_id: span.span_id.clone(),
+        parent_span_id: span.parent_span_id.clone(),
+        name: String::new(),
+        kind: span.kind,
+        start_unix_nano: span.start_unix_nano,
+        end_unix_nano: span.end_unix_nano,
+        status_code: span.status_code,
+        status_message: None,
+        resource: lagscope_model::ResourceFields { attributes: Default::default(), ..span.resource.clone() },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: Default::default(),
+        call: span.call.clone(),
+        attributes: Default::default(),
+        events: Vec::new(),
+        links: Vec::new(),
+    };
+    if let Some(address) = server_address {
+        slim.attributes.insert("server.address".to_string(), address);
+    }
+    slim
 }
 
 type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
@@ -114,16 +387,10 @@ fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telem
     })
 }
 
-/// The query the aggregates are cut by: the requested range, or the data's own.
-fn query_for(request: &ExportRequest, rows: &LagRows, spans: &[Span]) -> LagQuery {
-    let times = rows
-        .reads
-        .iter()
-        .map(|row| row.time_unix_nano)
-        .chain(rows.apply.iter().map(|row| row.time_unix_nano))
-        .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
-        .chain(spans.iter().map(|span| span.start_unix_nano));
-    let (first, last) = times.fold((i64::MAX, i64::MIN), |(first, last), time| (first.min(time), last.max(time)));
+/// The query the aggregates are cut by: the requested range, or the data's own (`times`: of
+/// every row and span start).
+fn query_for(request: &ExportRequest, times: Times) -> LagQuery {
+    let (first, last) = (times.first, times.last);
     let from = request.from.unwrap_or(if first == i64::MAX { 0 } else { first });
     let to = request.to.unwrap_or(if last == i64::MIN { from + 1 } else { last.saturating_add(1) });
     LagQuery {

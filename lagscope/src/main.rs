@@ -109,8 +109,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn export(args: ExportArgs) -> anyhow::Result<()> {
-    let ExportArgs { parquet, dump, data_dir, database_url, cluster, namespace, from, to, step, max_spans, captures } =
-        args;
+    let ExportArgs {
+        parquet,
+        dump,
+        data_dir,
+        database_url,
+        cluster,
+        namespace,
+        from,
+        to,
+        step,
+        max_spans,
+        captures,
+        progress,
+    } = args;
     if let Some(dump) = dump {
         let counts = lagscope::dump::export_dump(&dump, &data_dir, database_url.as_deref())?;
         eprintln!("dumped {counts} to {}", dump.display());
@@ -129,6 +141,7 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
         to: time("--to", to)?,
         step_seconds: step.as_deref().map(lagscope_web::parse_step).transpose().map_err(anyhow::Error::msg)?,
         max_spans,
+        progress: progress.progress()?,
     };
     let report = lagscope::export::export(&request)?;
     lagscope::export::print_report(&report, &parquet);

@@ -61,6 +61,8 @@ pub(crate) enum Position {
     /// Read from a store up to `at`, of the data from `first` to `last` (nanoseconds since the
     /// Unix epoch).
     Stored { at: i64, first: i64, last: i64 },
+    /// `at` of `of` windows of time whose spans are joined into timelines (`export`).
+    Joined { at: i64, of: i64 },
 }
 
 /// Progress through the capture files (or a simulated run): where in which file, spans pushed, anomalies found,
@@ -143,6 +145,9 @@ impl Reporter {
                 of / 1_000_000_000
             ),
             (Position::Simulated { at, .. }, _) => format!("{} s simulated", at.max(0) / 1_000_000_000),
+            (Position::Joined { at, of }, _) => {
+                format!("{:.0}% of the spans joined", (at.clamp(0, of) as f64 * 100.0 / of.max(1) as f64).floor())
+            }
             (Position::Stored { at, first, last }, _) => {
                 let of = last.saturating_sub(first).max(1);
                 format!(

@@ -268,3 +268,92 @@ fn read_rollups_sum_the_read_rows_of_each_minute() {
     }
     assert!(compared > 10 && behind > 0, "{compared} rollups compared, {behind} reads behind");
 }
+
+/// `export --parquet` of capture files, which holds neither the captures nor their timelines,
+/// writes exactly what the analytics of the whole telemetry at once give: every file, row for
+/// row, with the files read in any order. A bad line stops it with its place named, and no
+/// file is left in the directory.
+#[test]
+fn captures_exported_a_window_at_a_time_are_the_whole_telemetrys_analytics() {
+    use lagscope_analyzer::{AnalysisInput, StreamConfig, lag_rows};
+    use lagscope_model::LagQuery;
+
+    let directory = tempfile::tempdir().expect("temp dir");
+    let lagscope = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_lagscope")).args(args).output().expect("runs");
+    let path = |name: &str| directory.path().join(name).to_str().expect("path").to_string();
+    // Stale reads, a follower's apply lag, a shard's rejections; several windows of each.
+    let scenarios = ["hdfs-pool-not-advanced", "ozone-apply-lag", "es-node-level-pressure"];
+    for scenario in scenarios {
+        let output = lagscope(&["sim", "--scenario", scenario, "--duration", "400s", "--out", &path(scenario)]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let (mut reads, mut behind) = (0, 0);
+    for order in [[0, 1, 2], [2, 0, 1]] {
+        let files: Vec<String> = order.iter().map(|index| path(scenarios[*index])).collect();
+        // The whole telemetry at once, as the store's export still does.
+        let capture = lagscope::analyze::read_captures(&files).expect("captures read");
+        let rows = lag_rows(&AnalysisInput::from_telemetry(
+            &capture.spans,
+            capture.samples.clone(),
+            StreamConfig::default().horizon(),
+        ));
+        reads += rows.reads.len();
+        behind += rows.reads.iter().filter(|row| row.behind_states > Some(0)).count();
+        let times = (rows.reads.iter().map(|row| row.time_unix_nano))
+            .chain(rows.apply.iter().map(|row| row.time_unix_nano))
+            .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
+            .chain(capture.spans.iter().map(|span| span.start_unix_nano));
+        let (first, last) = times.fold((i64::MAX, i64::MIN), |(first, last), time| (first.min(time), last.max(time)));
+        let query = LagQuery {
+            cluster: None,
+            namespace: None,
+            from_unix_nano: first,
+            to_unix_nano: last + 1,
+            step_seconds: None,
+        };
+        let expected = directory.path().join("expected");
+        let mut written = lagscope_analytics::export_parquet(&expected, &rows, &query).expect("expected files");
+        written.push(lagscope_analytics::export_spans_parquet(&expected, &capture.spans).expect("spans"));
+
+        let out = path("out");
+        let mut args = vec!["export", "--parquet", &out, "--progress-every", "0"];
+        args.extend(files.iter().map(String::as_str));
+        let output = lagscope(&args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("% of the spans joined"), "{stderr}");
+        for file in &written {
+            let name = file.path.file_name().expect("name");
+            let (want, got) = (parquet(&file.path), parquet(&directory.path().join("out").join(name)));
+            assert_eq!(got.dtypes(), want.dtypes(), "{name:?}");
+            // (Named, not printed: polars prints a time zone's column only with `timezones`.)
+            let differ: Vec<String> = (want.columns().iter())
+                .filter(|column| got.column(column.name()).ok().is_none_or(|other| !other.equals_missing(column)))
+                .map(|column| column.name().to_string())
+                .collect();
+            assert!(
+                got.height() > 0 && got.height() == want.height() && differ.is_empty(),
+                "{order:?} {name:?}: {} rows, {} expected; columns that differ: {differ:?}",
+                got.height(),
+                want.height()
+            );
+        }
+        // Nothing else is left: the working directory went.
+        let left = std::fs::read_dir(directory.path().join("out")).expect("out").count();
+        assert_eq!(left, written.len(), "{order:?}");
+    }
+    assert!(reads > 1_000 && behind > 100, "{reads} reads, {behind} behind");
+
+    // A bad line half way: stopped there, nothing written.
+    let text = std::fs::read_to_string(path(scenarios[0])).expect("capture");
+    let lines: Vec<&str> = text.lines().collect();
+    let broken =
+        lines[..lines.len() / 2].join("\n") + "\n{\"resourceSpans\": [oops\n" + &lines[lines.len() / 2..].join("\n");
+    std::fs::write(path("broken.jsonl"), broken).expect("write");
+    let out = path("stopped");
+    let output = lagscope(&["export", "--parquet", &out, &path("broken.jsonl")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("broken.jsonl:{}", lines.len() / 2 + 1)), "{stderr}");
+    assert_eq!(std::fs::read_dir(directory.path().join("stopped")).expect("created").count(), 0);
+}
