@@ -1,7 +1,7 @@
 //! `lagscope export --parquet DIR`: lag analytics (raw rows and per-step aggregates) and the
 //! spans they came from, as Parquet files for notebooks, DuckDB, Spark or polars.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use lagscope_analytics::{
 };
 use lagscope_analyzer::{AnalysisInput, FirstAttempts, WindowedLag, lag_rows};
 use lagscope_collector::capture::stream_requests_decoding_on;
-use lagscope_model::{LagQuery, Sample, Span};
+use lagscope_model::{LagQuery, Sample, SeriesKey, SeriesMeta, Span};
 use lagscope_store::TimeRange;
 
 use crate::analyze::default_decode_threads;
@@ -110,7 +110,7 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
     let mut spans_file = SpansFile::create(work.path().join("spans.parquet"))?;
     let mut spill = Spill::new(work.path().join("windows"), horizon)?;
     let mut first_attempts = FirstAttempts::default();
-    let mut samples: Vec<Sample> = Vec::new();
+    let (mut samples, mut series): (Vec<Sample>, SharedSeries) = Default::default();
     let mut starts = Times::default();
     let mut read_spans = 0u64;
     for path in &request.captures {
@@ -133,12 +133,13 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
                     read_spans += 1;
                     spans_file.push(span)?;
                 }
-                samples.extend(decoded.samples.into_iter().filter(|sample| {
+                let kept = decoded.samples.into_iter().filter(|sample| {
                     let namespace = sample.series.label(lagscope_model::conventions::NAMESPACE);
                     cluster_ok(sample.series.label(lagscope_model::conventions::CLUSTER))
                         && (namespace.is_none() || namespace_is(namespace))
                         && in_range(sample.time_unix_nano)
-                }));
+                });
+                samples.extend(kept.map(|sample| series.share(sample)));
                 Ok(())
             })();
             let now = Instant::now();
@@ -156,6 +157,7 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
         }
         read.map_err(anyhow::Error::new)?;
     }
+    drop(series);
     let spans_written = spans_file.finish()?;
     spill.finish()?;
     let n_samples = samples.len();
@@ -218,6 +220,30 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
         truncated: false,
         files,
     })
+}
+
+/// One copy of each series' key and description, shared by its samples: a sample decoded
+/// holds copies of its own (the labels and the description, about a kilobyte).
+#[derive(Debug, Default)]
+struct SharedSeries {
+    of: HashMap<Arc<SeriesKey>, Arc<SeriesMeta>>,
+}
+
+impl SharedSeries {
+    fn share(&mut self, mut sample: Sample) -> Sample {
+        match self.of.get_key_value(&*sample.series) {
+            Some((key, meta)) => {
+                sample.series = key.clone();
+                if **meta == *sample.meta {
+                    sample.meta = meta.clone();
+                }
+            }
+            None => {
+                self.of.insert(sample.series.clone(), sample.meta.clone());
+            }
+        }
+        sample
+    }
 }
 
 /// Spill windows (each a horizon long) whose reads are made at a time: the spans of that many
