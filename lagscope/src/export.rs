@@ -1,7 +1,7 @@
 //! `lagscope export --parquet DIR`: lag analytics (raw rows and per-step aggregates) and the
 //! spans they came from, as Parquet files for notebooks, DuckDB, Spark or polars.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,13 +9,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::Context;
-use lagscope_analytics::{
-    Exported, ReadsFile, SpansFile, export_parquet, export_parquet_with_reads, export_spans_parquet,
-};
-use lagscope_analyzer::{AnalysisInput, FirstAttempts, WindowedLag, lag_rows};
+use lagscope_analytics::{Exported, ReadsFile, SpansFile, export_parquet_with_reads};
+use lagscope_analyzer::{FirstAttempts, WindowedLag};
 use lagscope_collector::capture::stream_requests_decoding_on;
 use lagscope_model::{LagQuery, Sample, SeriesKey, SeriesMeta, Span};
-use lagscope_store::TimeRange;
+use lagscope_store::paging::spans_ahead;
+use lagscope_store::{Store, TimeRange};
 
 use crate::analyze::default_decode_threads;
 use crate::progress::{Position, Progress, Reporter};
@@ -53,26 +52,97 @@ pub struct ExportReport {
 pub fn export(request: &ExportRequest) -> anyhow::Result<ExportReport> {
     let range = TimeRange { from: request.from.unwrap_or(i64::MIN), to: request.to.unwrap_or(i64::MAX) };
     anyhow::ensure!(range.from < range.to, "--from must be before --to");
-    if !request.captures.is_empty() {
-        return export_captures(request, range);
+    if request.captures.is_empty() {
+        crate::stored::runtime_on_threads(2)?.block_on(export_store(request, range))
+    } else {
+        export_captures(request, range)
     }
-    let (source, spans, samples, truncated) = read_store(request, range)?;
-    let (n_spans, n_samples) = (spans.len(), samples.len());
-    // (Export takes no configuration: the calls are those the default analyzer sees.)
-    // The timelines go once their rows are made: the spans' own file is written after.
-    let rows =
-        lag_rows(&AnalysisInput::from_telemetry(&spans, samples, lagscope_analyzer::StreamConfig::default().horizon()));
-    let times = rows
-        .reads
-        .iter()
-        .map(|row| row.time_unix_nano)
-        .chain(rows.apply.iter().map(|row| row.time_unix_nano))
-        .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
-        .chain(spans.iter().map(|span| span.start_unix_nano));
-    let query = query_for(request, Times::of(times));
-    let mut files = export_parquet(&request.dir, &rows, &query)?;
-    files.push(export_spans_parquet(&request.dir, &spans)?);
-    Ok(ExportReport { source, spans: n_spans, samples: n_samples, truncated, files })
+}
+
+/// [`export`] of a store's range: its spans read in start order a page at a time (at most
+/// `max_spans`, the oldest), joined as they come and written to `spans.parquet` once no later
+/// step reaches them; its metric samples read whole.
+async fn export_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<ExportReport> {
+    let (source, store) = crate::stored::open(
+        request.database_url.as_deref(),
+        &request.data_dir,
+        Some("pass --data-dir or --database-url, or capture files"),
+    )
+    .await?;
+    let store: Arc<dyn Store> = Arc::from(store);
+    let (cluster, namespace) = (request.cluster.clone(), request.namespace.clone());
+    let most_spans = request.max_spans as usize;
+    let samples = store.samples_in_range(cluster.as_deref(), namespace.as_deref(), range, request.max_spans).await?;
+    let mut series = SharedSeries::default();
+    let samples: Vec<Sample> = samples.into_iter().map(|sample| series.share(sample)).collect();
+    drop(series);
+    let (n_samples, samples_cut) = (samples.len(), samples.len() >= most_spans);
+    let work = working_directory(&request.dir)?;
+    let horizon = lagscope_analyzer::StreamConfig::default().horizon();
+    let mut spans_file = SpansFile::create(work.path().join("spans.parquet"))?;
+    let mut joiner = Joiner::new(work.path(), samples, FirstAttempts::default(), horizon, Times::default())?;
+    let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+    let mut ahead = spans_ahead(store.clone(), cluster, namespace, range, last, 2).await?;
+    let mut reporter = Reporter::new("export", request.progress, 0);
+    // The spans read that a step still to join may reach, in start order.
+    let mut held: VecDeque<Span> = VecDeque::new();
+    let (mut next_step, mut read, mut first) = (None, 0usize, None);
+    loop {
+        let arrived = if read < most_spans {
+            ahead.refill().await.context("cannot read the spans")?;
+            ahead.rows.pop_front()
+        } else {
+            None
+        };
+        // Every step whose reach ends at or before this span's start (all, at the end) has
+        // every span it reaches.
+        while let Some(step) = next_step {
+            let (_, most) = joiner.reach(step);
+            if arrived.as_ref().is_some_and(|span| span.start_unix_nano < most) {
+                break;
+            }
+            joiner.join(step, &held.iter().collect::<Vec<_>>())?;
+            let (_, to) = joiner.window(step);
+            let next = held.iter().chain(&arrived).map(|span| span.start_unix_nano).find(|start| *start >= to);
+            next_step = next.map(|start| joiner.step_of(start));
+            // What no later step reaches is done with.
+            let keep_from = next_step.map_or(i64::MAX, |step| joiner.reach(step).0);
+            while held.front().is_some_and(|span| span.start_unix_nano < keep_from) {
+                spans_file.push(held.pop_front().expect("a span held"))?;
+            }
+        }
+        let Some(span) = arrived else { break };
+        joiner.note(&span);
+        next_step.get_or_insert(joiner.step_of(span.start_unix_nano));
+        let now = Instant::now();
+        if reporter.due(now) {
+            let first = *first.get_or_insert(span.start_unix_nano);
+            let position = Position::Stored {
+                at: span.start_unix_nano,
+                first: first.max(range.from),
+                last: last.max(span.start_unix_nano),
+            };
+            reporter.report_at(now, position, read as u64, None);
+        }
+        held.push_back(span);
+        read += 1;
+    }
+    for span in held {
+        spans_file.push(span)?;
+    }
+    let spans_written = spans_file.finish()?;
+    let files = joiner.finish(request, spans_written)?;
+    drop(reporter);
+    Ok(ExportReport { source, spans: read, samples: n_samples, truncated: read >= most_spans || samples_cut, files })
+}
+
+/// A working directory in `dir` (created if missing), removed when dropped.
+fn working_directory(dir: &Path) -> anyhow::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    tempfile::Builder::new()
+        .prefix(".lagscope-export-")
+        .tempdir_in(dir)
+        .with_context(|| format!("cannot create a working directory in {}", dir.display()))
 }
 
 /// [`export`] of capture files.
@@ -93,11 +163,7 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
             lscap.display()
         );
     }
-    std::fs::create_dir_all(&request.dir).with_context(|| format!("cannot create {}", request.dir.display()))?;
-    let work = tempfile::Builder::new()
-        .prefix(".lagscope-export-")
-        .tempdir_in(&request.dir)
-        .with_context(|| format!("cannot create a working directory in {}", request.dir.display()))?;
+    let work = working_directory(&request.dir)?;
     let horizon = lagscope_analyzer::StreamConfig::default().horizon();
     let mut reporter = Reporter::new("export", request.progress, request.captures.len());
 
@@ -162,16 +228,13 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
     spill.finish()?;
     let n_samples = samples.len();
 
-    // The read rows, a window of two horizons at a time.
-    let mut lag = WindowedLag::new(samples.into(), first_attempts, horizon);
-    let mut reads_file = ReadsFile::create(work.path().join("reads.parquet"))?;
-    let mut times = starts;
+    // The read rows, a step of two spill windows at a time.
+    let mut joiner = Joiner::new(work.path(), samples, first_attempts, horizon, starts)?;
     let steps: BTreeSet<i64> = spill.windows().map(|window| window.div_euclid(SPILLED_PER_STEP)).collect();
     let (first_step, last_step) = (steps.first().copied(), steps.last().copied());
     let mut held: BTreeMap<i64, Vec<(u64, Span)>> = BTreeMap::new();
     for &step in &steps {
-        let (from, to) = (step * SPILLED_PER_STEP * horizon, (step + 1) * SPILLED_PER_STEP * horizon);
-        let (least, most) = lagscope_analyzer::reach(from, to, horizon);
+        let (least, most) = joiner.reach(step);
         let (first_window, last_window) = (least.div_euclid(horizon), (most - 1).div_euclid(horizon));
         held.retain(|window, _| *window >= first_window);
         for window in first_window..=last_window {
@@ -182,9 +245,7 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
         let mut in_reach: Vec<&(u64, Span)> = held.values().flatten().collect();
         in_reach.sort_unstable_by_key(|(order, _)| *order);
         let in_reach: Vec<&Span> = in_reach.into_iter().map(|(_, span)| span).collect();
-        let rows = lag.window(&in_reach, from, to);
-        rows.iter().for_each(|row| times.add(row.time_unix_nano));
-        reads_file.write(&rows)?;
+        joiner.join(step, &in_reach)?;
         let now = Instant::now();
         if reporter.due(now) {
             let (first, last) = (first_step.unwrap_or(step), last_step.unwrap_or(step));
@@ -193,24 +254,8 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
         }
     }
     drop(held);
-    let rows = lag.finish();
-    rows.reads.iter().for_each(|row| times.add(row.time_unix_nano));
-    reads_file.write(&rows.reads)?;
-    let reads = reads_file.finish()?;
-    rows.apply.iter().for_each(|row| times.add(row.time_unix_nano));
-    rows.rejections.iter().for_each(|row| times.add(row.time_unix_nano));
-    let query = query_for(request, times);
-    let mut files = export_parquet_with_reads(work.path(), reads, &rows.apply, &rows.rejections, &query)?;
-    files.push(spans_written);
-    // Into place: every file, or none.
     spill.remove()?;
-    for file in &mut files {
-        let name = file.path.file_name().expect("a file's name").to_owned();
-        let place = request.dir.join(name);
-        std::fs::rename(&file.path, &place)
-            .with_context(|| format!("cannot move {} to {}", file.path.display(), place.display()))?;
-        file.path = place;
-    }
+    let files = joiner.finish(request, spans_written)?;
     drop(reporter);
     let names: Vec<String> = request.captures.iter().map(|path| path.display().to_string()).collect();
     Ok(ExportReport {
@@ -246,6 +291,94 @@ impl SharedSeries {
     }
 }
 
+/// The read rows made a step (two horizons) at a time through [`WindowedLag`], written to
+/// `reads.parquet` in the working directory as they are completed.
+struct Joiner {
+    lag: WindowedLag,
+    reads: ReadsFile,
+    horizon: i64,
+    /// Of every span start and row.
+    times: Times,
+    work: PathBuf,
+}
+
+impl Joiner {
+    fn new(
+        work: &Path,
+        samples: Vec<Sample>,
+        first_attempts: FirstAttempts,
+        horizon: i64,
+        starts: Times,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            lag: WindowedLag::new(samples.into(), first_attempts, horizon),
+            reads: ReadsFile::create(work.join("reads.parquet"))?,
+            horizon,
+            times: starts,
+            work: work.to_path_buf(),
+        })
+    }
+
+    fn width(&self) -> i64 {
+        SPILLED_PER_STEP * self.horizon
+    }
+
+    /// The step a span that starts at `start` is joined in.
+    fn step_of(&self, start: i64) -> i64 {
+        start.div_euclid(self.width())
+    }
+
+    /// The window of time whose calls `step` joins.
+    fn window(&self, step: i64) -> (i64, i64) {
+        (step.saturating_mul(self.width()), step.saturating_add(1).saturating_mul(self.width()))
+    }
+
+    /// The starts of the spans `step` is joined from.
+    fn reach(&self, step: i64) -> (i64, i64) {
+        let (from, to) = self.window(step);
+        lagscope_analyzer::reach(from, to, self.horizon)
+    }
+
+    fn note(&mut self, span: &Span) {
+        self.lag.note(span);
+        self.times.add(span.start_unix_nano);
+    }
+
+    /// Joins `step` from `spans` (those within its reach, more are left out, in their order).
+    fn join(&mut self, step: i64, spans: &[&Span]) -> anyhow::Result<()> {
+        let (from, to) = self.window(step);
+        let rows = self.lag.window(spans, from, to);
+        rows.iter().for_each(|row| self.times.add(row.time_unix_nano));
+        self.reads.write(&rows)?;
+        Ok(())
+    }
+
+    /// Writes the rest ([`export_parquet_with_reads`]) and moves every file, `spans` too, from
+    /// the working directory into place.
+    fn finish(mut self, request: &ExportRequest, spans: Exported) -> anyhow::Result<Vec<Exported>> {
+        let rows = self.lag.finish();
+        let times = &mut self.times;
+        let all_times = (rows.reads.iter().map(|row| row.time_unix_nano))
+            .chain(rows.apply.iter().map(|row| row.time_unix_nano))
+            .chain(rows.rejections.iter().map(|row| row.time_unix_nano));
+        all_times.for_each(|time| times.add(time));
+        self.reads.write(&rows.reads)?;
+        let reads = self.reads.finish()?;
+        let query = query_for(request, self.times);
+        let mut files = export_parquet_with_reads(&self.work, reads, &rows.apply, &rows.rejections, &query)?;
+        files.push(spans);
+        // Into place: every file, or none.
+        for file in &mut files {
+            let name = file.path.file_name().expect("a file's name").to_owned();
+            let place = request.dir.join(name);
+            std::fs::rename(&file.path, &place)
+                .with_context(|| format!("cannot move {} to {}", file.path.display(), place.display()))?;
+            file.path = place;
+        }
+        Ok(files)
+    }
+}
+
 /// Spill windows (each a horizon long) whose reads are made at a time: the spans of that many
 /// and of the three around them (one before, two after) are held.
 const SPILLED_PER_STEP: i64 = 2;
@@ -264,12 +397,6 @@ impl Default for Times {
 }
 
 impl Times {
-    fn of(times: impl IntoIterator<Item = i64>) -> Self {
-        let mut span = Self::default();
-        times.into_iter().for_each(|time| span.add(time));
-        span
-    }
-
     fn add(&mut self, time: i64) {
         self.first = self.first.min(time);
         self.last = self.last.max(time);
@@ -386,31 +513,6 @@ fn for_timelines(span: &Span) -> Span {
         slim.attributes.insert("server.address".to_string(), address);
     }
     slim
-}
-
-type Telemetry = (String, Vec<Span>, Vec<lagscope_model::Sample>, bool);
-
-fn read_store(request: &ExportRequest, range: TimeRange) -> anyhow::Result<Telemetry> {
-    // The spans are read by tasks on the runtime's threads.
-    crate::stored::runtime_on_threads(2)?.block_on(async {
-        let (source, store) = crate::stored::open(
-            request.database_url.as_deref(),
-            &request.data_dir,
-            Some("pass --data-dir or --database-url, or capture files"),
-        )
-        .await?;
-        let (cluster, namespace) = (request.cluster.as_deref(), request.namespace.as_deref());
-        let lagscope_web::RangeTelemetry { spans, samples, truncated, .. } = lagscope_web::read_range(
-            &Arc::from(store),
-            cluster,
-            namespace,
-            range,
-            request.max_spans,
-            request.max_spans,
-        )
-        .await?;
-        Ok((source, spans, samples, truncated))
-    })
 }
 
 /// The query the aggregates are cut by: the requested range, or the data's own (`times`: of

@@ -269,15 +269,61 @@ fn read_rollups_sum_the_read_rows_of_each_minute() {
     assert!(compared > 10 && behind > 0, "{compared} rollups compared, {behind} reads behind");
 }
 
+/// The files `export --parquet` wrote before it joined spans a window at a time: the lag rows
+/// of all of `spans` at once, aggregated over their whole range, written into `dir`.
+fn exported_whole(
+    spans: &[lagscope_model::Span],
+    samples: Vec<lagscope_model::Sample>,
+    dir: &std::path::Path,
+) -> Vec<lagscope_analytics::Exported> {
+    use lagscope_analyzer::{AnalysisInput, StreamConfig, lag_rows};
+    let rows = lag_rows(&AnalysisInput::from_telemetry(spans, samples, StreamConfig::default().horizon()));
+    let times = (rows.reads.iter().map(|row| row.time_unix_nano))
+        .chain(rows.apply.iter().map(|row| row.time_unix_nano))
+        .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
+        .chain(spans.iter().map(|span| span.start_unix_nano));
+    let (first, last) = times.fold((i64::MAX, i64::MIN), |(first, last), time| (first.min(time), last.max(time)));
+    let query = lagscope_model::LagQuery {
+        cluster: None,
+        namespace: None,
+        from_unix_nano: first,
+        to_unix_nano: last + 1,
+        step_seconds: None,
+    };
+    let mut written = lagscope_analytics::export_parquet(dir, &rows, &query).expect("expected files");
+    written.push(lagscope_analytics::export_spans_parquet(dir, spans).expect("spans"));
+    assert!(rows.reads.iter().filter(|row| row.behind_states > Some(0)).count() > 100, "stale reads to compare");
+    written
+}
+
+/// Each of `expected` has its twin of the same name in `out`, row for row, and nothing else is
+/// there (the working directory went).
+fn same_files(expected: &[lagscope_analytics::Exported], out: &std::path::Path, what: &str) {
+    for file in expected {
+        let name = file.path.file_name().expect("name");
+        let (want, got) = (parquet(&file.path), parquet(&out.join(name)));
+        assert_eq!(got.dtypes(), want.dtypes(), "{what} {name:?}");
+        // (Named, not printed: polars prints a time zone's column only with `timezones`.)
+        let differ: Vec<String> = (want.columns().iter())
+            .filter(|column| got.column(column.name()).ok().is_none_or(|other| !other.equals_missing(column)))
+            .map(|column| column.name().to_string())
+            .collect();
+        assert!(
+            got.height() == want.height() && differ.is_empty(),
+            "{what} {name:?}: {} rows, {} expected; columns that differ: {differ:?}",
+            got.height(),
+            want.height()
+        );
+    }
+    assert_eq!(std::fs::read_dir(out).expect("out").count(), expected.len(), "{what}");
+}
+
 /// `export --parquet` of capture files, which holds neither the captures nor their timelines,
 /// writes exactly what the analytics of the whole telemetry at once give: every file, row for
 /// row, with the files read in any order. A bad line stops it with its place named, and no
 /// file is left in the directory.
 #[test]
 fn captures_exported_a_window_at_a_time_are_the_whole_telemetrys_analytics() {
-    use lagscope_analyzer::{AnalysisInput, StreamConfig, lag_rows};
-    use lagscope_model::LagQuery;
-
     let directory = tempfile::tempdir().expect("temp dir");
     let lagscope = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_lagscope")).args(args).output().expect("runs");
     let path = |name: &str| directory.path().join(name).to_str().expect("path").to_string();
@@ -287,34 +333,10 @@ fn captures_exported_a_window_at_a_time_are_the_whole_telemetrys_analytics() {
         let output = lagscope(&["sim", "--scenario", scenario, "--duration", "400s", "--out", &path(scenario)]);
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     }
-    let (mut reads, mut behind) = (0, 0);
     for order in [[0, 1, 2], [2, 0, 1]] {
         let files: Vec<String> = order.iter().map(|index| path(scenarios[*index])).collect();
-        // The whole telemetry at once, as the store's export still does.
         let capture = lagscope::analyze::read_captures(&files).expect("captures read");
-        let rows = lag_rows(&AnalysisInput::from_telemetry(
-            &capture.spans,
-            capture.samples.clone(),
-            StreamConfig::default().horizon(),
-        ));
-        reads += rows.reads.len();
-        behind += rows.reads.iter().filter(|row| row.behind_states > Some(0)).count();
-        let times = (rows.reads.iter().map(|row| row.time_unix_nano))
-            .chain(rows.apply.iter().map(|row| row.time_unix_nano))
-            .chain(rows.rejections.iter().map(|row| row.time_unix_nano))
-            .chain(capture.spans.iter().map(|span| span.start_unix_nano));
-        let (first, last) = times.fold((i64::MAX, i64::MIN), |(first, last), time| (first.min(time), last.max(time)));
-        let query = LagQuery {
-            cluster: None,
-            namespace: None,
-            from_unix_nano: first,
-            to_unix_nano: last + 1,
-            step_seconds: None,
-        };
-        let expected = directory.path().join("expected");
-        let mut written = lagscope_analytics::export_parquet(&expected, &rows, &query).expect("expected files");
-        written.push(lagscope_analytics::export_spans_parquet(&expected, &capture.spans).expect("spans"));
-
+        let expected = exported_whole(&capture.spans, capture.samples, &directory.path().join("expected"));
         let out = path("out");
         let mut args = vec!["export", "--parquet", &out, "--progress-every", "0"];
         args.extend(files.iter().map(String::as_str));
@@ -322,27 +344,8 @@ fn captures_exported_a_window_at_a_time_are_the_whole_telemetrys_analytics() {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains("% of the spans joined"), "{stderr}");
-        for file in &written {
-            let name = file.path.file_name().expect("name");
-            let (want, got) = (parquet(&file.path), parquet(&directory.path().join("out").join(name)));
-            assert_eq!(got.dtypes(), want.dtypes(), "{name:?}");
-            // (Named, not printed: polars prints a time zone's column only with `timezones`.)
-            let differ: Vec<String> = (want.columns().iter())
-                .filter(|column| got.column(column.name()).ok().is_none_or(|other| !other.equals_missing(column)))
-                .map(|column| column.name().to_string())
-                .collect();
-            assert!(
-                got.height() > 0 && got.height() == want.height() && differ.is_empty(),
-                "{order:?} {name:?}: {} rows, {} expected; columns that differ: {differ:?}",
-                got.height(),
-                want.height()
-            );
-        }
-        // Nothing else is left: the working directory went.
-        let left = std::fs::read_dir(directory.path().join("out")).expect("out").count();
-        assert_eq!(left, written.len(), "{order:?}");
+        same_files(&expected, &directory.path().join("out"), &format!("{order:?}"));
     }
-    assert!(reads > 1_000 && behind > 100, "{reads} reads, {behind} behind");
 
     // A bad line half way: stopped there, nothing written.
     let text = std::fs::read_to_string(path(scenarios[0])).expect("capture");
@@ -356,4 +359,59 @@ fn captures_exported_a_window_at_a_time_are_the_whole_telemetrys_analytics() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&format!("broken.jsonl:{}", lines.len() / 2 + 1)), "{stderr}");
     assert_eq!(std::fs::read_dir(directory.path().join("stopped")).expect("created").count(), 0);
+}
+
+/// `export --parquet` of a store, its spans read in start order and joined as they come, writes
+/// what the analytics of everything it holds at once give; with `--max-spans`, those of its
+/// oldest spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_exported_a_window_at_a_time_is_its_whole_analytics() {
+    use lagscope_store::{IngestBatch, SqliteStore, Store, TimeRange};
+
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data_dir = directory.path().join("data");
+    let store = SqliteStore::open_dir(&data_dir).await.expect("store");
+    for scenario in ["hdfs-pool-not-advanced", "ozone-apply-lag"] {
+        let mut config = SimConfig::new(scenario);
+        config.duration = Some(400 * SECOND);
+        let mut requests = Vec::new();
+        lagscope_sim::run(&config, &mut requests).expect("scenario runs");
+        let mut batch = IngestBatch::default();
+        for request in &requests {
+            match request {
+                lagscope_sim::Request::Traces(request) => {
+                    batch.spans.extend(lagscope_collector::otlp::spans_from_request(request).items)
+                }
+                lagscope_sim::Request::Metrics(request) => {
+                    batch.samples.extend(lagscope_collector::otlp::samples_from_request(request).items)
+                }
+                lagscope_sim::Request::Logs(_) => {}
+            }
+            if batch.spans.len() + batch.samples.len() >= 5_000 {
+                store.ingest(&std::mem::take(&mut batch)).await.expect("ingest");
+            }
+        }
+        store.ingest(&batch).await.expect("ingest");
+    }
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
+    for max_spans in [u32::MAX, 30_000] {
+        // What the store holds, in the order it reads it, as the lag API reads it.
+        let read =
+            lagscope_web::read_range(&store, None, None, TimeRange::ALL, max_spans, u32::MAX).await.expect("read");
+        let expected =
+            exported_whole(&read.spans, read.samples, &directory.path().join(format!("expected-{max_spans}")));
+        let out = directory.path().join(format!("out-{max_spans}"));
+        let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["export", "--parquet"])
+            .arg(&out)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--max-spans", &max_spans.to_string()])
+            .output()
+            .expect("lagscope export runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert_eq!(stderr.contains("the read limit was reached"), max_spans < u32::MAX, "{stderr}");
+        same_files(&expected, &out, &format!("--max-spans {max_spans}"));
+    }
 }

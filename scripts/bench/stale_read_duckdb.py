@@ -3,8 +3,8 @@
 
 Usage: stale_read_duckdb.py SPANS.parquet [RUNS]
 
-SPANS.parquet may be a glob ('DIR/piece-*/spans.parquet'): the files are read as one table (a
-large capture is exported in pieces).
+SPANS.parquet may be a glob ('DIR/piece-*/spans.parquet'): the files are read as one table
+(for captures exported in pieces).
 
 Loads the spans `lagscope export --parquet` wrote into an in-memory table (timed apart),
 then runs the query RUNS times and prints each run's wall time and the number of stale

@@ -165,8 +165,9 @@ pub struct WindowedLag {
 }
 
 impl WindowedLag {
-    /// Rows against `samples` (all of them), with `first_attempts` of all the spans to come
-    /// ([`FirstAttempts`]), a call id naming one call for `horizon`.
+    /// Rows against `samples` (all of them), with `first_attempts` of the spans to come
+    /// ([`FirstAttempts`]; or each noted before the windows it is in, [`WindowedLag::note`]), a
+    /// call id naming one call for `horizon`.
     pub fn new(samples: IndexedSamples, first_attempts: FirstAttempts, horizon: UnixNanos) -> Self {
         let mut committed_by_samples = CommittedReports::new();
         for (series, points) in samples.index().numeric(METRIC_COMMITTED_STATE) {
@@ -188,6 +189,12 @@ impl WindowedLag {
             pending: Vec::new(),
             next_from: None,
         }
+    }
+
+    /// Notes a span to come before the windows it is in: spans read in the telemetry's order as
+    /// the windows are made, not all before them ([`FirstAttempts::note`]).
+    pub fn note(&mut self, span: &Span) {
+        self.first_attempts.note(span);
     }
 
     /// The window [`from`, `to`): `spans` holds every span of the telemetry that starts within
