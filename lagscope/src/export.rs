@@ -72,6 +72,9 @@ async fn export_store(request: &ExportRequest, range: TimeRange) -> anyhow::Resu
     let store: Arc<dyn Store> = Arc::from(store);
     let (cluster, namespace) = (request.cluster.clone(), request.namespace.clone());
     let most_spans = request.max_spans as usize;
+    // The spans' pages are read ahead (on the runtime's threads) while the samples are read.
+    let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
+    let mut ahead = spans_ahead(store.clone(), cluster.clone(), namespace.clone(), range, last, 2).await?;
     let samples = store.samples_in_range(cluster.as_deref(), namespace.as_deref(), range, request.max_spans).await?;
     let mut series = SharedSeries::default();
     let samples: Vec<Sample> = samples.into_iter().map(|sample| series.share(sample)).collect();
@@ -81,8 +84,6 @@ async fn export_store(request: &ExportRequest, range: TimeRange) -> anyhow::Resu
     let horizon = lagscope_analyzer::StreamConfig::default().horizon();
     let mut spans_file = SpansFile::create(work.path().join("spans.parquet"))?;
     let mut joiner = Joiner::new(work.path(), samples, FirstAttempts::default(), horizon, Times::default())?;
-    let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
-    let mut ahead = spans_ahead(store.clone(), cluster, namespace, range, last, 2).await?;
     let mut reporter = Reporter::new("export", request.progress, 0);
     // The spans read that a step still to join may reach, in start order.
     let mut held: VecDeque<Span> = VecDeque::new();

@@ -11,10 +11,16 @@
 //! - the committed states: a read's row is completed once every report up to its time is
 //!   known, which is when the windows before its time are done.
 //!
-//! The one difference there can be: a router or server span that received no trace context
-//! joins the attempt of its call id nearest to it within the window's reach, where the whole
-//! looks at every attempt of that id. They are the same unless a client used the call id for
-//! another call within a few horizons and the span lies at the edge of a reach.
+//! Where spans far apart share ids, a window sees only those within its reach, as the live
+//! analyzer and the streaming engine do, where the whole sees all of them:
+//! - a router or server span that received no trace context joins the attempt of its call id
+//!   nearest to it within the reach, the whole's the nearest of all: the same unless a client
+//!   used the call id for another call within a few horizons and the span lies at a reach's
+//!   edge;
+//! - different spans with the same trace and span ids (a generator that repeats its ids, as
+//!   `serve --demo`'s rounds do, 819 s apart): the whole joins a child to the last of them
+//!   ([`build_timelines`](crate::build_timelines)), across any time, a window to the one within
+//!   its reach.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
