@@ -314,8 +314,8 @@ pub(crate) struct ExportArgs {
     /// Bucket width of the aggregates: seconds, or 30s, 5m, 1h [default: the whole range].
     #[arg(long)]
     pub(crate) step: Option<String>,
-    /// The most spans (and samples) read from the store. They are held in memory while the
-    /// analytics are computed: about 3 KB a span (a million spans, 2.8 GB at peak).
+    /// The most spans (and samples) read from the store, the oldest first. The spans are not
+    /// held: they are joined a few minutes of them at a time as they are read; the samples are.
     #[arg(long, default_value_t = 5_000_000)]
     pub(crate) max_spans: u32,
     /// OTLP JSON capture files (.json, .jsonl, optionally .gz) to read instead of the

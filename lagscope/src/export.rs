@@ -115,9 +115,9 @@ async fn export_store(request: &ExportRequest, range: TimeRange) -> anyhow::Resu
         let Some(span) = arrived else { break };
         joiner.note(&span);
         next_step.get_or_insert(joiner.step_of(span.start_unix_nano));
+        let first = *first.get_or_insert(span.start_unix_nano);
         let now = Instant::now();
         if reporter.due(now) {
-            let first = *first.get_or_insert(span.start_unix_nano);
             let position = Position::Stored {
                 at: span.start_unix_nano,
                 first: first.max(range.from),
