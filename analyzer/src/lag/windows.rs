@@ -69,8 +69,8 @@ impl FirstAttempts {
 /// (cluster, system) of a span's resource.
 type ClusterAndSystem = (Option<String>, Option<String>);
 
-/// Values by owned keys, looked up by borrowed ones (`B`) without copying them: by the keys'
-/// hash, then compared.
+/// Values by owned keys, found by borrowed ones ([`Borrowed`]) without copying them: by the
+/// hash of the borrowed form (the only one ever hashed), then compared.
 #[derive(Debug)]
 struct Keyed<K, V> {
     by_hash: FxHashMap<u64, Vec<(K, V)>>,
@@ -83,7 +83,7 @@ impl<K, V> Default for Keyed<K, V> {
     }
 }
 
-/// A key borrowed: hashed alike by its owner, and compared with it.
+/// A key's borrowed form: hashed to find its bucket, compared with the owned keys there.
 trait Borrowed<K>: Hash + Copy {
     fn is(self, owned: &K) -> bool;
 }
