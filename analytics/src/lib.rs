@@ -418,15 +418,8 @@ pub fn export_parquet(dir: &Path, rows: &LagRows, query: &LagQuery) -> Result<Ve
     std::fs::create_dir_all(dir).map_err(|source| AnalyticsError::Io { path: dir.to_path_buf(), source })?;
     let frames = LagFrames::new(rows)?;
     let aggregates = LagAggregates::new(&frames, query)?;
-    let files = [
-        ("reads.parquet", frames.reads, "time_unix_nano"),
-        ("apply_lag.parquet", frames.apply, "time_unix_nano"),
-        ("rejections.parquet", frames.rejections, "time_unix_nano"),
-        ("reads_by_step.parquet", aggregates.reads, "bucket_unix_nano"),
-        ("apply_lag_by_step.parquet", aggregates.apply, "bucket_unix_nano"),
-        ("rejections_by_step.parquet", aggregates.rejections, "bucket_unix_nano"),
-    ];
-    files.into_iter().map(|(name, frame, time)| write_frame(&dir.join(name), frame, time)).collect()
+    let reads = write_frame(&dir.join("reads.parquet"), frames.reads, "time_unix_nano")?;
+    write_after_reads(dir, reads, frames.apply, frames.rejections, aggregates)
 }
 
 /// With the read rows already written ([`ReadsFile`] at `reads`), writes the rest of
@@ -447,9 +440,21 @@ pub fn export_parquet_with_reads(
         ParquetReader::new(file).with_columns(Some(columns.iter().map(|name| name.to_string()).collect())).finish()?;
     let frames = LagFrames { reads: read_back, apply: apply_frame(apply)?, rejections: rejections_frame(rejections)? };
     let aggregates = LagAggregates::new(&frames, query)?;
+    write_after_reads(dir, reads, frames.apply, frames.rejections, aggregates)
+}
+
+/// Writes the files that follow the read rows' (`reads`, written already): the applied-state
+/// and rejection rows and the aggregates. Returns every file, `reads` first.
+fn write_after_reads(
+    dir: &Path,
+    reads: Exported,
+    apply: DataFrame,
+    rejections: DataFrame,
+    aggregates: LagAggregates,
+) -> Result<Vec<Exported>> {
     let files = [
-        ("apply_lag.parquet", frames.apply, "time_unix_nano"),
-        ("rejections.parquet", frames.rejections, "time_unix_nano"),
+        ("apply_lag.parquet", apply, "time_unix_nano"),
+        ("rejections.parquet", rejections, "time_unix_nano"),
         ("reads_by_step.parquet", aggregates.reads, "bucket_unix_nano"),
         ("apply_lag_by_step.parquet", aggregates.apply, "bucket_unix_nano"),
         ("rejections_by_step.parquet", aggregates.rejections, "bucket_unix_nano"),

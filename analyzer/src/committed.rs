@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use lagscope_model::conventions::{CLUSTER, METRIC_COMMITTED_STATE, NAMESPACE};
 
 use crate::AnalysisInput;
+use crate::series::SeriesIndex;
 
 /// (cluster, namespace) of a report.
 pub type NamespaceKey = (Option<String>, Option<String>);
@@ -29,14 +30,8 @@ pub fn committed_reports(input: &AnalysisInput) -> CommittedReports {
             reports.entry((timeline.cluster.clone(), timeline.namespace.clone())).or_default().extend(points);
         }
     }
-    // By borrowed labels first: one owned key per namespace, not per series.
-    let mut reported: BTreeMap<BorrowedKey, Vec<(i64, i64)>> = BTreeMap::new();
-    for (series, points) in input.series().numeric(METRIC_COMMITTED_STATE) {
-        let key = (series.label(CLUSTER), series.label(NAMESPACE));
-        reported.entry(key).or_default().extend(points.iter().map(|&(at, value)| (at, value as i64)));
-    }
-    for ((cluster, namespace), points) in reported {
-        reports.entry((cluster.map(str::to_string), namespace.map(str::to_string))).or_default().extend(points);
+    for (key, points) in sample_reports(input.series()) {
+        reports.entry(key).or_default().extend(points);
     }
     for list in reports.values_mut() {
         list.sort_unstable();
@@ -44,18 +39,41 @@ pub fn committed_reports(input: &AnalysisInput) -> CommittedReports {
     reports
 }
 
+/// The reports of the samples (`lagscope.server.committed_state`), per namespace, in no order.
+pub(crate) fn sample_reports(series: &SeriesIndex) -> CommittedReports {
+    // By borrowed labels first: one owned key per namespace, not per series.
+    let mut reported: BTreeMap<BorrowedKey, Vec<(i64, i64)>> = BTreeMap::new();
+    for (series, points) in series.numeric(METRIC_COMMITTED_STATE) {
+        let key = (series.label(CLUSTER), series.label(NAMESPACE));
+        reported.entry(key).or_default().extend(points.iter().map(|&(at, value)| (at, value as i64)));
+    }
+    reported
+        .into_iter()
+        .map(|((cluster, namespace), points)| ((cluster.map(str::to_string), namespace.map(str::to_string)), points))
+        .collect()
+}
+
 /// Keeps only the first report of each new highest state: when each state was first known
 /// to be committed.
 pub fn first_seen(mut reports: CommittedReports) -> CommittedReports {
     for points in reports.values_mut() {
-        let mut highest = i64::MIN;
-        points.retain(|(_, state)| {
-            let keep = *state > highest;
-            highest = highest.max(*state);
-            keep
-        });
+        let all = std::mem::take(points);
+        keep_rising(points, all);
     }
     reports
+}
+
+/// Appends to `first_seen` (when each state was first reported, rising) each of `later`
+/// (sorted by time, none before `first_seen`'s last) that reports a state higher than any
+/// before it.
+pub(crate) fn keep_rising(first_seen: &mut Vec<(i64, i64)>, later: impl IntoIterator<Item = (i64, i64)>) {
+    let mut highest = first_seen.last().map_or(i64::MIN, |(_, state)| *state);
+    for (time, state) in later {
+        if state > highest {
+            first_seen.push((time, state));
+            highest = state;
+        }
+    }
 }
 
 /// How many of a namespace's reports (sorted by time) are at or before a time, for times

@@ -136,12 +136,15 @@ fn calls_within(
     let mut first = attempt_indexes.first().and_then(|index| open(spans[*index].start_unix_nano));
     for index in attempt_indexes {
         let start = spans[index].start_unix_nano;
-        match (first, calls.last_mut()) {
-            (Some(first), Some(call)) if start <= first.saturating_add(horizon) => call.push(index),
-            (Some(first), None) if start <= first.saturating_add(horizon) => calls.push(vec![index]),
+        let goes_on = first.is_some_and(|first| start <= first.saturating_add(horizon));
+        match calls.last_mut() {
+            Some(call) if goes_on => call.push(index),
+            // (The first of these attempts going on a call begun before them: a call here.)
             _ => {
                 calls.push(vec![index]);
-                first = Some(start);
+                if !goes_on {
+                    first = Some(start);
+                }
             }
         }
     }

@@ -75,10 +75,8 @@ async fn export_store(request: &ExportRequest, range: TimeRange) -> anyhow::Resu
     // The spans' pages are read ahead (on the runtime's threads) while the samples are read.
     let last = store.latest_time().await?.unwrap_or(i64::MIN).min(range.to);
     let mut ahead = spans_ahead(store.clone(), cluster.clone(), namespace.clone(), range, last, 2).await?;
+    // (A store's samples share their series' key already: one per series read.)
     let samples = store.samples_in_range(cluster.as_deref(), namespace.as_deref(), range, request.max_spans).await?;
-    let mut series = SharedSeries::default();
-    let samples: Vec<Sample> = samples.into_iter().map(|sample| series.share(sample)).collect();
-    drop(series);
     let (n_samples, samples_cut) = (samples.len(), samples.len() >= most_spans);
     let work = working_directory(&request.dir)?;
     let horizon = lagscope_analyzer::StreamConfig::default().horizon();

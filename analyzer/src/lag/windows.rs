@@ -25,13 +25,12 @@
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
-use lagscope_model::conventions::METRIC_COMMITTED_STATE;
 use lagscope_model::{Span, UnixNanos};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use super::{LagRows, ReadLag, apply_lags, behind, read_row, rejections, served_reads_in};
 use crate::AnalysisInput;
-use crate::committed::{CommittedReports, NamespaceKey};
+use crate::committed::{CommittedReports, NamespaceKey, keep_rising, sample_reports};
 use crate::series::IndexedSamples;
 use crate::timeline::{build_timelines_after, is_client_attempt};
 
@@ -55,15 +54,6 @@ impl FirstAttempts {
             || (span.resource.cluster.clone(), span.resource.system.clone()),
         );
     }
-
-    /// (Clients, namespaces) noted.
-    pub fn len(&self) -> usize {
-        self.of.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.of.len == 0
-    }
 }
 
 /// (cluster, system) of a span's resource.
@@ -74,12 +64,11 @@ type ClusterAndSystem = (Option<String>, Option<String>);
 #[derive(Debug)]
 struct Keyed<K, V> {
     by_hash: FxHashMap<u64, Vec<(K, V)>>,
-    len: usize,
 }
 
 impl<K, V> Default for Keyed<K, V> {
     fn default() -> Self {
-        Self { by_hash: FxHashMap::default(), len: 0 }
+        Self { by_hash: FxHashMap::default() }
     }
 }
 
@@ -124,7 +113,6 @@ impl<K, V> Keyed<K, V> {
             Some(place) => place,
             None => {
                 bucket.push((owned(), new()));
-                self.len += 1;
                 bucket.len() - 1
             }
         };
@@ -137,7 +125,6 @@ impl<K, V> Keyed<K, V> {
             bucket.retain_mut(|(_, value)| keep(value));
             !bucket.is_empty()
         });
-        self.len = self.by_hash.values().map(Vec::len).sum();
     }
 }
 
@@ -175,14 +162,7 @@ impl WindowedLag {
     /// ([`FirstAttempts`]; or each noted before the windows it is in, [`WindowedLag::note`]), a
     /// call id naming one call for `horizon`.
     pub fn new(samples: IndexedSamples, first_attempts: FirstAttempts, horizon: UnixNanos) -> Self {
-        let mut committed_by_samples = CommittedReports::new();
-        for (series, points) in samples.index().numeric(METRIC_COMMITTED_STATE) {
-            let key = (
-                series.label(lagscope_model::conventions::CLUSTER).map(str::to_string),
-                series.label(lagscope_model::conventions::NAMESPACE).map(str::to_string),
-            );
-            committed_by_samples.entry(key).or_default().extend(points.iter().map(|&(at, value)| (at, value as i64)));
-        }
+        let mut committed_by_samples = sample_reports(samples.index());
         for points in committed_by_samples.values_mut() {
             points.sort_unstable();
         }
@@ -338,14 +318,7 @@ impl Committed {
                 continue;
             }
             points.sort_unstable();
-            let first_seen = self.first_seen.entry(key).or_default();
-            let mut highest = first_seen.last().map_or(i64::MIN, |(_, state)| *state);
-            for (time, state) in points {
-                if state > highest {
-                    first_seen.push((time, state));
-                    highest = state;
-                }
-            }
+            keep_rising(self.first_seen.entry(key).or_default(), points);
         }
     }
 }
