@@ -1,8 +1,9 @@
 //! The lag rows of more spans than memory holds: [`lag_rows`](super::lag_rows) of all of them,
 //! built a window of time at a time ([`WindowedLag`]). The metric samples are held whole.
 //!
-//! Each window's timelines are built from the spans within its [`reach`]: a horizon before it
-//! and two after. Only the calls that start in the window give rows. What reaches across
+//! Each window's timelines are built from the spans within its [`reach`] (a horizon before it
+//! and two after) that can join the calls that start in it ([`of_the_window`]); only those
+//! calls give rows. What reaches across
 //! windows is carried from one to the next, so that the rows are those of the whole:
 //! - which call a call id's attempts belong to: the starts of the calls recently begun, per
 //!   call id ([`build_timelines_after`]);
@@ -26,7 +27,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
 use lagscope_model::{Span, UnixNanos};
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::{LagRows, ReadLag, apply_lags, behind, read_row, rejections, served_reads_in};
 use crate::AnalysisInput;
@@ -136,6 +137,55 @@ pub fn reach(from: UnixNanos, to: UnixNanos, horizon: UnixNanos) -> (UnixNanos, 
     (from.saturating_sub(horizon), to.saturating_add(horizon.saturating_mul(2)))
 }
 
+/// Of `spans`, those within the [`reach`] of the window [`from`, `to`) that the timelines of
+/// its calls are built from: a window builds about as many spans as start in it, not the five
+/// horizons of its reach (two and a half times as many, in windows of two horizons). Kept:
+/// - the client attempts of the call ids that have one starting in the window (all of them
+///   within the reach, so that the id's calls are grouped, and its hops without trace
+///   context joined, as among the whole reach), and the attempts without a call id that start
+///   in the window;
+/// - every span of their traces;
+/// - the spans without trace context of those call ids, and every span of the traces they
+///   begin.
+///
+/// What is left out cannot join a call that starts in the window: a call's first attempt
+/// starts in it, its hops join by trace context (the trace of one of its attempts, or of a
+/// hop of its call id that received none) or by call id.
+fn of_the_window<'s>(spans: &[&'s Span], from: UnixNanos, to: UnixNanos, horizon: UnixNanos) -> Vec<&'s Span> {
+    let (least, most) = reach(from, to, horizon);
+    let in_reach: Vec<&Span> =
+        spans.iter().copied().filter(|span| span.start_unix_nano >= least && span.start_unix_nano < most).collect();
+    let call_of = |span: &'s Span| Some((span.call.client_id.as_deref()?, span.call.call_id.as_deref()?));
+    let calls: FxHashSet<(&str, &str)> = (in_reach.iter())
+        .filter(|span| (from..to).contains(&span.start_unix_nano) && is_client_attempt(span))
+        .filter_map(|span| call_of(span))
+        .collect();
+    let of_calls = |span: &'s Span| call_of(span).is_some_and(|call| calls.contains(&call));
+    let attempt_kept = |span: &'s Span| {
+        is_client_attempt(span)
+            && match span.call.call_id {
+                Some(_) => of_calls(span),
+                None => (from..to).contains(&span.start_unix_nano),
+            }
+    };
+    // As `attach_hops` tells a hop that received no trace context.
+    let without_context =
+        |span: &Span| span.trace_id.is_none() || span.span_id.is_none() || span.parent_span_id.is_none();
+    let hop_of_calls = |span: &'s Span| without_context(span) && !is_client_attempt(span) && of_calls(span);
+    let traces: FxHashSet<&str> = (in_reach.iter().copied())
+        .filter(|span| attempt_kept(span) || hop_of_calls(span))
+        .filter_map(|span| span.trace_id.as_deref())
+        .collect();
+    in_reach
+        .into_iter()
+        .filter(|span| {
+            span.trace_id.as_deref().is_some_and(|trace| traces.contains(trace))
+                || attempt_kept(span)
+                || hop_of_calls(span)
+        })
+        .collect()
+}
+
 /// A read whose row waits for the committed states up to its time.
 #[derive(Debug)]
 struct Pending {
@@ -193,9 +243,7 @@ impl WindowedLag {
         assert!(from < to, "a window holds time");
         self.next_from = Some(to);
         let horizon = self.horizon;
-        let (least, most) = reach(from, to, horizon);
-        let spans: Vec<&Span> =
-            spans.iter().copied().filter(|span| span.start_unix_nano >= least && span.start_unix_nano < most).collect();
+        let spans = of_the_window(spans, from, to, horizon);
         let call_starts = &self.call_starts;
         let mut timelines = build_timelines_after(&spans, horizon, |call_id, first| {
             let starts = call_starts.get(call_id)?;
