@@ -470,9 +470,11 @@ impl Spill {
             return Ok(Vec::new());
         }
         let path = self.path(window);
-        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        text.lines()
+        let file = std::fs::File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        // A line at a time: the window's text is not held beside its spans.
+        std::io::BufRead::lines(std::io::BufReader::with_capacity(1 << 16, file))
             .map(|line| {
+                let line = line?;
                 let (order, span) = line.split_once('\t').context("a span set aside without its order")?;
                 Ok((order.parse()?, serde_json::from_str(span)?))
             })
