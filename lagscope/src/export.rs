@@ -403,8 +403,8 @@ impl Times {
 }
 
 /// The spans of a capture set aside on disk by the window of time (a horizon long) they
-/// start in, as JSON lines of their order read and the span (without what the timelines do
-/// not read: [`for_timelines`]).
+/// start in, as MessagePack records of their order read and the span (without what the
+/// timelines do not read: [`for_timelines`]).
 struct Spill {
     dir: PathBuf,
     width: i64,
@@ -423,7 +423,7 @@ impl Spill {
     }
 
     fn path(&self, window: i64) -> PathBuf {
-        self.dir.join(format!("{window}.jsonl"))
+        self.dir.join(format!("{window}.msgpack"))
     }
 
     fn push(&mut self, order: u64, span: &Span) -> anyhow::Result<()> {
@@ -447,9 +447,7 @@ impl Spill {
             }
         };
         let file = &mut self.open[place].1;
-        write!(file, "{order}\t").context("cannot write the spans set aside")?;
-        serde_json::to_writer(&mut *file, &for_timelines(span)).context("cannot write the spans set aside")?;
-        file.write_all(b"\n").context("cannot write the spans set aside")?;
+        rmp_serde::encode::write(file, &(order, for_timelines(span))).context("cannot write the spans set aside")?;
         Ok(())
     }
 
@@ -471,15 +469,15 @@ impl Spill {
         }
         let path = self.path(window);
         let file = std::fs::File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        // A line at a time: the window's text is not held beside its spans.
-        std::io::BufRead::lines(std::io::BufReader::with_capacity(1 << 16, file))
-            .map(|line| {
-                let line = line?;
-                let (order, span) = line.split_once('\t').context("a span set aside without its order")?;
-                Ok((order.parse()?, serde_json::from_str(span)?))
-            })
-            .collect::<anyhow::Result<_>>()
-            .with_context(|| format!("cannot read back {}", path.display()))
+        // A record at a time: the window's bytes are not held beside its spans.
+        let mut file = std::io::BufReader::with_capacity(1 << 16, file);
+        let mut spans = Vec::new();
+        while !std::io::BufRead::fill_buf(&mut file)?.is_empty() {
+            let record = rmp_serde::decode::from_read(&mut file)
+                .with_context(|| format!("cannot read back {} (record {})", path.display(), spans.len()))?;
+            spans.push(record);
+        }
+        Ok(spans)
     }
 
     fn remove(self) -> anyhow::Result<()> {
