@@ -472,9 +472,10 @@ impl Spill {
         // A record at a time: the window's bytes are not held beside its spans.
         let mut file = std::io::BufReader::with_capacity(1 << 16, file);
         let mut spans = Vec::new();
-        while !std::io::BufRead::fill_buf(&mut file)?.is_empty() {
+        let cannot_read = || format!("cannot read back {}", path.display());
+        while !std::io::BufRead::fill_buf(&mut file).with_context(cannot_read)?.is_empty() {
             let record = rmp_serde::decode::from_read(&mut file)
-                .with_context(|| format!("cannot read back {} (record {})", path.display(), spans.len()))?;
+                .with_context(|| format!("{} (record {})", cannot_read(), spans.len()))?;
             spans.push(record);
         }
         Ok(spans)

@@ -3,8 +3,8 @@
 //!
 //! Each window's timelines are built from the spans within its [`reach`] (a horizon before it
 //! and two after) that can join the calls that start in it ([`of_the_window`]); only those
-//! calls give rows. What reaches across
-//! windows is carried from one to the next, so that the rows are those of the whole:
+//! calls give rows. What reaches across windows is carried from one to the next, so that the
+//! rows are those of the whole:
 //! - which call a call id's attempts belong to: the starts of the calls recently begun, per
 //!   call id ([`build_timelines_after`]);
 //! - a timeline's cluster and system: those of the client's first attempt in the telemetry's
