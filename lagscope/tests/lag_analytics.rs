@@ -19,6 +19,24 @@ fn simulate(scenario: &str, seconds: i64, target: Target) -> Truth {
     std::thread::spawn(move || run(&config, &target, false)).join().expect("sim thread").expect("sim delivers").0
 }
 
+/// The spans and samples `scenario` sends in `seconds`, decoded as the receivers decode them.
+fn telemetry_of(scenario: &str, seconds: i64) -> (Vec<lagscope_model::Span>, Vec<lagscope_model::Sample>) {
+    use lagscope_collector::otlp::{samples_from_request, spans_from_request};
+    let mut config = SimConfig::new(scenario);
+    config.duration = Some(seconds * SECOND);
+    let mut requests = Vec::new();
+    lagscope_sim::run(&config, &mut requests).expect("scenario runs");
+    let (mut spans, mut samples) = (Vec::new(), Vec::new());
+    for request in &requests {
+        match request {
+            lagscope_sim::Request::Traces(request) => spans.extend(spans_from_request(request).items),
+            lagscope_sim::Request::Metrics(request) => samples.extend(samples_from_request(request).items),
+            lagscope_sim::Request::Logs(_) => {}
+        }
+    }
+    (spans, samples)
+}
+
 fn sum(rows: &Value, field: &str) -> f64 {
     rows.as_array().into_iter().flatten().filter_map(|row| row[field].as_f64()).sum()
 }
@@ -214,24 +232,12 @@ async fn aggregated_served_and_exported(config: lagscope::Config, directory: &st
 #[test]
 fn read_rollups_sum_the_read_rows_of_each_minute() {
     use lagscope_analyzer::{AnalysisInput, StreamConfig, lag_rows, read_rollups};
-    use lagscope_collector::otlp::{samples_from_request, spans_from_request};
     use lagscope_model::{ReadRollup, rollup_step_of};
     use std::collections::BTreeMap;
 
     let (mut compared, mut behind) = (0, 0);
     for scenario in ["hdfs-pool-not-advanced", "hdfs-observer-lag-storm", "ozone-apply-lag"] {
-        let mut config = SimConfig::new(scenario);
-        config.duration = Some(150 * SECOND);
-        let mut requests = Vec::new();
-        lagscope_sim::run(&config, &mut requests).expect("scenario runs");
-        let (mut spans, mut samples) = (Vec::new(), Vec::new());
-        for request in &requests {
-            match request {
-                lagscope_sim::Request::Traces(request) => spans.extend(spans_from_request(request).items),
-                lagscope_sim::Request::Metrics(request) => samples.extend(samples_from_request(request).items),
-                lagscope_sim::Request::Logs(_) => {}
-            }
-        }
+        let (spans, samples) = telemetry_of(scenario, 150);
         let input = AnalysisInput::from_telemetry(&spans, samples, StreamConfig::default().horizon());
         let reads = lag_rows(&input).reads;
         behind += reads.iter().filter(|read| read.behind_states > Some(0)).count();
@@ -372,26 +378,13 @@ async fn a_store_exported_a_window_at_a_time_is_its_whole_analytics() {
     let data_dir = directory.path().join("data");
     let store = SqliteStore::open_dir(&data_dir).await.expect("store");
     for scenario in ["hdfs-pool-not-advanced", "ozone-apply-lag"] {
-        let mut config = SimConfig::new(scenario);
-        config.duration = Some(400 * SECOND);
-        let mut requests = Vec::new();
-        lagscope_sim::run(&config, &mut requests).expect("scenario runs");
-        let mut batch = IngestBatch::default();
-        for request in &requests {
-            match request {
-                lagscope_sim::Request::Traces(request) => {
-                    batch.spans.extend(lagscope_collector::otlp::spans_from_request(request).items)
-                }
-                lagscope_sim::Request::Metrics(request) => {
-                    batch.samples.extend(lagscope_collector::otlp::samples_from_request(request).items)
-                }
-                lagscope_sim::Request::Logs(_) => {}
-            }
-            if batch.spans.len() + batch.samples.len() >= 5_000 {
-                store.ingest(&std::mem::take(&mut batch)).await.expect("ingest");
-            }
+        let (spans, samples) = telemetry_of(scenario, 400);
+        for spans in spans.chunks(5_000) {
+            store.ingest(&IngestBatch { spans: spans.to_vec(), ..IngestBatch::default() }).await.expect("ingest");
         }
-        store.ingest(&batch).await.expect("ingest");
+        for samples in samples.chunks(5_000) {
+            store.ingest(&IngestBatch { samples: samples.to_vec(), ..IngestBatch::default() }).await.expect("ingest");
+        }
     }
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
     for max_spans in [u32::MAX, 30_000] {

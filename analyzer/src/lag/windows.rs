@@ -161,28 +161,23 @@ fn of_the_window<'s>(spans: &[&'s Span], from: UnixNanos, to: UnixNanos, horizon
         .filter_map(|span| call_of(span))
         .collect();
     let of_calls = |span: &'s Span| call_of(span).is_some_and(|call| calls.contains(&call));
-    let attempt_kept = |span: &'s Span| {
-        is_client_attempt(span)
-            && match span.call.call_id {
-                Some(_) => of_calls(span),
-                None => (from..to).contains(&span.start_unix_nano),
-            }
-    };
     // As `attach_hops` tells a hop that received no trace context.
     let without_context =
         |span: &Span| span.trace_id.is_none() || span.span_id.is_none() || span.parent_span_id.is_none();
-    let hop_of_calls = |span: &'s Span| without_context(span) && !is_client_attempt(span) && of_calls(span);
-    let traces: FxHashSet<&str> = (in_reach.iter().copied())
-        .filter(|span| attempt_kept(span) || hop_of_calls(span))
-        .filter_map(|span| span.trace_id.as_deref())
-        .collect();
-    in_reach
-        .into_iter()
-        .filter(|span| {
-            span.trace_id.as_deref().is_some_and(|trace| traces.contains(trace))
-                || attempt_kept(span)
-                || hop_of_calls(span)
+    // Kept for itself (an attempt of the window's calls, or a hop of their call ids without
+    // context); the others only for their traces.
+    let own: Vec<bool> = (in_reach.iter())
+        .map(|span| match (is_client_attempt(span), &span.call.call_id) {
+            (true, Some(_)) => of_calls(span),
+            (true, None) => (from..to).contains(&span.start_unix_nano),
+            (false, _) => without_context(span) && of_calls(span),
         })
+        .collect();
+    let traces: FxHashSet<&str> =
+        (in_reach.iter().zip(&own)).filter(|(_, own)| **own).filter_map(|(span, _)| span.trace_id.as_deref()).collect();
+    (in_reach.into_iter().zip(own))
+        .filter(|(span, own)| *own || span.trace_id.as_deref().is_some_and(|trace| traces.contains(trace)))
+        .map(|(span, _)| span)
         .collect()
 }
 
