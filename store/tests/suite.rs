@@ -353,7 +353,11 @@ async fn series_range_matches_labels_and_time(store: &dyn Store) {
             "rpc.latency",
             &obs1,
             T0,
-            PointValue::Distribution(HistogramPoint { count: 2, sum: Some(3.0), ..HistogramPoint::default() }),
+            PointValue::Distribution(Box::new(HistogramPoint {
+                count: 2,
+                sum: Some(3.0),
+                ..HistogramPoint::default()
+            })),
             MetricKind::Histogram,
         ),
     ];
@@ -707,7 +711,7 @@ async fn scope_samples_come_back_whole_in_time_order(store: &dyn Store) {
                 "rpc.queue.time",
                 &node("nn-1"),
                 time,
-                PointValue::Distribution(histogram),
+                PointValue::Distribution(Box::new(histogram)),
                 MetricKind::Histogram,
             );
             std::sync::Arc::make_mut(&mut point.meta).description = Some("queue time".to_string());

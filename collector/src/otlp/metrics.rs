@@ -94,7 +94,7 @@ fn convert_metric(
         }
         Data::Histogram(histogram) => {
             for (index, point) in histogram.data_points.iter().enumerate() {
-                let value = PointValue::Distribution(HistogramPoint {
+                let value = PointValue::Distribution(Box::new(HistogramPoint {
                     count: point.count,
                     sum: point.sum,
                     min: point.min,
@@ -102,7 +102,7 @@ fn convert_metric(
                     explicit_bounds: point.explicit_bounds.clone(),
                     bucket_counts: point.bucket_counts.clone(),
                     ..HistogramPoint::default()
-                });
+                }));
                 push(
                     index,
                     &point.attributes,
@@ -117,7 +117,7 @@ fn convert_metric(
             for (index, point) in histogram.data_points.iter().enumerate() {
                 let positive = point.positive.as_ref();
                 let negative = point.negative.as_ref();
-                let value = PointValue::Distribution(HistogramPoint {
+                let value = PointValue::Distribution(Box::new(HistogramPoint {
                     count: point.count,
                     sum: point.sum,
                     min: point.min,
@@ -132,7 +132,7 @@ fn convert_metric(
                         negative_counts: negative.map(|buckets| buckets.bucket_counts.clone()).unwrap_or_default(),
                     }),
                     ..HistogramPoint::default()
-                });
+                }));
                 push(
                     index,
                     &point.attributes,
@@ -145,7 +145,7 @@ fn convert_metric(
         }
         Data::Summary(summary) => {
             for (index, point) in summary.data_points.iter().enumerate() {
-                let value = PointValue::Distribution(HistogramPoint {
+                let value = PointValue::Distribution(Box::new(HistogramPoint {
                     count: point.count,
                     sum: Some(point.sum),
                     quantiles: point
@@ -154,7 +154,7 @@ fn convert_metric(
                         .map(|quantile| (quantile.quantile, quantile.value))
                         .collect(),
                     ..HistogramPoint::default()
-                });
+                }));
                 push(
                     index,
                     &point.attributes,
