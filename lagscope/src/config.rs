@@ -176,6 +176,9 @@ pub struct ServerConfig {
     /// ones and replacing those of the same name; read at start-up. Unset: `./dashboards`
     /// when that directory exists, else the built-in dashboards only.
     pub dashboards_dir: Option<PathBuf>,
+    /// `/api/v1/lag` requests served at once (each holds up to ~1.3 GB at its read limits);
+    /// more wait up to 30 s for a turn, then are answered 503 with `Retry-After`.
+    pub max_concurrent_lag_requests: usize,
 }
 
 impl ServerConfig {
@@ -194,6 +197,9 @@ impl ServerConfig {
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
             return Err("server.database_url must be a postgres:// or postgresql:// URL".to_string());
+        }
+        if self.max_concurrent_lag_requests == 0 {
+            return Err("server.max_concurrent_lag_requests must be at least 1".to_string());
         }
         let needed = self.max_body_bytes.saturating_mul(1 + lagscope_collector::queue::DECODED_BYTES_FACTOR);
         if self.ingest_queue_bytes < needed {
@@ -220,6 +226,7 @@ impl Default for ServerConfig {
             max_body_bytes: lagscope_collector::otlp::http::DEFAULT_MAX_BODY_BYTES,
             ingest_queue_bytes: lagscope_collector::queue::DEFAULT_QUEUE_BYTES,
             dashboards_dir: None,
+            max_concurrent_lag_requests: 2,
         }
     }
 }

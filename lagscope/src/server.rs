@@ -117,6 +117,10 @@ impl Stack {
             lag: Some(lag_aggregator()),
             instance: config.cluster.instance_id.clone(),
             call_horizon: config.analyzer.stream.horizon(),
+            lag_turns: lagscope_web::LagTurns::new(
+                config.server.max_concurrent_lag_requests,
+                lagscope_web::LAG_TURN_WAIT,
+            ),
         })
         .merge(lagscope_web::ui::router(lagscope_web::ui::UiState::new(
             shared_store.clone(),

@@ -187,6 +187,8 @@ pub struct SelfMetrics {
     pub ingest_committed_requests: Counter,
     /// Requests refused because the ingest queue was full.
     pub ingest_queue_full: Counter,
+    /// `/api/v1/lag` requests answered 503 after waiting in vain for a turn.
+    pub api_lag_requests_refused: Counter,
     /// Bytes reserved in the ingest queue, and its size.
     pub ingest_queue_bytes: Gauge,
     pub ingest_queue_capacity_bytes: Gauge,
@@ -264,7 +266,7 @@ impl SelfMetrics {
     /// value) that the caller reads at scrape time.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &Counter); 35] = [
+        let counters: [(&str, &str, &Counter); 36] = [
             ("lagscope_spans_received_total", "Spans received by the receivers.", &self.spans_received),
             (
                 "lagscope_spans_rejected_total",
@@ -288,6 +290,12 @@ impl SelfMetrics {
                 "lagscope_ingest_queue_full_total",
                 "Requests refused with 429 / RESOURCE_EXHAUSTED because the ingest queue was full.",
                 &self.ingest_queue_full,
+            ),
+            (
+                "lagscope_api_lag_requests_refused_total",
+                "/api/v1/lag requests answered 503 after waiting in vain for a turn \
+                 (server.max_concurrent_lag_requests were being served).",
+                &self.api_lag_requests_refused,
             ),
             ("lagscope_analysis_passes_total", "Live analysis passes run.", &self.analysis_passes),
             ("lagscope_analysis_errors_total", "Live analysis passes that failed.", &self.analysis_errors),

@@ -36,6 +36,8 @@ pub struct ApiState {
     /// How long a call id names one call (the analyzer's horizon, in nanoseconds), for the
     /// timelines built here to group attempts into calls as the analyzer did.
     pub call_horizon: i64,
+    /// `/api/v1/lag` requests served at once ([`crate::LagTurns`]).
+    pub lag_turns: crate::LagTurns,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -292,7 +294,11 @@ async fn client_timeline(
 }
 
 async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
-    let mut text = state.metrics.render(&[]);
+    let mut text = state.metrics.render(&[(
+        "lagscope_api_lag_requests_served",
+        "/api/v1/lag requests being served now (at most server.max_concurrent_lag_requests).",
+        state.lag_turns.taken() as f64,
+    )]);
     // The findings as gauges; the service's own counters are served even if the store fails.
     match crate::prometheus::analysis_gauges(&state).await {
         Ok(gauges) => text.push_str(&gauges),

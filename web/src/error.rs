@@ -14,6 +14,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Unavailable(String),
+    /// Too many requests of a kind are being served at once: 503 with `Retry-After`.
+    #[error("{message}")]
+    Busy { message: String, retry_after_seconds: u64 },
     #[error("internal error")]
     Internal(#[from] lagscope_store::StoreError),
     #[error("internal error")]
@@ -26,6 +29,11 @@ impl IntoResponse for ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Busy { retry_after_seconds, .. } => {
+                let retry_after = [(axum::http::header::RETRY_AFTER, retry_after_seconds.to_string())];
+                let body = Json(json!({ "error": self.to_string() }));
+                return (StatusCode::SERVICE_UNAVAILABLE, retry_after, body).into_response();
+            }
             Self::Analysis(error) => {
                 tracing::error!(%error, "lag analytics failed");
                 StatusCode::INTERNAL_SERVER_ERROR

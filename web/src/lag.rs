@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -29,6 +30,45 @@ pub const MAX_LAG_SAMPLES: u32 = 500_000;
 pub const MAX_BUCKETS: i64 = 10_000;
 /// The range when none is given: the last hour.
 const DEFAULT_RANGE: i64 = 3_600 * 1_000_000_000;
+
+/// How long a lag request waits for its turn by default ([`LagTurns`]), and the retry hint
+/// of one that waited in vain.
+pub const LAG_TURN_WAIT: Duration = Duration::from_secs(30);
+const BUSY_RETRY_AFTER_SECONDS: u64 = 5;
+
+/// Turns to read and aggregate lag rows: `/api/v1/lag` requests served at once. One request
+/// at its read limits holds ~1.3 GB while it runs (500 000 spans and 230 000 samples read,
+/// their timelines built; BENCHMARKS.md), so requests beyond the turns wait for one, up to
+/// `wait`, and are then answered 503 with `Retry-After` rather than taking the machine's
+/// memory between them.
+#[derive(Clone, Debug)]
+pub struct LagTurns {
+    turns: Arc<tokio::sync::Semaphore>,
+    size: usize,
+    wait: Duration,
+}
+
+impl LagTurns {
+    /// `size` turns (at least one), each waited for at most `wait`.
+    pub fn new(size: usize, wait: Duration) -> Self {
+        let size = size.max(1);
+        Self { turns: Arc::new(tokio::sync::Semaphore::new(size)), size, wait }
+    }
+
+    /// Requests being served now.
+    pub fn taken(&self) -> usize {
+        self.size.saturating_sub(self.turns.available_permits())
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// A turn, once one is free within the wait; `None` when none was.
+    async fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(self.wait, self.turns.clone().acquire_owned()).await.ok()?.ok()
+    }
+}
 
 /// Raw lag rows of a scope and range read from the store, and whether a read limit cut them.
 pub struct LoadedRows {
@@ -264,12 +304,30 @@ pub(crate) async fn lag(
     let Some(aggregate) = state.lag.clone() else {
         return Err(ApiError::Unavailable("lag analytics are not enabled in this build".to_string()));
     };
-    let loaded = load_lag_rows(&state.store, &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES, state.call_horizon).await?;
-    let report = tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded)))
-        .await
-        .map_err(|error| ApiError::Analysis(error.to_string()))?
-        .map_err(ApiError::Analysis)?;
-    let (report, loaded) = report;
+    let Some(turn) = state.lag_turns.take().await else {
+        state.metrics.api_lag_requests_refused.add(1);
+        return Err(ApiError::Busy {
+            message: format!(
+                "lag analytics are busy: {} requests are being served (server.max_concurrent_lag_requests) and this \
+                 one waited {} s for its turn; retry later, or ask /api/v1/staleness, which reads per-minute rollups",
+                state.lag_turns.size(),
+                state.lag_turns.wait.as_secs()
+            ),
+            retry_after_seconds: BUSY_RETRY_AFTER_SECONDS,
+        });
+    };
+    // On a task of its own that keeps the turn until the rows are read and aggregated, even if
+    // the client goes away meanwhile: the memory is held until then.
+    let (store, horizon) = (state.store.clone(), state.call_horizon);
+    let work = tokio::spawn(async move {
+        let _turn = turn;
+        let loaded = load_lag_rows(&store, &query, MAX_LAG_SPANS, MAX_LAG_SAMPLES, horizon).await?;
+        tokio::task::spawn_blocking(move || aggregate(&loaded.rows, &query).map(|report| (report, loaded)))
+            .await
+            .map_err(|error| ApiError::Analysis(error.to_string()))?
+            .map_err(ApiError::Analysis)
+    });
+    let (report, loaded) = work.await.map_err(|error| ApiError::Analysis(error.to_string()))??;
     let mut value = serde_json::to_value(&report).map_err(|error| ApiError::Analysis(error.to_string()))?;
     if let Value::Object(object) = &mut value {
         object.insert(

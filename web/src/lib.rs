@@ -17,7 +17,8 @@ pub use api::{ApiState, router};
 pub use enrichment::{MAX_ENRICHMENT_SAMPLES, enrich_timeline};
 pub use error::ApiError;
 pub use lag::{
-    LagAggregator, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows, parse_step, read_range,
+    LAG_TURN_WAIT, LagAggregator, LagTurns, LoadedRows, MAX_LAG_SAMPLES, MAX_LAG_SPANS, RangeTelemetry, load_lag_rows,
+    parse_step, read_range,
 };
 pub use query::OPENAPI;
 pub use time_param::parse_time;

@@ -81,7 +81,9 @@ impl UiState {
         let (status, message) = match &error {
             ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, message.clone()),
             ApiError::NotFound(message) => (StatusCode::NOT_FOUND, message.clone()),
-            ApiError::Unavailable(message) => (StatusCode::SERVICE_UNAVAILABLE, message.clone()),
+            ApiError::Unavailable(message) | ApiError::Busy { message, .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, message.clone())
+            }
             ApiError::Internal(store) => {
                 tracing::error!(error = %store, "page failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal error (see the service's log)".to_string())
