@@ -16,6 +16,7 @@ if [ $# -lt 5 ]; then
 fi
 binary=$1 data=$2 requests=$3 from=$4 to=$5 step=${6:-60}
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 "$binary" serve --data-dir "$data" --listen 127.0.0.1:18080 --otlp-http 127.0.0.1:14318 \
   --otlp-grpc 127.0.0.1:14317 > "$out/serve.log" 2>&1 &
 server=$!
