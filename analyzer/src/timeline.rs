@@ -29,6 +29,56 @@ pub fn build_timelines(spans: &[Span], horizon: UnixNanos) -> Vec<ClientTimeline
     build_timelines_of(&spans, horizon)
 }
 
+/// The one attribute without a column of its own that timelines read.
+const TIMELINE_ATTRIBUTE: &str = "server.address";
+
+/// `span` with what [`build_timelines`] (and the lag rows built on its timelines) read, and no
+/// more: its name, status message, other attributes, events, links, scope and resource
+/// attributes go. What `export --parquet` sets aside, and what `/api/v1/lag` keeps of the spans
+/// it reads ([`slim_for_timelines`], in place).
+pub fn for_timelines(span: &Span) -> Span {
+    let mut slim = Span {
+        trace_id: span.trace_id.clone(),
+        span_id: span.span_id.clone(),
+        parent_span_id: span.parent_span_id.clone(),
+        name: String::new(),
+        kind: span.kind,
+        start_unix_nano: span.start_unix_nano,
+        end_unix_nano: span.end_unix_nano,
+        status_code: span.status_code,
+        status_message: None,
+        resource: lagscope_model::ResourceFields { attributes: Default::default(), ..span.resource.clone() },
+        scope_name: None,
+        scope_version: None,
+        scope_attributes: Default::default(),
+        call: span.call.clone(),
+        attributes: Default::default(),
+        events: Vec::new(),
+        links: Vec::new(),
+    };
+    if let Some(value) = span.attributes.get(TIMELINE_ATTRIBUTE) {
+        slim.attributes.insert(TIMELINE_ATTRIBUTE.to_string(), value.clone());
+    }
+    slim
+}
+
+/// [`for_timelines`] in place, for a span no one else needs whole (nothing copied).
+pub fn slim_for_timelines(span: &mut Span) {
+    let kept = span.attributes.remove(TIMELINE_ATTRIBUTE);
+    span.name = String::new();
+    span.status_message = None;
+    span.resource.attributes = Default::default();
+    span.scope_name = None;
+    span.scope_version = None;
+    span.scope_attributes = Default::default();
+    span.attributes = Default::default();
+    span.events = Vec::new();
+    span.links = Vec::new();
+    if let Some(value) = kept {
+        span.attributes.insert(TIMELINE_ATTRIBUTE.to_string(), value);
+    }
+}
+
 /// [`build_timelines`] of spans held elsewhere (the live analyzer's caches keep them boxed).
 pub fn build_timelines_of(spans: &[&Span], horizon: UnixNanos) -> Vec<ClientTimeline> {
     build_timelines_after(spans, horizon, |_, _| None)
@@ -364,4 +414,49 @@ pub(crate) fn attempt_of(client: &Span, joined: &[&Span], join: TimelineJoin) ->
 
 fn outcome_of(span: &Span) -> lagscope_model::Outcome {
     span.call.outcome.clone().unwrap_or(lagscope_model::Outcome::Error)
+}
+
+#[cfg(test)]
+mod slim_tests {
+    use lagscope_model::{Component, SpanEvent, SpanKind, SpanLink};
+    use serde_json::json;
+
+    use super::*;
+    use crate::testing::span;
+
+    #[test]
+    fn a_span_slimmed_in_place_is_the_slim_copy_and_keeps_what_timelines_read() {
+        let mut whole = span(SpanKind::Client, Component::Client, 7);
+        whole.trace_id = Some("0af7651916cd43dd8448eb211c80319c".to_string());
+        whole.span_id = Some("b7ad6b7169203331".to_string());
+        whole.status_message = Some("refused".to_string());
+        whole.scope_name = Some("io.opentelemetry".to_string());
+        whole.scope_version = Some("1.0".to_string());
+        whole.scope_attributes.insert("scope.key".to_string(), json!("v"));
+        whole.resource.attributes.insert("host.name".to_string(), json!("app-1"));
+        whole.resource.node_id = Some("app-1".to_string());
+        whole.call.client_id = Some("client-1".to_string());
+        whole.call.call_id = Some("call-1".to_string());
+        whole.attributes.insert(TIMELINE_ATTRIBUTE.to_string(), json!("pulsar://a:6650"));
+        whole.attributes.insert("net.peer.port".to_string(), json!(6650));
+        whole.events.push(SpanEvent { time_unix_nano: 8, name: "e".to_string(), attributes: Default::default() });
+        whole.links.push(SpanLink { trace_id: None, span_id: None, attributes: Default::default() });
+
+        let copy = for_timelines(&whole);
+        let mut in_place = whole.clone();
+        slim_for_timelines(&mut in_place);
+        assert_eq!(in_place, copy);
+        assert_eq!(copy.attributes.len(), 1);
+        assert_eq!(copy.attributes[TIMELINE_ATTRIBUTE], json!("pulsar://a:6650"));
+        assert!(copy.name.is_empty() && copy.status_message.is_none() && copy.scope_name.is_none());
+        assert!(copy.resource.attributes.is_empty() && copy.scope_attributes.is_empty());
+        assert!(copy.events.is_empty() && copy.links.is_empty());
+        assert_eq!(
+            (copy.trace_id.as_deref(), copy.resource.node_id.as_deref()),
+            (whole.trace_id.as_deref(), Some("app-1"))
+        );
+        assert_eq!(copy.call, whole.call);
+        // The timelines are the same either way.
+        assert_eq!(build_timelines(std::slice::from_ref(&whole), 1), build_timelines(&[copy], 1));
+    }
 }

@@ -176,7 +176,7 @@ pub struct ServerConfig {
     /// ones and replacing those of the same name; read at start-up. Unset: `./dashboards`
     /// when that directory exists, else the built-in dashboards only.
     pub dashboards_dir: Option<PathBuf>,
-    /// `/api/v1/lag` requests served at once (each holds up to ~1.3 GB at its read limits);
+    /// `/api/v1/lag` requests served at once (each holds up to ~1.1 GB at its read limits);
     /// more wait up to 30 s for a turn, then are answered 503 with `Retry-After`.
     pub max_concurrent_lag_requests: usize,
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lagscope_analytics::{Exported, ReadsFile, SpansFile, export_parquet_with_reads};
-use lagscope_analyzer::{FirstAttempts, WindowedLag};
+use lagscope_analyzer::{FirstAttempts, WindowedLag, for_timelines};
 use lagscope_collector::capture::stream_requests_decoding_on;
 use lagscope_model::{LagQuery, Sample, SeriesKey, SeriesMeta, Span};
 use lagscope_store::paging::spans_ahead;
@@ -484,35 +484,6 @@ impl Spill {
     fn remove(self) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&self.dir).with_context(|| format!("cannot remove {}", self.dir.display()))
     }
-}
-
-/// `span` with what the timelines read, and no more: its other attributes, events, links and
-/// scope go (they are in `spans.parquet` where they have columns).
-fn for_timelines(span: &Span) -> Span {
-    let server_address = span.attributes.get("server.address").cloned();
-    let mut slim = Span {
-        trace_id: span.trace_id.clone(),
-        span_id: span.span_id.clone(),
-        parent_span_id: span.parent_span_id.clone(),
-        name: String::new(),
-        kind: span.kind,
-        start_unix_nano: span.start_unix_nano,
-        end_unix_nano: span.end_unix_nano,
-        status_code: span.status_code,
-        status_message: None,
-        resource: lagscope_model::ResourceFields { attributes: Default::default(), ..span.resource.clone() },
-        scope_name: None,
-        scope_version: None,
-        scope_attributes: Default::default(),
-        call: span.call.clone(),
-        attributes: Default::default(),
-        events: Vec::new(),
-        links: Vec::new(),
-    };
-    if let Some(address) = server_address {
-        slim.attributes.insert("server.address".to_string(), address);
-    }
-    slim
 }
 
 /// The query the aggregates are cut by: the requested range, or the data's own (`times`: of

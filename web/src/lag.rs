@@ -37,7 +37,7 @@ pub const LAG_TURN_WAIT: Duration = Duration::from_secs(30);
 const BUSY_RETRY_AFTER_SECONDS: u64 = 5;
 
 /// Turns to read and aggregate lag rows: `/api/v1/lag` requests served at once. One request
-/// at its read limits holds ~1.3 GB while it runs (500 000 spans and 230 000 samples read,
+/// at its read limits holds ~1.1 GB while it runs (500 000 spans and 230 000 samples read,
 /// their timelines built; BENCHMARKS.md), so requests beyond the turns wait for one, up to
 /// `wait`, and are then answered 503 with `Retry-After` rather than taking the machine's
 /// memory between them.
@@ -114,6 +114,19 @@ pub async fn read_range(
     max_spans: u32,
     max_samples: u32,
 ) -> Result<RangeTelemetry, StoreError> {
+    read_range_as(store, cluster, namespace, range, (max_spans, max_samples), |_| ()).await
+}
+
+/// [`read_range`], each span passed through `shape` as it is taken (`slim_for_timelines`:
+/// what lag rows read is kept, the rest is let go a page at a time, not held with the range).
+async fn read_range_as(
+    store: &Arc<dyn Store>,
+    cluster: Option<&str>,
+    namespace: Option<&str>,
+    range: TimeRange,
+    (max_spans, max_samples): (u32, u32),
+    shape: fn(&mut lagscope_model::Span),
+) -> Result<RangeTelemetry, StoreError> {
     // The spans read a page at a time by tasks of the runtime, in slices of time that they take
     // in turn (the store's query for one slice runs while another's text is parsed), taken
     // here in order up to the cut; the samples read side by side, on a connection of their own.
@@ -128,7 +141,10 @@ pub async fn read_range(
                 break;
             }
             let wanted = (max_spans as usize - spans.len()).min(ahead.rows.len());
-            spans.extend(ahead.rows.drain(..wanted));
+            spans.extend(ahead.rows.drain(..wanted).map(|mut span| {
+                shape(&mut span);
+                span
+            }));
         }
         Ok(spans)
     };
@@ -151,8 +167,10 @@ pub async fn load_lag_rows(
     call_horizon: i64,
 ) -> Result<LoadedRows, StoreError> {
     let range = TimeRange { from: query.from_unix_nano, to: query.to_unix_nano };
+    let (cluster, namespace) = (query.cluster.as_deref(), query.namespace.as_deref());
+    let limits = (max_spans, max_samples);
     let RangeTelemetry { spans, samples, truncated, complete_before } =
-        read_range(store, query.cluster.as_deref(), query.namespace.as_deref(), range, max_spans, max_samples).await?;
+        read_range_as(store, cluster, namespace, range, limits, lagscope_analyzer::slim_for_timelines).await?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
     let rows =
         tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples, call_horizon)))
