@@ -36,10 +36,45 @@ fn metric(text: &str, name: &str) -> f64 {
         .expect("a number")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_beyond_the_turns_waits_then_is_refused_with_a_retry_hint() {
+/// The API over an empty store with `aggregate` as its lag aggregator and `turns`.
+async fn api(aggregate: LagAggregator, turns: LagTurns) -> (Router, Arc<SelfMetrics>, tempfile::TempDir) {
     let directory = tempfile::tempdir().expect("temp dir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(directory.path()).await.expect("store"));
+    let metrics = Arc::new(SelfMetrics::default());
+    let state = ApiState {
+        store,
+        metrics: metrics.clone(),
+        lag: Some(aggregate),
+        instance: None,
+        call_horizon: 90_000_000_000,
+        lag_turns: turns,
+    };
+    (router(state), metrics, directory)
+}
+
+fn empty_report(query: &lagscope_model::LagQuery) -> LagReport {
+    LagReport { query: query.clone(), reads: Vec::new(), apply_lag: Vec::new(), rejections: Vec::new() }
+}
+
+/// Sends a lag request and waits until its aggregation has begun (`entered` hears from it):
+/// it holds a turn from then on.
+async fn first_request(
+    app: &Router,
+    entered: mpsc::Receiver<()>,
+) -> tokio::task::JoinHandle<(StatusCode, Option<String>, String)> {
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { get(&app, LAG).await }
+    });
+    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(30)))
+        .await
+        .expect("join")
+        .expect("the first request reaches its aggregation");
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_beyond_the_turns_waits_then_is_refused_with_a_retry_hint() {
     // The aggregation of the first request blocks until the test lets it go: it holds the
     // only turn meanwhile. Later requests aggregate straight away.
     let (entered_tx, entered) = mpsc::channel::<()>();
@@ -51,26 +86,10 @@ async fn a_request_beyond_the_turns_waits_then_is_refused_with_a_retry_hint() {
             entered.send(()).expect("the test waits");
             release.recv().expect("the test lets it go");
         }
-        Ok(LagReport { query: query.clone(), reads: Vec::new(), apply_lag: Vec::new(), rejections: Vec::new() })
+        Ok(empty_report(query))
     });
-    let metrics = Arc::new(SelfMetrics::default());
-    let app = router(ApiState {
-        store,
-        metrics: metrics.clone(),
-        lag: Some(aggregate),
-        instance: None,
-        call_horizon: 90_000_000_000,
-        lag_turns: LagTurns::new(1, Duration::from_millis(300)),
-    });
-
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { get(&app, LAG).await }
-    });
-    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(30)))
-        .await
-        .expect("join")
-        .expect("the first request reaches its aggregation");
+    let (app, metrics, _directory) = api(aggregate, LagTurns::new(1, Duration::from_millis(300))).await;
+    let first = first_request(&app, entered).await;
 
     let (_, _, text) = get(&app, "/metrics").await;
     assert_eq!(metric(&text, "lagscope_api_lag_requests_served"), 1.0);
@@ -100,8 +119,6 @@ async fn a_request_beyond_the_turns_waits_then_is_refused_with_a_retry_hint() {
 /// its wait), not refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_waits_is_served_when_a_turn_frees_in_time() {
-    let directory = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(directory.path()).await.expect("store"));
     let (entered_tx, entered) = mpsc::channel::<()>();
     let gate = Arc::new(Mutex::new(Some(entered_tx)));
     let aggregate: LagAggregator = Arc::new(move |_rows, query| {
@@ -109,25 +126,10 @@ async fn a_request_that_waits_is_served_when_a_turn_frees_in_time() {
             entered.send(()).expect("the test waits");
             std::thread::sleep(Duration::from_millis(300));
         }
-        Ok(LagReport { query: query.clone(), reads: Vec::new(), apply_lag: Vec::new(), rejections: Vec::new() })
+        Ok(empty_report(query))
     });
-    let metrics = Arc::new(SelfMetrics::default());
-    let app = router(ApiState {
-        store,
-        metrics: metrics.clone(),
-        lag: Some(aggregate),
-        instance: None,
-        call_horizon: 90_000_000_000,
-        lag_turns: LagTurns::new(1, Duration::from_secs(30)),
-    });
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { get(&app, LAG).await }
-    });
-    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(30)))
-        .await
-        .expect("join")
-        .expect("the first request reaches its aggregation");
+    let (app, metrics, _directory) = api(aggregate, LagTurns::new(1, Duration::from_secs(30))).await;
+    let first = first_request(&app, entered).await;
     let (status, _, body) = get(&app, LAG).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(first.await.expect("join").0, StatusCode::OK);
