@@ -327,9 +327,9 @@ pub(crate) async fn lag(
         return Err(ApiError::Busy {
             message: format!(
                 "lag analytics are busy: {} requests are being served (server.max_concurrent_lag_requests) and this \
-                 one waited {} s for its turn; retry later, or ask /api/v1/staleness, which reads per-minute rollups",
+                 one waited {:?} for its turn; retry later, or ask /api/v1/staleness, which reads per-minute rollups",
                 state.lag_turns.size(),
-                state.lag_turns.wait.as_secs()
+                state.lag_turns.wait
             ),
             retry_after_seconds: BUSY_RETRY_AFTER_SECONDS,
         });

@@ -100,6 +100,7 @@ async fn a_request_beyond_the_turns_waits_then_is_refused_with_a_retry_hint() {
     let message = serde_json::from_str::<Value>(&body).expect("JSON")["error"].as_str().expect("a message").to_string();
     assert!(message.contains("server.max_concurrent_lag_requests"), "{message}");
     assert!(message.contains("1 requests are being served"), "{message}");
+    assert!(message.contains("waited 300ms"), "{message}");
     assert_eq!(metrics.api_lag_requests_refused.get(), 1);
     let (_, _, text) = get(&app, "/metrics").await;
     assert_eq!(metric(&text, "lagscope_api_lag_requests_refused_total"), 1.0);
