@@ -419,6 +419,14 @@ mod tests {
     }
 
     #[test]
+    fn no_turn_for_lag_requests_is_refused() {
+        let config = Config::from_toml("x.toml", "[server]\nmax_concurrent_lag_requests = 1\n").expect("1 is allowed");
+        assert_eq!(config.server.max_concurrent_lag_requests, 1);
+        let error = Config::from_toml("x.toml", "[server]\nmax_concurrent_lag_requests = 0\n").expect_err("must fail");
+        assert!(error.to_string().contains("server.max_concurrent_lag_requests must be at least 1"), "{error}");
+    }
+
+    #[test]
     fn more_analysis_threads_than_the_most_are_refused() {
         let config = Config::from_toml("x.toml", "[live]\nanalysis_threads = 64\n").expect("64 is allowed");
         assert_eq!(config.live.threads(), 64);
