@@ -37,7 +37,7 @@ pub use lag::{
     read_rollups,
 };
 pub use series::IndexedSamples;
-pub use timeline::{build_timelines, for_timelines, slim_for_timelines};
+pub use timeline::{build_timelines, for_timelines};
 
 /// What the detectors look at.
 #[derive(Debug, Default)]

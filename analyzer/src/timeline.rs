@@ -35,7 +35,7 @@ const TIMELINE_ATTRIBUTE: &str = "server.address";
 /// `span` with what [`build_timelines`] (and the lag rows built on its timelines) read, and no
 /// more: its name, status message, other attributes, events, links, scope and resource
 /// attributes go. What `export --parquet` sets aside, and what `/api/v1/lag` keeps of the spans
-/// it reads ([`slim_for_timelines`], in place).
+/// it reads.
 pub fn for_timelines(span: &Span) -> Span {
     let mut slim = Span {
         trace_id: span.trace_id.clone(),
@@ -60,23 +60,6 @@ pub fn for_timelines(span: &Span) -> Span {
         slim.attributes.insert(TIMELINE_ATTRIBUTE.to_string(), value.clone());
     }
     slim
-}
-
-/// [`for_timelines`] in place, for a span no one else needs whole (nothing copied).
-pub fn slim_for_timelines(span: &mut Span) {
-    let kept = span.attributes.remove(TIMELINE_ATTRIBUTE);
-    span.name = String::new();
-    span.status_message = None;
-    span.resource.attributes = Default::default();
-    span.scope_name = None;
-    span.scope_version = None;
-    span.scope_attributes = Default::default();
-    span.attributes = Default::default();
-    span.events = Vec::new();
-    span.links = Vec::new();
-    if let Some(value) = kept {
-        span.attributes.insert(TIMELINE_ATTRIBUTE.to_string(), value);
-    }
 }
 
 /// [`build_timelines`] of spans held elsewhere (the live analyzer's caches keep them boxed).
@@ -425,7 +408,7 @@ mod slim_tests {
     use crate::testing::span;
 
     #[test]
-    fn a_span_slimmed_in_place_is_the_slim_copy_and_keeps_what_timelines_read() {
+    fn the_slim_copy_keeps_what_timelines_read() {
         let mut whole = span(SpanKind::Client, Component::Client, 7);
         whole.trace_id = Some("0af7651916cd43dd8448eb211c80319c".to_string());
         whole.span_id = Some("b7ad6b7169203331".to_string());
@@ -443,9 +426,6 @@ mod slim_tests {
         whole.links.push(SpanLink { trace_id: None, span_id: None, attributes: Default::default() });
 
         let copy = for_timelines(&whole);
-        let mut in_place = whole.clone();
-        slim_for_timelines(&mut in_place);
-        assert_eq!(in_place, copy);
         assert_eq!(copy.attributes.len(), 1);
         assert_eq!(copy.attributes[TIMELINE_ATTRIBUTE], json!("pulsar://a:6650"));
         assert!(copy.name.is_empty() && copy.status_message.is_none() && copy.scope_name.is_none());

@@ -114,18 +114,18 @@ pub async fn read_range(
     max_spans: u32,
     max_samples: u32,
 ) -> Result<RangeTelemetry, StoreError> {
-    read_range_as(store, cluster, namespace, range, (max_spans, max_samples), |_| ()).await
+    read_range_as(store, cluster, namespace, range, (max_spans, max_samples), |span| span).await
 }
 
-/// [`read_range`], each span passed through `shape` as it is taken (`slim_for_timelines`:
-/// what lag rows read is kept, the rest is let go a page at a time, not held with the range).
+/// [`read_range`], each span passed through `shape` as it is taken (`for_timelines`: what lag
+/// rows read is kept, the rest is let go a page at a time, not held with the range).
 async fn read_range_as(
     store: &Arc<dyn Store>,
     cluster: Option<&str>,
     namespace: Option<&str>,
     range: TimeRange,
     (max_spans, max_samples): (u32, u32),
-    shape: fn(&mut lagscope_model::Span),
+    shape: fn(lagscope_model::Span) -> lagscope_model::Span,
 ) -> Result<RangeTelemetry, StoreError> {
     // The spans read a page at a time by tasks of the runtime, in slices of time that they take
     // in turn (the store's query for one slice runs while another's text is parsed), taken
@@ -141,10 +141,7 @@ async fn read_range_as(
                 break;
             }
             let wanted = (max_spans as usize - spans.len()).min(ahead.rows.len());
-            spans.extend(ahead.rows.drain(..wanted).map(|mut span| {
-                shape(&mut span);
-                span
-            }));
+            spans.extend(ahead.rows.drain(..wanted).map(shape));
         }
         Ok(spans)
     };
@@ -170,7 +167,7 @@ pub async fn load_lag_rows(
     let (cluster, namespace) = (query.cluster.as_deref(), query.namespace.as_deref());
     let limits = (max_spans, max_samples);
     let RangeTelemetry { spans, samples, truncated, complete_before } =
-        read_range_as(store, cluster, namespace, range, limits, lagscope_analyzer::slim_for_timelines).await?;
+        read_range_as(store, cluster, namespace, range, limits, |span| lagscope_analyzer::for_timelines(&span)).await?;
     let (n_spans, n_samples) = (spans.len(), samples.len());
     let rows =
         tokio::task::spawn_blocking(move || lag_rows(&AnalysisInput::from_telemetry(&spans, samples, call_horizon)))
