@@ -60,13 +60,21 @@ impl LagTurns {
         self.size.saturating_sub(self.turns.available_permits())
     }
 
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
     /// A turn, once one is free within the wait; `None` when none was.
     async fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         tokio::time::timeout(self.wait, self.turns.clone().acquire_owned()).await.ok()?.ok()
+    }
+
+    /// The answer to a request that waited in vain.
+    fn busy(&self) -> ApiError {
+        ApiError::Busy {
+            message: format!(
+                "lag analytics are busy: {} requests are being served (server.max_concurrent_lag_requests) and this \
+                 one waited {:?} for its turn; retry later, or ask /api/v1/staleness, which reads per-minute rollups",
+                self.size, self.wait
+            ),
+            retry_after_seconds: BUSY_RETRY_AFTER_SECONDS,
+        }
     }
 }
 
@@ -321,15 +329,7 @@ pub(crate) async fn lag(
     };
     let Some(turn) = state.lag_turns.take().await else {
         state.metrics.api_lag_requests_refused.add(1);
-        return Err(ApiError::Busy {
-            message: format!(
-                "lag analytics are busy: {} requests are being served (server.max_concurrent_lag_requests) and this \
-                 one waited {:?} for its turn; retry later, or ask /api/v1/staleness, which reads per-minute rollups",
-                state.lag_turns.size(),
-                state.lag_turns.wait
-            ),
-            retry_after_seconds: BUSY_RETRY_AFTER_SECONDS,
-        });
+        return Err(state.lag_turns.busy());
     };
     // On a task of its own that keeps the turn until the rows are read and aggregated, even if
     // the client goes away meanwhile: the memory is held until then.
