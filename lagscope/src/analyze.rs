@@ -54,8 +54,8 @@ pub struct Report {
 pub struct Timings {
     pub read: f64,
     pub detectors: f64,
-    /// Handing anomalies to the caller's `emit` as they are found (for `analyze --format
-    /// jsonl`, to the thread that serializes and writes them, and waiting when it lags).
+    /// Handing anomalies to the caller's `emit` as they are found (serializing and writing
+    /// them, for `analyze --format jsonl`).
     pub writing: f64,
     /// The threads that decoded OTLP JSON, when some was read: then `read` is the time the
     /// engine waited for them, not the time they took.
@@ -86,7 +86,7 @@ pub fn default_decode_threads() -> usize {
 }
 
 /// Where anomalies go as they are found.
-pub type Emit<'a> = &'a mut dyn FnMut(Anomaly) -> anyhow::Result<()>;
+pub type Emit<'a> = &'a mut dyn FnMut(&Anomaly) -> anyhow::Result<()>;
 
 /// [`analyze_paths_kinds`], handing the anomalies to `emit` as they are found when it is
 /// given (their order is then the order found; otherwise they are returned in order).
@@ -238,7 +238,7 @@ impl<'c, 'e> Run<'c, 'e> {
         if let Some(emit) = emit.as_mut() {
             let emitting = Instant::now();
             for anomaly in anomalies.drain(..) {
-                emit(anomaly)?;
+                emit(&anomaly)?;
             }
             writing += emitting.elapsed().as_secs_f64();
         }
@@ -268,7 +268,7 @@ impl<'c, 'e> Run<'c, 'e> {
         {
             let emitting = Instant::now();
             let count = &mut self.anomaly_count;
-            self.engine.drain_found(|anomaly| emit(anomaly).map(|()| *count += 1))?;
+            self.engine.drain_found(|anomaly| emit(&anomaly).map(|()| *count += 1))?;
             self.writing += emitting.elapsed().as_secs_f64();
         }
         Ok(())

@@ -174,8 +174,9 @@ pub struct BlockAt {
 /// with one [`codec::Decoder`] per file). Errors name the file, the block and its byte offset.
 ///
 /// The blocks are read on a thread of their own, a few ahead of `each` (`READ_AHEAD`): the
-/// kernel's copy of the file into the block's buffer, a fiftieth of `analyze`'s time on the
-/// 10 M-span capture, overlaps the decoding and the analysis instead of adding to them.
+/// kernel's copy of the file into the block's buffer (~0.08 s of `analyze`'s ~6 s on the
+/// 10 M-span capture, BENCHMARKS.md) overlaps the decoding and the analysis instead of adding
+/// to them.
 pub fn read_lscap_blocks(
     path: &Path,
     mut each: impl FnMut(BlockAt, &[u8]) -> anyhow::Result<()>,

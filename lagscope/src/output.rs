@@ -1,116 +1,46 @@
-//! Output written on a thread of its own. `analyze --format jsonl` hands its anomalies over a
-//! few dozen at a time and goes on analysing while they are serialized and written; `export
-//! --dump` hands its lines over a megabyte at a time and goes on while they are compressed.
-//! On a busy disk a `write` blocks while the kernel flushes dirty pages (the 10 M-span capture
-//! writes 1.1 GB: BENCHMARKS.md measured 2-3 s of a 9 s run blocked there); on its own thread
-//! that wait overlaps the analysis instead of adding to it, and so does turning anomalies into
-//! text (about a twentieth of the analysis's instructions on the `mixed` captures).
+//! Output written on a thread of its own: `analyze --format jsonl` hands its anomalies' lines
+//! over in chunks and goes on analysing while the chunks are written. On a busy disk a
+//! `write` blocks while the kernel flushes dirty pages (the 10 M-span capture writes 1.1 GB:
+//! BENCHMARKS.md measured 2-3 s of a 9 s run blocked there); on its own thread that wait
+//! overlaps the analysis instead of adding to it. The writing thread only copies bytes into
+//! the kernel: the lines are still serialized on the caller's thread.
 
 use std::io::{self, Write};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, channel, sync_channel};
 use std::thread::JoinHandle;
 
-use lagscope_model::Anomaly;
-
-/// Where a [`ChunkWriter`]'s thread puts the chunks handed to it.
-pub trait Sink<T>: Send + 'static {
-    /// Takes the chunk's items, in order, leaving it empty (to be filled again).
-    fn take(&mut self, chunk: &mut Vec<T>) -> io::Result<()>;
-
-    /// After the last chunk: writes out whatever is still kept, and flushes.
-    fn finish(&mut self) -> io::Result<()>;
-}
-
-/// Bytes, written as they come.
-impl<W: Write + Send + 'static> Sink<u8> for W {
-    fn take(&mut self, chunk: &mut Vec<u8>) -> io::Result<()> {
-        self.write_all(chunk)?;
-        chunk.clear();
-        Ok(())
-    }
-
-    fn finish(&mut self) -> io::Result<()> {
-        self.flush()
-    }
-}
-
-/// Anomalies, written one JSON line each (the model's JSON writer: serde_json's text) and
-/// handed to the writer a few hundred kilobytes at a time.
-pub struct AnomalyLines<W: Write> {
-    out: W,
-    lines: Vec<u8>,
-}
-
-impl<W: Write> AnomalyLines<W> {
-    /// Lines handed to `out` at a time, at least.
-    const CHUNK: usize = 1 << 18;
-
-    pub fn new(out: W) -> Self {
-        Self { out, lines: Vec::with_capacity(Self::CHUNK + (1 << 14)) }
-    }
-}
-
-impl<W: Write + Send + 'static> Sink<Anomaly> for AnomalyLines<W> {
-    fn take(&mut self, chunk: &mut Vec<Anomaly>) -> io::Result<()> {
-        for anomaly in chunk.drain(..) {
-            // Only whole lines are written: one that fails to serialize is taken back.
-            let whole = self.lines.len();
-            if let Err(error) = lagscope_model::json::write(&mut self.lines, &anomaly) {
-                self.lines.truncate(whole);
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("anomaly {} does not serialize: {error}", anomaly.fingerprint),
-                ));
-            }
-            self.lines.push(b'\n');
-            if self.lines.len() >= Self::CHUNK {
-                self.out.write_all(&self.lines)?;
-                self.lines.clear();
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self) -> io::Result<()> {
-        self.out.write_all(&self.lines)?;
-        self.lines.clear();
-        self.out.flush()
-    }
-}
-
-/// Hands chunks to a [`Sink`] on a thread of its own, in order; at most `in_flight` chunks
-/// wait (a caller faster than the sink then waits for it), and chunks the sink has taken come
-/// back empty to be filled again, so that no more than `in_flight + 2` buffers ever exist.
-pub struct ChunkWriter<T: Send + 'static = u8> {
-    chunks: Option<SyncSender<Vec<T>>>,
-    emptied: Receiver<Vec<T>>,
+/// Writes the chunks handed to it, in order, on its own thread; at most `in_flight` chunks
+/// wait (a caller faster than the sink then waits for it), and written chunks come back empty
+/// to be filled again, so that no more than `in_flight + 2` buffers ever exist.
+pub struct ChunkWriter {
+    chunks: Option<SyncSender<Vec<u8>>>,
+    emptied: Receiver<Vec<u8>>,
     thread: Option<JoinHandle<io::Result<()>>>,
     /// The sink's error, once it failed: every later call reports it again.
     failed: Option<(io::ErrorKind, String)>,
 }
 
-impl<T: Send + 'static> ChunkWriter<T> {
-    /// Starts the thread that hands chunks to `sink` ([`Sink::finish`]ed when
-    /// [`ChunkWriter::finish`] is called).
-    pub fn spawn(mut sink: impl Sink<T>, in_flight: usize) -> io::Result<Self> {
-        let (chunks, to_write) = sync_channel::<Vec<T>>(in_flight.max(1));
+impl ChunkWriter {
+    /// Starts the thread that writes to `sink` (flushed when [`ChunkWriter::finish`] is called).
+    pub fn spawn<W: Write + Send + 'static>(mut sink: W, in_flight: usize) -> io::Result<Self> {
+        let (chunks, to_write) = sync_channel::<Vec<u8>>(in_flight.max(1));
         let (give_back, emptied) = channel();
         let thread = std::thread::Builder::new().name("output".to_string()).spawn(move || {
             for mut chunk in to_write {
-                sink.take(&mut chunk)?;
+                sink.write_all(&chunk)?;
                 chunk.clear();
                 // The caller may have finished (and stopped taking buffers back) meanwhile.
                 let _ = give_back.send(chunk);
             }
-            sink.finish()
+            sink.flush()
         })?;
         Ok(Self { chunks: Some(chunks), emptied, thread: Some(thread), failed: None })
     }
 
-    /// Hands `chunk` over (waiting while `in_flight` chunks wait already) and returns an empty
-    /// buffer to fill next: one taken already, or a new one of the same capacity. After the
-    /// sink failed, the sink's error.
-    pub fn write(&mut self, chunk: Vec<T>) -> io::Result<Vec<T>> {
+    /// Hands `chunk` over to be written (waiting while `in_flight` chunks wait already) and
+    /// returns an empty buffer to fill next: one written already, or a new one of the same
+    /// capacity. After the sink failed, the sink's error.
+    pub fn write(&mut self, chunk: Vec<u8>) -> io::Result<Vec<u8>> {
         let capacity = chunk.capacity();
         let sent = match &self.chunks {
             Some(chunks) => chunks.send(chunk).is_ok(),
@@ -127,12 +57,12 @@ impl<T: Send + 'static> ChunkWriter<T> {
         }
     }
 
-    /// Waits until every chunk handed over is taken and the sink finished.
+    /// Waits until every chunk handed over is written and the sink flushed.
     pub fn finish(mut self) -> io::Result<()> {
         self.join()
     }
 
-    /// Stops the thread once what it was handed is taken: the sink's error, if it failed
+    /// Stops the thread once what it was handed is written: the sink's error, if it failed
     /// (then and on every later call).
     fn join(&mut self) -> io::Result<()> {
         drop(self.chunks.take());
@@ -149,7 +79,7 @@ impl<T: Send + 'static> ChunkWriter<T> {
     }
 }
 
-impl<T: Send + 'static> Drop for ChunkWriter<T> {
+impl Drop for ChunkWriter {
     /// Finishes writing what was handed over (an error then goes unreported: call
     /// [`ChunkWriter::finish`] to see it).
     fn drop(&mut self) {
@@ -214,49 +144,6 @@ mod tests {
             // block out again, which only lowers the count).
             assert!(buffers.len() <= in_flight + 2, "{} buffers for in_flight {in_flight}", buffers.len());
         }
-    }
-
-    fn anomaly(number: usize) -> Anomaly {
-        use lagscope_model::{AnomalyKind, Evidence, Severity};
-        Anomaly {
-            kind: AnomalyKind::StaleRead,
-            severity: Severity::Critical,
-            cluster: Some(format!("cluster \"{number}\"")),
-            namespace: (!number.is_multiple_of(3)).then(|| "ns1".to_string()),
-            client_id: Some(format!("client-{number}")),
-            node_id: None,
-            start_unix_nano: number as i64,
-            end_unix_nano: number as i64 + 7,
-            summary: format!("read {number} served below\tits floor, \u{1} é"),
-            cause: "test".repeat(number % 5),
-            evidence: Evidence::of(&serde_json::json!({"number": number, "spans": []})),
-            fingerprint: format!("stale_read|{number}"),
-            open: number.is_multiple_of(2),
-        }
-    }
-
-    /// Anomalies handed over a few at a time come out as serde_json's lines for them, one
-    /// each, in order, across several of the writer's chunks (escapes among them).
-    #[test]
-    fn anomalies_are_written_as_serde_json_lines_in_order() {
-        let sink = Sink { written: Arc::default(), fail_after: usize::MAX, slow: false };
-        let mut writer = ChunkWriter::spawn(AnomalyLines::new(sink.clone()), 2).expect("spawn");
-        let mut expected = String::new();
-        let mut batch = Vec::new();
-        for number in 0..3_000 {
-            expected.push_str(&serde_json::to_string(&anomaly(number)).expect("serialized"));
-            expected.push('\n');
-            batch.push(anomaly(number));
-            if batch.len() == 7 {
-                batch = writer.write(batch).expect("handed over");
-                assert!(batch.is_empty());
-            }
-        }
-        writer.write(batch).expect("handed over");
-        writer.finish().expect("finished");
-        let written = String::from_utf8(sink.written.lock().expect("lock").clone()).expect("UTF-8");
-        assert!(written.len() > AnomalyLines::<Sink>::CHUNK, "several chunks written");
-        assert_eq!(written, expected);
     }
 
     #[test]
