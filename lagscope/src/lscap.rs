@@ -172,17 +172,10 @@ pub struct BlockAt {
 
 /// Reads an lscap file block by block, handing each block's payload to `each` (decode it
 /// with one [`codec::Decoder`] per file). Errors name the file, the block and its byte offset.
-///
-/// The blocks are read on a thread of their own, a few ahead of `each` (`READ_AHEAD`): the
-/// kernel's copy of the file into the block's buffer (~0.08 s of `analyze`'s ~6 s on the
-/// 10 M-span capture, BENCHMARKS.md) overlaps the decoding and the analysis instead of adding
-/// to them.
 pub fn read_lscap_blocks(
     path: &Path,
     mut each: impl FnMut(BlockAt, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    /// Blocks read and waiting for `each`, at most (each ~256 KB).
-    const READ_AHEAD: usize = 2;
     // Read straight from the file into the block's buffer, unbuffered (two reads a block of
     // ~256 KB): a buffer in between would copy every byte once more, through the cache.
     let mut reader = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -195,60 +188,24 @@ pub fn read_lscap_blocks(
             String::from_utf8_lossy(codec::MAGIC)
         );
     }
-    let (blocks, read) = std::sync::mpsc::sync_channel::<anyhow::Result<(BlockAt, Vec<u8>)>>(READ_AHEAD);
-    let (give_back, emptied) = std::sync::mpsc::channel::<Vec<u8>>();
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("lscap-read".to_string())
-            .spawn_scoped(scope, move || {
-                let mut at = BlockAt { index: 0, offset: magic.len() as u64 };
-                loop {
-                    let mut payload = emptied.try_recv().unwrap_or_default();
-                    match read_block(&mut reader, path, at, &mut payload) {
-                        // The end of the file.
-                        Ok(false) => return,
-                        Ok(true) => {
-                            let length = payload.len() as u64;
-                            // (The reader stopped, its `each` failed: nothing more to read.)
-                            if blocks.send(Ok((at, payload))).is_err() {
-                                return;
-                            }
-                            at.index += 1;
-                            at.offset += 4 + length;
-                        }
-                        Err(error) => {
-                            let _ = blocks.send(Err(error));
-                            return;
-                        }
-                    }
-                }
-            })
-            .context("cannot start the thread reading the capture")?;
-        for block in read {
-            let (at, payload) = block?;
-            each(at, &payload)
-                .with_context(|| format!("{}: block {} at byte {}", path.display(), at.index, at.offset))?;
-            let _ = give_back.send(payload);
+    let mut payload = Vec::new();
+    let mut at = BlockAt { index: 0, offset: magic.len() as u64 };
+    loop {
+        let mut length = [0u8; 4];
+        match reader.read_exact(&mut length) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
         }
-        Ok(())
-    })
-}
-
-/// Reads the block at `at` (its length, then its payload) into `payload`: false at the end of
-/// the file.
-fn read_block(reader: &mut std::fs::File, path: &Path, at: BlockAt, payload: &mut Vec<u8>) -> anyhow::Result<bool> {
-    let mut length = [0u8; 4];
-    match reader.read_exact(&mut length) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+        let length = u32::from_le_bytes(length) as usize;
+        let where_ = format!("{}: block {} at byte {}", path.display(), at.index, at.offset);
+        if length > codec::MAX_BLOCK_BYTES {
+            bail!("{where_} claims {length} bytes (at most {})", codec::MAX_BLOCK_BYTES);
+        }
+        payload.resize(length, 0);
+        reader.read_exact(&mut payload).with_context(|| format!("{where_} is truncated"))?;
+        each(at, &payload).with_context(|| where_.clone())?;
+        at.index += 1;
+        at.offset += 4 + length as u64;
     }
-    let length = u32::from_le_bytes(length) as usize;
-    let where_ = || format!("{}: block {} at byte {}", path.display(), at.index, at.offset);
-    if length > codec::MAX_BLOCK_BYTES {
-        bail!("{} claims {length} bytes (at most {})", where_(), codec::MAX_BLOCK_BYTES);
-    }
-    payload.resize(length, 0);
-    reader.read_exact(payload).with_context(|| format!("{} is truncated", where_()))?;
-    Ok(true)
 }
