@@ -1,5 +1,7 @@
-//! Captured OTLP JSON: a file holding one `Export*ServiceRequest`, or JSON lines of them as
-//! the OpenTelemetry Collector's file exporter writes them (traces, metrics and logs mixed).
+//! Captured OTLP: a file holding one `Export*ServiceRequest` as JSON, or JSON lines of them as
+//! the OpenTelemetry Collector's file exporter writes them (traces, metrics and logs mixed), or
+//! the length-prefixed requests it writes with `format: proto` or `compression: zstd`
+//! ([`framed`]). Which of these a capture is, is read from its first byte.
 
 use lagscope_model::{LogRecord, Sample, Span};
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
@@ -8,6 +10,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use thiserror::Error;
 
 use crate::otlp::{Converted, logs_from_request, samples_from_request, spans_from_request};
+
+mod framed;
+
+pub use framed::{MAX_REQUEST_BYTES, ZSTD_MAGIC};
 
 /// Everything read from one or more captures.
 #[derive(Debug, Default)]
@@ -19,12 +25,19 @@ pub struct Capture {
     pub requests: usize,
 }
 
-/// What was wrong with a capture, and where (1-based line).
+/// What was wrong with a capture, and where: the line (1-based) of a JSON capture, the request
+/// (1-based) and the byte its length begins at in a length-prefixed one.
 #[derive(Debug, Error, PartialEq)]
-#[error("{source_name}:{line}: {message}")]
+#[error("{source_name}{}: {message}", match byte {
+    Some(byte) => format!(": request {line} at byte {byte}"),
+    None => format!(":{line}"),
+})]
 pub struct CaptureError {
     pub source_name: String,
+    /// The line, or in a length-prefixed capture the request.
     pub line: usize,
+    /// In a length-prefixed capture, where the request's length begins.
+    pub byte: Option<u64>,
     pub message: String,
 }
 
@@ -41,7 +54,8 @@ impl Capture {
             let offset = skip_whitespace(text, stream.byte_offset());
             line += newlines(&text.as_bytes()[counted_to..offset]);
             counted_to = offset;
-            let error = |message: String| CaptureError { source_name: source_name.to_string(), line, message };
+            let error =
+                |message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
             let request = match stream.next() {
                 None => return Ok(()),
                 Some(Ok(request)) => request,
@@ -54,6 +68,7 @@ impl Capture {
                     return Err(CaptureError {
                         source_name: source_name.to_string(),
                         line: json_error.line().max(1),
+                        byte: None,
                         message,
                     });
                 }
@@ -89,8 +104,10 @@ impl From<Capture> for Decoded {
 
 /// Reads export requests one at a time from JSON lines (the Collector's file exporter: one
 /// request per line), handing each to `each` as it is decoded, so memory holds one request,
-/// not the file. A file that is one JSON document over several lines is read whole. Returns
-/// how many requests were read; `each`'s error stops the reading and is reported at its line.
+/// not the file. A file that is one JSON document over several lines is read whole; one whose
+/// first byte is neither whitespace nor `{` is read as length-prefixed requests ([`framed`]).
+/// Returns how many requests were read; `each`'s error stops the reading and is reported at
+/// its line (or request).
 pub fn stream_requests(
     source_name: &str,
     reader: impl std::io::BufRead + Send,
@@ -110,7 +127,12 @@ pub fn stream_requests_decoding_on(
     mut reader: impl std::io::BufRead + Send,
     mut each: impl FnMut(Decoded) -> Result<(), String>,
 ) -> Result<usize, CaptureError> {
-    let error = |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, message };
+    let error =
+        |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
+    let first = reader.fill_buf().map_err(|io| error(1, format!("cannot read: {io}")))?.first().copied();
+    if first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()) {
+        return framed::stream_framed(source_name, reader, each);
+    }
     let mut handle = |at: usize, decoded: Result<Vec<Decoded>, String>, requests: &mut usize| {
         for one in decoded.map_err(|message| error(at, message))? {
             each(one).map_err(|message| error(at, message))?;

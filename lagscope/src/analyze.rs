@@ -1,7 +1,7 @@
 //! `lagscope analyze`: the detectors over captures (OTLP JSON, lscap) or a store's contents, offline.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +12,7 @@ use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
-use lagscope_collector::capture::{Capture, Decoded, stream_requests_decoding_on};
+use lagscope_collector::capture::{Capture, Decoded, stream_requests, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
 use lagscope_store::paging::{logs_ahead, samples_ahead, spans_ahead};
 use lagscope_store::{Store, TimeRange};
@@ -104,7 +104,7 @@ pub fn analyze_paths_emitting(
     progress: Progress,
 ) -> anyhow::Result<Report> {
     if paths.is_empty() {
-        bail!("no capture given: pass OTLP JSON files (.json, .jsonl, optionally .gz) or lscap files");
+        bail!("no capture given: {CAPTURE_KINDS}; or lscap files");
     }
     let mut run = Run::new(config, kinds, emit, decode_threads, Reporter::new("analyze", progress, paths.len()));
     for path in paths {
@@ -432,21 +432,29 @@ impl<'c, 'e> Run<'c, 'e> {
     }
 }
 
-/// A capture file for reading request by request, gunzipped when it ends in `.gz`.
+/// A capture file for reading request by request: gunzipped when it is gzip, inflated when it
+/// is zstd (the Collector file exporter's `compression: zstd` with its native compression),
+/// both known by their first bytes, not by the file's name.
 pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead + Send>> {
     Ok(open_capture_counted(path)?.0)
 }
 
 /// [`open_capture`], with a count of the bytes read from the file so far (compressed bytes,
-/// for a `.gz`): how far through it the reading is, from any thread.
+/// for a compressed file): how far through it the reading is, from any thread.
 pub(crate) fn open_capture_counted(path: &Path) -> anyhow::Result<(Box<dyn std::io::BufRead + Send>, Arc<AtomicU64>)> {
+    const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
     let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let bytes_read = Arc::new(AtomicU64::new(0));
-    let file = Counted { inner: file, bytes_read: bytes_read.clone() };
-    let reader: Box<dyn std::io::BufRead + Send> = if path.extension().is_some_and(|extension| extension == "gz") {
+    let mut file = std::io::BufReader::with_capacity(1 << 20, Counted { inner: file, bytes_read: bytes_read.clone() });
+    let head = file.fill_buf().with_context(|| format!("cannot read {}", path.display()))?;
+    let reader: Box<dyn std::io::BufRead + Send> = if head.starts_with(&GZIP_MAGIC) {
         Box::new(std::io::BufReader::with_capacity(1 << 20, MultiGzDecoder::new(file)))
+    } else if head.starts_with(&lagscope_collector::capture::ZSTD_MAGIC) {
+        let inflated = zstd::stream::read::Decoder::with_buffer(file)
+            .with_context(|| format!("cannot read {} as zstd", path.display()))?;
+        Box::new(std::io::BufReader::with_capacity(1 << 20, inflated))
     } else {
-        Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+        Box::new(file)
     };
     Ok((reader, bytes_read))
 }
@@ -479,37 +487,29 @@ pub fn push_decoded(engine: &mut Engine<'_>, decoded: &Decoded) {
     }
 }
 
-/// Reads capture files (OTLP JSON requests or JSON lines of them, optionally gzipped).
+/// Reads capture files whole (as [`open_capture`] and `stream_requests` read them).
 pub fn read_captures(paths: &[impl AsRef<Path>]) -> anyhow::Result<Capture> {
     if paths.is_empty() {
-        bail!("no capture given: pass one or more OTLP JSON files (.json, .jsonl, optionally .gz)");
+        bail!("no capture given: {CAPTURE_KINDS}");
     }
     let mut capture = Capture::default();
     for path in paths {
         let path = path.as_ref();
-        let text = read_capture(path)?;
-        capture.read_str(&path.display().to_string(), &text)?;
+        let reader = open_capture(path)?;
+        capture.requests += stream_requests(&path.display().to_string(), reader, |decoded| {
+            capture.spans.extend(decoded.spans);
+            capture.samples.extend(decoded.samples);
+            capture.logs.extend(decoded.logs);
+            Ok(())
+        })?;
     }
     Ok(capture)
 }
 
-/// Reads a capture file whole, gunzipping `.gz` files.
-fn read_capture(path: &Path) -> anyhow::Result<String> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut bytes = Vec::new();
-    let gzipped = path.extension().is_some_and(|extension| extension == "gz");
-    let read = if gzipped {
-        MultiGzDecoder::new(file).read_to_end(&mut bytes)
-    } else {
-        std::io::BufReader::new(file).read_to_end(&mut bytes)
-    };
-    read.with_context(|| format!("cannot read {}", path.display()))?;
-    String::from_utf8(bytes).map_err(|error| {
-        let offset = error.utf8_error().valid_up_to();
-        let line = error.as_bytes()[..offset].iter().filter(|byte| **byte == b'\n').count() + 1;
-        anyhow::anyhow!("{}:{line}: not UTF-8 text (byte {offset})", path.display())
-    })
-}
+/// What `analyze` and `read_captures` take, for the message when given none.
+const CAPTURE_KINDS: &str = "pass OTLP JSON files (one request, or JSON lines of them) or the OpenTelemetry Collector \
+                             file exporter's length-prefixed captures (`format: proto`, or `compression: zstd`), \
+                             compressed (gzip, zstd) or not";
 
 /// Writes the anomalies as `{"anomalies":[...]}`.
 pub fn write_json(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Result<()> {

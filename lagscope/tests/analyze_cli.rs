@@ -105,6 +105,91 @@ fn a_gzipped_capture_and_a_single_pretty_printed_request_read_the_same() {
     assert_eq!(stdout_of(&lagscope(&args)), plain);
 }
 
+/// The fixture's requests as protobuf, each as the OpenTelemetry Collector's file exporter
+/// writes it in its binary layouts: after its length (4 bytes, big-endian), compressed with
+/// zstd on its own when `compress` is given.
+fn length_prefixed(text: &str, compress: impl Fn(Vec<u8>) -> Vec<u8>, as_json: bool) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::{
+        logs::v1::ExportLogsServiceRequest, metrics::v1::ExportMetricsServiceRequest,
+        trace::v1::ExportTraceServiceRequest,
+    };
+    use prost::Message;
+    let mut bytes = Vec::new();
+    for line in text.lines() {
+        let request = if as_json {
+            line.as_bytes().to_vec()
+        } else if line.starts_with(r#"{"resourceSpans""#) {
+            serde_json::from_str::<ExportTraceServiceRequest>(line).expect("traces").encode_to_vec()
+        } else if line.starts_with(r#"{"resourceMetrics""#) {
+            serde_json::from_str::<ExportMetricsServiceRequest>(line).expect("metrics").encode_to_vec()
+        } else {
+            serde_json::from_str::<ExportLogsServiceRequest>(line).expect("logs").encode_to_vec()
+        };
+        let request = compress(request);
+        bytes.extend_from_slice(&u32::try_from(request.len()).expect("small").to_be_bytes());
+        bytes.extend_from_slice(&request);
+    }
+    bytes
+}
+
+#[test]
+fn the_collector_file_exporter_s_binary_and_zstd_captures_analyze_as_its_json_lines() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let text = std::fs::read_to_string(fixture("hdfs-rbf-capture.jsonl")).expect("fixture");
+    let kinds: std::collections::BTreeSet<&str> =
+        text.lines().map(|line| &line[..line.find(':').expect("a key")]).collect();
+    assert_eq!(kinds.len(), 3, "the fixture mixes traces, metrics and logs: {kinds:?}");
+    let zstd = |bytes: Vec<u8>| zstd::encode_all(&bytes[..], 3).expect("zstd");
+    let proto = length_prefixed(&text, |bytes| bytes, false);
+    let layouts = [
+        ("format: proto", proto.clone()),
+        ("format: proto, compression: zstd", length_prefixed(&text, zstd, false)),
+        ("format: json, compression: zstd", length_prefixed(&text, zstd, true)),
+        ("format: json, the whole file zstd", zstd(text.clone().into_bytes())),
+        ("format: proto, the whole file zstd", zstd(proto.clone())),
+    ];
+    let plain = stdout_of(&lagscope(&[
+        "analyze",
+        "--format",
+        "json",
+        fixture("hdfs-rbf-capture.jsonl").to_str().expect("path"),
+    ]));
+    assert!(plain.contains("stale_read"), "{plain}");
+    for (index, (layout, bytes)) in layouts.iter().enumerate() {
+        let path = directory.path().join(format!("capture-{index}.bin"));
+        std::fs::write(&path, bytes).expect("write");
+        let output = lagscope(&["analyze", "--format", "json", path.to_str().expect("path")]);
+        assert_eq!(stdout_of(&output), plain, "{layout}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("16 spans, 1 metric samples, 1 log records"),
+            "{layout}"
+        );
+    }
+    // `convert` reads them too.
+    let binpb = directory.path().join("capture-0.bin");
+    let lscap = directory.path().join("capture.lscap");
+    let converted = lagscope(&["convert", "--out", lscap.to_str().expect("path"), binpb.to_str().expect("path")]);
+    assert!(converted.status.success(), "{}", String::from_utf8_lossy(&converted.stderr));
+    assert_eq!(stdout_of(&lagscope(&["analyze", "--format", "json", lscap.to_str().expect("path")])), plain);
+
+    // Cut inside its last request: named by number and byte, after what came before it.
+    let last = text.lines().last().expect("a line");
+    let cut_at = proto.len() - 3;
+    let cut = directory.path().join("cut.binpb");
+    std::fs::write(&cut, &proto[..cut_at]).expect("write");
+    let output = lagscope(&["analyze", cut.to_str().expect("path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last_length = length_prefixed(last, |bytes| bytes, false).len();
+    let expected = format!(
+        "{}: request {} at byte {}: the file ends",
+        cut.display(),
+        text.lines().count(),
+        proto.len() - last_length
+    );
+    assert!(stderr.contains(&expected), "{expected:?} in {stderr}");
+}
+
 #[test]
 fn malformed_input_fails_with_the_file_and_line() {
     let directory = tempfile::tempdir().expect("temp dir");
