@@ -105,8 +105,9 @@ pub(crate) enum Command {
     /// Run the collectors, the live analyzer and the API on an embedded SQLite store (or
     /// PostgreSQL with --database-url).
     Serve(ServeArgs),
-    /// Run every detector over captured OTLP JSON (one export request per file, or JSON lines
-    /// of them as the OpenTelemetry Collector's file exporter writes; .gz too), lscap
+    /// Run every detector over captured OTLP (one JSON export request per file, or the
+    /// OpenTelemetry Collector file exporter's captures: JSON lines, or length-prefixed
+    /// requests with `format: proto` or `compression: zstd`; gzip or zstd files too), lscap
     /// captures, or what a store holds (--data-dir, --database-url).
     Analyze(AnalyzeArgs),
     /// Simulate a scenario (see --list) and send its telemetry to a file or an OTLP endpoint.
@@ -149,7 +150,7 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: AlertsAction,
     },
-    /// Convert OTLP JSON captures (JSON lines, .gz too) into one lscap capture, lagscope's
+    /// Convert OTLP captures (as `analyze` reads them) into one lscap capture, lagscope's
     /// compact analysis capture, which `analyze` reads many times faster.
     Convert {
         /// The lscap file to write.
@@ -318,9 +319,9 @@ pub(crate) struct ExportArgs {
     /// held: they are joined a few minutes of them at a time as they are read; the samples are.
     #[arg(long, default_value_t = 5_000_000)]
     pub(crate) max_spans: u32,
-    /// OTLP JSON capture files (.json, .jsonl, optionally .gz) to read instead of the
-    /// store. They are not held in memory: their spans are set aside on disk, in a directory
-    /// of DIR removed at the end, and joined a few minutes of them at a time.
+    /// OTLP capture files (as `analyze` reads them: JSON, length-prefixed, compressed) to read
+    /// instead of the store. They are not held in memory: their spans are set aside on disk, in
+    /// a directory of DIR removed at the end, and joined a few minutes of them at a time.
     pub(crate) captures: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) progress: lagscope::progress::ProgressArgs,
