@@ -129,8 +129,7 @@ pub fn stream_requests_decoding_on(
 ) -> Result<usize, CaptureError> {
     let error =
         |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
-    let first = reader.fill_buf().map_err(|io| error(1, format!("cannot read: {io}")))?.first().copied();
-    if first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()) {
+    if is_length_prefixed(&mut reader).map_err(|io| error(1, format!("cannot read: {io}")))? {
         return framed::stream_framed(source_name, reader, each);
     }
     let mut handle = |at: usize, decoded: Result<Vec<Decoded>, String>, requests: &mut usize| {
@@ -252,6 +251,14 @@ pub fn stream_requests_decoding_on(
         }
         Ok(requests)
     })
+}
+
+/// Whether a capture (past any compression of the whole file) holds length-prefixed requests
+/// ([`framed`]) rather than OTLP JSON: its first byte is neither whitespace nor `{`. Reads
+/// nothing away.
+pub fn is_length_prefixed(reader: &mut impl std::io::BufRead) -> std::io::Result<bool> {
+    let first = reader.fill_buf()?.first().copied();
+    Ok(first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()))
 }
 
 /// Lines with what each decoded to, in order.

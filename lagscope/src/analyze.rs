@@ -12,7 +12,7 @@ use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
-use lagscope_collector::capture::{Capture, Decoded, stream_requests, stream_requests_decoding_on};
+use lagscope_collector::capture::{Capture, Decoded, is_length_prefixed, stream_requests, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
 use lagscope_store::paging::{logs_ahead, samples_ahead, spans_ahead};
 use lagscope_store::{Store, TimeRange};
@@ -399,10 +399,12 @@ impl<'c, 'e> Run<'c, 'e> {
         Ok(())
     }
 
-    /// An OTLP JSON capture (optionally gzipped), one export request at a time.
+    /// An OTLP capture (JSON or length-prefixed, compressed or not), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
-        let (reader, bytes_read) = open_capture_counted(path)?;
-        self.json_read = true;
+        let (mut reader, bytes_read) = open_capture_counted(path)?;
+        // (Length-prefixed requests are decoded on this thread: protobuf decodes fast.)
+        self.json_read |=
+            !is_length_prefixed(&mut reader).with_context(|| format!("cannot read {}", path.display()))?;
         let mut started = Instant::now();
         let mut failure = None;
         let requests =

@@ -12,8 +12,14 @@ use serde_json::json;
 use support::start_server;
 
 /// The virtualenv's python, installed if missing (never skipped: without Python the test fails
-/// and says what is missing).
+/// and says what is missing); once per test process, so that tests running at once do not
+/// install it over each other.
 fn python() -> String {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(install_python).clone()
+}
+
+fn install_python() -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/python-venv");
     let output = Command::new("bash").arg(&script).output().expect("bash runs scripts/python-venv");
     assert!(
@@ -86,4 +92,43 @@ async fn the_python_sdk_exports_over_http_and_grpc_and_everything_arrives_intact
         assert_eq!(log.resource.cluster.as_deref(), Some("py-cluster"));
     }
     store.close().await;
+}
+
+/// A capture the Python SDK's own OTLP protobuf encoder wrote, laid out as the Collector's file
+/// exporter lays it out with `format: proto` and with `compression: zstd` (spans and a metric
+/// in one file): `analyze` finds the read-your-writes stale read in it, from both layouts alike.
+#[test]
+fn a_capture_the_python_sdk_encoded_as_the_collector_s_file_exporter_writes_it_is_analyzed() {
+    let python = python();
+    let directory = tempfile::tempdir().expect("temp dir");
+    let (proto, zstd) = (directory.path().join("capture.binpb"), directory.path().join("capture.binpb-zstd"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/file_exporter_capture.py");
+    let output = Command::new(&python).arg(&script).arg(&proto).arg(&zstd).output().expect("python runs");
+    assert!(output.status.success(), "the capture was not written:\n{}", String::from_utf8_lossy(&output.stderr));
+    let analyze = |path: &Path| {
+        let output = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["analyze", "--format", "json", path.to_str().expect("path")])
+            .output()
+            .expect("lagscope runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "{stderr}");
+        assert!(stderr.contains("3 export requests from 1 file(s): 6 spans, 1 metric samples"), "{stderr}");
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
+    let found = analyze(&proto);
+    assert_eq!(analyze(&zstd), found, "both layouts read alike");
+    let found: serde_json::Value = serde_json::from_str(&found).expect("JSON");
+    let anomalies = found["anomalies"].as_array().expect("anomalies");
+    assert_eq!(anomalies.len(), 1, "{found:#}");
+    let stale = &anomalies[0];
+    assert_eq!(
+        (&stale["kind"], &stale["client_id"], &stale["node_id"], &stale["cluster"]),
+        (&json!("stale_read"), &json!("py-etl"), &json!("nn-obs1"), &json!("py-file-exporter"))
+    );
+    let evidence = &stale["evidence"];
+    assert_eq!(
+        (&evidence["guarantee"], &evidence["floor"], &evidence["served"], &evidence["router"]),
+        (&json!("read_your_writes"), &json!(5120), &json!(5100), &json!("router-2"))
+    );
+    assert_eq!(evidence["spans"].as_array().map(Vec::len), Some(6), "the read's and the write's spans: {evidence:#}");
 }
