@@ -116,11 +116,11 @@ pub fn stream_requests(
     stream_requests_decoding_on(1, source_name, reader, each)
 }
 
-/// [`stream_requests`], with the lines decoded on `threads` threads (with 1, on the caller's
+/// [`stream_requests`], with the requests decoded on `threads` threads (with 1, on the caller's
 /// alone) while the caller hands the requests already decoded to `each`, in the file's order.
-/// Decoding is most of the work of reading OTLP JSON; on a machine with cores to spare this
-/// divides it. What `each` sees, and every error with its line, are those of the reading on
-/// one thread; memory holds a few lines per thread.
+/// Decoding is most of the work of reading a capture; on a machine with cores to spare this
+/// divides it. What `each` sees, and every error with its line (or request), are those of the
+/// reading on one thread; memory holds a few lines (requests) per thread.
 pub fn stream_requests_decoding_on(
     threads: usize,
     source_name: &str,
@@ -130,12 +130,13 @@ pub fn stream_requests_decoding_on(
     let error =
         |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
     if is_length_prefixed(&mut reader).map_err(|io| error(1, format!("cannot read: {io}")))? {
-        return framed::stream_framed(source_name, reader, each);
+        return framed::stream_framed(threads, source_name, reader, each);
     }
-    let mut handle = |at: usize, decoded: Result<Vec<Decoded>, String>, requests: &mut usize| {
-        for one in decoded.map_err(|message| error(at, message))? {
-            each(one).map_err(|message| error(at, message))?;
-            *requests += 1;
+    let mut requests = 0;
+    let mut handle = |at: At, decoded: Result<Vec<Decoded>, String>| {
+        for one in decoded.map_err(|message| at.error(source_name, message))? {
+            each(one).map_err(|message| at.error(source_name, message))?;
+            requests += 1;
         }
         Ok::<(), CaptureError>(())
     };
@@ -143,16 +144,16 @@ pub fn stream_requests_decoding_on(
     // is read whole), and on one thread to the end: each request is handed on while what it
     // decoded to is still in the cache.
     let mut line = 0;
-    let mut requests = 0;
     let mut text = String::new();
-    while threads <= 1 || requests == 0 {
+    let mut handled = 0;
+    while threads <= 1 || handled == 0 {
         text.clear();
         if read_line(&mut reader, &mut text).map_err(|message| error(line + 1, message))? == 0 {
             return Ok(requests);
         }
         line += 1;
         match decode_line(&text) {
-            Err(LineError::Eof(_)) if requests == 0 => {
+            Err(LineError::Eof(_)) if handled == 0 => {
                 let mut rest = std::mem::take(&mut text);
                 reader.read_to_string(&mut rest).map_err(|io| error(line, format!("cannot read: {io}")))?;
                 let mut capture = Capture::default();
@@ -161,22 +162,77 @@ pub fn stream_requests_decoding_on(
                     inner
                 })?;
                 let read = capture.requests;
-                handle(line, Ok(vec![capture.into()]), &mut requests)?;
+                handle(At::line(line), Ok(vec![capture.into()]))?;
                 return Ok(read);
             }
-            decoded => handle(line, decoded.map_err(LineError::message), &mut requests)?,
+            decoded => {
+                handled += decoded.as_ref().map_or(1, Vec::len);
+                handle(At::line(line), decoded.map_err(LineError::message))?;
+            }
         }
     }
-    // One thread reads the lines, `threads` decode them as they come, a chunk of lines at a
-    // time, and this one puts the chunks back in order and hands their requests on. The
-    // reader takes a token for every chunk it reads and this thread gives one back for every
-    // chunk handed on: at most `window` chunks are between the two, however long one of them
-    // takes to decode.
+    let read = move || {
+        let mut text = String::new();
+        match read_line(&mut reader, &mut text) {
+            Ok(0) => Ok(None),
+            Ok(bytes) => {
+                line += 1;
+                Ok(Some((At::line(line), text, bytes)))
+            }
+            Err(message) => Err((At::line(line + 1), message)),
+        }
+    };
+    decode_in_order(threads, read, |text: &String| decode_line(text).map_err(LineError::message), &mut handle)?;
+    Ok(requests)
+}
+
+/// Whether a capture (past any compression of the whole file) holds length-prefixed requests
+/// ([`framed`]) rather than OTLP JSON: its first byte is neither whitespace nor `{`. Reads
+/// nothing away.
+pub fn is_length_prefixed(reader: &mut impl std::io::BufRead) -> std::io::Result<bool> {
+    let first = reader.fill_buf()?.first().copied();
+    Ok(first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()))
+}
+
+/// Where in a capture a request was read: its line, or (in a length-prefixed capture) its
+/// number and the byte its length begins at.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    line: usize,
+    byte: Option<u64>,
+}
+
+impl At {
+    fn line(line: usize) -> Self {
+        Self { line, byte: None }
+    }
+
+    fn error(self, source_name: &str, message: String) -> CaptureError {
+        CaptureError { source_name: source_name.to_string(), line: self.line, byte: self.byte, message }
+    }
+}
+
+/// Units of a capture (lines, length-prefixed requests) read by `read` on one thread, decoded by
+/// `decode` on `threads` others, a chunk of units at a time, and handed to `handle` on this one,
+/// in the order read. The reader takes a token for every chunk it reads and this thread gives
+/// one back for every chunk handed on: at most a few chunks per thread are between the two,
+/// however long one of them takes to decode. A reading error is handled at its place, after the
+/// units read before it; `handle`'s error stops everything.
+fn decode_in_order<U: Send>(
+    threads: usize,
+    mut read: impl FnMut() -> Result<Option<(At, U, usize)>, (At, String)> + Send,
+    decode: impl Fn(&U) -> Result<Vec<Decoded>, String> + Sync,
+    handle: &mut impl FnMut(At, Result<Vec<Decoded>, String>) -> Result<(), CaptureError>,
+) -> Result<(), CaptureError> {
+    /// A chunk's units, read but not yet decoded, and decoded.
+    type Units<U> = Vec<(At, U)>;
+    type DecodedUnits = Vec<(At, Result<Vec<Decoded>, String>)>;
     let window = 2 * threads + 1;
+    let decode = &decode;
     std::thread::scope(|scope| {
-        let (work, jobs) = std::sync::mpsc::sync_channel::<(usize, Vec<(usize, String)>)>(window);
+        let (work, jobs) = std::sync::mpsc::sync_channel::<(usize, Units<U>)>(window);
         let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
-        let (done, results) = std::sync::mpsc::sync_channel::<(usize, DecodedLines)>(window);
+        let (done, results) = std::sync::mpsc::sync_channel::<(usize, DecodedUnits)>(window);
         let (give, tokens) = std::sync::mpsc::sync_channel::<()>(window);
         for _ in 0..window {
             let _ = give.send(());
@@ -189,35 +245,35 @@ pub fn stream_requests_decoding_on(
                 if tokens.recv().is_err() {
                     return;
                 }
-                let (mut lines, mut bytes) = (Vec::new(), 0);
+                let (mut units, mut bytes) = (Vec::new(), 0);
                 let mut failed = None;
+                let mut end = false;
                 while bytes < CHUNK_BYTES {
-                    let mut text = String::new();
-                    match read_line(&mut reader, &mut text) {
-                        Ok(0) => break,
-                        Ok(read) => {
-                            line += 1;
-                            bytes += read;
-                            lines.push((line, text));
+                    match read() {
+                        Ok(None) => {
+                            end = true;
+                            break;
                         }
-                        Err(message) => {
-                            failed = Some((line + 1, Err(message)));
+                        Ok(Some((at, unit, size))) => {
+                            bytes += size;
+                            units.push((at, unit));
+                        }
+                        Err((at, message)) => {
+                            failed = Some((at, Err(message)));
                             break;
                         }
                     }
                 }
-                // Short of a chunk's bytes: the input ended (or failed).
-                let end = bytes < CHUNK_BYTES;
                 if let Some(failed) = failed {
-                    // After the lines read before it, in a chunk of its own.
-                    if lines.is_empty() {
+                    // After the units read before it, in a chunk of its own.
+                    if units.is_empty() {
                         let _ = read_failed.send((chunk, vec![failed]));
-                    } else if work.send((chunk, lines)).is_ok() {
+                    } else if work.send((chunk, units)).is_ok() {
                         let _ = read_failed.send((chunk + 1, vec![failed]));
                     }
                     return;
                 }
-                if lines.is_empty() || work.send((chunk, lines)).is_err() || end {
+                if units.is_empty() || work.send((chunk, units)).is_err() || end {
                     return;
                 }
             }
@@ -227,9 +283,8 @@ pub fn stream_requests_decoding_on(
             scope.spawn(move || {
                 loop {
                     let job = jobs.lock().map_err(drop).and_then(|jobs| jobs.recv().map_err(drop));
-                    let Ok((chunk, lines)) = job else { return };
-                    let decoded =
-                        lines.iter().map(|(at, text)| (*at, decode_line(text).map_err(LineError::message))).collect();
+                    let Ok((chunk, units)) = job else { return };
+                    let decoded = units.iter().map(|(at, unit)| (*at, decode(unit))).collect();
                     if done.send((chunk, decoded)).is_err() {
                         return;
                     }
@@ -241,34 +296,23 @@ pub fn stream_requests_decoding_on(
         let mut waiting = std::collections::BTreeMap::new();
         for (chunk, decoded) in results {
             waiting.insert(chunk, decoded);
-            while let Some(lines) = waiting.remove(&next) {
-                for (at, decoded) in lines {
-                    handle(at, decoded, &mut requests)?;
+            while let Some(units) = waiting.remove(&next) {
+                for (at, decoded) in units {
+                    handle(at, decoded)?;
                 }
                 next += 1;
                 let _ = give.send(());
             }
         }
-        Ok(requests)
+        Ok(())
     })
 }
 
-/// Whether a capture (past any compression of the whole file) holds length-prefixed requests
-/// ([`framed`]) rather than OTLP JSON: its first byte is neither whitespace nor `{`. Reads
-/// nothing away.
-pub fn is_length_prefixed(reader: &mut impl std::io::BufRead) -> std::io::Result<bool> {
-    let first = reader.fill_buf()?.first().copied();
-    Ok(first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()))
-}
-
-/// Lines with what each decoded to, in order.
-type DecodedLines = Vec<(usize, Result<Vec<Decoded>, String>)>;
-
-/// Lines decoded together by one of [`stream_requests_decoding_on`]'s threads, up to about
+/// Units (lines, requests) decoded together by one of [`decode_in_order`]'s threads, up to about
 /// this many bytes: enough that passing them between threads costs nothing beside decoding
 /// them (a millisecond or two), few enough that what they decode to is still in the cache when
 /// it is handed on.
-const CHUNK_BYTES: usize = 256 << 10;
+pub(crate) const CHUNK_BYTES: usize = 256 << 10;
 
 /// One line into `text`; 0 at the end of the input.
 fn read_line(reader: &mut impl std::io::BufRead, text: &mut String) -> Result<usize, String> {

@@ -12,7 +12,7 @@ use flate2::read::MultiGzDecoder;
 use lagscope_analyzer::AnalyzerConfig;
 use lagscope_analyzer::stream::codec::{Batch, Decoder, Item, SampleRec};
 use lagscope_analyzer::stream::{Engine, EngineStats, SpanRec};
-use lagscope_collector::capture::{Capture, Decoded, is_length_prefixed, stream_requests, stream_requests_decoding_on};
+use lagscope_collector::capture::{Capture, Decoded, stream_requests, stream_requests_decoding_on};
 use lagscope_model::{Anomaly, AnomalyKind, LogRecord, Sample, Span, UnixNanos};
 use lagscope_store::paging::{logs_ahead, samples_ahead, spans_ahead};
 use lagscope_store::{Store, TimeRange};
@@ -57,9 +57,9 @@ pub struct Timings {
     /// Handing anomalies to the caller's `emit` as they are found (serializing and writing
     /// them, for `analyze --format jsonl`).
     pub writing: f64,
-    /// The threads that decoded OTLP JSON, when some was read: then `read` is the time the
-    /// engine waited for them, not the time they took.
-    pub json_decode_threads: Option<usize>,
+    /// The threads that decoded OTLP (JSON or protobuf), when some was read: then `read` is the
+    /// time the engine waited for them, not the time they took.
+    pub otlp_decode_threads: Option<usize>,
     /// Whether a store's pages were read and decoded on other threads, ahead of the engine:
     /// then `read` is the time the engine waited for them.
     pub read_ahead: bool,
@@ -175,7 +175,7 @@ struct Run<'c, 'e> {
     emit: Option<Emit<'e>>,
     decode_threads: usize,
     /// Whether an OTLP JSON capture was read.
-    json_read: bool,
+    otlp_read: bool,
     /// Whether a store's pages were read ahead.
     read_ahead: bool,
     anomaly_count: usize,
@@ -200,7 +200,7 @@ impl<'c, 'e> Run<'c, 'e> {
             engine: Engine::new(config, |kind| kinds.is_empty() || kinds.contains(&kind)),
             emit,
             decode_threads: decode_threads.max(1),
-            json_read: false,
+            otlp_read: false,
             read_ahead: false,
             anomaly_count: 0,
             requests: 0,
@@ -220,7 +220,7 @@ impl<'c, 'e> Run<'c, 'e> {
             engine,
             mut emit,
             decode_threads,
-            json_read,
+            otlp_read,
             read_ahead,
             mut anomaly_count,
             requests,
@@ -253,7 +253,7 @@ impl<'c, 'e> Run<'c, 'e> {
                 read,
                 detectors: detect,
                 writing,
-                json_decode_threads: json_read.then_some(decode_threads),
+                otlp_decode_threads: otlp_read.then_some(decode_threads),
                 read_ahead,
             },
             stream: Some(stats),
@@ -401,10 +401,8 @@ impl<'c, 'e> Run<'c, 'e> {
 
     /// An OTLP capture (JSON or length-prefixed, compressed or not), one export request at a time.
     fn otlp_json(&mut self, path: &Path) -> anyhow::Result<()> {
-        let (mut reader, bytes_read) = open_capture_counted(path)?;
-        // (Length-prefixed requests are decoded on this thread: protobuf decodes fast.)
-        self.json_read |=
-            !is_length_prefixed(&mut reader).with_context(|| format!("cannot read {}", path.display()))?;
+        let (reader, bytes_read) = open_capture_counted(path)?;
+        self.otlp_read = true;
         let mut started = Instant::now();
         let mut failure = None;
         let requests =

@@ -211,7 +211,7 @@ pub(crate) struct AnalyzeArgs {
     /// Run only the detectors of this anomaly kind (repeatable) [default: all].
     #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
     pub(crate) kinds: Vec<lagscope_model::AnomalyKind>,
-    /// Threads decoding OTLP JSON captures (the detectors run on one more) [default: the
+    /// Threads decoding OTLP captures (the detectors run on one more) [default: the
     /// machine's cores, up to 8].
     #[arg(long, env = "LAGSCOPE_DECODE_THREADS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) decode_threads: Option<u16>,
@@ -250,8 +250,9 @@ pub(crate) struct SimArgs {
     pub(crate) scenario: Option<String>,
     #[command(flatten)]
     pub(crate) run: RunArgs,
-    /// Write OTLP JSON lines to this file (lagscope's compact analysis capture when it ends
-    /// in .lscap: what `analyze` reads fastest).
+    /// Write OTLP JSON lines to this file (as the Collector's file exporter with `format: json`;
+    /// with `format: proto`, length-prefixed protobuf requests, when it ends in .binpb;
+    /// lagscope's compact analysis capture when it ends in .lscap: what `analyze` reads fastest).
     #[arg(long, required_unless_present_any = ["list", "otlp_http", "otlp_grpc"])]
     pub(crate) out: Option<PathBuf>,
     /// Send OTLP/HTTP (protobuf) to this base URL, e.g. http://127.0.0.1:4318.

@@ -248,8 +248,8 @@ fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     let timings = report.timings;
     let total = timings.read + timings.detectors + timings.writing;
     // Decoding on other threads, `read` is what the engine waited for.
-    let decoded_on = match timings.json_decode_threads {
-        Some(threads) if threads > 1 => format!(" (waited for: OTLP JSON decoded on {threads} threads)"),
+    let decoded_on = match timings.otlp_decode_threads {
+        Some(threads) if threads > 1 => format!(" (waited for: OTLP decoded on {threads} threads)"),
         _ if timings.read_ahead => " (waited for: the store's pages read ahead on other threads)".to_owned(),
         _ => String::new(),
     };
@@ -318,6 +318,9 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
     }
     let target = match (out, otlp_http, otlp_grpc) {
         (Some(path), _, _) if lagscope::lscap::is_lscap(&path) => sim_cmd::Target::Lscap(path),
+        (Some(path), _, _) if path.extension().is_some_and(|extension| extension == "binpb") => {
+            sim_cmd::Target::Proto(path)
+        }
         (Some(path), _, _) => sim_cmd::Target::JsonLines(path),
         (_, Some(url), _) => sim_cmd::Target::OtlpHttp(url),
         (_, _, Some(url)) => sim_cmd::Target::OtlpGrpc(url),

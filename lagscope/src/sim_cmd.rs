@@ -18,6 +18,9 @@ use crate::progress::{Position, Progress, Reporter};
 #[derive(Debug, Clone)]
 pub enum Target {
     JsonLines(PathBuf),
+    /// Length-prefixed protobuf requests, as the Collector's file exporter writes with
+    /// `format: proto` (`.binpb`).
+    Proto(PathBuf),
     /// lagscope's compact analysis capture (`.lscap`).
     Lscap(PathBuf),
     OtlpHttp(String),
@@ -35,16 +38,18 @@ pub fn json_line(request: &Request) -> String {
     encoded.unwrap_or_default()
 }
 
-/// Writes JSON lines; remembers the first write error.
-struct JsonLinesSink<W: Write> {
+/// Writes requests as the Collector's file exporter does: JSON lines, or (`proto`) each
+/// request as protobuf after its length (4 bytes, big-endian); remembers the first write error.
+struct FileSink<W: Write> {
     out: W,
+    proto: bool,
     error: Option<std::io::Error>,
     requests: u64,
     /// When pacing in real time: when the run started.
     started: Option<Instant>,
 }
 
-impl<W: Write> Sink for JsonLinesSink<W> {
+impl<W: Write> Sink for FileSink<W> {
     fn export(&mut self, at: Nanos, request: Request) {
         if self.error.is_some() {
             return;
@@ -60,9 +65,16 @@ impl<W: Write> Sink for JsonLinesSink<W> {
                 return;
             }
         }
-        let mut line = json_line(&request);
-        line.push('\n');
-        match self.out.write_all(line.as_bytes()) {
+        let written = if self.proto {
+            let body = otlp_http_body(&request).1;
+            let length = u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes();
+            self.out.write_all(&length).and_then(|()| self.out.write_all(&body))
+        } else {
+            let mut line = json_line(&request);
+            line.push('\n');
+            self.out.write_all(line.as_bytes())
+        };
+        match written {
             Ok(()) => self.requests += 1,
             Err(error) => self.error = Some(error),
         }
@@ -202,7 +214,7 @@ pub fn run_with_native(
     let Sending { realtime, in_flight, delivery } = *sending;
     delivery.check()?;
     match target {
-        Target::JsonLines(path) => {
+        Target::JsonLines(path) | Target::Proto(path) => {
             // Paced, the file is written where it is read as it grows (tail -f); otherwise
             // under a temporary name, replacing the destination only once the run succeeded.
             let (file, replacement) = if realtime {
@@ -214,7 +226,8 @@ pub fn run_with_native(
                 (file, Some(replacement))
             };
             let started = realtime.then(Instant::now);
-            let mut sink = JsonLinesSink { out: std::io::BufWriter::new(file), error: None, requests: 0, started };
+            let proto = matches!(target, Target::Proto(_));
+            let mut sink = FileSink { out: std::io::BufWriter::new(file), proto, error: None, requests: 0, started };
             let mut delivered = Delivered::new(&mut sink, delivery, config.seed);
             let truth = lagscope_sim::run(config, &mut Tee::new(&mut delivered, native, config, progress))?;
             delivered.finish();

@@ -191,6 +191,20 @@ fn the_collector_file_exporter_s_binary_and_zstd_captures_analyze_as_its_json_li
 }
 
 #[test]
+fn a_simulated_proto_capture_analyzes_as_its_json_lines() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let (jsonl, binpb) = (directory.path().join("race.jsonl"), directory.path().join("race.binpb"));
+    simulate_race("30s", &jsonl);
+    simulate_race("30s", &binpb);
+    let bytes = std::fs::read(&binpb).expect("binpb");
+    let first = u32::from_be_bytes(bytes[..4].try_into().expect("a length")) as usize;
+    assert!(4 + first < bytes.len() && bytes[4] != b'{', "length-prefixed protobuf: {:?}", &bytes[..8]);
+    let from_json = stdout_of(&lagscope(&["analyze", "--format", "json", jsonl.to_str().expect("path")]));
+    assert!(from_json.contains("stale_read"), "{from_json}");
+    assert_eq!(stdout_of(&lagscope(&["analyze", "--format", "json", binpb.to_str().expect("path")])), from_json);
+}
+
+#[test]
 fn malformed_input_fails_with_the_file_and_line() {
     let directory = tempfile::tempdir().expect("temp dir");
     let text = std::fs::read_to_string(fixture("hdfs-rbf-capture.jsonl")).expect("fixture");
@@ -363,7 +377,7 @@ fn an_otlp_json_capture_reads_the_same_on_any_number_of_decoding_threads() {
     for threads in ["2", "4"] {
         let (many, log) = on(threads);
         assert!(many == one, "{threads} threads: {} anomalies against {}", many.lines().count(), one.lines().count());
-        assert!(log.contains(&format!("OTLP JSON decoded on {threads} threads")), "{log}");
+        assert!(log.contains(&format!("OTLP decoded on {threads} threads")), "{log}");
     }
     let refused = lagscope(&["analyze", "--decode-threads", "0", capture.to_str().expect("path")]);
     assert!(!refused.status.success());

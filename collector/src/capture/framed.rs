@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
-use super::{AnyRequest, Capture, CaptureError, Decoded, decode_line};
+use super::{AnyRequest, At, Capture, CaptureError, Decoded, decode_in_order, decode_line};
 
 /// The most a request of a capture may hold, compressed or not: a length above it is taken
 /// for a file that is not such a capture rather than allocated.
@@ -25,51 +25,71 @@ pub const MAX_REQUEST_BYTES: usize = 256 << 20;
 pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// Reads length-prefixed export requests from `reader` (already past any compression of the
-/// whole file), handing each to `each` as it is decoded. Returns how many were read. An error
-/// names the request (1-based) and the byte of the stream where its length begins.
+/// whole file), decoding them on `threads` threads (1: on the caller's) and handing each to
+/// `each` in the file's order. Returns how many were read. An error names the request
+/// (1-based) and the byte of the stream where its length begins.
 pub(super) fn stream_framed(
+    threads: usize,
     source_name: &str,
-    mut reader: impl BufRead,
+    mut reader: impl BufRead + Send,
     mut each: impl FnMut(Decoded) -> Result<(), String>,
 ) -> Result<usize, CaptureError> {
     let mut requests = 0;
-    let mut offset = 0_u64;
-    let mut body = Vec::new();
-    for number in 1.. {
-        let error = |message: String| CaptureError {
-            source_name: source_name.to_string(),
-            line: number,
-            byte: Some(offset),
-            message,
-        };
-        let mut length = [0_u8; 4];
-        match read_full(&mut reader, &mut length).map_err(|io| error(format!("cannot read: {io}")))? {
-            0 => return Ok(requests),
-            4 => {}
-            read => return Err(error(format!("the file ends {read} bytes into a request's 4-byte length"))),
-        }
-        let length = u32::from_be_bytes(length) as usize;
-        if length > MAX_REQUEST_BYTES {
-            return Err(error(format!(
-                "a request of {length} bytes is announced, more than the {} MiB one may hold: not a capture of \
-                 OTLP JSON (which starts with '{{') nor of length-prefixed requests (the Collector's file exporter \
-                 with `format: proto`, or with `compression: zstd`)",
-                MAX_REQUEST_BYTES >> 20
-            )));
-        }
-        body.clear();
-        body.resize(length, 0);
-        let read = read_full(&mut reader, &mut body).map_err(|io| error(format!("cannot read: {io}")))?;
-        if read < length {
-            return Err(error(format!("the file ends {read} bytes into a request of {length} bytes")));
-        }
-        for decoded in decode_request(&body).map_err(error)? {
-            each(decoded).map_err(error)?;
+    let mut handle = |at: At, decoded: Result<Vec<Decoded>, String>| {
+        for one in decoded.map_err(|message| at.error(source_name, message))? {
+            each(one).map_err(|message| at.error(source_name, message))?;
             requests += 1;
         }
-        offset += 4 + length as u64;
+        Ok::<(), CaptureError>(())
+    };
+    let (mut number, mut offset) = (0, 0_u64);
+    let mut read = move || {
+        number += 1;
+        let at = At { line: number, byte: Some(offset) };
+        let body = read_request(&mut reader).map_err(|message| (at, message))?;
+        Ok(body.map(|body| {
+            offset += 4 + body.len() as u64;
+            let size = body.len();
+            (at, body, size)
+        }))
+    };
+    if threads <= 1 {
+        loop {
+            match read() {
+                Ok(Some((at, body, _))) => handle(at, decode_request(&body))?,
+                Ok(None) => break,
+                Err((at, message)) => return Err(at.error(source_name, message)),
+            }
+        }
+    } else {
+        decode_in_order(threads, read, |body: &Vec<u8>| decode_request(body), &mut handle)?;
     }
     Ok(requests)
+}
+
+/// The next request's bytes (after its length); `None` at the end of the stream.
+fn read_request(reader: &mut impl Read) -> Result<Option<Vec<u8>>, String> {
+    let mut length = [0_u8; 4];
+    match read_full(reader, &mut length).map_err(|io| format!("cannot read: {io}"))? {
+        0 => return Ok(None),
+        4 => {}
+        read => return Err(format!("the file ends {read} bytes into a request's 4-byte length")),
+    }
+    let length = u32::from_be_bytes(length) as usize;
+    if length > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "a request of {length} bytes is announced, more than the {} MiB one may hold: not a capture of OTLP \
+             JSON (which starts with '{{') nor of length-prefixed requests (the Collector's file exporter with \
+             `format: proto`, or with `compression: zstd`)",
+            MAX_REQUEST_BYTES >> 20
+        ));
+    }
+    let mut body = vec![0; length];
+    let read = read_full(reader, &mut body).map_err(|io| format!("cannot read: {io}"))?;
+    if read < length {
+        return Err(format!("the file ends {read} bytes into a request of {length} bytes"));
+    }
+    Ok(Some(body))
 }
 
 /// One request's bytes: zstd-compressed or not, protobuf or OTLP JSON.
@@ -416,6 +436,52 @@ mod tests {
         .expect_err("refused");
         let third = 4 + protobuf(REQUESTS[0]).len() + 4 + protobuf(REQUESTS[1]).len();
         assert_eq!((failed.line, failed.byte, failed.message.as_str()), (3, Some(third as u64), "refused"));
+    }
+
+    #[test]
+    fn decoding_on_threads_hands_on_what_one_thread_does() {
+        // Several chunks of requests (about 1.3 MB), decoded out of order on the threads;
+        // request n's span carries state n.
+        let count = 10_000;
+        let numbered: Vec<Vec<u8>> = (1..=count)
+            .map(|n| protobuf(&REQUESTS[0].replace(r#"{"intValue":"42"}"#, &format!(r#"{{"intValue":"{n}"}}"#))))
+            .collect();
+        let whole = framed(numbered.clone());
+        assert!(whole.len() > 3 * crate::capture::CHUNK_BYTES, "{} bytes", whole.len());
+        let byte_of = |n: usize| numbered[..n - 1].iter().map(|body| 4 + body.len() as u64).sum::<u64>();
+        let read_on = |threads: usize, bytes: &[u8], refuse: Option<i64>| {
+            let mut seen = Vec::new();
+            let result = crate::capture::stream_requests_decoding_on(threads, "c.binpb", bytes, |decoded| {
+                let carried = decoded.spans[0].call.state.carried.expect("carried");
+                if Some(carried) == refuse {
+                    return Err(format!("refused {carried}"));
+                }
+                seen.push(carried);
+                Ok(())
+            });
+            (seen, result)
+        };
+        let mut garbled = framed(numbered[..2_344].to_vec());
+        garbled.extend_from_slice(&framed([vec![0x0f, 0xff, 0xff]]));
+        garbled.extend_from_slice(&framed(numbered[2_345..].to_vec()));
+        let cut = &whole[..byte_of(3_001) as usize + 6];
+        for threads in [1, 2, 3, 8] {
+            let (seen, result) = read_on(threads, &whole, None);
+            assert_eq!(result.expect("reads"), count, "{threads} threads");
+            assert_eq!(seen, (1..=count as i64).collect::<Vec<_>>(), "{threads} threads: in the file's order");
+            // Every request before the broken one handed on, none after, its place named.
+            let (seen, result) = read_on(threads, &garbled, None);
+            let error = result.expect_err("not protobuf");
+            assert_eq!((error.line, error.byte, seen.len()), (2_345, Some(byte_of(2_345)), 2_344), "{error}");
+            assert!(error.message.contains("not an OTLP export request"), "{error}");
+            let (seen, result) = read_on(threads, cut, None);
+            let error = result.expect_err("cut short");
+            assert_eq!((error.line, error.byte, seen.len()), (3_001, Some(byte_of(3_001)), 3_000), "{error}");
+            assert!(error.message.contains("2 bytes into a request of"), "{error}");
+            let (seen, result) = read_on(threads, &whole, Some(1_234));
+            let error = result.expect_err("refused");
+            assert_eq!((error.line, error.message.as_str(), seen.len()), (1_234, "refused 1234", 1_233));
+        }
     }
 
     #[test]
