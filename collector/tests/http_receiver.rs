@@ -93,6 +93,10 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     encoder.finish().expect("gzip")
 }
 
+fn zstd(bytes: &[u8]) -> Vec<u8> {
+    zstd::encode_all(bytes, 3).expect("zstd")
+}
+
 fn json_body(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).expect("JSON response")
 }
@@ -172,6 +176,18 @@ async fn protobuf_and_gzip_are_accepted_and_answered_in_kind() {
     assert_eq!(spans[0].trace_id.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
     let pending = harness.dirty.take().await;
     assert!(pending.clients.contains("c1"));
+
+    // zstd, as the Collector's exporters send with `compression: zstd`.
+    let text = lagscope_span_request(json!({"intValue": "121"}))
+        .to_string()
+        .replace(r#""c1""#, r#""c2""#)
+        .replace("0af76519", "1af76519");
+    let request: ExportTraceServiceRequest = serde_json::from_str(&text).expect("request");
+    let (status, _, body) =
+        harness.post("/v1/traces", "application/x-protobuf", Some("zstd"), zstd(&request.encode_to_vec())).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let spans = harness.store.client_spans("c2", TimeRange::ALL, 10).await.expect("spans");
+    assert_eq!(spans.iter().filter_map(|span| span.call.state.carried).collect::<Vec<_>>(), [121]);
 }
 
 #[tokio::test]
@@ -198,6 +214,9 @@ async fn malformed_bodies_are_refused_and_nothing_is_written() {
     let mut truncated_gzip = gzip(&valid);
     truncated_gzip.truncate(truncated_gzip.len() / 2);
     let gzip_bomb = gzip(&vec![b' '; 1 << 20]);
+    let mut truncated_zstd = zstd(&valid);
+    truncated_zstd.truncate(truncated_zstd.len() / 2);
+    let zstd_bomb = zstd(&vec![b' '; 1 << 20]);
     let cases: Vec<BadCase> = vec![
         (
             "/v1/traces",
@@ -240,6 +259,15 @@ async fn malformed_bodies_are_refused_and_nothing_is_written() {
             "unsupported content type",
         ),
         ("/v1/traces", "application/json", Some("gzip"), truncated_gzip, StatusCode::BAD_REQUEST, "invalid gzip body"),
+        ("/v1/traces", "application/json", Some("zstd"), truncated_zstd, StatusCode::BAD_REQUEST, "invalid zstd body"),
+        (
+            "/v1/traces",
+            "application/json",
+            Some("zstd"),
+            zstd_bomb,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "exceeds the limit of 4096 bytes",
+        ),
         (
             "/v1/traces",
             "application/json",

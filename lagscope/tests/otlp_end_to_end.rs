@@ -15,12 +15,17 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::Value;
 use support::{get_json, local_config, wait_until_analyzed};
 
-/// One participant: a tracer provider whose resource says who it is.
+/// One participant: a tracer provider whose resource says who it is. Its exporter compresses
+/// protobuf with zstd and JSON with gzip (both as the Collector's exporters may).
 fn provider(endpoint: &str, protocol: Protocol, service: &str, component: &str, node: &str) -> SdkTracerProvider {
+    let compression = match protocol {
+        Protocol::HttpBinary => opentelemetry_otlp::Compression::Zstd,
+        _ => opentelemetry_otlp::Compression::Gzip,
+    };
     let exporter = SpanExporter::builder()
         .with_http()
         .with_protocol(protocol)
-        .with_compression(opentelemetry_otlp::Compression::Gzip)
+        .with_compression(compression)
         .with_endpoint(endpoint)
         .build()
         .expect("exporter");

@@ -1,5 +1,5 @@
 //! Spans, metrics and logs through the Rust OpenTelemetry SDK's OTLP/gRPC exporters (tonic,
-//! gzip), into the OTLP/gRPC receiver: everything arrives, attributes intact; a record that
+//! gzip and zstd), into the OTLP/gRPC receiver: everything arrives, attributes intact; a record that
 //! breaks the conventions comes back as partial success.
 
 mod support;
@@ -32,31 +32,34 @@ fn resource() -> Resource {
 
 /// Exports through all three gRPC exporters and shuts them down (which flushes).
 fn export_everything(endpoint: String) {
-    let spans = SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint.clone())
-        .with_compression(Compression::Gzip)
-        .build()
-        .expect("span exporter");
-    let tracer_provider = SdkTracerProvider::builder().with_resource(resource()).with_batch_exporter(spans).build();
-    let tracer = tracer_provider.tracer("ozone-client");
-    for index in 0..25i64 {
-        let span = tracer
-            .span_builder("lookupKey")
-            .with_kind(SpanKind::Client)
-            .with_attributes([
-                KeyValue::new("lagscope.client.id", "grpc-client-1"),
-                KeyValue::new("lagscope.namespace", "om-service-1"),
-                KeyValue::new("lagscope.op", "read"),
-                KeyValue::new("lagscope.state.carried", 1000 + index),
-                KeyValue::new("custom.flag", index % 2 == 0),
-                KeyValue::new("custom.ratio", 0.25),
-                KeyValue::new("custom.tags", Value::Array(Array::String(vec!["a".into(), "b".into()]))),
-            ])
-            .start(&tracer);
-        drop(span);
+    // Half the spans gzipped, half zstd-compressed (the Collector's exporters' other choice).
+    for (compression, indexes) in [(Compression::Gzip, 0..13i64), (Compression::Zstd, 13..25)] {
+        let spans = SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint.clone())
+            .with_compression(compression)
+            .build()
+            .expect("span exporter");
+        let tracer_provider = SdkTracerProvider::builder().with_resource(resource()).with_batch_exporter(spans).build();
+        let tracer = tracer_provider.tracer("ozone-client");
+        for index in indexes {
+            let span = tracer
+                .span_builder("lookupKey")
+                .with_kind(SpanKind::Client)
+                .with_attributes([
+                    KeyValue::new("lagscope.client.id", "grpc-client-1"),
+                    KeyValue::new("lagscope.namespace", "om-service-1"),
+                    KeyValue::new("lagscope.op", "read"),
+                    KeyValue::new("lagscope.state.carried", 1000 + index),
+                    KeyValue::new("custom.flag", index % 2 == 0),
+                    KeyValue::new("custom.ratio", 0.25),
+                    KeyValue::new("custom.tags", Value::Array(Array::String(vec!["a".into(), "b".into()]))),
+                ])
+                .start(&tracer);
+            drop(span);
+        }
+        tracer_provider.shutdown().expect("spans flushed");
     }
-    tracer_provider.shutdown().expect("spans flushed");
 
     let metrics = MetricExporter::builder()
         .with_tonic()

@@ -49,6 +49,7 @@ pub fn decompress(body: &[u8], content_encoding: Option<&str>, limit: usize) -> 
             Ok(body.to_vec())
         }
         "gzip" | "x-gzip" => gunzip(body, limit),
+        "zstd" => unzstd(body, limit),
         other => Err(DecodeError::UnsupportedContentEncoding(other.to_string())),
     }
 }
@@ -58,6 +59,18 @@ pub fn gunzip(body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
     let mut output = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
     let mut decoder = GzDecoder::new(body).take(limit as u64 + 1);
     decoder.read_to_end(&mut output).map_err(|error| DecodeError::Gzip(error.to_string()))?;
+    if output.len() > limit {
+        return Err(DecodeError::TooLarge { limit });
+    }
+    Ok(output)
+}
+
+/// Inflates a zstd body (the Collector's exporters' `compression: zstd`), at most `limit` bytes.
+pub fn unzstd(body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
+    let mut output = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
+    let decoder =
+        zstd::stream::read::Decoder::with_buffer(body).map_err(|error| DecodeError::Zstd(error.to_string()))?;
+    decoder.take(limit as u64 + 1).read_to_end(&mut output).map_err(|error| DecodeError::Zstd(error.to_string()))?;
     if output.len() > limit {
         return Err(DecodeError::TooLarge { limit });
     }

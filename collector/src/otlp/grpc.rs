@@ -33,12 +33,15 @@ pub fn services(
     (
         TraceServiceServer::new(receiver.clone())
             .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
             .max_decoding_message_size(max_message_bytes),
         MetricsServiceServer::new(receiver.clone())
             .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
             .max_decoding_message_size(max_message_bytes),
         LogsServiceServer::new(receiver)
             .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
             .max_decoding_message_size(max_message_bytes),
     )
 }

@@ -1,5 +1,5 @@
 //! The OTLP/HTTP receiver: `POST /v1/traces`, `/v1/metrics` and `/v1/logs`, protobuf or JSON,
-//! optionally gzipped. A 200 means every accepted record is committed to the store.
+//! optionally gzip- or zstd-compressed. A 200 means every accepted record is committed to the store.
 
 use std::future::Future;
 
