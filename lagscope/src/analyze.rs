@@ -432,9 +432,9 @@ impl<'c, 'e> Run<'c, 'e> {
     }
 }
 
-/// A capture file for reading request by request: gunzipped when it is gzip, inflated when it
-/// is zstd (the Collector file exporter's `compression: zstd` with its native compression),
-/// both known by their first bytes, not by the file's name.
+/// A capture file for reading request by request (`-`: the standard input): gunzipped when it
+/// is gzip, inflated when it is zstd (the Collector file exporter's `compression: zstd` with
+/// its native compression), both known by their first bytes, not by the file's name.
 pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead + Send>> {
     Ok(open_capture_counted(path)?.0)
 }
@@ -443,7 +443,11 @@ pub fn open_capture(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead + Se
 /// for a compressed file): how far through it the reading is, from any thread.
 pub(crate) fn open_capture_counted(path: &Path) -> anyhow::Result<(Box<dyn std::io::BufRead + Send>, Arc<AtomicU64>)> {
     const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file: Box<dyn Read + Send> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?)
+    };
     let bytes_read = Arc::new(AtomicU64::new(0));
     let mut file = std::io::BufReader::with_capacity(1 << 20, Counted { inner: file, bytes_read: bytes_read.clone() });
     let head = file.fill_buf().with_context(|| format!("cannot read {}", path.display()))?;

@@ -158,7 +158,7 @@ pub(crate) enum Command {
         out: PathBuf,
         #[command(flatten)]
         progress: lagscope::progress::ProgressArgs,
-        /// Capture files to read.
+        /// Capture files to read (`-`: the standard input).
         #[arg(required = true)]
         captures: Vec<PathBuf>,
     },
@@ -233,7 +233,7 @@ pub(crate) struct AnalyzeArgs {
     /// With a store: only what is before this time, exclusive [default: the data's last].
     #[arg(long, requires = "store")]
     pub(crate) to: Option<String>,
-    /// Capture files.
+    /// Capture files (`-`: the standard input, e.g. `zstdcat capture.zst | lagscope analyze -`).
     #[arg(required_unless_present_any = ["data_dir", "database_url"])]
     pub(crate) paths: Vec<PathBuf>,
 }
@@ -320,8 +320,8 @@ pub(crate) struct ExportArgs {
     /// held: they are joined a few minutes of them at a time as they are read; the samples are.
     #[arg(long, default_value_t = 5_000_000)]
     pub(crate) max_spans: u32,
-    /// OTLP capture files (as `analyze` reads them: JSON, length-prefixed, compressed) to read
-    /// instead of the store. They are not held in memory: their spans are set aside on disk, in
+    /// OTLP capture files (as `analyze` reads them: JSON, length-prefixed, compressed; `-` the
+    /// standard input) to read instead of the store. They are not held in memory: their spans are set aside on disk, in
     /// a directory of DIR removed at the end, and joined a few minutes of them at a time.
     pub(crate) captures: Vec<PathBuf>,
     #[command(flatten)]

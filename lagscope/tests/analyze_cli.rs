@@ -165,6 +165,22 @@ fn the_collector_file_exporter_s_binary_and_zstd_captures_analyze_as_its_json_li
             "{layout}"
         );
     }
+    // From the standard input too.
+    for (layout, bytes) in [&layouts[0], &layouts[2]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lagscope"))
+            .args(["analyze", "--format", "json", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("lagscope runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let bytes = bytes.clone();
+        let writer = std::thread::spawn(move || stdin.write_all(&bytes));
+        let output = child.wait_with_output().expect("lagscope ends");
+        writer.join().expect("writer").expect("written");
+        assert_eq!(stdout_of(&output), plain, "{layout} from the standard input");
+    }
     // `convert` reads them too.
     let binpb = directory.path().join("capture-0.bin");
     let lscap = directory.path().join("capture.lscap");

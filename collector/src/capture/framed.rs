@@ -18,8 +18,10 @@ use prost::Message;
 use super::{AnyRequest, At, Capture, CaptureError, Decoded, decode_in_order, decode_line};
 
 /// The most a request of a capture may hold, compressed or not: a length above it is taken
-/// for a file that is not such a capture rather than allocated.
-pub const MAX_REQUEST_BYTES: usize = 256 << 20;
+/// for a file that is not such a capture rather than allocated. Below 2^27, a capture's first
+/// byte (its first length's highest) is at most 7: never whitespace or `{`, which tell JSON.
+pub const MAX_REQUEST_BYTES: usize = 128 << 20;
+const _: () = assert!(MAX_REQUEST_BYTES >> 24 < 0x09, "a capture's first byte could be taken for JSON's");
 
 /// A zstd frame's first bytes.
 pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
