@@ -5,7 +5,7 @@ use thiserror::Error;
 pub enum DecodeError {
     #[error("unsupported content type {0:?}: send application/x-protobuf or application/json")]
     UnsupportedContentType(String),
-    #[error("unsupported content encoding {0:?}: send gzip, zstd or identity")]
+    #[error("unsupported content encoding {0:?}: send gzip, zstd, deflate or identity")]
     UnsupportedContentEncoding(String),
     #[error("body exceeds the limit of {limit} bytes (after decompression)")]
     TooLarge { limit: usize },
@@ -13,6 +13,8 @@ pub enum DecodeError {
     Gzip(String),
     #[error("invalid zstd body: {0}")]
     Zstd(String),
+    #[error("invalid deflate body: {0}")]
+    Deflate(String),
     #[error("invalid protobuf body: {0}")]
     Protobuf(String),
     #[error("invalid OTLP JSON body: {0}")]

@@ -93,6 +93,12 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     encoder.finish().expect("gzip")
 }
 
+fn deflate(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), Compression::fast());
+    encoder.write_all(bytes).expect("deflate");
+    encoder.finish().expect("deflate")
+}
+
 fn zstd(bytes: &[u8]) -> Vec<u8> {
     zstd::encode_all(bytes, 3).expect("zstd")
 }
@@ -188,6 +194,13 @@ async fn protobuf_and_gzip_are_accepted_and_answered_in_kind() {
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     let spans = harness.store.client_spans("c2", TimeRange::ALL, 10).await.expect("spans");
     assert_eq!(spans.iter().filter_map(|span| span.call.state.carried).collect::<Vec<_>>(), [121]);
+
+    // deflate (zlib), as the Python SDK sends with `compression=Compression.Deflate`.
+    let text = text.replace(r#""c2""#, r#""c3""#).replace("1af76519", "2af76519");
+    let (status, _, body) =
+        harness.post("/v1/traces", "application/json", Some("deflate"), deflate(text.as_bytes())).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(harness.store.client_spans("c3", TimeRange::ALL, 10).await.expect("spans").len(), 2);
 }
 
 #[tokio::test]
@@ -260,6 +273,22 @@ async fn malformed_bodies_are_refused_and_nothing_is_written() {
         ),
         ("/v1/traces", "application/json", Some("gzip"), truncated_gzip, StatusCode::BAD_REQUEST, "invalid gzip body"),
         ("/v1/traces", "application/json", Some("zstd"), truncated_zstd, StatusCode::BAD_REQUEST, "invalid zstd body"),
+        (
+            "/v1/traces",
+            "application/json",
+            Some("deflate"),
+            gzip(&valid),
+            StatusCode::BAD_REQUEST,
+            "invalid deflate body",
+        ),
+        (
+            "/v1/traces",
+            "application/json",
+            Some("deflate"),
+            deflate(&vec![b' '; 1 << 20]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "exceeds the limit of 4096 bytes",
+        ),
         (
             "/v1/traces",
             "application/json",

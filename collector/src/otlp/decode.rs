@@ -2,7 +2,7 @@
 
 use std::io::Read;
 
-use flate2::read::GzDecoder;
+use flate2::read::{GzDecoder, ZlibDecoder};
 use prost::Message;
 use serde::de::DeserializeOwned;
 
@@ -38,7 +38,8 @@ impl Encoding {
 }
 
 /// Undoes `Content-Encoding`, never producing more than `limit` bytes (so that a small gzip
-/// bomb cannot exhaust memory).
+/// bomb cannot exhaust memory): gzip (what OTLP/HTTP names), zstd (the Collector's exporters'
+/// other choice) and deflate (zlib, as HTTP means it: the Python SDK's other choice).
 pub fn decompress(body: &[u8], content_encoding: Option<&str>, limit: usize) -> Result<Vec<u8>, DecodeError> {
     let encoding = content_encoding.unwrap_or("identity").trim().to_ascii_lowercase();
     match encoding.as_str() {
@@ -50,27 +51,33 @@ pub fn decompress(body: &[u8], content_encoding: Option<&str>, limit: usize) -> 
         }
         "gzip" | "x-gzip" => gunzip(body, limit),
         "zstd" => unzstd(body, limit),
+        "deflate" => inflate(ZlibDecoder::new(body), body.len(), limit, DecodeError::Deflate),
         other => Err(DecodeError::UnsupportedContentEncoding(other.to_string())),
     }
 }
 
 /// Gunzips at most `limit` bytes.
 pub fn gunzip(body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
-    let mut output = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
-    let mut decoder = GzDecoder::new(body).take(limit as u64 + 1);
-    decoder.read_to_end(&mut output).map_err(|error| DecodeError::Gzip(error.to_string()))?;
-    if output.len() > limit {
-        return Err(DecodeError::TooLarge { limit });
-    }
-    Ok(output)
+    inflate(GzDecoder::new(body), body.len(), limit, DecodeError::Gzip)
 }
 
-/// Inflates a zstd body (the Collector's exporters' `compression: zstd`), at most `limit` bytes.
+/// Inflates a zstd body, at most `limit` bytes.
 pub fn unzstd(body: &[u8], limit: usize) -> Result<Vec<u8>, DecodeError> {
-    let mut output = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
     let decoder =
         zstd::stream::read::Decoder::with_buffer(body).map_err(|error| DecodeError::Zstd(error.to_string()))?;
-    decoder.take(limit as u64 + 1).read_to_end(&mut output).map_err(|error| DecodeError::Zstd(error.to_string()))?;
+    inflate(decoder, body.len(), limit, DecodeError::Zstd)
+}
+
+/// Reads what `decoder` inflates `compressed` bytes to, up to `limit` bytes (more is
+/// [`DecodeError::TooLarge`]); a decoding error is `invalid`'s.
+fn inflate(
+    decoder: impl Read,
+    compressed: usize,
+    limit: usize,
+    invalid: fn(String) -> DecodeError,
+) -> Result<Vec<u8>, DecodeError> {
+    let mut output = Vec::with_capacity(compressed.saturating_mul(4).min(limit));
+    decoder.take(limit as u64 + 1).read_to_end(&mut output).map_err(|error| invalid(error.to_string()))?;
     if output.len() > limit {
         return Err(DecodeError::TooLarge { limit });
     }

@@ -1,5 +1,6 @@
 """Exports spans, metrics and logs with the OpenTelemetry Python SDK to lagscope, once over
-OTLP/HTTP (protobuf) and once over OTLP/gRPC, as an instrumented Python service would.
+OTLP/HTTP (protobuf; spans gzipped, metrics deflated, logs as they are) and once over
+OTLP/gRPC, as an instrumented Python service would.
 
     python export_all.py HTTP_ENDPOINT GRPC_ENDPOINT
 
@@ -112,7 +113,7 @@ def main():
     run(
         "http",
         HttpSpanExporter(endpoint=f"{http}/v1/traces", compression=Compression.Gzip),
-        HttpMetricExporter(endpoint=f"{http}/v1/metrics"),
+        HttpMetricExporter(endpoint=f"{http}/v1/metrics", compression=Compression.Deflate),
         HttpLogExporter(endpoint=f"{http}/v1/logs"),
     )
     run(
