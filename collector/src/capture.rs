@@ -495,9 +495,13 @@ mod tests {
         bytes
     }
 
-    /// What reading `bytes` on `threads` threads hands on (each span's carried state, in order)
-    /// and returns, `each` refusing the request of line `refuse`.
-    fn read_on(threads: usize, bytes: &[u8], refuse: Option<i64>) -> (Vec<i64>, Result<usize, CaptureError>) {
+    /// What reading `bytes` on `threads` threads hands on (each request's first span's carried
+    /// state, in order) and returns, `each` refusing the request whose span carries `refuse`.
+    pub(super) fn read_on(
+        threads: usize,
+        bytes: &[u8],
+        refuse: Option<i64>,
+    ) -> (Vec<i64>, Result<usize, CaptureError>) {
         let mut seen = Vec::new();
         let result = stream_requests_decoding_on(threads, "c.jsonl", bytes, |decoded| {
             let carried = decoded.spans[0].call.state.carried.expect("carried");

@@ -451,18 +451,7 @@ mod tests {
         let whole = framed(numbered.clone());
         assert!(whole.len() > 3 * crate::capture::CHUNK_BYTES, "{} bytes", whole.len());
         let byte_of = |n: usize| numbered[..n - 1].iter().map(|body| 4 + body.len() as u64).sum::<u64>();
-        let read_on = |threads: usize, bytes: &[u8], refuse: Option<i64>| {
-            let mut seen = Vec::new();
-            let result = crate::capture::stream_requests_decoding_on(threads, "c.binpb", bytes, |decoded| {
-                let carried = decoded.spans[0].call.state.carried.expect("carried");
-                if Some(carried) == refuse {
-                    return Err(format!("refused {carried}"));
-                }
-                seen.push(carried);
-                Ok(())
-            });
-            (seen, result)
-        };
+        let read_on = crate::capture::tests::read_on;
         let mut garbled = framed(numbered[..2_344].to_vec());
         garbled.extend_from_slice(&framed([vec![0x0f, 0xff, 0xff]]));
         garbled.extend_from_slice(&framed(numbered[2_345..].to_vec()));
