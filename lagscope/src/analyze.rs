@@ -432,6 +432,33 @@ impl<'c, 'e> Run<'c, 'e> {
     }
 }
 
+/// The capture files `paths` name: each as given, but a directory's files (not its hidden ones,
+/// nor those of its subdirectories) in the order of their names, as a Collector's file exporter
+/// leaves them when it rotates (`otlp-2026-12-07T10-00-00.000.json` before `otlp.json`).
+pub fn capture_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        if path == Path::new("-") || !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path).with_context(|| format!("cannot read the directory {}", path.display()))? {
+            let entry = entry.with_context(|| format!("cannot read the directory {}", path.display()))?;
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !hidden && entry.path().is_file() {
+                found.push(entry.path());
+            }
+        }
+        if found.is_empty() {
+            bail!("{}: a directory without capture files", path.display());
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
+}
+
 /// A capture file for reading request by request (`-`: the standard input): gunzipped when it
 /// is gzip, inflated when it is zstd (the Collector file exporter's `compression: zstd` with
 /// its native compression), both known by their first bytes, not by the file's name.
@@ -576,4 +603,39 @@ pub fn write_table(out: &mut impl Write, anomalies: &[Anomaly]) -> anyhow::Resul
 fn rfc3339(unix_nano: i64) -> String {
     jiff::Timestamp::from_nanosecond(i128::from(unix_nano))
         .map_or_else(|_| unix_nano.to_string(), |time| time.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_stands_for_its_files_in_the_order_of_their_names() {
+        let directory = tempfile::tempdir().expect("temp dir");
+        let root = directory.path();
+        for name in ["otlp.json", "otlp-2026-12-07T10-00-00.000.json", "otlp-2026-12-07T09-00-00.000.json", ".swap"] {
+            std::fs::write(root.join(name), b"{}").expect("write");
+        }
+        std::fs::create_dir(root.join("older")).expect("mkdir");
+        std::fs::write(root.join("older/otlp.json"), b"{}").expect("write");
+        let given = [PathBuf::from("-"), root.to_path_buf(), PathBuf::from("missing.jsonl")];
+        let names: Vec<String> = capture_files(&given)
+            .expect("files")
+            .iter()
+            .map(|path| path.strip_prefix(root).unwrap_or(path).display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "-",
+                "otlp-2026-12-07T09-00-00.000.json",
+                "otlp-2026-12-07T10-00-00.000.json",
+                "otlp.json",
+                "missing.jsonl"
+            ]
+        );
+        std::fs::remove_file(root.join("older/otlp.json")).expect("remove");
+        let error = capture_files(&[root.join("older")]).expect_err("an empty directory");
+        assert!(error.to_string().contains("a directory without capture files"), "{error}");
+    }
 }

@@ -158,7 +158,8 @@ pub(crate) enum Command {
         out: PathBuf,
         #[command(flatten)]
         progress: lagscope::progress::ProgressArgs,
-        /// Capture files to read (`-`: the standard input).
+        /// Capture files to read (`-`: the standard input; a directory: its files, in the order of
+        /// their names).
         #[arg(required = true)]
         captures: Vec<PathBuf>,
     },
@@ -233,7 +234,9 @@ pub(crate) struct AnalyzeArgs {
     /// With a store: only what is before this time, exclusive [default: the data's last].
     #[arg(long, requires = "store")]
     pub(crate) to: Option<String>,
-    /// Capture files (`-`: the standard input, e.g. `zstdcat capture.zst | lagscope analyze -`).
+    /// Capture files (`-`: the standard input, e.g. `zstdcat capture.zst | lagscope analyze -`; a
+    /// directory: its files in the order of their names, as a Collector's file exporter rotates
+    /// them).
     #[arg(required_unless_present_any = ["data_dir", "database_url"])]
     pub(crate) paths: Vec<PathBuf>,
 }
@@ -321,7 +324,7 @@ pub(crate) struct ExportArgs {
     #[arg(long, default_value_t = 5_000_000)]
     pub(crate) max_spans: u32,
     /// OTLP capture files (as `analyze` reads them: JSON, length-prefixed, compressed; `-` the
-    /// standard input) to read instead of the store. They are not held in memory: their spans are set aside on disk, in
+    /// standard input; a directory its files) to read instead of the store. They are not held in memory: their spans are set aside on disk, in
     /// a directory of DIR removed at the end, and joined a few minutes of them at a time.
     pub(crate) captures: Vec<PathBuf>,
     #[command(flatten)]

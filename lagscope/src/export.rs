@@ -157,8 +157,8 @@ fn export_captures(request: &ExportRequest, range: TimeRange) -> anyhow::Result<
     if let Some(lscap) = request.captures.iter().find(|path| crate::lscap::is_lscap(path)) {
         anyhow::bail!(
             "{}: an lscap capture, which keeps only what the detectors read (not what the Parquet \
-             files hold); export --parquet reads OTLP JSON captures (.json, .jsonl, optionally .gz) or the \
-             store: pass the OTLP JSON capture it was made from",
+             files hold); export --parquet reads OTLP captures (JSON, or the Collector's length-prefixed \
+             requests, compressed or not) or the store: pass the OTLP capture it was made from",
             lscap.display()
         );
     }

@@ -59,6 +59,7 @@ fn store_source(
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Convert { out, progress, captures } => {
+            let captures = lagscope::analyze::capture_files(&captures)?;
             let written = lagscope::lscap::convert(&captures, &out, progress.progress()?)?;
             eprintln!(
                 "wrote {}: {} spans, {} numeric samples and {} recognised log lines from {} export requests ({} \
@@ -132,7 +133,7 @@ fn export(args: ExportArgs) -> anyhow::Result<()> {
     let parquet = parquet.context("--parquet DIR or --dump FILE is required")?;
     let request = lagscope::export::ExportRequest {
         dir: parquet.clone(),
-        captures,
+        captures: lagscope::analyze::capture_files(&captures)?,
         data_dir,
         database_url,
         cluster,
@@ -202,6 +203,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     let AnalyzeArgs { format, config, kinds, decode_threads, progress, data_dir, database_url, from, to, paths } = args;
+    let paths = lagscope::analyze::capture_files(&paths)?;
     let config = Config::load(config.as_deref())?;
     let progress = progress.progress()?;
     // Lines of serde_json's text, written by the model's faster JSON writer one after
@@ -387,7 +389,7 @@ fn eval_command(args: EvalArgs) -> anyhow::Result<()> {
                 truth.display()
             );
         } else {
-            eval::Recorded::Captures(captures)
+            eval::Recorded::Captures(lagscope::analyze::capture_files(&captures)?)
         };
         return eval::run_recorded(&truth, recorded, format == Format::Json, &config.analyzer, progress.progress()?);
     }

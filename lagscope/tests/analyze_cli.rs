@@ -181,6 +181,26 @@ fn the_collector_file_exporter_s_binary_and_zstd_captures_analyze_as_its_json_li
         writer.join().expect("writer").expect("written");
         assert_eq!(stdout_of(&output), plain, "{layout} from the standard input");
     }
+    // A directory: its files in the order of their names (rotated ones first), hidden ones not.
+    let rotated = directory.path().join("rotated");
+    std::fs::create_dir(&rotated).expect("mkdir");
+    let lines: Vec<&str> = text.lines().collect();
+    let (older, newer) = lines.split_at(lines.len() / 2);
+    std::fs::write(rotated.join("otlp.json"), newer.join("\n")).expect("write");
+    std::fs::write(rotated.join("otlp-2025-11-29T17-00-00.000.json"), older.join("\n")).expect("write");
+    std::fs::write(rotated.join(".otlp.json.swp"), b"not a capture").expect("write");
+    let output = lagscope(&["analyze", "--format", "json", rotated.to_str().expect("path")]);
+    assert_eq!(stdout_of(&output), plain, "a directory of rotated files");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("from 2 file(s)"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let empty = directory.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let output = lagscope(&["analyze", empty.to_str().expect("path")]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("a directory without capture files"), "{output:?}");
     // `convert` reads them too.
     let binpb = directory.path().join("capture-0.bin");
     let lscap = directory.path().join("capture.lscap");
