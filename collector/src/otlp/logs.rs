@@ -16,8 +16,9 @@ pub fn logs_from_request(request: &ExportLogsServiceRequest) -> Converted<LogRec
         for (scope_index, scope_logs) in resource_logs.scope_logs.iter().enumerate() {
             let scope = scope_logs.scope.as_ref();
             for (record_index, record) in scope_logs.log_records.iter().enumerate() {
+                // (Written only for a record refused: most are not.)
                 let path =
-                    format!("resourceLogs[{resource_index}].scopeLogs[{scope_index}].logRecords[{record_index}]");
+                    || format!("resourceLogs[{resource_index}].scopeLogs[{scope_index}].logRecords[{record_index}]");
                 let result = (|| {
                     let observed = unix_nanos(record.observed_time_unix_nano, "observedTimeUnixNano")?;
                     let time = unix_nanos(record.time_unix_nano, "timeUnixNano")?;
@@ -38,7 +39,7 @@ pub fn logs_from_request(request: &ExportLogsServiceRequest) -> Converted<LogRec
                 })();
                 match result {
                     Ok(log) => converted.items.push(log),
-                    Err(message) => converted.rejections.push(Rejection { path, message }),
+                    Err(message) => converted.rejections.push(Rejection { path: path(), message }),
                 }
             }
         }

@@ -24,8 +24,9 @@ pub fn samples_from_request(request: &ExportMetricsServiceRequest) -> Converted<
             let mut base_labels = resource_labels.clone();
             add_scope_labels(&mut base_labels, scope_metrics.scope.as_ref());
             for (metric_index, metric) in scope_metrics.metrics.iter().enumerate() {
+                // (Written only for a point refused: most are not.)
                 let path =
-                    format!("resourceMetrics[{resource_index}].scopeMetrics[{scope_index}].metrics[{metric_index}]");
+                    || format!("resourceMetrics[{resource_index}].scopeMetrics[{scope_index}].metrics[{metric_index}]");
                 convert_metric(metric, &base_labels, &path, &mut converted);
             }
         }
@@ -36,12 +37,11 @@ pub fn samples_from_request(request: &ExportMetricsServiceRequest) -> Converted<
 fn convert_metric(
     metric: &proto::Metric,
     base_labels: &BTreeMap<String, String>,
-    path: &str,
+    path: &dyn Fn() -> String,
     out: &mut Converted<Sample>,
 ) {
     let Some(data) = &metric.data else {
-        out.rejections
-            .push(Rejection { path: path.to_string(), message: format!("metric {:?} has no data", metric.name) });
+        out.rejections.push(Rejection { path: path(), message: format!("metric {:?} has no data", metric.name) });
         return;
     };
     let meta = |kind| SeriesMeta {
@@ -51,7 +51,6 @@ fn convert_metric(
     };
     let mut push =
         |index: usize, attributes: &[KeyValue], start: u64, time: u64, kind, value: Result<PointValue, String>| {
-            let point_path = format!("{path}.dataPoints[{index}]");
             let sample = value.and_then(|value| {
                 Ok(Sample {
                     series: SeriesKey { name: metric.name.clone(), labels: merged_labels(base_labels, attributes) }
@@ -64,7 +63,9 @@ fn convert_metric(
             });
             match sample {
                 Ok(sample) => out.items.push(sample),
-                Err(message) => out.rejections.push(Rejection { path: point_path, message }),
+                Err(message) => {
+                    out.rejections.push(Rejection { path: format!("{}.dataPoints[{index}]", path()), message })
+                }
             }
         };
     match data {

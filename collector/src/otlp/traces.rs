@@ -19,10 +19,14 @@ pub fn spans_from_request(request: &ExportTraceServiceRequest) -> Converted<Span
         for (scope_index, scope_spans) in resource_spans.scope_spans.iter().enumerate() {
             let scope = scope_spans.scope.as_ref();
             for (span_index, span) in scope_spans.spans.iter().enumerate() {
-                let path = format!("resourceSpans[{resource_index}].scopeSpans[{scope_index}].spans[{span_index}]");
                 match convert_span(span, &resource, scope) {
                     Ok(domain_span) => converted.items.push(domain_span),
-                    Err(message) => converted.rejections.push(Rejection { path, message }),
+                    Err(message) => {
+                        // (Written only for a span refused: most are not.)
+                        let path =
+                            format!("resourceSpans[{resource_index}].scopeSpans[{scope_index}].spans[{span_index}]");
+                        converted.rejections.push(Rejection { path, message });
+                    }
                 }
             }
         }
