@@ -47,8 +47,8 @@ fn convert_span(
     let parent_span_id = hex_id(&span.parent_span_id, 8, "parentSpanId")?;
     let start_unix_nano = unix_nanos(span.start_time_unix_nano, "startTimeUnixNano")?;
     let end_unix_nano = unix_nanos(span.end_time_unix_nano, "endTimeUnixNano")?;
-    let mut attributes = key_values_to_json(&span.attributes);
-    let call = take_call_fields(&mut attributes).map_err(|wrong| wrong.to_string())?;
+    let (mut call_attributes, attributes) = AttributeTaker::split(&span.attributes);
+    let call = take_call_fields(&mut call_attributes).map_err(|wrong| wrong.to_string())?;
     let mut resource = resource.clone();
     // A sender that puts the resource's conventions on the span is understood too; the
     // attribute itself stays with the span's attributes.
@@ -99,8 +99,7 @@ fn convert_span(
     })
 }
 
-fn take_call_fields(attributes: &mut lagscope_model::Attributes) -> Result<CallFields, WrongType> {
-    let mut take = AttributeTaker::new(attributes);
+fn take_call_fields(take: &mut AttributeTaker) -> Result<CallFields, WrongType> {
     Ok(CallFields {
         client_id: take.string(conv::CLIENT_ID)?,
         call_id: take.string(conv::CALL_ID)?,
