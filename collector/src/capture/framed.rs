@@ -94,7 +94,10 @@ fn read_request(reader: &mut impl Read) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(body))
 }
 
-/// One request's bytes: zstd-compressed or not, protobuf or OTLP JSON.
+/// One request's bytes: zstd-compressed or not, protobuf or OTLP JSON. JSON is told by its
+/// first byte, `{` (as the Collector writes it): whitespace before it cannot be allowed, since
+/// a protobuf request's first byte, field 1's key, is a newline (0x0A), and the length after it
+/// may be 123, a `{`.
 fn decode_request(body: &[u8]) -> Result<Vec<Decoded>, String> {
     let inflated;
     let body = if body.starts_with(&ZSTD_MAGIC) {
@@ -103,7 +106,7 @@ fn decode_request(body: &[u8]) -> Result<Vec<Decoded>, String> {
     } else {
         body
     };
-    if body.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{') {
+    if body.first() == Some(&b'{') {
         let text = std::str::from_utf8(body).map_err(|utf8| format!("OTLP JSON that is not UTF-8 text: {utf8}"))?;
         return decode_line(text).map_err(super::LineError::message);
     }
@@ -473,6 +476,29 @@ mod tests {
             let error = result.expect_err("refused");
             assert_eq!((error.line, error.message.as_str(), seen.len()), (1_234, "refused 1234", 1_233));
         }
+    }
+
+    #[test]
+    fn a_protobuf_request_whose_first_resource_is_123_bytes_is_not_taken_for_json() {
+        use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+        let span_request = serde_json::from_str::<AnyRequest>(REQUESTS[0]).expect("request");
+        let AnyRequest::Traces(mut request) = span_request else { panic!("a trace request") };
+        // A second resource first, padded by its scope's name to 123 bytes: `\n{...`.
+        let padded = |name: usize| ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope { name: "x".repeat(name), ..Default::default() }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let first = (0..200).map(padded).find(|resource| resource.encoded_len() == 123).expect("123 bytes");
+        request.resource_spans.insert(0, first);
+        let bytes = request.encode_to_vec();
+        assert_eq!(&bytes[..2], b"\n{");
+        let decoded = decode_request(&bytes).expect("protobuf");
+        assert_eq!(decoded.len(), 1);
+        assert_eq!(decoded[0].spans.len(), 1);
     }
 
     #[test]
