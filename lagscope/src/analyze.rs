@@ -174,7 +174,7 @@ struct Run<'c, 'e> {
     engine: Engine<'c>,
     emit: Option<Emit<'e>>,
     decode_threads: usize,
-    /// Whether an OTLP JSON capture was read.
+    /// Whether an OTLP capture (JSON or protobuf) was read.
     otlp_read: bool,
     /// Whether a store's pages were read ahead.
     read_ahead: bool,

@@ -103,8 +103,9 @@ pub struct Converted {
     pub log_events: u64,
 }
 
-/// Converts OTLP JSON captures (JSON lines, optionally gzipped) into one lscap file, one
-/// export request at a time. Refuses to write over a capture it reads.
+/// Converts OTLP captures (as `analyze` reads them: JSON lines, length-prefixed requests,
+/// compressed or not) into one lscap file, one export request at a time. Refuses to write over
+/// a capture it reads.
 pub fn convert(
     captures: &[impl AsRef<Path>],
     out: &Path,

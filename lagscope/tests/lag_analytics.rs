@@ -223,7 +223,7 @@ async fn aggregated_served_and_exported(config: lagscope::Config, directory: &st
         .expect("lagscope export runs");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("capture.lscap: an lscap capture") && stderr.contains("OTLP JSON"), "{stderr}");
+    assert!(stderr.contains("capture.lscap: an lscap capture") && stderr.contains("reads OTLP captures"), "{stderr}");
 }
 
 /// The live passes' per-minute rollups sum exactly the read rows the lag analytics list: on
