@@ -279,6 +279,15 @@ fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
             stats.unjoined_hops,
             stats.duplicates
         );
+        if report.spans > 0 && stats.calls == 0 {
+            // Telemetry from plain instrumentation: say why nothing could be checked.
+            eprintln!(
+                "note: none of the {} spans is a client's attempt (a span carrying lagscope.client.id from a \
+                 client: its resource's lagscope.component is client, or the span is of CLIENT kind), so no \
+                 client's guarantees could be checked; docs/telemetry-conventions.md says what to send",
+                report.spans
+            );
+        }
     }
     let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     match format {

@@ -241,6 +241,27 @@ fn a_simulated_proto_capture_analyzes_as_its_json_lines() {
 }
 
 #[test]
+fn spans_without_a_client_attempt_are_said_to_be_so() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let plain = directory.path().join("plain.jsonl");
+    // A server span of plain instrumentation: nothing names a client session.
+    std::fs::write(
+        &plain,
+        r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"api"}}]},"scopeSpans":[{"spans":[{"traceId":"5b8efff798038103d269b633813fc60c","spanId":"eee19b7ec3c1b174","name":"GET /","kind":2,"startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}"#,
+    )
+    .expect("write");
+    let output = lagscope(&["analyze", plain.to_str().expect("path")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("note: none of the 1 spans is a client's attempt"), "{stderr}");
+    let fixture = lagscope(&["analyze", fixture("hdfs-rbf-capture.jsonl").to_str().expect("path")]);
+    assert!(
+        !String::from_utf8_lossy(&fixture.stderr).contains("note: none"),
+        "a capture with clients has no such note"
+    );
+}
+
+#[test]
 fn malformed_input_fails_with_the_file_and_line() {
     let directory = tempfile::tempdir().expect("temp dir");
     let text = std::fs::read_to_string(fixture("hdfs-rbf-capture.jsonl")).expect("fixture");
