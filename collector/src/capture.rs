@@ -13,7 +13,7 @@ use crate::otlp::{Converted, logs_from_request, samples_from_request, spans_from
 
 mod framed;
 
-pub use framed::{MAX_REQUEST_BYTES, ZSTD_MAGIC};
+pub use framed::ZSTD_MAGIC;
 
 /// Everything read from one or more captures.
 #[derive(Debug, Default)]
@@ -54,8 +54,7 @@ impl Capture {
             let offset = skip_whitespace(text, stream.byte_offset());
             line += newlines(&text.as_bytes()[counted_to..offset]);
             counted_to = offset;
-            let error =
-                |message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
+            let error = |message: String| At::line(line).error(source_name, message);
             let request = match stream.next() {
                 None => return Ok(()),
                 Some(Ok(request)) => request,
@@ -65,12 +64,7 @@ impl Capture {
                     } else {
                         format!("invalid JSON: {json_error}")
                     };
-                    return Err(CaptureError {
-                        source_name: source_name.to_string(),
-                        line: json_error.line().max(1),
-                        byte: None,
-                        message,
-                    });
+                    return Err(At::line(json_error.line().max(1)).error(source_name, message));
                 }
             };
             self.read_request(request).map_err(error)?;
@@ -127,8 +121,7 @@ pub fn stream_requests_decoding_on(
     mut reader: impl std::io::BufRead + Send,
     mut each: impl FnMut(Decoded) -> Result<(), String>,
 ) -> Result<usize, CaptureError> {
-    let error =
-        |line: usize, message: String| CaptureError { source_name: source_name.to_string(), line, byte: None, message };
+    let error = |line: usize, message: String| At::line(line).error(source_name, message);
     if is_length_prefixed(&mut reader).map_err(|io| error(1, format!("cannot read: {io}")))? {
         return framed::stream_framed(threads, source_name, reader, each);
     }
@@ -189,7 +182,7 @@ pub fn stream_requests_decoding_on(
 /// Whether a capture (past any compression of the whole file) holds length-prefixed requests
 /// ([`framed`]) rather than OTLP JSON: its first byte is neither whitespace nor `{`. Reads
 /// nothing away.
-pub fn is_length_prefixed(reader: &mut impl std::io::BufRead) -> std::io::Result<bool> {
+fn is_length_prefixed(reader: &mut impl std::io::BufRead) -> std::io::Result<bool> {
     let first = reader.fill_buf()?.first().copied();
     Ok(first.is_some_and(|byte| byte != b'{' && !byte.is_ascii_whitespace()))
 }

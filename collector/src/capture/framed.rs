@@ -20,7 +20,7 @@ use super::{AnyRequest, At, Capture, CaptureError, Decoded, decode_in_order, dec
 /// The most a request of a capture may hold, compressed or not: a length above it is taken
 /// for a file that is not such a capture rather than allocated. Below 2^27, a capture's first
 /// byte (its first length's highest) is at most 7: never whitespace or `{`, which tell JSON.
-pub const MAX_REQUEST_BYTES: usize = 128 << 20;
+const MAX_REQUEST_BYTES: usize = 128 << 20;
 const _: () = assert!(MAX_REQUEST_BYTES >> 24 < 0x09, "a capture's first byte could be taken for JSON's");
 
 /// A zstd frame's first bytes.
@@ -71,13 +71,13 @@ pub(super) fn stream_framed(
 
 /// The next request's bytes (after its length); `None` at the end of the stream.
 fn read_request(reader: &mut impl Read) -> Result<Option<Vec<u8>>, String> {
-    let mut length = [0_u8; 4];
-    match read_full(reader, &mut length).map_err(|io| format!("cannot read: {io}"))? {
+    let mut length = Vec::with_capacity(4);
+    match reader.by_ref().take(4).read_to_end(&mut length).map_err(|io| format!("cannot read: {io}"))? {
         0 => return Ok(None),
         4 => {}
         read => return Err(format!("the file ends {read} bytes into a request's 4-byte length")),
     }
-    let length = u32::from_be_bytes(length) as usize;
+    let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]) as usize;
     if length > MAX_REQUEST_BYTES {
         return Err(format!(
             "a request of {length} bytes is announced, more than the {} MiB one may hold: not a capture of OTLP \
@@ -86,8 +86,8 @@ fn read_request(reader: &mut impl Read) -> Result<Option<Vec<u8>>, String> {
             MAX_REQUEST_BYTES >> 20
         ));
     }
-    let mut body = vec![0; length];
-    let read = read_full(reader, &mut body).map_err(|io| format!("cannot read: {io}"))?;
+    let mut body = Vec::with_capacity(length);
+    let read = reader.by_ref().take(length as u64).read_to_end(&mut body).map_err(|io| format!("cannot read: {io}"))?;
     if read < length {
         return Err(format!("the file ends {read} bytes into a request of {length} bytes"));
     }
@@ -101,7 +101,7 @@ fn read_request(reader: &mut impl Read) -> Result<Option<Vec<u8>>, String> {
 fn decode_request(body: &[u8]) -> Result<Vec<Decoded>, String> {
     let inflated;
     let body = if body.starts_with(&ZSTD_MAGIC) {
-        inflated = unzstd(body)?;
+        inflated = crate::otlp::decode::unzstd(body, MAX_REQUEST_BYTES).map_err(|error| error.to_string())?;
         &inflated[..]
     } else {
         body
@@ -111,20 +111,6 @@ fn decode_request(body: &[u8]) -> Result<Vec<Decoded>, String> {
         return decode_line(text).map_err(super::LineError::message);
     }
     decode_protobuf(body).map(|decoded| vec![decoded])
-}
-
-/// A zstd frame (or several) inflated, up to [`MAX_REQUEST_BYTES`].
-fn unzstd(body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut inflated = Vec::new();
-    let decoder = zstd::stream::read::Decoder::with_buffer(body).map_err(|io| format!("invalid zstd: {io}"))?;
-    decoder
-        .take(MAX_REQUEST_BYTES as u64 + 1)
-        .read_to_end(&mut inflated)
-        .map_err(|io| format!("invalid zstd: {io}"))?;
-    if inflated.len() > MAX_REQUEST_BYTES {
-        return Err(format!("a request inflates to more than {} MiB", MAX_REQUEST_BYTES >> 20));
-    }
-    Ok(inflated)
 }
 
 /// Which signal a protobuf export request holds.
@@ -259,13 +245,10 @@ fn varint(bytes: &mut &[u8]) -> Result<u64, String> {
 /// protobuf.
 fn sniff(bytes: &[u8]) -> Result<Option<Told>, String> {
     let not_protobuf = |error: String| format!("not an OTLP export request (neither OTLP JSON nor protobuf): {error}");
-    for field in fields(bytes) {
-        let Wire::Bytes(resource) = field_value(field, 1).map_err(not_protobuf)? else { continue };
-        for field in fields(resource) {
-            let Wire::Bytes(scope) = field_value(field, 2).map_err(not_protobuf)? else { continue };
-            for field in fields(scope) {
-                let Wire::Bytes(record) = field_value(field, 2).map_err(not_protobuf)? else { continue };
-                if let Some(signal) = record_signal(record).map_err(not_protobuf)? {
+    for resource in messages(bytes, 1) {
+        for scope in messages(resource.map_err(not_protobuf)?, 2) {
+            for record in messages(scope.map_err(not_protobuf)?, 2) {
+                if let Some(signal) = record_signal(record.map_err(not_protobuf)?).map_err(not_protobuf)? {
                     return Ok(Some(signal));
                 }
             }
@@ -274,10 +257,14 @@ fn sniff(bytes: &[u8]) -> Result<Option<Told>, String> {
     Ok(None)
 }
 
-/// A field's value when it is field `number`, else a varint (ignored by the caller).
-fn field_value(field: Result<(u64, Wire<'_>), String>, number: u64) -> Result<Wire<'_>, String> {
-    let (found, value) = field?;
-    Ok(if found == number { value } else { Wire::Varint })
+/// The messages a protobuf message holds in field `number` (its other fields passed over), or
+/// what is malformed.
+fn messages(bytes: &[u8], number: u64) -> impl Iterator<Item = Result<&[u8], String>> {
+    fields(bytes).filter_map(move |field| match field {
+        Ok((found, Wire::Bytes(message))) if found == number => Some(Ok(message)),
+        Ok(_) => None,
+        Err(error) => Some(Err(error)),
+    })
 }
 
 /// What a record's fields say it is:
@@ -303,20 +290,6 @@ fn record_signal(record: &[u8]) -> Result<Option<Told>, String> {
         }
     }
     Ok(metric_data.then_some(Told::Likely(Signal::Metrics)))
-}
-
-/// Fills `buffer` from `reader` up to its end; how many bytes were read.
-fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match reader.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(read) => filled += read,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(filled)
 }
 
 #[cfg(test)]
