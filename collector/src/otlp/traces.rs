@@ -151,19 +151,7 @@ pub(crate) fn hex_id(bytes: &[u8], length: usize, field: &str) -> Result<Option<
     if bytes.len() != length {
         return Err(format!("{field} must be {length} bytes, got {}", bytes.len()));
     }
-    Ok(Some(lower_hex(bytes)))
-}
-
-/// Lowercase hex, as `hex::encode` writes it, from a table rather than a `char` iterator
-/// collected one character at a time (every span's ids go through it).
-fn lower_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    text
+    Ok(Some(hex::encode(bytes)))
 }
 
 #[cfg(test)]
@@ -171,9 +159,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_written_in_lowercase_hex_as_the_hex_crate_writes_them() {
-        let bytes: Vec<u8> = (0..=255).collect();
-        assert_eq!(lower_hex(&bytes), hex::encode(&bytes));
+    fn ids_are_written_in_lowercase_hex() {
         assert_eq!(hex_id(&[0xab; 8], 8, "spanId"), Ok(Some("abababababababab".to_string())));
         assert_eq!(hex_id(&[0; 16], 16, "traceId"), Ok(None));
         assert_eq!(hex_id(&[1; 7], 8, "spanId"), Err("spanId must be 8 bytes, got 7".to_string()));
