@@ -278,7 +278,8 @@ fn behind(first_seen: &[(i64, i64)], known: usize, at: i64, state: i64) -> Optio
     // The first report of a state above `state`: from then on the node was behind.
     let missed = first_seen[..known].partition_point(|(_, reported)| *reported <= state);
     let since = first_seen[missed].0;
-    Some((committed, committed - state, (at - since).max(0) as f64 / 1e9))
+    // (Saturating: a state is whatever its sender sent, down to i64::MIN.)
+    Some((committed, committed.saturating_sub(state), at.saturating_sub(since).max(0) as f64 / 1e9))
 }
 
 #[cfg(test)]
@@ -300,5 +301,14 @@ mod tests {
         assert_eq!(behind(&known, 6_000_000_000, 15), Some((30, 15, 4.0)));
         // Served 20 at 6 s: 30 committed at 5 s, 1 s behind.
         assert_eq!(behind(&known, 6_000_000_000, 20), Some((30, 10, 1.0)));
+    }
+
+    #[test]
+    fn behind_saturates_on_states_a_sender_made_up() {
+        // A served state of i64::MIN, a committed one of i64::MAX: as far behind as can be
+        // counted, not an overflow.
+        let known = [(1_000_000_000, i64::MAX)];
+        assert_eq!(behind(&known, 2_000_000_000, i64::MIN), Some((i64::MAX, i64::MAX, 1.0)));
+        assert_eq!(behind(&known, 2_000_000_000, -1), Some((i64::MAX, i64::MAX, 1.0)));
     }
 }

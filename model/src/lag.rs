@@ -22,8 +22,11 @@ impl LagQuery {
     pub fn bucket_of(&self, time: UnixNanos) -> UnixNanos {
         match self.step_seconds {
             Some(step) if step > 0 => {
-                let width = step.saturating_mul(1_000_000_000);
-                self.from_unix_nano + (time - self.from_unix_nano).div_euclid(width) * width
+                // In 128 bits: a time and a range's start may be anywhere in 64 (telemetry's
+                // times are the senders', and `from` may be the earliest time there is).
+                let (from, width) = (i128::from(self.from_unix_nano), i128::from(step.saturating_mul(1_000_000_000)));
+                let bucket = from + (i128::from(time) - from).div_euclid(width) * width;
+                i64::try_from(bucket).unwrap_or(if bucket < 0 { i64::MIN } else { i64::MAX })
             }
             _ => self.from_unix_nano,
         }
@@ -84,4 +87,40 @@ pub struct LagReport {
     pub reads: Vec<ReadStalenessBucket>,
     pub apply_lag: Vec<ApplyLagBucket>,
     pub rejections: Vec<RejectionBucket>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LagQuery;
+
+    fn query(from_unix_nano: i64, step_seconds: i64) -> LagQuery {
+        LagQuery {
+            cluster: None,
+            namespace: None,
+            from_unix_nano,
+            to_unix_nano: i64::MAX,
+            step_seconds: Some(step_seconds),
+        }
+    }
+
+    #[test]
+    fn buckets_start_at_the_range_start_in_steps() {
+        let minute = query(1_000_000_000_000, 60);
+        assert_eq!(minute.bucket_of(1_000_000_000_000), 1_000_000_000_000);
+        assert_eq!(minute.bucket_of(1_059_999_999_999), 1_000_000_000_000);
+        assert_eq!(minute.bucket_of(1_060_000_000_000), 1_060_000_000_000);
+        // Before the range's start: the bucket before it.
+        assert_eq!(minute.bucket_of(999_999_999_999), 940_000_000_000);
+    }
+
+    #[test]
+    fn buckets_of_times_anywhere_in_64_bits() {
+        // A range from the earliest time there is, and a time a sender made up at the other end.
+        // (2^64 - 1 ns after i64::MIN, in whole seconds: 18 446 744 073 of them.)
+        assert_eq!(query(i64::MIN, 1).bucket_of(i64::MAX), 9_223_372_036_145_224_192);
+        assert_eq!(query(i64::MAX, 1).bucket_of(i64::MIN), i64::MIN);
+        // A step of i64::MAX seconds: one bucket from 0 up to i64::MAX ns, the next from there.
+        assert_eq!(query(0, i64::MAX).bucket_of(i64::MAX - 1), 0);
+        assert_eq!(query(0, i64::MAX).bucket_of(i64::MAX), i64::MAX);
+    }
 }
