@@ -67,11 +67,12 @@ pub fn first_seen(mut reports: CommittedReports) -> CommittedReports {
 /// (sorted by time, none before `first_seen`'s last) that reports a state higher than any
 /// before it.
 pub(crate) fn keep_rising(first_seen: &mut Vec<(i64, i64)>, later: impl IntoIterator<Item = (i64, i64)>) {
-    let mut highest = first_seen.last().map_or(i64::MIN, |(_, state)| *state);
+    // (Not i64::MIN for "none yet": a sender may report that state too, and it is the first.)
+    let mut highest = first_seen.last().map(|(_, state)| *state);
     for (time, state) in later {
-        if state > highest {
+        if highest.is_none_or(|highest| state > highest) {
             first_seen.push((time, state));
-            highest = state;
+            highest = Some(state);
         }
     }
 }
@@ -114,8 +115,16 @@ impl<'a> ReportsThrough<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::ReportsThrough;
+    use super::{ReportsThrough, keep_rising};
     use crate::testing::Random;
+
+    #[test]
+    fn the_first_report_is_kept_whatever_its_state() {
+        // i64::MIN is a state a sender may report (the streaming engine's staircase keeps it).
+        let mut first_seen = Vec::new();
+        keep_rising(&mut first_seen, [(1, i64::MIN), (2, i64::MIN), (3, -5), (4, -7), (5, 10)]);
+        assert_eq!(first_seen, [(1, i64::MIN), (3, -5), (5, 10)]);
+    }
 
     #[test]
     fn reports_through_a_time_are_what_a_search_finds_in_any_order_of_times() {

@@ -12,6 +12,12 @@ use crate::{AnalysisInput, AnalyzerConfig};
 /// A state published this soon after the call that returned it ended is the HDFS-17156 race.
 pub(crate) const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
 
+/// How many of the client's calls before a regression are searched for the response that
+/// brought the lower state back (HDFS-16837), newest first. Bounded so that the streaming
+/// engine keeps a bounded number of calls per client and finds what the batch analysis finds;
+/// 64 covers a client whose threads share one session, with that many calls in flight at once.
+pub(crate) const OVERWRITE_LOOKBACK_CALLS: usize = 64;
+
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     super::every_call(input, config, judge)
 }
@@ -32,7 +38,8 @@ pub(crate) fn judge(
                 continue;
             }
             let seen_call = &timeline.calls[seen.call_index];
-            let overwritten_by = overwritten_by(timeline.calls[..call_index].iter().rev(), attempt, carried, &seen);
+            let earlier = timeline.calls[..call_index].iter().rev().take(OVERWRITE_LOOKBACK_CALLS);
+            let overwritten_by = overwritten_by(earlier, attempt, carried, &seen);
             found(call.start_unix_nano, regression(timeline, call, attempt, carried, &seen, seen_call, overwritten_by));
         }
     }
@@ -92,8 +99,9 @@ pub(crate) fn regression<C: CallView>(
     }
 }
 
-/// The latest of `earlier` (newest first) that ended after the client saw `seen` and before
-/// `attempt` left, and returned the lower `carried`: the response that overwrote the state.
+/// The latest of `earlier` (newest first; the [`OVERWRITE_LOOKBACK_CALLS`] before the call)
+/// that ended after the client saw `seen` and before `attempt` left, and returned the lower
+/// `carried`: the response that overwrote the state.
 pub(crate) fn overwritten_by<C: CallView>(
     mut earlier: impl Iterator<Item = C>,
     attempt: &impl AttemptView,

@@ -12,8 +12,8 @@ use super::intern::Sym;
 use crate::floor::{FloorContribution, FloorSource};
 
 /// Calls per client kept for causes that look back (a lower state brought back by a later
-/// response, HDFS-16837).
-const RECENT_CALLS: usize = 16;
+/// response, HDFS-16837): as many as the batch detector searches.
+const RECENT_CALLS: usize = crate::detectors::carried_state_regression::OVERWRITE_LOOKBACK_CALLS;
 
 /// One attempt of a processed call.
 #[derive(Debug, Clone)]
