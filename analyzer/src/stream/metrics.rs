@@ -70,6 +70,9 @@ struct Run {
     at_end: [Option<f64>; 3],
     /// Whether a point since `end` failed the condition (a dip the run may go on through).
     dipped: bool,
+    /// The highest value of that dip's points: part of the run's peak if the run goes on
+    /// (the batch detectors take the peak over every point from its start to its end).
+    dip_peak: f64,
 }
 
 /// An apply-lag episode in progress, with the committed state at its start and at its end.
@@ -427,13 +430,16 @@ impl Metrics {
                 at_start: values,
                 at_end: values,
                 dipped: false,
+                dip_peak: 0.0,
             });
             run.end = at;
-            run.peak = run.peak.max(value);
+            run.peak = run.peak.max(value).max(run.dip_peak);
             run.at_end = values;
             run.dipped = false;
+            run.dip_peak = 0.0;
         } else if let Some(run) = series.run.as_mut() {
             run.dipped = true;
+            run.dip_peak = run.dip_peak.max(value);
         }
     }
 
