@@ -489,6 +489,9 @@ fn differences(left: &Anomaly, right: &Anomaly) -> String {
     out.join("; ")
 }
 
+/// Every panic in this process, on any thread (a capture's decode threads among them).
+static PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 thread_local! {
     /// The last panic on this thread: its message and where it was raised.
     static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
@@ -509,6 +512,7 @@ fn record_panic_places() {
                 .unwrap_or_default();
             let place = info.location().map(|at| format!(" at {}:{}", at.file(), at.line())).unwrap_or_default();
             LAST_PANIC.with(|last| *last.borrow_mut() = Some(format!("{message}{place}")));
+            PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(format!("{message}{place}"));
             default(info);
         }));
     });
@@ -698,4 +702,139 @@ fn a_storms_peak_counts_the_points_of_a_dip_it_goes_on_through() {
     assert!(peaks(&expected)[0].contains("(peak 50000/s)"), "{:?}", peaks(&expected));
     assert_eq!(peaks(&streamed(&records, &config)), peaks(&expected));
     assert_eq!(peaks(&streamed_through_codec(&records, &config)), peaks(&expected));
+}
+
+/// The golden fixture's requests as the Collector's file exporter writes them with `format:
+/// proto`: each protobuf request after its length (4 bytes, big-endian), zstd-compressed on
+/// its own when `zstd` is given.
+fn length_prefixed(text: &str, zstd: bool) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::{
+        logs::v1::ExportLogsServiceRequest, metrics::v1::ExportMetricsServiceRequest,
+        trace::v1::ExportTraceServiceRequest,
+    };
+    use prost::Message;
+    let mut bytes = Vec::new();
+    for line in text.lines() {
+        let mut request = if line.starts_with(r#"{"resourceSpans""#) {
+            serde_json::from_str::<ExportTraceServiceRequest>(line).expect("traces").encode_to_vec()
+        } else if line.starts_with(r#"{"resourceMetrics""#) {
+            serde_json::from_str::<ExportMetricsServiceRequest>(line).expect("metrics").encode_to_vec()
+        } else {
+            serde_json::from_str::<ExportLogsServiceRequest>(line).expect("logs").encode_to_vec()
+        };
+        if zstd {
+            request = ::zstd::encode_all(&request[..], 3).expect("zstd");
+        }
+        bytes.extend_from_slice(&u32::try_from(request.len()).expect("small").to_be_bytes());
+        bytes.extend_from_slice(&request);
+    }
+    bytes
+}
+
+/// `bytes` damaged one to four ways: bytes flipped or set to the values parsers trip on, the
+/// file cut short, a stretch repeated or removed, bytes inserted.
+fn damage(rng: &mut Rng, bytes: &[u8]) -> (Vec<u8>, Vec<String>) {
+    let mut out = bytes.to_vec();
+    let mut done = Vec::new();
+    for _ in 0..1 + rng.below(4) {
+        if out.is_empty() {
+            break;
+        }
+        let at = rng.below(out.len());
+        match rng.below(6) {
+            0 => {
+                out[at] ^= 1 << rng.below(8);
+                done.push(format!("a bit of byte {at} flipped"));
+            }
+            1 => {
+                let value = *rng.pick(&[0x00_u8, 0xFF, 0x7F, 0x80, b'{', b'"', b'\\', b'\n']);
+                out[at] = value;
+                done.push(format!("byte {at} set to {value:#04x}"));
+            }
+            2 => {
+                out.truncate(at);
+                done.push(format!("cut at byte {at}"));
+            }
+            3 => {
+                let end = (at + 1 + rng.below(64)).min(out.len());
+                let stretch = out[at..end].to_vec();
+                out.splice(at..at, stretch);
+                done.push(format!("bytes {at}..{end} repeated"));
+            }
+            4 => {
+                let end = (at + 1 + rng.below(64)).min(out.len());
+                out.drain(at..end);
+                done.push(format!("bytes {at}..{end} removed"));
+            }
+            _ => {
+                let inserted: Vec<u8> = (0..1 + rng.below(8)).map(|_| rng.next() as u8).collect();
+                done.push(format!("{} bytes inserted at {at}", inserted.len()));
+                out.splice(at..at, inserted);
+            }
+        }
+    }
+    (out, done)
+}
+
+#[test]
+fn damaged_captures_are_read_or_refused_by_name_never_a_panic() {
+    // The golden fixture in each layout `analyze` reads (OTLP JSON lines, plain and gzip;
+    // length-prefixed protobuf, plain and zstd per request; lscap), damaged at random many
+    // times over: each damaged file is analysed, or refused with an error that names it; no
+    // panic on any thread, and none of the decoders' arithmetic overflows.
+    record_panic_places();
+    let directory = tempfile::tempdir().expect("temp dir");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hdfs-rbf-capture.jsonl");
+    let text = std::fs::read_to_string(&fixture).expect("fixture");
+    let gzip = {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(text.as_bytes()).expect("gzip");
+        encoder.finish().expect("gzip")
+    };
+    let lscap = {
+        let path = directory.path().join("fixture.lscap");
+        lagscope::lscap::convert(&[&fixture], &path, lagscope::progress::Progress::Off).expect("converts");
+        std::fs::read(&path).expect("lscap")
+    };
+    let layouts = [
+        ("jsonl", text.clone().into_bytes()),
+        ("jsonl.gz", gzip),
+        ("binpb", length_prefixed(&text, false)),
+        ("binpb-zstd", length_prefixed(&text, true)),
+        ("lscap", lscap),
+    ];
+    let config = AnalyzerConfig::default();
+    let (mut failures, mut refused, mut read) = (Vec::new(), 0, 0);
+    for (layout_index, (layout, bytes)) in layouts.iter().enumerate() {
+        // Undamaged, each layout reads (the damage is what fails, not the layout).
+        let path = directory.path().join(format!("whole.{layout}"));
+        std::fs::write(&path, bytes).expect("write");
+        lagscope::analyze::analyze_paths(&[&path], &config).unwrap_or_else(|error| panic!("{layout}: {error:#}"));
+        for round in 0..150_u64 {
+            let seed = 9_000 + layout_index as u64 * 1_000 + round;
+            let (damaged, how) = damage(&mut Rng::new(seed), bytes);
+            let name = format!("damaged-{seed}.{layout}");
+            let path = directory.path().join(&name);
+            std::fs::write(&path, &damaged).expect("write");
+            PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+            let outcome = catch_unwind(AssertUnwindSafe(|| lagscope::analyze::analyze_paths(&[&path], &config)));
+            let panics = std::mem::take(&mut *PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            match outcome {
+                _ if !panics.is_empty() => failures.push(format!("{name} ({how:?}): panicked: {panics:?}")),
+                Err(_) => failures.push(format!("{name} ({how:?}): panicked")),
+                Ok(Ok(_)) => read += 1,
+                Ok(Err(error)) => {
+                    refused += 1;
+                    let message = format!("{error:#}");
+                    if !message.contains(&name) {
+                        failures.push(format!("{name} ({how:?}): refused without naming the file: {message}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} damaged captures failed:\n{}", failures.len(), failures.join("\n"));
+    // Both outcomes were met (damage that leaves a capture readable, and damage that does not).
+    assert!(refused > 100 && read > 10, "{refused} refused, {read} read");
 }
