@@ -2,9 +2,10 @@
 //! conversion accepts (any 64-bit state, attempt or count; any time from 0 to `i64::MAX`, an
 //! end before its start; ids missing, repeated or pointing at themselves; strings empty, long
 //! or foreign; metric values that are NaN or infinite) must go through every analysis path
-//! without a panic: the batch analysis, the streaming engine, the lscap codec, the lag rows
-//! and their polars aggregates. Tests build with overflow checks, so an arithmetic overflow
-//! on such a value is a panic here (in a release build it would be a wrong number).
+//! without a panic: the batch analysis, the streaming engine, the lscap codec, the live
+//! analyzer's held timelines and their settling, the lag rows and their polars aggregates.
+//! Tests build with overflow checks, so an arithmetic overflow on such a value is a panic
+//! here (in a release build it would be a wrong number).
 //!
 //! Each run takes a simulator scenario's telemetry and changes a few percent of its records
 //! at random (a seeded generator: a failure names its seed and the changes, and reruns
@@ -518,6 +519,33 @@ fn record_panic_places() {
     });
 }
 
+/// The live analyzer's way: the spans held between passes (a pass every 1 000 records), each
+/// pass's timelines analysed, then let go of what settled 10 s behind the newest span.
+fn live_passes(records: &[Record], config: &AnalyzerConfig) {
+    let mut held = lagscope_analyzer::HeldTimelines::new(config.stream.horizon());
+    let mut samples = Vec::new();
+    for pass in records.chunks(1_000) {
+        for record in pass {
+            match record {
+                Record::Span(span) => {
+                    held.insert(span.clone());
+                }
+                Record::Sample(sample) => samples.push(sample.clone()),
+            }
+        }
+        held.refresh();
+        let input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
+        let anomalies: Vec<Anomaly> = lagscope_analyzer::analyze_kinds(&input, config, |_| true)
+            .into_iter()
+            .filter(|anomaly| !held.is_settled(anomaly))
+            .collect();
+        held.give_back(input.into_parts().0);
+        let newest = held.spans().map(|span| span.start_unix_nano).max().unwrap_or_default();
+        let before = newest.saturating_sub(10_000_000_000);
+        held.settle(before, lagscope_analyzer::growing(&anomalies, before, config));
+    }
+}
+
 /// Runs every path over `records`; the paths that panicked, with their messages, and whether
 /// the streamed analyses differ from the batch one.
 fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Option<String>) {
@@ -540,6 +568,7 @@ fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Opti
     guarded("the streaming engine through lscap", &mut || {
         through_codec = Some(streamed_through_codec(records, config))
     });
+    guarded("the live analyzer's passes over held timelines, settling", &mut || live_passes(records, config));
     if let Some(input) = &input {
         guarded("the lag rows and their aggregates", &mut || {
             let rows = lag_rows(input);
