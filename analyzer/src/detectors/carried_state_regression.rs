@@ -14,9 +14,10 @@ pub(crate) const PUBLISH_RACE_GAP_NANOS: i64 = 10_000_000;
 
 /// How many of the client's calls before a regression are searched for the response that
 /// brought the lower state back (HDFS-16837), newest first. Bounded so that the streaming
-/// engine keeps a bounded number of calls per client and finds what the batch analysis finds;
-/// 64 covers a client whose threads share one session, with that many calls in flight at once.
-pub(crate) const OVERWRITE_LOOKBACK_CALLS: usize = 64;
+/// engine keeps a bounded number of calls per client and finds what the batch analysis finds.
+/// 16: keeping 64 made the whole analysis 9% slower (the calls kept longer are freed out of
+/// cache; BENCHMARKS.md, seventy-second session).
+pub(crate) const OVERWRITE_LOOKBACK_CALLS: usize = 16;
 
 pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     super::every_call(input, config, judge)
