@@ -178,8 +178,11 @@ struct OpenCall {
     /// Whether another open call held that key when it opened: then it is listed in
     /// `open_collisions` instead.
     collided: bool,
+    /// Its op and method: those of the attempt that names it, the first in (attempt number,
+    /// start) order so far (as the batch analysis names a call), whichever arrived first.
     op: Sym,
     rpc_method: Sym,
+    named_by: (Option<i64>, UnixNanos),
     /// Its first attempt's start: attempts of its call id that start more than a horizon
     /// later, and hops of its id that do, are another call's (a restarted client counts its
     /// calls again), as `build_timelines` has it.

@@ -29,7 +29,29 @@ impl Engine<'_> {
             return;
         }
         let (call, index_key) = match existing {
-            Some(call) => (call, None),
+            Some(call) => {
+                // An attempt before the one that named the call (a retry's span may arrive
+                // first; a call id used again within the horizon groups other calls' spans):
+                // it names the call now. One that started earlier than every attempt so far
+                // moves the call's start, and its turn with it: calls are processed in the
+                // order they started (the entry at the later start finds it gone).
+                let mut earlier = false;
+                if let Some(open) = self.calls[call.slot()].as_mut() {
+                    if (span.attempt, span.start) < open.named_by {
+                        (open.op, open.rpc_method, open.named_by) =
+                            (span.op, span.rpc_method, (span.attempt, span.start));
+                    }
+                    if span.start < open.start {
+                        open.start = span.start;
+                        earlier = true;
+                    }
+                }
+                if earlier {
+                    self.sequence += 1;
+                    self.queue.push(Due(span.start, self.sequence, call));
+                }
+                (call, None)
+            }
             None => self.open_call(span),
         };
         let at = self.held.push(Slot::Raw(ClientRec::of(span)));
@@ -98,6 +120,7 @@ impl Engine<'_> {
             collided: false,
             op: span.op,
             rpc_method: span.rpc_method,
+            named_by: (span.attempt, span.start),
             start: span.start,
             held: SmallVec::new(),
         });
