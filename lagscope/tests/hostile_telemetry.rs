@@ -16,11 +16,12 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use lagscope_analyzer::stream::{Engine, Interner, SpanRec, codec};
-use lagscope_analyzer::{AnalysisInput, AnalyzerConfig, analyze, lag_rows};
-use lagscope_collector::otlp::{samples_from_request, spans_from_request};
+mod support;
+
+use lagscope_analyzer::{AnalyzerConfig, analyze, lag_rows};
 use lagscope_model::{Anomaly, AnomalyKind, Component, LagQuery, Op, Outcome, PointValue, Sample, Span, SpanEvent};
-use lagscope_sim::{Request, SimConfig, scenarios};
+use lagscope_sim::{SimConfig, scenarios};
+use support::records::{Record, batch, batch_input, live_passes, records_of, streamed, streamed_through_codec};
 
 /// xorshift64*: small, seeded, the same on every machine.
 struct Rng(u64);
@@ -106,29 +107,6 @@ impl Rng {
     fn hex(&mut self, bytes: usize) -> String {
         (0..bytes).map(|_| format!("{:02x}", self.next() as u8)).collect()
     }
-}
-
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone)]
-enum Record {
-    Span(Span),
-    Sample(Sample),
-}
-
-fn records_of(config: &SimConfig) -> Vec<Record> {
-    let mut requests: Vec<Request> = Vec::new();
-    lagscope_sim::run(config, &mut requests).expect("scenario runs");
-    let mut records = Vec::new();
-    for request in &requests {
-        match request {
-            Request::Traces(request) => records.extend(spans_from_request(request).items.into_iter().map(Record::Span)),
-            Request::Metrics(request) => {
-                records.extend(samples_from_request(request).items.into_iter().map(Record::Sample))
-            }
-            Request::Logs(_) => {}
-        }
-    }
-    records
 }
 
 /// Changes that leave a span's times, identity, place in its trace, and call alone (its
@@ -390,75 +368,6 @@ fn mutate(records: &[Record], seed: u64, percent: u64, kinds: &[usize]) -> (Vec<
     (out, changes)
 }
 
-fn batch(records: &[Record], config: &AnalyzerConfig) -> (Vec<Anomaly>, AnalysisInput) {
-    let (mut spans, mut samples) = (Vec::new(), Vec::new());
-    for record in records {
-        match record {
-            Record::Span(span) => spans.push(span.clone()),
-            Record::Sample(sample) => samples.push(sample.clone()),
-        }
-    }
-    let input = AnalysisInput::from_telemetry(&spans, samples, config.stream.horizon());
-    (analyze(&input, config), input)
-}
-
-fn streamed(records: &[Record], config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut engine = Engine::new(config, |_| true);
-    for record in records {
-        match record {
-            Record::Span(span) => {
-                let record = SpanRec::from_span(span, &mut engine.interner);
-                engine.push_span(&record);
-            }
-            Record::Sample(sample) => engine.push_model_sample(sample),
-        }
-    }
-    engine.finish().0
-}
-
-/// Through lscap: encoded, decoded, then streamed.
-fn streamed_through_codec(records: &[Record], config: &AnalyzerConfig) -> Vec<Anomaly> {
-    let mut writer_interner = Interner::default();
-    let mut encoder = codec::Encoder::default();
-    let mut blocks = Vec::new();
-    for record in records {
-        match record {
-            Record::Span(span) => {
-                let record = SpanRec::from_span(span, &mut writer_interner);
-                encoder.span(&record, &writer_interner);
-            }
-            Record::Sample(sample) => {
-                let PointValue::Number(value) = sample.value else { continue };
-                let labels: Vec<(&str, &str)> =
-                    sample.series.labels.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
-                let (name, kind, time) = (&sample.series.name, sample.meta.kind, sample.time_unix_nano);
-                encoder.sample(name, kind, &labels, time, value, &mut writer_interner);
-            }
-        }
-        blocks.extend(encoder.take_block(false));
-    }
-    blocks.extend(encoder.take_block(true));
-    let mut engine = Engine::new(config, |_| true);
-    let mut decoder = codec::Decoder::new();
-    let mut series = Vec::new();
-    for block in &blocks {
-        let mut items = Vec::new();
-        decoder.decode_block(&block[4..], &mut engine.interner, |item| items.push(item)).expect("block decodes");
-        for item in items {
-            match item {
-                codec::Item::Span(span) => engine.push_span(&span),
-                codec::Item::LogEvent(event) => engine.push_log_event(&event),
-                codec::Item::Series(definition) => series.push(engine.define_series(&definition)),
-                codec::Item::Sample(mut sample) => {
-                    sample.series = series[sample.series as usize];
-                    engine.push_sample(sample);
-                }
-            }
-        }
-    }
-    engine.finish().0
-}
-
 /// The fields in which two anomalies differ, as `path: left | right`.
 fn differences(left: &Anomaly, right: &Anomaly) -> String {
     fn walk(path: String, left: &serde_json::Value, right: &serde_json::Value, out: &mut Vec<String>) {
@@ -521,33 +430,6 @@ fn record_panic_places() {
     });
 }
 
-/// The live analyzer's way: the spans held between passes (a pass every 1 000 records), each
-/// pass's timelines analysed, then let go of what settled 10 s behind the newest span.
-fn live_passes(records: &[Record], config: &AnalyzerConfig) {
-    let mut held = lagscope_analyzer::HeldTimelines::new(config.stream.horizon());
-    let mut samples = Vec::new();
-    for pass in records.chunks(1_000) {
-        for record in pass {
-            match record {
-                Record::Span(span) => {
-                    held.insert(span.clone());
-                }
-                Record::Sample(sample) => samples.push(sample.clone()),
-            }
-        }
-        held.refresh();
-        let input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
-        let anomalies: Vec<Anomaly> = lagscope_analyzer::analyze_kinds(&input, config, |_| true)
-            .into_iter()
-            .filter(|anomaly| !held.is_settled(anomaly))
-            .collect();
-        held.give_back(input.into_parts().0);
-        let newest = held.spans().map(|span| span.start_unix_nano).max().unwrap_or_default();
-        let before = newest.saturating_sub(10_000_000_000);
-        held.settle(before, lagscope_analyzer::growing(&anomalies, before, config));
-    }
-}
-
 /// Runs every path over `records`; the paths that panicked, with their messages, and whether
 /// the streamed analyses differ from the batch one.
 fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Option<String>) {
@@ -561,8 +443,8 @@ fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Opti
     };
     let (mut expected, mut input) = (None, None);
     guarded("the batch analysis", &mut || {
-        let (anomalies, analysed) = batch(records, config);
-        expected = Some(anomalies);
+        let analysed = batch_input(records, config);
+        expected = Some(analyze(&analysed, config));
         input = Some(analysed);
     });
     let (mut direct, mut through_codec) = (None, None);
@@ -570,7 +452,10 @@ fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Opti
     guarded("the streaming engine through lscap", &mut || {
         through_codec = Some(streamed_through_codec(records, config))
     });
-    guarded("the live analyzer's passes over held timelines, settling", &mut || live_passes(records, config));
+    // (A pass every 1 000 records, settling 10 s behind the newest span.)
+    guarded("the live analyzer's passes over held timelines, settling", &mut || {
+        live_passes(records, &[], config, 1_000, Some(10_000_000_000));
+    });
     if let Some(input) = &input {
         guarded("the lag rows and their aggregates", &mut || {
             let rows = lag_rows(input);
@@ -636,29 +521,7 @@ fn scenario_names() -> Vec<&'static str> {
 
 #[test]
 fn hostile_values_break_no_analysis_and_keep_stream_and_batch_equal() {
-    let config = AnalyzerConfig::default();
-    let names = scenario_names();
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    for (index, name) in names.iter().enumerate() {
-        let records = records_of(&SimConfig::new(name));
-        for round in 0..3_u64 {
-            let seed = 1_000 + index as u64 * 10 + round;
-            let (changed, changes) = mutate(&records, seed, 3, VALUE_CHANGES);
-            let (panics, differs) = every_path(&changed, &config);
-            runs += 1;
-            if !panics.is_empty() || differs.is_some() {
-                failures.push(format!(
-                    "{name}, seed {seed} ({} changes, first: {:?}):\n  {}{}",
-                    changes.len(),
-                    &changes[..changes.len().min(6)],
-                    panics.join("\n  "),
-                    differs.map(|text| format!("\n  stream and batch differ: {text}")).unwrap_or_default(),
-                ));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} of {runs} runs failed:\n{}", failures.len(), failures.join("\n\n"));
+    every_scenario_changed(1_000, 3, VALUE_CHANGES, true);
 }
 
 #[test]
@@ -667,23 +530,30 @@ fn hostile_times_ids_and_parents_break_no_analysis() {
     // parent, call ids changed: the streaming engine then judges what arrives
     // behind a far-future span as late, and joins what it reaches before the lateness passes,
     // so only the absence of panics is asked ([`ALL_CHANGES`]).
+    every_scenario_changed(5_000, 2, ALL_CHANGES, false);
+}
+
+/// Every scenario, three times, with `percent` of its records changed by changes of `kinds`
+/// (seeds from `first_seed` on): no path may panic, and, if `equal`, the streamed analyses must
+/// equal the batch one.
+fn every_scenario_changed(first_seed: u64, percent: u64, kinds: &[usize], equal: bool) {
     let config = AnalyzerConfig::default();
-    let names = scenario_names();
-    let mut failures = Vec::new();
-    let mut runs = 0;
-    for (index, name) in names.iter().enumerate() {
+    let (mut failures, mut runs) = (Vec::new(), 0);
+    for (index, name) in scenario_names().iter().enumerate() {
         let records = records_of(&SimConfig::new(name));
         for round in 0..3_u64 {
-            let seed = 5_000 + index as u64 * 10 + round;
-            let (changed, changes) = mutate(&records, seed, 2, ALL_CHANGES);
-            let (panics, _) = every_path(&changed, &config);
+            let seed = first_seed + index as u64 * 10 + round;
+            let (changed, changes) = mutate(&records, seed, percent, kinds);
+            let (panics, differs) = every_path(&changed, &config);
+            let differs = differs.filter(|_| equal);
             runs += 1;
-            if !panics.is_empty() {
+            if !panics.is_empty() || differs.is_some() {
                 failures.push(format!(
-                    "{name}, seed {seed} ({} changes, first: {:?}):\n  {}",
+                    "{name}, seed {seed} ({} changes, first: {:?}):\n  {}{}",
                     changes.len(),
                     &changes[..changes.len().min(6)],
                     panics.join("\n  "),
+                    differs.map(|text| format!("\n  stream and batch differ: {text}")).unwrap_or_default(),
                 ));
             }
         }
@@ -725,7 +595,7 @@ fn a_storms_peak_counts_the_points_of_a_dip_it_goes_on_through() {
         }
     }
     let config = AnalyzerConfig::default();
-    let (expected, _) = batch(&records, &config);
+    let expected = batch(&records, &config);
     let peaks = |anomalies: &[Anomaly]| -> Vec<String> {
         anomalies.iter().map(|anomaly| format!("{:?}: {}", anomaly.kind, anomaly.summary)).collect()
     };
@@ -912,7 +782,7 @@ fn a_call_is_named_by_its_first_attempt_whichever_arrives_first() {
             }
             index += 1;
         }
-        let (expected, _) = batch(&records, &config);
+        let expected = batch(&records, &config);
         if let Some(differs) = every_path(&records, &config).1 {
             failures.push(format!("{name}: {differs}"));
         }

@@ -183,7 +183,8 @@ struct OpenCall {
     op: Sym,
     rpc_method: Sym,
     named_by: (Option<i64>, UnixNanos),
-    /// Its first attempt's start: attempts of its call id that start more than a horizon
+    /// Its earliest attempt's start (the first to arrive, or an earlier one after it; the
+    /// call's turn in `queue`): attempts of its call id that start more than a horizon
     /// later, and hops of its id that do, are another call's (a restarted client counts its
     /// calls again), as `build_timelines` has it.
     start: UnixNanos,
