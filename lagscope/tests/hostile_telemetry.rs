@@ -23,19 +23,17 @@ use lagscope_model::{Anomaly, AnomalyKind, Component, LagQuery, Op, Outcome, Poi
 use lagscope_sim::{SimConfig, scenarios};
 use support::records::{Record, batch, batch_input, live_passes, records_of, streamed, streamed_through_codec};
 
-/// xorshift64*: small, seeded, the same on every machine.
-struct Rng(u64);
+/// The simulator's seeded generator (the same on every machine), with the draws these tests
+/// make of it.
+struct Rng(lagscope_sim::Rng);
 
 impl Rng {
     fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Self(lagscope_sim::Rng::new(seed))
     }
 
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
 
     fn below(&mut self, bound: usize) -> usize {
@@ -401,19 +399,17 @@ fn differences(left: &Anomaly, right: &Anomaly) -> String {
     out.join("; ")
 }
 
-/// Every panic in this process, on any thread (a capture's decode threads among them).
-static PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
 thread_local! {
     /// The last panic on this thread: its message and where it was raised.
     static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Has every panic recorded with its place (a caught panic's payload has no place), then
-/// reported as the default hook reports it.
-fn record_panic_places() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
+/// `run`'s result, or the message and place of the panic it raised: a panic on a thread it
+/// scoped (a capture's decode threads) comes back through it. The default hook reports each
+/// panic too.
+fn caught<T>(run: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let message = info
@@ -424,20 +420,19 @@ fn record_panic_places() {
                 .unwrap_or_default();
             let place = info.location().map(|at| format!(" at {}:{}", at.file(), at.line())).unwrap_or_default();
             LAST_PANIC.with(|last| *last.borrow_mut() = Some(format!("{message}{place}")));
-            PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(format!("{message}{place}"));
             default(info);
         }));
     });
+    catch_unwind(AssertUnwindSafe(run))
+        .map_err(|_| LAST_PANIC.with(|last| last.borrow_mut().take()).unwrap_or_default())
 }
 
 /// Runs every path over `records`; the paths that panicked, with their messages, and whether
 /// the streamed analyses differ from the batch one.
 fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Option<String>) {
     let mut panics = Vec::new();
-    record_panic_places();
     let mut guarded = |path: &str, run: &mut dyn FnMut()| {
-        if catch_unwind(AssertUnwindSafe(run)).is_err() {
-            let panic = LAST_PANIC.with(|last| last.borrow_mut().take()).unwrap_or_default();
+        if let Err(panic) = caught(run) {
             panics.push(format!("{path} panicked: {panic}"));
         }
     };
@@ -476,10 +471,10 @@ fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Opti
     // hops by call id (its client's other hops came without trace context) is known to the
     // engine once that call is processed, in start order; a retried call that started before
     // it but whose later attempt left after the report is judged without it, where the batch
-    // analysis knows every report by its time. On one run of these (hdfs-future-state, seed
-    // 1070: client-2's server reported a committed state of i64::MAX at 21.551 s, and
-    // client-restored's call begun at 20.372 s retried at 21.577 s) the engine counts that
-    // retry as untrusted (33 requests against 32). Until the engine records such reports
+    // analysis knows every report by its time. One run found it (hdfs-future-state: client-2's
+    // server reported a committed state of i64::MAX at 21.551 s, and client-restored's call
+    // begun at 20.372 s retried at 21.577 s; the engine counted that retry as untrusted, 33
+    // requests against 32). Until the engine records such reports
     // sooner, untrusted_state is left out of the comparison (not out of the run).
     let compared = |anomalies: &Option<Vec<Anomaly>>| {
         anomalies.as_ref().map(|anomalies| {
@@ -683,7 +678,6 @@ fn damaged_captures_are_read_or_refused_by_name_never_a_panic() {
     // length-prefixed protobuf, plain and zstd per request; lscap), damaged at random many
     // times over: each damaged file is analysed, or refused with an error that names it; no
     // panic on any thread, and none of the decoders' arithmetic overflows.
-    record_panic_places();
     let directory = tempfile::tempdir().expect("temp dir");
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hdfs-rbf-capture.jsonl");
     let text = std::fs::read_to_string(&fixture).expect("fixture");
@@ -718,12 +712,8 @@ fn damaged_captures_are_read_or_refused_by_name_never_a_panic() {
             let name = format!("damaged-{seed}.{layout}");
             let path = directory.path().join(&name);
             std::fs::write(&path, &damaged).expect("write");
-            PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
-            let outcome = catch_unwind(AssertUnwindSafe(|| lagscope::analyze::analyze_paths(&[&path], &config)));
-            let panics = std::mem::take(&mut *PANICS.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-            match outcome {
-                _ if !panics.is_empty() => failures.push(format!("{name} ({how:?}): panicked: {panics:?}")),
-                Err(_) => failures.push(format!("{name} ({how:?}): panicked")),
+            match caught(|| lagscope::analyze::analyze_paths(&[&path], &config)) {
+                Err(panic) => failures.push(format!("{name} ({how:?}): panicked: {panic}")),
                 Ok(Ok(_)) => read += 1,
                 Ok(Err(error)) => {
                     refused += 1;

@@ -35,7 +35,6 @@ impl Engine<'_> {
                 // it names the call now. One that started earlier than every attempt so far
                 // moves the call's start, and its turn with it: calls are processed in the
                 // order they started (the entry at the later start finds it gone).
-                let mut earlier = false;
                 if let Some(open) = self.calls[call.slot()].as_mut() {
                     if (span.attempt, span.start) < open.named_by {
                         (open.op, open.rpc_method, open.named_by) =
@@ -43,12 +42,9 @@ impl Engine<'_> {
                     }
                     if span.start < open.start {
                         open.start = span.start;
-                        earlier = true;
+                        self.sequence += 1;
+                        self.queue.push(Due(span.start, self.sequence, call));
                     }
-                }
-                if earlier {
-                    self.sequence += 1;
-                    self.queue.push(Due(span.start, self.sequence, call));
                 }
                 (call, None)
             }
