@@ -154,6 +154,9 @@ pub(crate) struct ClientState {
     pub(crate) seen: Option<Contribution>,
     pub(crate) recent: VecDeque<Rc<Call>>,
     pub(crate) untrusted: Option<UntrustedRun>,
+    /// The client's checks put off in the engine's queue (`engine::Deferred`): while there
+    /// are any, its next ones wait behind them, and it is not evicted.
+    pub(crate) deferred: u32,
     /// The latest end time of the client's attempts seen (for idle eviction).
     pub(crate) last_seen: UnixNanos,
     pub(crate) used_followers: bool,
@@ -182,6 +185,7 @@ impl ClientState {
             seen: None,
             recent: VecDeque::new(),
             untrusted: None,
+            deferred: 0,
             last_seen: i64::MIN,
             used_followers: false,
             last_follower_consistency: Sym::NONE,

@@ -38,7 +38,7 @@ use super::codec::{SampleRec, SeriesDef};
 use super::compact::{Attempt, Call, CallIn, ClientRec, build_attempt};
 use super::intern::{Interner, Sym, known};
 use super::metrics::Metrics;
-use super::namespace::{Fact, MAX_FORWARDED, NamespaceState};
+use super::namespace::{Committed, Fact, MAX_FORWARDED, NamespaceState};
 use super::queue::{Places, TimeQueue, Timed};
 use super::record::{CallId, HopRec, SpanKey, SpanRec};
 use crate::AnalyzerConfig;
@@ -57,7 +57,7 @@ mod raise;
 mod switches;
 
 use calls::{TracedHops, call_key};
-use process::{Facts, PendingPinned, record_facts};
+use process::{Deferred, Facts, PendingPinned, record_facts};
 use raise::{Raise, build_anomalies, identity};
 use switches::{SwitchLine, verdicts_of};
 #[cfg(test)]
@@ -388,6 +388,9 @@ pub struct Engine<'c> {
     anomalies: Vec<Anomaly>,
     /// Pinned runs waiting to be judged, in the order found.
     pinned: Vec<PendingPinned>,
+    /// Checks put off until the committed states reported by their time are all known, in
+    /// the order put off.
+    deferred: VecDeque<Deferred>,
     /// Window anomalies [`Engine::drain_found`] met, kept for [`Engine::finish`].
     windows_found: Vec<Anomaly>,
     stats: EngineStats,
@@ -465,6 +468,7 @@ impl<'c> Engine<'c> {
             recent_line_set: FxHashSet::default(),
             anomalies: Vec::new(),
             pinned: Vec::new(),
+            deferred: VecDeque::new(),
             windows_found: Vec::new(),
             stats: EngineStats::default(),
         }
@@ -551,6 +555,7 @@ impl<'c> Engine<'c> {
     pub fn finish(mut self) -> (Vec<Anomaly>, EngineStats) {
         self.watermark = i64::MAX;
         self.advance();
+        self.judge_deferred(i64::MAX);
         self.release_answers(i64::MAX);
         let windows = std::mem::take(&mut self.windows);
         for (key, window) in windows {
@@ -635,6 +640,7 @@ impl<'c> Engine<'c> {
             }
         }
         self.due_batch = due;
+        self.judge_deferred(final_before.saturating_sub(1));
         // Every call that started before `final_before` is processed: the runs that ended
         // before it can be judged.
         if self.pinned.iter().any(|pending| pending.end < final_before) {

@@ -21,6 +21,7 @@ impl Engine<'_> {
             switch_owners,
             logged_disables,
             pinned,
+            deferred,
             ..
         } = self;
         let Some(state) = clients.get_mut(&(client, namespace)) else { return };
@@ -66,35 +67,39 @@ impl Engine<'_> {
                 }
                 if let Some(&bound) = bound
                     && floors.broken_by(served, 1).is_none()
-                    && let Some((replaced_at, newer_state)) = scope.committed.first_above(served)
                 {
-                    let staleness = attempt.end.saturating_sub(replaced_at) as f64 / 1e9;
-                    if staleness > bound as f64 {
-                        raised.push(Raise::CrossClient { index, served, staleness, bound, replaced_at, newer_state });
+                    // Reads the reports made a bound before the read ended: put off while a
+                    // call begun by then is still to be processed (see `Deferred`).
+                    let due = attempt.end.saturating_sub(bound.saturating_mul(1_000_000_000));
+                    if due <= call.start {
+                        raised.extend(cross_client(&scope.committed, index, attempt, served, bound));
+                    } else {
+                        state.deferred += 1;
+                        deferred.push_back(Deferred {
+                            due,
+                            key: (client, namespace),
+                            check: Check::CrossClient(at(), served, bound),
+                        });
                     }
                 }
             }
             if kinds.untrusted_state {
-                let margin = config.untrusted_state.margin_states;
-                if let Some(carried) = attempt.carried()
-                    && let Some(committed) = scope.committed.highest_at(attempt.start)
-                    && carried > committed.saturating_add(margin)
-                {
-                    let run = state.untrusted.get_or_insert_with(|| UntrustedRun {
-                        first: at(),
-                        committed,
-                        last_end: attempt.end,
-                        carried,
-                        requests: 0,
-                        refused: 0,
-                        pools: BTreeSet::new(),
-                    });
-                    run.last_end = attempt.end;
-                    run.carried = run.carried.max(carried);
-                    run.requests += 1;
-                    run.refused += usize::from(!attempt.ok);
-                    if attempt.router_node.is_some() && attempt.served_by.is_some() {
-                        run.pools.insert((attempt.router_node, attempt.served_by));
+                if let Some(carried) = attempt.carried() {
+                    // Reads the reports made by the attempt's start: a retry's is after its
+                    // call's, and calls begun between are processed later (see `Deferred`).
+                    if state.deferred == 0 && attempt.start <= call.start {
+                        untrusted(state, &scope.committed, attempt, carried, at, config.untrusted_state.margin_states);
+                    } else {
+                        state.deferred += 1;
+                        // (No later than the call's end, which the watermark has passed: a
+                        // start in the far future, which no sender should send, must not
+                        // hold the queue behind it.)
+                        let due = attempt.start.min(call.end);
+                        deferred.push_back(Deferred {
+                            due,
+                            key: (client, namespace),
+                            check: Check::Untrusted(at(), carried),
+                        });
                     }
                 }
                 if let Some(forwarded) = attempt.router_carried()
@@ -261,8 +266,12 @@ impl Engine<'_> {
     /// plus the retention ago): their calls are all processed, and what only their whole
     /// history decides is decided now. A client that comes back starts afresh.
     pub(super) fn evict_idle_clients(&mut self, before: UnixNanos) {
-        let idle: Vec<(Sym, Sym)> =
-            self.clients.iter().filter(|(_, state)| state.last_seen < before).map(|(key, _)| *key).collect();
+        let idle: Vec<(Sym, Sym)> = self
+            .clients
+            .iter()
+            .filter(|(_, state)| state.last_seen < before && state.deferred == 0)
+            .map(|(key, _)| *key)
+            .collect();
         for key in idle {
             self.finish_client(key);
             self.clients.remove(&key);
@@ -495,6 +504,101 @@ fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
         |attempt| !attempt.ok && !attempt.router_node.is_some() && attempt.answered_by().is_some(),
         |last, attempt| last.answered_by() == attempt.answered_by() && last.error_type == attempt.error_type,
     )
+}
+
+/// A check of an attempt against the committed states its namespace's servers reported by
+/// `due`, put off until every call begun by then is processed. The attempts that report them
+/// are mostly known sooner (joined through their traces the lateness after they end), but an
+/// attempt that waits to join hops by call id (its client's hops came without trace context)
+/// reports only when its call is processed, in start order: a retry, or a read that ended a
+/// bound after its call began, is judged without the reports of the calls begun meanwhile
+/// unless it waits for them. A client's checks are judged in its calls' order: once one of
+/// them waits, the ones after it wait too.
+pub(super) struct Deferred {
+    pub(super) due: UnixNanos,
+    /// The (client, namespace) of [`Engine::clients`].
+    pub(super) key: (Sym, Sym),
+    pub(super) check: Check,
+}
+
+pub(super) enum Check {
+    /// `untrusted_state`: the state the attempt carried.
+    Untrusted(AttemptAt, StateId),
+    /// A read's cross-client staleness: the state served, the system's bound in seconds.
+    CrossClient(AttemptAt, StateId, i64),
+}
+
+/// untrusted_state, one attempt carrying a state at a time: extends the client's run of
+/// requests carrying a state beyond the highest committed state reported by their start.
+fn untrusted(
+    state: &mut ClientState,
+    committed: &Committed,
+    attempt: &Attempt,
+    carried: StateId,
+    at: impl Fn() -> AttemptAt,
+    margin: StateId,
+) {
+    let Some(committed) = committed.highest_at(attempt.start) else { return };
+    if carried <= committed.saturating_add(margin) {
+        return;
+    }
+    let run = state.untrusted.get_or_insert_with(|| UntrustedRun {
+        first: at(),
+        committed,
+        last_end: attempt.end,
+        carried,
+        requests: 0,
+        refused: 0,
+        pools: BTreeSet::new(),
+    });
+    run.last_end = attempt.end;
+    run.carried = run.carried.max(carried);
+    run.requests += 1;
+    run.refused += usize::from(!attempt.ok);
+    if attempt.router_node.is_some() && attempt.served_by.is_some() {
+        run.pools.insert((attempt.router_node, attempt.served_by));
+    }
+}
+
+/// A read (the attempt at `index`, served `served`) still served after another client's
+/// server had reported a newer state for longer than the system's `bound` (seconds).
+fn cross_client(committed: &Committed, index: usize, attempt: &Attempt, served: StateId, bound: i64) -> Option<Raise> {
+    let (replaced_at, newer_state) = committed.first_above(served)?;
+    let staleness = attempt.end.saturating_sub(replaced_at) as f64 / 1e9;
+    (staleness > bound as f64).then_some(Raise::CrossClient {
+        index,
+        served,
+        staleness,
+        bound,
+        replaced_at,
+        newer_state,
+    })
+}
+
+impl Engine<'_> {
+    /// Judges the put-off checks ([`Deferred`]) due by `through`, in the order they were put
+    /// off: every call begun by then must be processed.
+    pub(super) fn judge_deferred(&mut self, through: UnixNanos) {
+        let margin = self.config.untrusted_state.margin_states;
+        while self.deferred.front().is_some_and(|deferred| deferred.due <= through) {
+            let Some(Deferred { key, check, .. }) = self.deferred.pop_front() else { break };
+            let Some(state) = self.clients.get_mut(&key) else { continue };
+            state.deferred -= 1;
+            let Some(scope) = self.namespaces.get(&(state.cluster, state.namespace)) else { continue };
+            match check {
+                Check::Untrusted(at, carried) => {
+                    untrusted(state, &scope.committed, at.attempt(), carried, || at.clone(), margin);
+                }
+                Check::CrossClient(at, served, bound) => {
+                    if let Some(raise) = cross_client(&scope.committed, at.index, at.attempt(), served, bound) {
+                        let anomalies =
+                            build_anomalies(&self.interner, state, &at.call, vec![raise], &self.probes, self.config);
+                        self.anomalies.extend(anomalies);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A run of attempts pinned to one node, waiting until the answers given by other nodes
