@@ -245,10 +245,12 @@ impl Engine<'_> {
             end,
             seconds: window.last_start.saturating_sub(window.first_start) as f64 / 1e9,
             attempts,
+            // (As the batch detector: an empty client id names no client, as a log line's.)
             clients: window
                 .clients
                 .iter()
-                .map(|client| interner.get(*client).unwrap_or_default().to_string())
+                .filter_map(|client| interner.get(*client).filter(|client| !client.is_empty()))
+                .map(str::to_string)
                 .collect(),
             tried_first: tried_first.map(str::to_string),
             active: active.and_then(|node| interner.owned(node)),
