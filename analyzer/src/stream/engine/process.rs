@@ -514,8 +514,8 @@ fn pinned_runs(call: &Call, min_attempts: usize) -> Vec<Vec<usize>> {
 /// attempt that waits to join hops by call id (its client's hops came without trace context)
 /// reports only when its call is processed, in start order: a retry, or a read that ended a
 /// bound after its call began, is judged without the reports of the calls begun meanwhile
-/// unless it waits for them. A client's checks are judged in its calls' order: once one of
-/// them waits, the ones after it wait too.
+/// unless it waits for them. A client's untrusted run is summed in its calls' order: once one
+/// of its checks waits, its `untrusted_state` checks after it wait too.
 pub(super) struct Deferred {
     pub(super) due: UnixNanos,
     /// The (client, namespace) of [`Engine::clients`].
@@ -523,6 +523,7 @@ pub(super) struct Deferred {
     pub(super) check: Check,
 }
 
+/// The check put off, with the attempt it judges.
 pub(super) enum Check {
     /// `untrusted_state`: the state the attempt carried.
     Untrusted(AttemptAt, StateId),
