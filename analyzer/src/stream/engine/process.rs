@@ -91,12 +91,10 @@ impl Engine<'_> {
                         untrusted(state, &scope.committed, attempt, carried, at, config.untrusted_state.margin_states);
                     } else {
                         state.deferred += 1;
-                        // (No later than the call's end, which the watermark has passed: a
-                        // start in the far future, which no sender should send, must not
-                        // hold the queue behind it.)
-                        let due = attempt.start.min(call.end);
+                        // (Bounded: an attempt a horizon from its call's start opens a call of
+                        // its own, so none holds the queue long.)
                         deferred.push_back(Deferred {
-                            due,
+                            due: attempt.start,
                             key: (client, namespace),
                             check: Check::Untrusted(at(), carried),
                         });
