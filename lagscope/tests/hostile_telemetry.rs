@@ -121,12 +121,7 @@ const ALL_CHANGES: &[usize] = &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
 /// One change to a span, of one of the `kinds` of change: a field set to a hostile value.
 fn change_span(rng: &mut Rng, span: &mut Span, others: &[Record], kinds: &[usize]) -> String {
     let with_times = kinds.contains(&19);
-    let other = || {
-        others.iter().filter_map(|record| match record {
-            Record::Span(span) => Some(span),
-            Record::Sample(_) => None,
-        })
-    };
+    let other = || others.iter().filter_map(Record::span);
     match *rng.pick(kinds) {
         0 => {
             let value = Some(rng.int());
@@ -500,12 +495,6 @@ fn rounds() -> std::ops::Range<u64> {
     first..first + number("LAGSCOPE_HOSTILE_ROUNDS").unwrap_or(3)
 }
 
-/// Whether to run `name`: every scenario, or only `LAGSCOPE_HOSTILE_SCENARIO` when set.
-fn hunted(name: &str) -> bool {
-    std::env::var("LAGSCOPE_HOSTILE_SCENARIO").is_ok_and(|only| only == name)
-        || std::env::var_os("LAGSCOPE_HOSTILE_SCENARIO").is_none()
-}
-
 fn scenario_names() -> Vec<&'static str> {
     let names: Vec<&str> = scenarios().into_iter().map(|info| info.name).filter(|name| *name != "mixed").collect();
     assert!(names.len() >= 15, "the simulator's scenarios: {names:?}");
@@ -532,7 +521,13 @@ fn hostile_times_ids_and_parents_break_no_analysis() {
 fn every_scenario_changed(first_seed: u64, percent: u64, kinds: &[usize], equal: bool) {
     let config = AnalyzerConfig::default();
     let (mut failures, mut runs) = (Vec::new(), 0);
-    for (index, name) in scenario_names().iter().enumerate().filter(|(_, name)| hunted(name)) {
+    // Every scenario, or only `LAGSCOPE_HOSTILE_SCENARIO` (a hunt by hand: its failures list
+    // every change, to find the one that matters).
+    let only = std::env::var("LAGSCOPE_HOSTILE_SCENARIO").ok();
+    for (index, name) in scenario_names().iter().enumerate() {
+        if only.as_deref().is_some_and(|only| only != *name) {
+            continue;
+        }
         let records = records_of(&SimConfig::new(name));
         for round in rounds() {
             let seed = first_seed + index as u64 * 10_000 + round;
@@ -541,8 +536,7 @@ fn every_scenario_changed(first_seed: u64, percent: u64, kinds: &[usize], equal:
             let differs = differs.filter(|_| equal);
             runs += 1;
             if !panics.is_empty() || differs.is_some() {
-                // (Every change when one scenario is hunted, to find the one that matters.)
-                let shown = if std::env::var_os("LAGSCOPE_HOSTILE_SCENARIO").is_some() { changes.len() } else { 6 };
+                let shown = if only.is_some() { changes.len() } else { 6 };
                 failures.push(format!(
                     "{name}, seed {seed} ({} changes, first: {:?}):\n  {}{}",
                     changes.len(),
@@ -802,45 +796,32 @@ fn a_committed_state_reported_through_a_call_id_join_counts_for_a_retry_begun_be
     };
     let found = untrusted(&before);
     let carried = found.evidence["carried"].as_i64().expect("the carried state");
-    let spans: Vec<&Span> = records
-        .iter()
-        .filter_map(|record| match record {
-            Record::Span(span) => Some(span),
-            Record::Sample(_) => None,
-        })
-        .collect();
     let attempts: Vec<&Span> =
-        spans.iter().copied().filter(|span| span.component() == Some(Component::Client)).collect();
-    let first_start = |client: &str, call: &str| {
+        records.iter().filter_map(Record::span).filter(|span| span.component() == Some(Component::Client)).collect();
+    let call_start = |of: &Span| {
         attempts
             .iter()
-            .filter(|span| span.call.client_id.as_deref() == Some(client) && span.call.call_id.as_deref() == Some(call))
+            .filter(|span| span.call.client_id == of.call.client_id && span.call.call_id == of.call.call_id)
             .map(|span| span.start_unix_nano)
             .min()
     };
-    // (retry's call start, retry's start) of the untrusted client's retries, then the first
-    // other client's attempt in the namespace that began after such a call and ended before
-    // its retry.
-    let retries: Vec<(i64, i64)> = attempts
+    // The untrusted client's first retry with another client's attempt in the namespace that
+    // began after the retry's call and ended before the retry.
+    let (other, retry_start) = attempts
         .iter()
         .filter(|span| span.call.client_id == found.client_id && span.call.namespace == found.namespace)
-        .filter(|span| span.call.attempt.unwrap_or(0) > 0)
-        .filter_map(|span| {
-            Some((first_start(span.call.client_id.as_deref()?, span.call.call_id.as_deref()?)?, span.start_unix_nano))
-        })
-        .collect();
-    let (other, retry_start) = retries
-        .iter()
-        .find_map(|(call_start, retry_start)| {
+        .filter(|retry| retry.call.attempt.unwrap_or(0) > 0)
+        .find_map(|retry| {
+            let call_start = call_start(retry)?;
             attempts
                 .iter()
                 .find(|span| {
                     span.call.client_id != found.client_id
                         && span.call.namespace == found.namespace
-                        && span.start_unix_nano > *call_start
-                        && span.end_unix_nano < *retry_start
+                        && span.start_unix_nano > call_start
+                        && span.end_unix_nano < retry.start_unix_nano
                 })
-                .map(|span| ((*span).clone(), *retry_start))
+                .map(|span| ((*span).clone(), retry.start_unix_nano))
         })
         .expect("another client's call within a retried call");
     let trace = other.trace_id.clone();

@@ -367,7 +367,7 @@ fn context_cut(mut records: Vec<Record>, cut: Cut) -> (Vec<Record>, std::collect
     type Key = (String, String);
     let key = |span: &Span| -> Option<Key> { Some((span.trace_id.clone()?, span.span_id.clone()?)) };
     let parent = |span: &Span| -> Option<Key> { Some((span.trace_id.clone()?, span.parent_span_id.clone()?)) };
-    let spans = || records.iter().filter_map(|record| if let Record::Span(span) = record { Some(span) } else { None });
+    let spans = || records.iter().filter_map(Record::span);
     let clients: std::collections::HashSet<Key> = spans()
         .filter(|span| span.component() == Some(Component::Client) && span.call.client_id.is_some())
         .filter_map(key)

@@ -15,6 +15,16 @@ pub enum Record {
     Sample(Sample),
 }
 
+impl Record {
+    /// The span, if this record is one.
+    pub fn span(&self) -> Option<&Span> {
+        match self {
+            Record::Span(span) => Some(span),
+            Record::Sample(_) => None,
+        }
+    }
+}
+
 pub fn records_of(config: &SimConfig) -> Vec<Record> {
     records_delivered(config, |_| true)
 }
