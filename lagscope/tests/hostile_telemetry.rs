@@ -102,6 +102,15 @@ impl Rng {
         ])
     }
 
+    /// None, one of `known`, or `other` of a hostile text, each as likely.
+    fn variant<T: Clone>(&mut self, known: &[T], other: impl FnOnce(String) -> T) -> Option<T> {
+        match self.below(known.len() + 2) {
+            0 => None,
+            index if index <= known.len() => Some(known[index - 1].clone()),
+            _ => Some(other(self.text())),
+        }
+    }
+
     fn hex(&mut self, bytes: usize) -> String {
         (0..bytes).map(|_| format!("{:02x}", self.next() as u8)).collect()
     }
@@ -200,36 +209,18 @@ fn change_span(rng: &mut Rng, span: &mut Span, others: &[Record], kinds: &[usize
             "trace and parent made up".to_string()
         }
         10 => {
-            span.call.op = match rng.below(6) {
-                0 => None,
-                1 => Some(Op::Read),
-                2 => Some(Op::Write),
-                3 => Some(Op::Msync),
-                4 => Some(Op::Probe),
-                _ => Some(Op::Other(rng.text())),
-            };
+            span.call.op = rng.variant(&[Op::Read, Op::Write, Op::Msync, Op::Probe], Op::Other);
             format!("op = {:?}", span.call.op.as_ref().map(Op::as_str))
         }
         11 => {
-            span.call.outcome = match rng.below(6) {
-                0 => None,
-                1 => Some(Outcome::Ok),
-                2 => Some(Outcome::Rejected),
-                3 => Some(Outcome::Error),
-                4 => Some(Outcome::Timeout),
-                _ => Some(Outcome::Other(rng.text())),
-            };
+            span.call.outcome =
+                rng.variant(&[Outcome::Ok, Outcome::Rejected, Outcome::Error, Outcome::Timeout], Outcome::Other);
             span.status_code = rng.below(4) as i32 - 1;
             format!("outcome = {:?}, status {}", span.call.outcome.as_ref().map(Outcome::as_str), span.status_code)
         }
         12 => {
-            span.resource.component = match rng.below(5) {
-                0 => None,
-                1 => Some(Component::Client),
-                2 => Some(Component::Router),
-                3 => Some(Component::Server),
-                _ => Some(Component::Other(rng.text())),
-            };
+            span.resource.component =
+                rng.variant(&[Component::Client, Component::Router, Component::Server], Component::Other);
             format!("component = {:?}", span.resource.component.as_ref().map(Component::as_str))
         }
         13 => {
