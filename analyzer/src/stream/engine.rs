@@ -244,7 +244,7 @@ impl Timed for RouterAnswer {
 }
 
 /// An open call waiting for the horizon: (first attempt's start, arrival sequence, call).
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Due(UnixNanos, u64, CallRef);
 
 impl Timed for Due {
@@ -332,7 +332,7 @@ pub struct Engine<'c> {
     held: Places<Slot>,
     /// `advance`'s batches of attempts to join and calls to finalize (kept for their buffers).
     join_batch: Vec<u64>,
-    due_batch: Vec<(UnixNanos, CallRef)>,
+    due_batch: Vec<Due>,
     calls: Vec<Option<OpenCall>>,
     /// The call id of each slot's call, kept apart and left in place when the call closes
     /// (it is cloned out): an id cloned over an id is copied straight into place, while one
@@ -620,19 +620,34 @@ impl<'c> Engine<'c> {
         }
         self.join_batch = joins;
         let final_before = self.watermark.saturating_sub(self.horizon);
+        // A call with an attempt that ended within the lateness (one that began near the end
+        // of the call's horizon) waits until that attempt's hops can have arrived, as the
+        // batch analysis joins every hop under it, and the calls after it wait behind it, in
+        // start order. For at most the lateness: the attempt has arrived, so the data's time
+        // is past its end. (Never at the end of the data: everything has arrived.)
+        let wait_for_hops = self.watermark != i64::MAX;
+        let mut waits_from = None;
         let mut due = std::mem::take(&mut self.due_batch);
-        loop {
+        'due: loop {
             due.clear();
             while due.len() < BATCH
-                && let Some(Due(start, _, call)) = self.queue.pop_through(final_before.saturating_sub(1))
+                && let Some(next) = self.queue.pop_through(final_before.saturating_sub(1))
             {
-                due.push((start, call));
+                due.push(next);
             }
             if due.is_empty() {
                 break;
             }
             self.warm_calls(&due);
-            for (start, call) in due.iter().copied() {
+            for at in 0..due.len() {
+                let Due(start, _, call) = due[at];
+                if wait_for_hops && self.awaits_hops(call, join_before) {
+                    waits_from = Some(start);
+                    for waiting in due.drain(at..) {
+                        self.queue.push(waiting);
+                    }
+                    break 'due;
+                }
                 if let Some((open, call_id)) = self.close_call(call) {
                     self.finalize(open, call_id);
                 }
@@ -640,6 +655,8 @@ impl<'c> Engine<'c> {
             }
         }
         self.due_batch = due;
+        // Every call that started before it is processed (the ones after wait behind it).
+        let final_before = waits_from.unwrap_or(final_before);
         self.judge_deferred(final_before.saturating_sub(1));
         // Every call that started before `final_before` is processed: the runs that ended
         // before it can be judged.

@@ -148,6 +148,17 @@ impl Engine<'_> {
         }
     }
 
+    /// Whether `call` (if it is still open) has an attempt that ended at or after
+    /// `join_before`, not joined yet: the hops under it may still be on their way.
+    pub(super) fn awaits_hops(&self, call: CallRef, join_before: UnixNanos) -> bool {
+        if self.generations.get(call.slot()) != Some(&call.generation()) {
+            return false;
+        }
+        self.calls[call.slot()].as_ref().is_some_and(|open| {
+            open.held.iter().any(|at| matches!(self.held.get(*at), Some(Slot::Raw(span)) if span.end >= join_before))
+        })
+    }
+
     /// Takes a call out of the slab, if `call` still names it (its index entry goes stale),
     /// with its call id.
     pub(super) fn close_call(&mut self, call: CallRef) -> Option<(OpenCall, Option<CallId>)> {
@@ -219,15 +230,15 @@ impl Engine<'_> {
 
     /// As [`Engine::warm_joins`], for a batch of calls about to be finalized: their slab
     /// entries and call ids, then their attempts.
-    pub(super) fn warm_calls(&self, batch: &[(UnixNanos, CallRef)]) {
+    pub(super) fn warm_calls(&self, batch: &[Due]) {
         // First the generations, slab entries and call ids, then what the entries point to.
-        let mut sum = batch.iter().fold(0_u64, |sum, (_, call)| {
+        let mut sum = batch.iter().fold(0_u64, |sum, Due(_, _, call)| {
             let slot = call.slot();
             let open = self.calls[slot].as_ref().map_or(0, |open| open.held.len() as u64);
             let call_id = self.call_ids[slot].as_ref().map_or(0, |call_id| call_id.len() as u64);
             sum.wrapping_add(u64::from(self.generations[slot])).wrapping_add(open).wrapping_add(call_id)
         });
-        for (_, call) in batch {
+        for Due(_, _, call) in batch {
             if let Some(open) = &self.calls[call.slot()] {
                 for slot in open.held.iter().filter_map(|at| self.held.get(*at)) {
                     sum = sum.wrapping_add(match slot {
