@@ -33,7 +33,10 @@ pub enum Format {
 /// What `analyze` read and found.
 #[derive(Debug)]
 pub struct Report {
+    /// OTLP export requests read (from the capture files that are not lscap).
     pub requests: usize,
+    /// lscap files read (they hold records, not export requests).
+    pub lscap_files: usize,
     pub spans: usize,
     pub samples: usize,
     pub log_records: usize,
@@ -63,6 +66,24 @@ pub struct Timings {
     /// Whether a store's pages were read and decoded on other threads, ahead of the engine:
     /// then `read` is the time the engine waited for them.
     pub read_ahead: bool,
+}
+
+impl Report {
+    /// What was read, for the summary line: the store, or the export requests of the `files`
+    /// capture files given and the lscap files among them (which hold records, not requests).
+    pub fn what_was_read(&self, files: usize) -> String {
+        if let Some(store) = &self.store {
+            return format!("read {store}");
+        }
+        let others = files.saturating_sub(self.lscap_files);
+        match (others, self.lscap_files) {
+            (_, 0) => format!("read {} export requests from {files} file(s)", self.requests),
+            (0, lscap) => format!("read {lscap} lscap file(s)"),
+            (others, lscap) => {
+                format!("read {} export requests from {others} file(s) and {lscap} lscap file(s)", self.requests)
+            }
+        }
+    }
 }
 
 /// Reads every capture, runs every detector, returns what was read and found.
@@ -111,6 +132,7 @@ pub fn analyze_paths_emitting(
         let path = path.as_ref();
         run.progress.file(path);
         if crate::lscap::is_lscap(path) {
+            run.lscap_files += 1;
             run.lscap(path)?;
         } else {
             run.otlp_json(path)?;
@@ -180,6 +202,7 @@ struct Run<'c, 'e> {
     read_ahead: bool,
     anomaly_count: usize,
     requests: usize,
+    lscap_files: usize,
     log_records: usize,
     /// Seconds spent reading and decoding, in the engine, and writing anomalies as found.
     read: f64,
@@ -204,6 +227,7 @@ impl<'c, 'e> Run<'c, 'e> {
             read_ahead: false,
             anomaly_count: 0,
             requests: 0,
+            lscap_files: 0,
             log_records: 0,
             read: 0.0,
             detect: 0.0,
@@ -224,6 +248,7 @@ impl<'c, 'e> Run<'c, 'e> {
             read_ahead,
             mut anomaly_count,
             requests,
+            lscap_files,
             log_records,
             read,
             mut detect,
@@ -244,6 +269,7 @@ impl<'c, 'e> Run<'c, 'e> {
         }
         Ok(Report {
             requests,
+            lscap_files,
             spans: stats.spans as usize,
             samples: stats.samples as usize,
             log_records,
@@ -608,6 +634,26 @@ fn rfc3339(unix_nano: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_names_lscap_files_apart_from_export_requests() {
+        let report = |requests, lscap_files, store: Option<&str>| Report {
+            requests,
+            lscap_files,
+            spans: 0,
+            samples: 0,
+            log_records: 0,
+            anomalies: Vec::new(),
+            anomaly_count: 0,
+            timings: Timings::default(),
+            stream: None,
+            store: store.map(str::to_string),
+        };
+        assert_eq!(report(12, 0, None).what_was_read(2), "read 12 export requests from 2 file(s)");
+        assert_eq!(report(0, 1, None).what_was_read(1), "read 1 lscap file(s)");
+        assert_eq!(report(5, 2, None).what_was_read(3), "read 5 export requests from 1 file(s) and 2 lscap file(s)");
+        assert_eq!(report(0, 0, Some("the store in data")).what_was_read(0), "read the store in data");
+    }
 
     #[test]
     fn a_directory_stands_for_its_files_in_the_order_of_their_names() {

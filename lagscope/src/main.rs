@@ -239,10 +239,7 @@ fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     output.write(lines)?;
     output.finish()?;
     let report = analyzed?;
-    let source = match &report.store {
-        Some(store) => format!("read {store}"),
-        None => format!("read {} export requests from {} file(s)", report.requests, paths.len()),
-    };
+    let source = report.what_was_read(paths.len());
     eprintln!(
         "{source}: {} spans, {} metric samples, {} log records; {} anomalies",
         report.spans, report.samples, report.log_records, report.anomaly_count
