@@ -624,7 +624,8 @@ impl<'c> Engine<'c> {
         // of the call's horizon) waits until that attempt's hops can have arrived, as the
         // batch analysis joins every hop under it, and the calls after it wait behind it, in
         // start order. For at most the lateness: the attempt has arrived, so the data's time
-        // is past its end. (Never at the end of the data: everything has arrived.)
+        // is past its end (`awaits_hops` waits for none that claims to end more than two
+        // horizons after its call began). Never at the end of the data: all of it is in.
         let wait_for_hops = self.watermark != i64::MAX;
         let mut waits_from = None;
         let mut due = std::mem::take(&mut self.due_batch);

@@ -149,13 +149,18 @@ impl Engine<'_> {
     }
 
     /// Whether `call` (if it is still open) has an attempt that ended at or after
-    /// `join_before`, not joined yet: the hops under it may still be on their way.
+    /// `join_before`, not joined yet: the hops under it may still be on their way. Not one
+    /// that claims to end more than two horizons after its call began (a clock far ahead):
+    /// the data's time may never pass it by the lateness, and every call would wait behind.
     pub(super) fn awaits_hops(&self, call: CallRef, join_before: UnixNanos) -> bool {
         if self.generations.get(call.slot()) != Some(&call.generation()) {
             return false;
         }
         self.calls[call.slot()].as_ref().is_some_and(|open| {
-            open.held.iter().any(|at| matches!(self.held.get(*at), Some(Slot::Raw(span)) if span.end >= join_before))
+            let latest = open.start.saturating_add(self.horizon.saturating_mul(2));
+            open.held.iter().any(|at| {
+                matches!(self.held.get(*at), Some(Slot::Raw(span)) if span.end >= join_before && span.end <= latest)
+            })
         })
     }
 

@@ -101,3 +101,51 @@ fn hops_that_never_join_are_dropped_counted_and_their_traces_forgotten() {
     let (_, stats) = engine.finish();
     assert_eq!(stats.unjoined_hops, 2_000);
 }
+
+/// A call whose attempt ended less than the lateness ago when its horizon passed (a retry
+/// begun near the horizon's end) waits for that attempt's hops, which may still come, and is
+/// processed once the lateness has passed its end; but not for an attempt that claims to end
+/// far in the future, which the data's time may never pass by the lateness.
+#[test]
+fn a_call_waits_for_the_hops_of_an_attempt_that_ended_late_but_not_forever() {
+    const SECOND: i64 = 1_000_000_000;
+    let config = AnalyzerConfig::default();
+    for far in [false, true] {
+        let mut engine = Engine::new(&config, |_| true);
+        let client = engine.interner.intern("c1");
+        let namespace = engine.interner.intern("ns1");
+        let attempt = |call_id: &str, attempt: i64, start: i64, end: i64| SpanRec {
+            id: SpanKey::new(u128::from(start as u64) + 1, 1),
+            start,
+            end,
+            component: known::CLIENT,
+            client,
+            namespace,
+            call_id: Some(call_id.into()),
+            attempt: Some(attempt),
+            ..SpanRec::default()
+        };
+        engine.push_span(&attempt("r", 0, 0, SECOND / 1000));
+        let end = if far { i64::MAX - 5 } else { 91 * SECOND };
+        let retry = attempt("r", 1, 85 * SECOND, end);
+        engine.push_span(&retry);
+        if far {
+            assert_eq!(engine.stats.calls, 1, "a call does not wait for an end far in the future");
+            continue;
+        }
+        assert_eq!(engine.stats.calls, 0, "the call waits for its retry's hops");
+        // The retry's server span, exported after it.
+        engine.push_span(&SpanRec {
+            id: SpanKey::new(retry.id.trace_id(), 2),
+            parent_span_id: 1,
+            start: 85 * SECOND + 1,
+            end: 91 * SECOND + 2,
+            component: known::SERVER,
+            ..SpanRec::default()
+        });
+        engine.push_span(&attempt("w", 0, 102 * SECOND, 102 * SECOND + 1));
+        assert_eq!(engine.stats.calls, 1, "processed once the lateness passed the retry's end");
+        let (_, stats) = engine.finish();
+        assert_eq!((stats.calls, stats.unjoined_hops), (2, 0));
+    }
+}
