@@ -33,8 +33,9 @@ pub enum Format {
 /// What `analyze` read and found.
 #[derive(Debug)]
 pub struct Report {
-    /// OTLP export requests read (from the capture files that are not lscap).
+    /// OTLP export requests read, from `otlp_files` capture files.
     pub requests: usize,
+    pub otlp_files: usize,
     /// lscap files read (they hold records, not export requests).
     pub lscap_files: usize,
     pub spans: usize,
@@ -69,19 +70,17 @@ pub struct Timings {
 }
 
 impl Report {
-    /// What was read, for the summary line: the store, or the export requests of the `files`
-    /// capture files given and the lscap files among them (which hold records, not requests).
-    pub fn what_was_read(&self, files: usize) -> String {
+    /// What was read, for the summary line: the store, or the OTLP files' export requests
+    /// and the lscap files (which hold records, not requests).
+    pub fn what_was_read(&self) -> String {
         if let Some(store) = &self.store {
             return format!("read {store}");
         }
-        let others = files.saturating_sub(self.lscap_files);
-        match (others, self.lscap_files) {
-            (_, 0) => format!("read {} export requests from {files} file(s)", self.requests),
+        let requests = format!("read {} export requests from {} file(s)", self.requests, self.otlp_files);
+        match (self.otlp_files, self.lscap_files) {
+            (_, 0) => requests,
             (0, lscap) => format!("read {lscap} lscap file(s)"),
-            (others, lscap) => {
-                format!("read {} export requests from {others} file(s) and {lscap} lscap file(s)", self.requests)
-            }
+            (_, lscap) => format!("{requests} and {lscap} lscap file(s)"),
         }
     }
 }
@@ -135,6 +134,7 @@ pub fn analyze_paths_emitting(
             run.lscap_files += 1;
             run.lscap(path)?;
         } else {
+            run.otlp_files += 1;
             run.otlp_json(path)?;
         }
     }
@@ -202,6 +202,7 @@ struct Run<'c, 'e> {
     read_ahead: bool,
     anomaly_count: usize,
     requests: usize,
+    otlp_files: usize,
     lscap_files: usize,
     log_records: usize,
     /// Seconds spent reading and decoding, in the engine, and writing anomalies as found.
@@ -227,6 +228,7 @@ impl<'c, 'e> Run<'c, 'e> {
             read_ahead: false,
             anomaly_count: 0,
             requests: 0,
+            otlp_files: 0,
             lscap_files: 0,
             log_records: 0,
             read: 0.0,
@@ -248,6 +250,7 @@ impl<'c, 'e> Run<'c, 'e> {
             read_ahead,
             mut anomaly_count,
             requests,
+            otlp_files,
             lscap_files,
             log_records,
             read,
@@ -269,6 +272,7 @@ impl<'c, 'e> Run<'c, 'e> {
         }
         Ok(Report {
             requests,
+            otlp_files,
             lscap_files,
             spans: stats.spans as usize,
             samples: stats.samples as usize,
@@ -637,8 +641,9 @@ mod tests {
 
     #[test]
     fn the_summary_names_lscap_files_apart_from_export_requests() {
-        let report = |requests, lscap_files, store: Option<&str>| Report {
+        let report = |requests, otlp_files, lscap_files, store: Option<&str>| Report {
             requests,
+            otlp_files,
             lscap_files,
             spans: 0,
             samples: 0,
@@ -649,10 +654,10 @@ mod tests {
             stream: None,
             store: store.map(str::to_string),
         };
-        assert_eq!(report(12, 0, None).what_was_read(2), "read 12 export requests from 2 file(s)");
-        assert_eq!(report(0, 1, None).what_was_read(1), "read 1 lscap file(s)");
-        assert_eq!(report(5, 2, None).what_was_read(3), "read 5 export requests from 1 file(s) and 2 lscap file(s)");
-        assert_eq!(report(0, 0, Some("the store in data")).what_was_read(0), "read the store in data");
+        assert_eq!(report(12, 2, 0, None).what_was_read(), "read 12 export requests from 2 file(s)");
+        assert_eq!(report(0, 0, 1, None).what_was_read(), "read 1 lscap file(s)");
+        assert_eq!(report(5, 1, 2, None).what_was_read(), "read 5 export requests from 1 file(s) and 2 lscap file(s)");
+        assert_eq!(report(0, 0, 0, Some("the store in data")).what_was_read(), "read the store in data");
     }
 
     #[test]

@@ -239,7 +239,7 @@ fn analyze(args: AnalyzeArgs) -> anyhow::Result<()> {
     output.write(lines)?;
     output.finish()?;
     let report = analyzed?;
-    let source = report.what_was_read(paths.len());
+    let source = report.what_was_read();
     eprintln!(
         "{source}: {} spans, {} metric samples, {} log records; {} anomalies",
         report.spans, report.samples, report.log_records, report.anomaly_count

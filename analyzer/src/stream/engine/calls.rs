@@ -153,10 +153,7 @@ impl Engine<'_> {
     /// that claims to end more than two horizons after its call began (a clock far ahead):
     /// the data's time may never pass it by the lateness, and every call would wait behind.
     pub(super) fn awaits_hops(&self, call: CallRef, join_before: UnixNanos) -> bool {
-        if self.generations.get(call.slot()) != Some(&call.generation()) {
-            return false;
-        }
-        self.calls[call.slot()].as_ref().is_some_and(|open| {
+        self.current(call).is_some_and(|open| {
             let latest = open.start.saturating_add(self.horizon.saturating_mul(2));
             open.held.iter().any(|at| {
                 matches!(self.held.get(*at), Some(Slot::Raw(span)) if span.end >= join_before && span.end <= latest)
