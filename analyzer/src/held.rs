@@ -10,8 +10,10 @@
 //!
 //! Invariant (tested against `build_timelines` over random changes): after
 //! [`HeldTimelines::refresh`] the timelines are exactly `build_timelines` of the held spans in
-//! key order. A span's key is its start and then the order it was added in, which is the
-//! order the caches hold spans in (start, then commit order).
+//! key order, but for their cluster and system once a settle let their first attempt go: those
+//! stay its, as the batch analysis of the whole history names them. A span's key is its start
+//! and then the order it was added in, which is the order the caches hold spans in (start, then
+//! commit order).
 //!
 //! `join.rs` keeps the join current as spans come and go; `settle.rs` lets go of what no later
 //! call can change.
@@ -191,6 +193,12 @@ pub struct HeldTimelines {
     /// of them names is late ([`HeldTimelines::is_late`]): what would have joined it is gone.
     /// Kept for a horizon past that end (an attempt later than that begins another call).
     orphans: HashMap<u64, UnixNanos>,
+    /// The calls a settle let go of (all their attempts), by the hash of their (client id, call
+    /// id), each with its start: an attempt of one of them arriving later (a retry begun more
+    /// than the settling behind its call's start, within a horizon of it) is late
+    /// ([`HeldTimelines::is_late`]): held, it would be a call of its own, where the whole
+    /// history has one call of both. Kept for two horizons past the call's start.
+    let_go_calls: HashMap<u64, UnixNanos>,
     /// The series the timelines were last told what the metrics said from.
     pub(crate) told: crate::enrich::Told,
 }
@@ -238,6 +246,10 @@ struct Group {
     /// What the per-call detectors found when the verdicts were given back; `None` while they
     /// are taken, or never given.
     verdicts: Option<CallVerdicts>,
+    /// The earliest attempt a settle let go, with its cluster and system: the timeline's while
+    /// no earlier attempt is held (the batch analysis names a timeline's cluster and system by
+    /// its first attempt; a settle does not change them).
+    first_let_go: Option<(SpanKey, Option<String>, Option<String>)>,
 }
 
 /// A call key's attempts, and where the calls built of them are in `Group::order`.
@@ -272,6 +284,7 @@ impl HeldTimelines {
             last_settle: UnixNanos::MIN,
             last_settle_newest: UnixNanos::MIN,
             orphans: HashMap::default(),
+            let_go_calls: HashMap::default(),
             told: crate::enrich::Told::default(),
         }
     }
@@ -426,6 +439,12 @@ impl HeldTimelines {
     pub fn take_timelines(&mut self) -> Vec<ClientTimeline> {
         self.lent = true;
         self.groups.values_mut().map(|group| std::mem::replace(&mut group.timeline, empty_timeline())).collect()
+    }
+
+    /// Per timeline, in the order of [`HeldTimelines::take_timelines`], where the last settle
+    /// cut it ([`HeldTimelines::settled_from`]; `UnixNanos::MIN`: never).
+    pub(crate) fn cuts(&self) -> Vec<UnixNanos> {
+        self.groups.keys().map(|key| self.settled.get(key).copied().unwrap_or(UnixNanos::MIN)).collect()
     }
 
     /// Gives back what [`HeldTimelines::take_timelines`] lent, in its order (what the analysis

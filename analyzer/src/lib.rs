@@ -22,7 +22,7 @@ mod timeline;
 
 use std::sync::Arc;
 
-use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span, UnixNanos};
+use lagscope_model::{Anomaly, AnomalyKind, ClientTimeline, Sample, Span, TimelineCall, UnixNanos};
 
 pub use config::{
     AnalyzerConfig, ApplyLagConfig, BlindFailoverProbeConfig, FailoverFlappingConfig, FollowerReadDisabledConfig,
@@ -55,6 +55,10 @@ pub struct AnalysisInput {
     /// change since an earlier pass ([`HeldTimelines::take_verdicts`]), for
     /// [`analyze_held_kinds`]; empty: every call is judged.
     pub verdicts: Vec<CallVerdicts>,
+    /// Per timeline (in order), where a settle of the held timelines cut it
+    /// ([`HeldTimelines::settled_from`]): its calls that start before are the witnesses kept
+    /// for the later calls' floors and states, not its history. Empty: none was cut.
+    cuts: Vec<UnixNanos>,
     /// Per namespace, when each committed state was first reported, on the timelines'
     /// attempts and in the samples: taken by several detectors and the read rollups,
     /// gathered on first use.
@@ -88,9 +92,10 @@ impl AnalysisInput {
     pub fn from_held(held: &mut HeldTimelines, samples: impl Into<IndexedSamples>) -> Self {
         let samples = samples.into();
         let unenriched_from = held.unenriched_from();
+        let cuts = held.cuts();
         let mut timelines = held.take_timelines();
         enrich::enrich_changed(&mut timelines, &unenriched_from, samples.index(), &mut held.told);
-        Self { timelines, samples, ..Self::default() }
+        Self { timelines, samples, cuts, ..Self::default() }
     }
 
     /// `timelines` filled in from `samples` ([`enrich`]).
@@ -103,6 +108,21 @@ impl AnalysisInput {
     /// The timelines the detectors look at.
     pub fn timelines(&self) -> &[ClientTimeline] {
         &self.timelines
+    }
+
+    /// The calls of the timeline at `index` that tell its history in order: from the last call
+    /// before its settle cut on (the one a later call follows); every call when it was never
+    /// cut. Before that call are only witnesses of older calls, kept for their floors and
+    /// states: one followed by the next kept call is no step of the client's (a switch of
+    /// cluster between them, say, is none the client made).
+    pub(crate) fn consecutive_calls(&self, index: usize) -> &[TimelineCall] {
+        let calls = &self.timelines[index].calls;
+        match self.cuts.get(index) {
+            Some(&cut) if cut > UnixNanos::MIN => {
+                &calls[calls.partition_point(|call| call.start_unix_nano < cut).saturating_sub(1)..]
+            }
+            _ => calls,
+        }
     }
 
     /// (cluster, node, client) of every client that called a cluster URL (`server.address`)

@@ -16,8 +16,10 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
     let settings = &config.blind_failover_probe;
     let probes = input.series().series_of(METRIC_PROBE_UP, &[SERVER_ADDRESS, PROBE_KIND, CLIENT_ID]);
     let mut anomalies = Vec::new();
-    for timeline in &input.timelines {
-        let attempts: Vec<&TimelineAttempt> = timeline.calls.iter().flat_map(|call| &call.attempts).collect();
+    for (index, timeline) in input.timelines.iter().enumerate() {
+        // (Of a settled timeline, what follows its cut: the witnesses before are no run.)
+        let attempts: Vec<&TimelineAttempt> =
+            input.consecutive_calls(index).iter().flat_map(|call| &call.attempts).collect();
         let mut run: Vec<&TimelineAttempt> = Vec::new();
         let mut runs: Vec<Vec<&TimelineAttempt>> = Vec::new();
         for attempt in attempts.iter().copied().filter(|attempt| attempt.server_address.is_some()) {

@@ -39,12 +39,13 @@ pub fn detect(input: &AnalysisInput, config: &AnalyzerConfig) -> Vec<Anomaly> {
             client,
         )
     };
-    for timeline in &input.timelines {
+    for (index, timeline) in input.timelines.iter().enumerate() {
         if logged.keys().any(|(_, client)| *client == timeline.client_id) {
             continue;
         }
-        let attempts: Vec<&TimelineAttempt> = timeline
-            .calls
+        // (Of a settled timeline, what follows its cut: the witnesses before are no steps.)
+        let attempts: Vec<&TimelineAttempt> = input
+            .consecutive_calls(index)
             .iter()
             .flat_map(|call| &call.attempts)
             .filter(|attempt| attempt.server_address.is_some())
@@ -372,7 +373,10 @@ pub(crate) fn flapping(
     min_gap: i64,
     early: Option<EarlySwitch>,
 ) -> Anomaly {
-    let (start, end) = (run[0].0, run[run.len() - 1].0);
+    // (In call order, a switch may come before the one listed ahead of it: a call whose
+    // attempts go on past later calls' starts. The window is the run's earliest to latest.)
+    let times = run.iter().map(|switch| switch.0);
+    let (start, end) = (times.clone().min().unwrap_or_default(), times.max().unwrap_or_default());
     let path: Vec<String> =
         std::iter::once(run[0].1.to_string()).chain(run.iter().map(|switch| switch.2.to_string())).collect();
     let times: Vec<i64> = run.iter().map(|switch| switch.0).collect();

@@ -54,7 +54,9 @@ fn window(
         .iter()
         .filter_map(|(_, attempt, _)| Some((attempt.router_node.clone()?, attempt.served_by.clone()?)))
         .collect();
-    // Pool poisoning: other clients' requests forwarded with the untrusted state.
+    // Pool poisoning: other clients' requests forwarded with the untrusted state, from the
+    // client's first such request on (a pool cannot pass on a state before it was sent; the
+    // pool keeps it after the client stops).
     let victims: BTreeSet<&str> = input
         .timelines
         .iter()
@@ -68,6 +70,7 @@ fn window(
                 .calls
                 .iter()
                 .flat_map(|call| &call.attempts)
+                .filter(|attempt| attempt.start_unix_nano >= first.start_unix_nano)
                 .any(|attempt| poisoned(attempt.router_carried, attempt.carried, committed.saturating_add(margin)))
         })
         .map(|other| other.client_id.as_str())

@@ -285,6 +285,7 @@ impl Group {
             changed_from: UnixNanos::MIN,
             unenriched_from: UnixNanos::MIN,
             verdicts: None,
+            first_let_go: None,
         }
     }
 
@@ -349,9 +350,19 @@ impl Group {
         removed.sort_unstable();
         // A first attempt of another cluster or system: every call is marked changed, and told
         // what its new cluster's metrics say.
-        let first = self.attempts.first().map(span);
-        let (cluster, system) =
-            (first.and_then(|span| span.resource.cluster.clone()), first.and_then(|span| span.resource.system.clone()));
+        let first = self.attempts.first();
+        let (cluster, system) = match &self.first_let_go {
+            Some((let_go, cluster, system)) if first.is_none_or(|first| let_go < first) => {
+                (cluster.clone(), system.clone())
+            }
+            _ => {
+                let first = first.map(span);
+                (
+                    first.and_then(|span| span.resource.cluster.clone()),
+                    first.and_then(|span| span.resource.system.clone()),
+                )
+            }
+        };
         let changed = removed
             .iter()
             .map(|index| self.order[*index].0)

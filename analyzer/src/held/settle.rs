@@ -2,6 +2,7 @@
 //! arrives behind a cut.
 
 use super::*;
+use join::Ancestor;
 
 impl HeldTimelines {
     /// Lets go of what no later call can change, so that what is held, and what every pass
@@ -99,8 +100,17 @@ impl HeldTimelines {
             }
             for attempt in group.attempts.range(..(at, 0)) {
                 if !kept_attempts.contains(attempt) {
+                    // (The earliest let go names the timeline's cluster and system from now on.)
+                    if group.first_let_go.as_ref().is_none_or(|(first, _, _)| attempt < first) {
+                        let resource = &self.spans[attempt].span.resource;
+                        group.first_let_go = Some((*attempt, resource.cluster.clone(), resource.system.clone()));
+                    }
                     going.insert(*attempt);
                     going.extend(self.attempt_hops.get(attempt).into_iter().flatten().map(|(hop, _)| *hop));
+                    if let Some(call) = call_hash(&self.spans[attempt].span) {
+                        let start = self.let_go_calls.entry(call).or_insert(attempt.0);
+                        *start = (*start).min(attempt.0);
+                    }
                 }
             }
         }
@@ -119,7 +129,7 @@ impl HeldTimelines {
         let (mut waiting, mut loose_going) = (Vec::new(), Vec::new());
         for key in self.loose.range(..(before, 0)) {
             let span = &self.spans[key].span;
-            if span.end_unix_nano >= before {
+            if span.end_unix_nano >= before || self.bridges_to_kept(span, &going) {
                 continue;
             }
             if span.end_unix_nano.saturating_add(horizon) >= before
@@ -144,6 +154,8 @@ impl HeldTimelines {
             }
         }
         self.orphans.retain(|_, end| end.saturating_add(horizon) >= before);
+        let kept_from = before.saturating_sub(horizon.saturating_mul(2));
+        self.let_go_calls.retain(|_, start| *start >= kept_from);
         let mut let_go = Vec::with_capacity(going.len());
         for key in going {
             if let Some(span) = self.remove(key) {
@@ -161,6 +173,26 @@ impl HeldTimelines {
         let groups = &self.groups;
         self.settled.retain(|key, _| groups.contains_key(key));
         let_go
+    }
+
+    /// Whether `span`, a span of no call, is a link in the trace between an attempt a settle
+    /// keeps and the hops under it (a span of neither kind between a client's attempt and the
+    /// router or server under it, which the join walks through): it descends from that
+    /// attempt, or from a root hop joined to it. Let go, it would cut the kept attempt from its
+    /// hops, and the witness that gives later calls their floors would lose the node and state
+    /// that served it; it goes with the attempt.
+    fn bridges_to_kept(&self, span: &Span, going: &BTreeSet<SpanKey>) -> bool {
+        if is_hop(span) || span.parent_span_id.is_none() {
+            return false;
+        }
+        let attempt = match self.ancestor(span) {
+            Some(Ancestor::Attempt(attempt)) => Some(attempt),
+            Some(Ancestor::RootHop(root)) => {
+                self.hops.get(&root).and_then(|hop| hop.attempt).map(|(attempt, _)| attempt)
+            }
+            None => None,
+        };
+        attempt.is_some_and(|attempt| !going.contains(&attempt))
     }
 
     /// The latest cut of any timeline: before it, some calls were let go (what is computed per
@@ -184,8 +216,9 @@ impl HeldTimelines {
     /// was settled before it came (let go, or judged without it). A span naming a client
     /// starts before that client's timeline's cut in its namespace; one naming none (a hop
     /// joined by trace) starts before the latest cut of its namespace, and the attempt (or
-    /// root hop) it would join is not held; and any span that hops a settle let go while they
-    /// waited for it would have joined (their parent, or an attempt of their call). Holding it
+    /// root hop) it would join is not held; any span that hops a settle let go while they
+    /// waited for it would have joined (their parent, or an attempt of their call); and an
+    /// attempt of a call a settle let go, within a horizon of that call's start. Holding it
     /// would not judge it whole: only reading what it belongs to anew from the store does.
     pub fn is_late(&self, span: &Span) -> bool {
         self.settling_to_hold(span).is_some()
@@ -194,7 +227,9 @@ impl HeldTimelines {
     /// For a late span ([`HeldTimelines::is_late`]; none when it is not), how far behind the
     /// newest span the last settle would have had to cut to hold it: as far as it started
     /// before that settle's newest span when hops let go waited for it (they ended before the
-    /// cut-off, and it starts before them); when it starts before its timeline's cut, or its
+    /// cut-off, and it starts before them); when its call was let go, that much further than
+    /// the settle cut as its call started before its timeline's cut; when it starts before
+    /// its timeline's cut, or its
     /// namespace's, that much further than the settle cut. (The live analyzer widens its
     /// settling by it, `held::Settling`.)
     pub fn settling_to_hold(&self, span: &Span) -> Option<UnixNanos> {
@@ -207,6 +242,19 @@ impl HeldTimelines {
                 .any(|hash| self.orphans.contains_key(&hash))
         {
             return Some(self.last_settle_newest.saturating_sub(start).max(0));
+        }
+        // An attempt of a call a settle let go (a retry begun long after the call): it was
+        // judged without this attempt, which alone would be a call of its own.
+        if !self.let_go_calls.is_empty()
+            && is_client_attempt(span)
+            && let Some(&call_start) = call_hash(span).and_then(|call| self.let_go_calls.get(&call))
+            && (call_start..=call_start.saturating_add(self.horizon)).contains(&start)
+        {
+            // (The settle cut its timeline this far past the call's start.)
+            let cut =
+                self.settled_from(span.call.client_id.as_deref().unwrap_or_default(), span.call.namespace.as_deref());
+            let settled_behind = self.last_settle_newest.saturating_sub(self.last_settle).max(0);
+            return Some(settled_behind.saturating_add(cut.saturating_sub(call_start).max(0)));
         }
         // Most spans start after every cut of their namespace: nothing else is looked up.
         let &in_namespace = self.namespace_cuts.get(&span.call.namespace)?;

@@ -409,6 +409,15 @@ fn held_timelines_are_what_the_join_builds_from_scratch() {
             assert!(held.loose_is_exact(), "seed {seed}, round {round}");
             let spans: Vec<Span> = held.spans().cloned().collect();
             let mut expected = build_timelines(&spans, horizon);
+            // Named by the first attempt a settle let go, when it was earlier than any held.
+            for timeline in &mut expected {
+                let group = &held.groups[&(timeline.client_id.clone(), timeline.namespace.clone())];
+                if let Some((first, cluster, system)) = &group.first_let_go
+                    && group.attempts.first().is_none_or(|held| first < held)
+                {
+                    (timeline.cluster, timeline.system) = (cluster.clone(), system.clone());
+                }
+            }
             crate::enrich(&mut expected, &samples);
             // Told what the metrics said where that may have changed: as told all of it.
             let mut input = crate::AnalysisInput::from_held(&mut held, samples.clone());
@@ -457,4 +466,126 @@ fn held_timelines_are_what_the_join_builds_from_scratch() {
     }
     assert!(kept > 1_000, "{kept} kept");
     assert!(settled_out > 100, "{settled_out} about calls before a cut");
+}
+
+#[test]
+fn a_settle_keeps_its_witnesses_whole_and_the_timeline_as_named() {
+    // A client's first attempt (0 s) sent no cluster and failed; its write (1 s) went through
+    // a span of no call (a proxy's) to the server that served it; five minutes of reads after
+    // it, served at 50 below its 100. Settled to the last minute: the first attempt goes, the
+    // write stays as the witness of the floor, with the span that joins it to its server.
+    const SECOND: i64 = 1_000_000_000;
+    let client = |at: i64, op: Op, outcome: Outcome, state: StateFields| {
+        let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
+        span.end_unix_nano = at * SECOND + SECOND / 2;
+        span.trace_id = Some(format!("{at:032x}"));
+        span.span_id = Some(format!("{at:016x}"));
+        span.resource.cluster = (at > 0).then(|| "prod".to_string());
+        span.attributes.insert("server.address".to_string(), serde_json::json!(if at == 1 { "east" } else { "west" }));
+        span.call = CallFields {
+            client_id: Some("client-1".to_string()),
+            call_id: Some(format!("call-{at}")),
+            attempt: Some(0),
+            namespace: Some("ns1".to_string()),
+            op: Some(op),
+            state,
+            outcome: Some(outcome),
+            ..CallFields::default()
+        };
+        span
+    };
+    let under = |parent: &Span, span_id: &str, component: Component| {
+        let mut span = span(SpanKind::Server, component, parent.start_unix_nano + 1_000);
+        span.end_unix_nano = parent.end_unix_nano - 1_000;
+        span.trace_id.clone_from(&parent.trace_id);
+        span.parent_span_id.clone_from(&parent.span_id);
+        span.span_id = Some(span_id.to_string());
+        span
+    };
+    let mut held = HeldTimelines::new(90 * SECOND);
+    held.insert(client(0, Op::Read, Outcome::Error, StateFields::default()));
+    let write = client(1, Op::Write, Outcome::Ok, StateFields { returned: Some(100), ..StateFields::default() });
+    let proxy = under(&write, "00000000000000aa", Component::Other("proxy".to_string()));
+    let mut server = under(&proxy, "00000000000000bb", Component::Server);
+    server.resource.node_id = Some("nn-active".to_string());
+    server.call.namespace = Some("ns1".to_string());
+    server.call.state = StateFields { served: Some(100), returned: Some(100), ..StateFields::default() };
+    for span in [write, proxy, server] {
+        held.insert(span);
+    }
+    for at in 2..300 {
+        let state = StateFields { served: Some(50), returned: Some(50), ..StateFields::default() };
+        held.insert(client(at, Op::Read, Outcome::Ok, state));
+    }
+    let whole = {
+        let spans: Vec<Span> = held.spans().cloned().collect();
+        build_timelines(&spans, 90 * SECOND)
+    };
+    assert_eq!(whole[0].cluster, None, "named by its first attempt");
+    assert_eq!(whole[0].calls[1].attempts[0].served_by.as_deref(), Some("nn-active"));
+    for _ in 0..14 {
+        held.settle(240 * SECOND, |_| i64::MAX);
+    }
+    assert!(held.settled_from("client-1", Some("ns1")) > 200 * SECOND);
+    assert!(held.spans().all(|span| span.start_unix_nano > 0), "the first attempt went");
+    held.refresh();
+    let input = crate::AnalysisInput::from_held(&mut held, Vec::new());
+    let timeline = &input.timelines[0];
+    assert_eq!(timeline.cluster, None, "still named by the first attempt");
+    let write = &timeline.calls[0];
+    assert_eq!(write.start_unix_nano, SECOND, "the write stays");
+    assert_eq!(write.attempts[0].served_by.as_deref(), Some("nn-active"), "joined to its server still");
+    // What follows the cut starts at the last call before it: the write before that is a
+    // witness, and no call the client made just before it (to another cluster).
+    let (consecutive, cut) = (input.consecutive_calls(0), held.settled_from("client-1", Some("ns1")));
+    assert!(consecutive.len() < timeline.calls.len() - 1, "the witnesses are not among them");
+    assert!(consecutive[0].start_unix_nano < cut && consecutive[1].start_unix_nano >= cut);
+    let found = crate::analyze(&input, &crate::AnalyzerConfig::default());
+    assert!(
+        found.iter().all(|anomaly| anomaly.kind != lagscope_model::AnomalyKind::FailoverFlapping),
+        "no switches between a witness and the calls after it: {found:?}"
+    );
+}
+
+#[test]
+fn a_retry_of_a_call_a_settle_let_go_is_late() {
+    // A client's calls once a second for two minutes, each one attempt; settled at 60 s. A
+    // retry of the call of 5 s arriving then, begun at 70 s (after the cut, within the 90 s
+    // horizon of its call), would be a call of its own held: it is late, to be read anew with
+    // its call. A retry of it begun 91 s after it is another call by the horizon, and a new
+    // call is none's.
+    const SECOND: i64 = 1_000_000_000;
+    let attempt = |call: i64, number: i64, at: i64| {
+        let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
+        span.end_unix_nano = at * SECOND + SECOND / 2;
+        span.trace_id = Some(format!("{call:016x}{number:016x}"));
+        span.span_id = Some(format!("{at:016x}"));
+        span.call = CallFields {
+            client_id: Some("client-1".to_string()),
+            call_id: Some(format!("call-{call}")),
+            attempt: Some(number),
+            namespace: Some("ns1".to_string()),
+            op: Some(Op::Read),
+            outcome: Some(Outcome::Ok),
+            ..CallFields::default()
+        };
+        span
+    };
+    let mut held = HeldTimelines::new(90 * SECOND);
+    for at in 0..120 {
+        held.insert(attempt(at, 0, at));
+    }
+    for _ in 0..10 {
+        held.settle(60 * SECOND, |_| i64::MAX);
+    }
+    let cut = held.settled_from("client-1", Some("ns1"));
+    assert!((10 * SECOND..=60 * SECOND).contains(&cut), "the call of 5 s went: {cut}");
+    assert!(held.spans().all(|span| span.start_unix_nano != 5 * SECOND));
+    let retry = attempt(5, 1, 70);
+    assert!(held.is_late(&retry), "a retry of a call let go");
+    // (The settle cut 59 s behind the newest span, at 60 s, and the timeline at `cut`.)
+    assert_eq!(held.settling_to_hold(&retry), Some(59 * SECOND + cut - 5 * SECOND), "to hold its call");
+    assert!(!held.is_late(&attempt(5, 1, 96)), "begun past its call's horizon: another call");
+    assert!(!held.is_late(&attempt(70, 1, 75)), "a retry of a call held");
+    assert!(!held.is_late(&attempt(500, 0, 119)), "a new call");
 }

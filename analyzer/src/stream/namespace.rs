@@ -174,8 +174,9 @@ pub(crate) const MAX_FORWARDED: usize = 4096;
 /// Per (cluster, namespace).
 #[derive(Debug, Default)]
 pub(crate) struct NamespaceState {
-    /// (client, state the router forwarded, state the client carried), the router's higher.
-    pub(crate) forwarded: Vec<(Sym, StateId, Option<StateId>)>,
+    /// (client, state the router forwarded, state the client carried, the attempt's start),
+    /// the router's higher.
+    pub(crate) forwarded: Vec<(Sym, StateId, Option<StateId>, UnixNanos)>,
     pub(crate) committed: Committed,
     /// Successful answers: at their end, the node that served.
     pub(crate) served: Recent,

@@ -145,7 +145,9 @@ pub fn streamed_through_codec(records: &[Record], config: &AnalyzerConfig) -> Ve
 /// caches do, with every log line exported so far (the live analyzer holds a cluster's lines
 /// for its whole window, not settled with the spans); with `settle_after`, each pass then
 /// lets go of the calls settled that long before the newest span (and the detectors' reach
-/// before that; anomalies still growing hold their namespace), as `live.settle_seconds` does.
+/// before that; anomalies still growing hold their namespace), as `live.settle_seconds` does,
+/// and a pass with a late span ([`lagscope_analyzer::HeldTimelines::is_late`]) holds every
+/// span so far anew, as the live analyzer reads the late span's client anew from its store.
 /// Returns them and the spans let go.
 pub fn live_passes(
     records: &[Record],
@@ -168,16 +170,28 @@ pub fn live_passes(
             next_log += 1;
         }
         lines.sort_by_key(|line| line.time_unix_nano);
+        let mut late = false;
         for record in pass {
             match record {
                 Record::Span(span) => {
+                    late |= held.is_late(span);
                     held.insert(span.clone());
                 }
                 Record::Sample(sample) => samples.push(sample.clone()),
             }
         }
+        if late {
+            // What a late span belongs to was let go: read anew (here, everything so far), as
+            // the live analyzer reads its client from the store.
+            held = lagscope_analyzer::HeldTimelines::new(config.stream.horizon());
+            for span in records[..index * per_pass + pass.len()].iter().filter_map(Record::span) {
+                held.insert(span.clone());
+            }
+        }
         held.refresh();
-        let mut input = AnalysisInput::from_held_timelines(held.take_timelines(), samples.clone());
+        // (As the live analyzer builds its input: what the metrics said told again where it may
+        // have changed, and where each timeline was cut.)
+        let mut input = AnalysisInput::from_held(&mut held, samples.clone());
         input.log_events.clone_from(&lines);
         let anomalies: Vec<Anomaly> = lagscope_analyzer::analyze_kinds(&input, config, |_| true)
             .into_iter()

@@ -104,7 +104,7 @@ impl Engine<'_> {
                     && attempt.carried().is_none_or(|own| own < forwarded)
                     && scope.forwarded.len() < MAX_FORWARDED
                 {
-                    scope.forwarded.push((client, forwarded, attempt.carried()));
+                    scope.forwarded.push((client, forwarded, attempt.carried(), attempt.start));
                 }
             }
             if kinds.follower_read_disabled && call.op == known::READ {
@@ -335,15 +335,18 @@ impl Engine<'_> {
         if let Some(run) = &state.untrusted {
             let margin = self.config.untrusted_state.margin_states;
             let limit = run.committed.saturating_add(margin);
+            let since = run.first.attempt().start;
             let victims: BTreeSet<String> = self
                 .namespaces
                 .get(&(state.cluster, state.namespace))
                 .into_iter()
                 .flat_map(|scope| &scope.forwarded)
-                .filter(|(other, forwarded, own)| {
-                    *other != state.client && untrusted_state::poisoned(Some(*forwarded), *own, limit)
+                .filter(|(other, forwarded, own, start)| {
+                    *other != state.client
+                        && *start >= since
+                        && untrusted_state::poisoned(Some(*forwarded), *own, limit)
                 })
-                .filter_map(|(other, _, _)| interner.owned(*other))
+                .filter_map(|(other, _, _, _)| interner.owned(*other))
                 .collect();
             let call = run.first.call.materialize(interner);
             let summary = untrusted_state::Untrusted {
