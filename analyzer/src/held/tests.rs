@@ -4,6 +4,29 @@ use super::*;
 use crate::build_timelines;
 use crate::testing::{Numbers, call_spans, node_sample, span};
 
+/// A second, in nanoseconds.
+const SECOND: i64 = 1_000_000_000;
+
+/// Attempt `number` of client-1's call `call` in ns1, begun `at` seconds in and half a second
+/// long, alone in its trace, successful.
+fn attempt_at(call: i64, number: i64, at: i64, op: Op, state: StateFields) -> Span {
+    let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
+    span.end_unix_nano = at * SECOND + SECOND / 2;
+    span.trace_id = Some(format!("{call:016x}{number:016x}"));
+    span.span_id = Some(format!("{at:016x}"));
+    span.call = CallFields {
+        client_id: Some("client-1".to_string()),
+        call_id: Some(format!("call-{call}")),
+        attempt: Some(number),
+        namespace: Some("ns1".to_string()),
+        op: Some(op),
+        state,
+        outcome: Some(Outcome::Ok),
+        ..CallFields::default()
+    };
+    span
+}
+
 /// Random rounds of spans added (new ones, copies sent again, a span's ids at another
 /// start), the oldest let go and spans removed anywhere: after every refresh the held
 /// timelines are exactly those built from scratch.
@@ -12,24 +35,7 @@ fn settling_keeps_the_call_that_set_the_floor() {
     // A write returns state 100; for five minutes the client's reads are served at 50 (an
     // observer that stopped applying): each a stale read against that one write. Settled to
     // the last minute, the write stays, and the last read is judged as before.
-    const SECOND: i64 = 1_000_000_000;
-    let attempt = |at: i64, op: Op, state: StateFields| {
-        let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
-        span.end_unix_nano = at * SECOND + SECOND / 2;
-        span.trace_id = Some(format!("{at:032x}"));
-        span.span_id = Some(format!("{at:016x}"));
-        span.call = CallFields {
-            client_id: Some("client-1".to_string()),
-            call_id: Some(format!("call-{at}")),
-            attempt: Some(0),
-            namespace: Some("ns1".to_string()),
-            op: Some(op),
-            state,
-            outcome: Some(Outcome::Ok),
-            ..CallFields::default()
-        };
-        span
-    };
+    let attempt = |at: i64, op: Op, state: StateFields| attempt_at(at, 0, at, op, state);
     let mut held = HeldTimelines::new(90 * SECOND);
     held.insert(attempt(0, Op::Write, StateFields { returned: Some(100), ..StateFields::default() }));
     for at in 1..300 {
@@ -474,24 +480,11 @@ fn a_settle_keeps_its_witnesses_whole_and_the_timeline_as_named() {
     // a span of no call (a proxy's) to the server that served it; five minutes of reads after
     // it, served at 50 below its 100. Settled to the last minute: the first attempt goes, the
     // write stays as the witness of the floor, with the span that joins it to its server.
-    const SECOND: i64 = 1_000_000_000;
     let client = |at: i64, op: Op, outcome: Outcome, state: StateFields| {
-        let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
-        span.end_unix_nano = at * SECOND + SECOND / 2;
-        span.trace_id = Some(format!("{at:032x}"));
-        span.span_id = Some(format!("{at:016x}"));
+        let mut span = attempt_at(at, 0, at, op, state);
+        span.call.outcome = Some(outcome);
         span.resource.cluster = (at > 0).then(|| "prod".to_string());
         span.attributes.insert("server.address".to_string(), serde_json::json!(if at == 1 { "east" } else { "west" }));
-        span.call = CallFields {
-            client_id: Some("client-1".to_string()),
-            call_id: Some(format!("call-{at}")),
-            attempt: Some(0),
-            namespace: Some("ns1".to_string()),
-            op: Some(op),
-            state,
-            outcome: Some(outcome),
-            ..CallFields::default()
-        };
         span
     };
     let under = |parent: &Span, span_id: &str, component: Component| {
@@ -554,23 +547,7 @@ fn a_retry_of_a_call_a_settle_let_go_is_late() {
     // horizon of its call), would be a call of its own held: it is late, to be read anew with
     // its call. A retry of it begun 91 s after it is another call by the horizon, and a new
     // call is none's.
-    const SECOND: i64 = 1_000_000_000;
-    let attempt = |call: i64, number: i64, at: i64| {
-        let mut span = span(SpanKind::Client, Component::Client, at * SECOND);
-        span.end_unix_nano = at * SECOND + SECOND / 2;
-        span.trace_id = Some(format!("{call:016x}{number:016x}"));
-        span.span_id = Some(format!("{at:016x}"));
-        span.call = CallFields {
-            client_id: Some("client-1".to_string()),
-            call_id: Some(format!("call-{call}")),
-            attempt: Some(number),
-            namespace: Some("ns1".to_string()),
-            op: Some(Op::Read),
-            outcome: Some(Outcome::Ok),
-            ..CallFields::default()
-        };
-        span
-    };
+    let attempt = |call: i64, number: i64, at: i64| attempt_at(call, number, at, Op::Read, StateFields::default());
     let mut held = HeldTimelines::new(90 * SECOND);
     for at in 0..120 {
         held.insert(attempt(at, 0, at));
