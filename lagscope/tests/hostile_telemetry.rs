@@ -435,37 +435,11 @@ fn every_path(records: &[Record], config: &AnalyzerConfig) -> (Vec<String>, Opti
     });
     // (A pass every 1 000 records, settling 10 s behind the newest span, and the same passes
     // holding every span: what they found must be what a store keeps of it alike.)
-    let (mut settled, mut whole) = (None, None);
-    guarded("the live analyzer's passes over held timelines, settling", &mut || {
-        settled = Some(live_passes(records, &[], config, 1_000, Some(10_000_000_000)).0);
+    let mut live = None;
+    guarded("the live analyzer's passes over held timelines, settling and holding every span", &mut || {
+        live = Some(live_found(records, config));
     });
-    guarded("the live analyzer's passes over held timelines, whole", &mut || {
-        whole = Some(live_passes(records, &[], config, 1_000, None).0);
-    });
-    let mut live_differs = None;
-    let settled = settled.map(as_stored);
-    let whole = whole.map(as_stored);
-    if let (Some(settled), Some(whole)) = (&settled, &whole)
-        && settled != whole
-    {
-        let only = |of: &Found, not: &Found| {
-            of.iter()
-                .filter(|(key, anomaly)| not.get(*key) != Some(anomaly))
-                .take(2)
-                .map(|(key, anomaly)| match not.get(key) {
-                    Some(other) => format!("{key}: {}", differences(anomaly, other)),
-                    None => format!("{anomaly:?}"),
-                })
-                .collect::<Vec<_>>()
-        };
-        live_differs = Some(format!(
-            "live passes settling {} anomalies, holding every span {}; only settling: {:?}; only holding every span: {:?}",
-            settled.len(),
-            whole.len(),
-            only(settled, whole),
-            only(whole, settled)
-        ));
-    }
+    let live_differs = live.and_then(|(settling, whole)| live_apart(&settling, &whole, 2));
     if let Some(input) = &input {
         guarded("the lag rows and their aggregates", &mut || {
             let rows = lag_rows(input);
@@ -876,32 +850,17 @@ fn a_committed_state_reported_through_a_call_id_join_counts_for_a_retry_begun_be
     assert_eq!(differs, None);
 }
 
-/// What a store keeps of the anomalies live passes found (by fingerprint): of windows and runs
-/// of one subject that overlap, the earliest start (`store/src/supersede.rs`).
-fn as_stored(found: std::collections::BTreeMap<String, Anomaly>) -> std::collections::BTreeMap<String, Anomaly> {
+/// Anomalies by fingerprint.
+type Found = std::collections::BTreeMap<String, Anomaly>;
+
+/// What a store keeps of the anomalies live passes found: of those one incident
+/// ([`lagscope_store::same_incident`]), the earliest start.
+fn as_stored(found: Found) -> Found {
     let mut all: Vec<Anomaly> = found.into_values().collect();
     all.sort_by_key(|anomaly| (anomaly.start_unix_nano, anomaly.fingerprint.clone()));
-    let subject = |anomaly: &Anomaly| {
-        let evidence = anomaly.evidence.value();
-        (
-            anomaly.kind,
-            anomaly.cluster.clone(),
-            anomaly.namespace.clone(),
-            anomaly.client_id.clone(),
-            anomaly.node_id.clone(),
-            ["role", "call_id", "address"].map(|key| evidence.get(key).cloned()),
-        )
-    };
     let mut kept: Vec<Anomaly> = Vec::new();
     for anomaly in all {
-        let replaceable = anomaly.kind.is_window() || anomaly.kind == AnomalyKind::PinnedRetry;
-        let replaced = replaceable
-            && kept.iter().any(|earlier| {
-                subject(earlier) == subject(&anomaly)
-                    && earlier.start_unix_nano <= anomaly.end_unix_nano
-                    && earlier.end_unix_nano >= anomaly.start_unix_nano
-            });
-        if !replaced {
+        if !kept.iter().any(|earlier| lagscope_store::same_incident(earlier, &anomaly)) {
             kept.push(anomaly);
         }
     }
@@ -910,11 +869,34 @@ fn as_stored(found: std::collections::BTreeMap<String, Anomaly>) -> std::collect
 
 /// What live passes over `records` find, as a store keeps it: settling 10 s behind the newest
 /// span, and holding every span.
-type Found = std::collections::BTreeMap<String, Anomaly>;
-
 fn live_found(records: &[Record], config: &AnalyzerConfig) -> (Found, Found) {
     let settling = live_passes(records, &[], config, 1_000, Some(10_000_000_000)).0;
     (as_stored(settling), as_stored(live_passes(records, &[], config, 1_000, None).0))
+}
+
+/// How what the settling passes found differs from what those holding every span found, with
+/// at most `shown` anomalies of each side; `None` when it does not.
+fn live_apart(settling: &Found, whole: &Found, shown: usize) -> Option<String> {
+    if settling == whole {
+        return None;
+    }
+    let only = |of: &Found, not: &Found| {
+        of.iter()
+            .filter(|(key, anomaly)| not.get(*key) != Some(anomaly))
+            .take(shown)
+            .map(|(key, anomaly)| match not.get(key) {
+                Some(other) => format!("{key}: {}", differences(anomaly, other)),
+                None => format!("{anomaly:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    Some(format!(
+        "live passes settling {} anomalies, holding every span {}; only settling: {:?}; only holding every span: {:?}",
+        settling.len(),
+        whole.len(),
+        only(settling, whole),
+        only(whole, settling)
+    ))
 }
 
 /// A hunt's tool: the fewest changes of a failing run (`LAGSCOPE_MIN_SCENARIO`,
@@ -983,15 +965,6 @@ fn fewest_changes_that_keep_live_settling_apart() {
         eprintln!("record {index}:\n  was ...{}\n  now ...{}", shown(&was), shown(&now));
     }
     let (settling, whole) = live_found(&with(&kept), &config);
-    for (key, anomaly) in &settling {
-        match whole.get(key) {
-            Some(other) if other == anomaly => {}
-            Some(other) => eprintln!("apart {key}: {}", differences(anomaly, other)),
-            None => eprintln!("only settling: {anomaly:?}"),
-        }
-    }
-    for anomaly in whole.iter().filter(|(key, _)| !settling.contains_key(*key)).map(|(_, anomaly)| anomaly) {
-        eprintln!("only holding every span: {anomaly:?}");
-    }
+    eprintln!("{}", live_apart(&settling, &whole, usize::MAX).unwrap_or_default());
     panic!("{} changes keep the passes apart", kept.len());
 }

@@ -25,6 +25,7 @@ pub use coordination::{ClusterStatus, Coordinator, InstanceStatus, Leases, Mark,
 pub use error::StoreError;
 pub use postgres::{PARTITIONED_TABLES, PgStore, day_partition_name, redact as redact_url};
 pub use sqlite::SqliteStore;
+pub use supersede::same_incident;
 
 /// The file name of the SQLite database inside a data directory.
 pub fn sqlite_database_file() -> &'static str {

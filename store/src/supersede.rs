@@ -30,6 +30,19 @@ fn subject(evidence: &serde_json::Value) -> [Option<&serde_json::Value>; 3] {
     ["role", "call_id", "address"].map(|key| evidence.get(key))
 }
 
+/// Whether `left` and `right` are one incident, the later start to be replaced by the earlier:
+/// of a replaceable kind, the same columns and subject, their windows overlapping (what the
+/// store's [`candidates`] query and [`settle`] find together, for anomalies in hand).
+pub fn same_incident(left: &Anomaly, right: &Anomaly) -> bool {
+    replaceable(left.kind)
+        && left.kind == right.kind
+        && (&left.cluster, &left.namespace, &left.client_id, &left.node_id)
+            == (&right.cluster, &right.namespace, &right.client_id, &right.node_id)
+        && subject(left.evidence.value()) == subject(right.evidence.value())
+        && left.start_unix_nano <= right.end_unix_nano
+        && left.end_unix_nano >= right.start_unix_nano
+}
+
 /// The key of the lock (PostgreSQL's transaction-scoped advisory lock, as `(class, key)`) that an
 /// upsert holds over `anomaly`'s subject while it looks for, and settles, the same incident.
 ///
@@ -168,6 +181,22 @@ mod tests {
         assert_eq!(settle(&window(64, primary), 9, &[candidate(9, 64, primary)]), None);
         assert!(replaceable(AnomalyKind::PinnedRetry) && replaceable(AnomalyKind::ApplyLag));
         assert!(!replaceable(AnomalyKind::StaleRead) && !replaceable(AnomalyKind::RouterStateDropped));
+    }
+
+    /// One incident: the same kind, columns and subject, windows that overlap.
+    #[test]
+    fn anomalies_in_hand_are_one_incident_as_the_store_finds_them() {
+        let primary = r#"{"role":"primary","spans":[]}"#;
+        let (first, overlapping) = (window(64, primary), window(70, primary));
+        assert!(same_incident(&first, &overlapping) && same_incident(&overlapping, &first));
+        assert!(!same_incident(&first, &window(80, primary)), "apart in time");
+        assert!(!same_incident(&first, &window(70, r#"{"role":"replica","spans":[]}"#)), "another subject");
+        let mut elsewhere = window(70, primary);
+        elsewhere.node_id = Some("es-node-2".to_string());
+        assert!(!same_incident(&first, &elsewhere), "another node");
+        let (mut read, mut again) = (window(64, primary), window(70, primary));
+        (read.kind, again.kind) = (AnomalyKind::StaleRead, AnomalyKind::StaleRead);
+        assert!(!same_incident(&read, &again), "a kind never replaced");
     }
 
     /// One subject, one lock, whatever the window or evidence; another column, another lock;

@@ -373,13 +373,13 @@ pub(crate) fn flapping(
     min_gap: i64,
     early: Option<EarlySwitch>,
 ) -> Anomaly {
+    let times: Vec<i64> = run.iter().map(|switch| switch.0).collect();
     // (In call order, a switch may come before the one listed ahead of it: a call whose
     // attempts go on past later calls' starts. The window is the run's earliest to latest.)
-    let times = run.iter().map(|switch| switch.0);
-    let (start, end) = (times.clone().min().unwrap_or_default(), times.max().unwrap_or_default());
+    let (start, end) =
+        (times.iter().copied().min().unwrap_or_default(), times.iter().copied().max().unwrap_or_default());
     let path: Vec<String> =
         std::iter::once(run[0].1.to_string()).chain(run.iter().map(|switch| switch.2.to_string())).collect();
-    let times: Vec<i64> = run.iter().map(|switch| switch.0).collect();
     let spans = Spans::of(run.iter().map(|switch| switch.3));
     let (cause, evidence) = match &early {
         Some(early) => (

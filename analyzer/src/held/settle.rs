@@ -101,13 +101,14 @@ impl HeldTimelines {
             for attempt in group.attempts.range(..(at, 0)) {
                 if !kept_attempts.contains(attempt) {
                     // (The earliest let go names the timeline's cluster and system from now on.)
+                    let span = &self.spans[attempt].span;
                     if group.first_let_go.as_ref().is_none_or(|(first, _, _)| attempt < first) {
-                        let resource = &self.spans[attempt].span.resource;
+                        let resource = &span.resource;
                         group.first_let_go = Some((*attempt, resource.cluster.clone(), resource.system.clone()));
                     }
                     going.insert(*attempt);
                     going.extend(self.attempt_hops.get(attempt).into_iter().flatten().map(|(hop, _)| *hop));
-                    if let Some(call) = call_hash(&self.spans[attempt].span) {
+                    if let Some(call) = call_hash(span) {
                         let start = self.let_go_calls.entry(call).or_insert(attempt.0);
                         *start = (*start).min(attempt.0);
                     }
